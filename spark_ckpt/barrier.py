@@ -1,0 +1,197 @@
+"""Checkpoint barriers and cancel markers, and their two encodings.
+
+A barrier for checkpoint *n* travels in-band on every channel: everything a channel emitted
+before its barrier *n* belongs to checkpoint *n*, everything after it does not. A cancel
+marker tells downstream tasks that checkpoint *n* was aborted, so they stop aligning on it.
+
+Two encodings, both explicit and stable:
+
+* JSON (:meth:`CheckpointBarrier.to_json` / :func:`decode_event`), for triggers written to the
+  checkpoint store and for logs;
+* row columns (:data:`BARRIER_FIELDS`), for barrier rows that sit between data rows in a
+  stream. A data row has ``_ckpt_kind == "data"`` and nulls in the barrier columns.
+
+Offsets: ``_ckpt_offset`` of a data row is its 0-based position in its channel's log. A
+barrier row's offset is the number of data rows of that channel before it, i.e. the offset
+of the next data row: restoring a channel "at the barrier" replays from that offset.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Union
+
+import pyarrow as pa
+
+from .errors import ProtocolError
+
+
+class SnapshotType(str, Enum):
+    """What a barrier asks for. Savepoints are user-triggered and never expire."""
+
+    CHECKPOINT = "checkpoint"
+    SAVEPOINT = "savepoint"
+
+
+class RecordKind(str, Enum):
+    """The value of the ``_ckpt_kind`` column."""
+
+    DATA = "data"
+    BARRIER = "barrier"
+    CANCEL = "cancel"
+
+
+@dataclass(frozen=True)
+class CheckpointBarrier:
+    """Barrier *checkpoint_id*. ``unaligned`` is set when the checkpoint is taken unaligned
+    from the start (the aligner may still switch an aligned one after its timeout)."""
+
+    checkpoint_id: int
+    timestamp_ms: int
+    snapshot_type: SnapshotType = SnapshotType.CHECKPOINT
+    unaligned: bool = False
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_id < 1:
+            raise ProtocolError(f"checkpoint ids start at 1, got {self.checkpoint_id}")
+
+    @property
+    def is_savepoint(self) -> bool:
+        return self.snapshot_type is SnapshotType.SAVEPOINT
+
+    def options_json(self) -> str:
+        return json.dumps(
+            {"type": self.snapshot_type.value, "unaligned": self.unaligned}, sort_keys=True
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": RecordKind.BARRIER.value,
+            "checkpoint_id": self.checkpoint_id,
+            "timestamp_ms": self.timestamp_ms,
+            "type": self.snapshot_type.value,
+            "unaligned": self.unaligned,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class CancelCheckpointMarker:
+    """Checkpoint *checkpoint_id* was aborted upstream; stop aligning on it."""
+
+    checkpoint_id: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": RecordKind.CANCEL.value, "checkpoint_id": self.checkpoint_id}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+Event = Union[CheckpointBarrier, CancelCheckpointMarker]
+
+
+def decode_event(data: str | dict[str, Any]) -> Event:
+    """Inverse of ``to_json``/``to_dict``. Raises :class:`ProtocolError` on anything else."""
+    try:
+        d = json.loads(data) if isinstance(data, str) else dict(data)
+        kind = d["kind"]
+        if kind == RecordKind.BARRIER.value:
+            return CheckpointBarrier(
+                checkpoint_id=int(d["checkpoint_id"]),
+                timestamp_ms=int(d["timestamp_ms"]),
+                snapshot_type=SnapshotType(d.get("type", "checkpoint")),
+                unaligned=bool(d.get("unaligned", False)),
+            )
+        if kind == RecordKind.CANCEL.value:
+            return CancelCheckpointMarker(checkpoint_id=int(d["checkpoint_id"]))
+    except ProtocolError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"not a barrier or cancel marker: {data!r} ({e})") from e
+    raise ProtocolError(f"not a barrier or cancel marker: {data!r} (kind {kind!r})")
+
+
+# --- row encoding -------------------------------------------------------------------------
+
+CHANNEL = "_ckpt_channel"
+OFFSET = "_ckpt_offset"
+KIND = "_ckpt_kind"
+CHECKPOINT_ID = "_ckpt_checkpoint_id"
+BARRIER_TS = "_ckpt_barrier_ts"
+BARRIER_OPTIONS = "_ckpt_barrier_options"
+
+#: The barrier columns every ``ckpt-source`` row carries, after the user's columns.
+BARRIER_FIELDS: tuple[pa.Field, ...] = (
+    pa.field(CHANNEL, pa.int32(), nullable=False),
+    pa.field(OFFSET, pa.int64(), nullable=False),
+    pa.field(KIND, pa.string(), nullable=False),
+    pa.field(CHECKPOINT_ID, pa.int64()),
+    pa.field(BARRIER_TS, pa.timestamp("us", tz="UTC")),
+    pa.field(BARRIER_OPTIONS, pa.string()),
+)
+BARRIER_COLUMNS: tuple[str, ...] = tuple(f.name for f in BARRIER_FIELDS)
+
+#: Spark DDL of the barrier columns, in the same order.
+BARRIER_DDL = (
+    f"{CHANNEL} int, {OFFSET} bigint, {KIND} string, {CHECKPOINT_ID} bigint, "
+    f"{BARRIER_TS} timestamp, {BARRIER_OPTIONS} string"
+)
+
+
+def barrier_row_values(event: Event, channel: int, offset: int) -> dict[str, Any]:
+    """The barrier-column values of the row that carries *event* on *channel* at *offset*."""
+    if isinstance(event, CheckpointBarrier):
+        return {
+            CHANNEL: channel,
+            OFFSET: offset,
+            KIND: RecordKind.BARRIER.value,
+            CHECKPOINT_ID: event.checkpoint_id,
+            BARRIER_TS: event.timestamp_ms * 1000,
+            BARRIER_OPTIONS: event.options_json(),
+        }
+    return {
+        CHANNEL: channel,
+        OFFSET: offset,
+        KIND: RecordKind.CANCEL.value,
+        CHECKPOINT_ID: event.checkpoint_id,
+        BARRIER_TS: None,
+        BARRIER_OPTIONS: None,
+    }
+
+
+def event_from_row(row: dict[str, Any]) -> Event | None:
+    """Decode the barrier columns of one row (as from ``Table.to_pylist``); None for data.
+
+    Timestamps may arrive as ``datetime`` or as microseconds since the epoch."""
+    kind = row.get(KIND)
+    if kind == RecordKind.DATA.value:
+        return None
+    cid = row.get(CHECKPOINT_ID)
+    if cid is None:
+        raise ProtocolError(f"{kind} row without {CHECKPOINT_ID}: {row!r}")
+    if kind == RecordKind.CANCEL.value:
+        return CancelCheckpointMarker(int(cid))
+    if kind != RecordKind.BARRIER.value:
+        raise ProtocolError(f"unknown {KIND} {kind!r}")
+    ts = row.get(BARRIER_TS)
+    if ts is None:
+        ts_ms = 0
+    elif isinstance(ts, int):
+        ts_ms = ts // 1000
+    else:
+        ts_ms = int(ts.timestamp() * 1000)
+    try:
+        opts = json.loads(row.get(BARRIER_OPTIONS) or "{}")
+        return CheckpointBarrier(
+            checkpoint_id=int(cid),
+            timestamp_ms=ts_ms,
+            snapshot_type=SnapshotType(opts.get("type", "checkpoint")),
+            unaligned=bool(opts.get("unaligned", False)),
+        )
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(f"bad {BARRIER_OPTIONS}: {row.get(BARRIER_OPTIONS)!r}") from e

@@ -1,0 +1,71 @@
+"""The project's exception hierarchy.
+
+Every error raised on purpose by spark-ckpt derives from :class:`SparkCkptError`. Errors
+from Py4J, delta-rs or the file system are translated into one of these at the boundary
+(the storage and Spark adapters), with the original attached as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+
+class SparkCkptError(Exception):
+    """Root of every error spark-ckpt raises."""
+
+
+class ConfigError(SparkCkptError, ValueError):
+    """An option has an invalid value. The message names the option, the value and the
+    accepted forms."""
+
+    def __init__(self, option: str, value: object, accepted: str) -> None:
+        self.option = option
+        self.value = value
+        self.accepted = accepted
+        super().__init__(f"invalid value {value!r} for option {option!r}: expected {accepted}")
+
+
+class EnvironmentSetupError(SparkCkptError):
+    """The machine lacks something spark-ckpt needs (for example Java 17+ for Spark)."""
+
+
+class CheckpointError(SparkCkptError):
+    """A checkpoint could not be triggered, acknowledged or completed."""
+
+
+class CheckpointDeclinedError(CheckpointError):
+    """A task declined a checkpoint; the checkpoint is aborted with this reason."""
+
+
+class TolerableFailuresExceededError(CheckpointError):
+    """More consecutive checkpoint failures than ``tolerable_failed_checkpoints``: the job
+    must fail. The message carries the reason of the last failure."""
+
+
+class CoordinatorShutdownError(CheckpointError):
+    """The coordinator was shut down; nothing can be triggered any more."""
+
+
+class StoreError(SparkCkptError):
+    """The checkpoint store could not be read or written."""
+
+
+class CorruptCheckpointError(StoreError):
+    """Checkpoint data failed verification (checksum, missing rows, wrong schema). It is
+    reported, never loaded."""
+
+
+class FencedError(StoreError):
+    """Another coordinator took over the pipeline: this coordinator may no longer commit."""
+
+
+class CheckpointNotFoundError(StoreError, LookupError):
+    """No completed checkpoint (or savepoint) with the requested id or path."""
+
+
+class StateError(SparkCkptError):
+    """Misuse of the state backend: unknown state, wrong type, access outside a key, or a
+    snapshot that does not fit the operator it is restored into."""
+
+
+class ProtocolError(SparkCkptError):
+    """A message broke the checkpoint protocol (for example a barrier on an unknown channel or
+    a record that does not match the channel's schema)."""
