@@ -1,0 +1,426 @@
+"""The checkpoint coordinator: triggers checkpoints, collects acknowledgements, completes or
+aborts them, and commits completed ones into the checkpoint store.
+
+It runs on the driver, single-threaded: every entry point (:meth:`tick`, :meth:`trigger_checkpoint`,
+:meth:`trigger_savepoint`, :meth:`receive_acknowledge`, :meth:`receive_decline`,
+:meth:`shutdown`) is called by one driver loop, and time comes from an injected
+:class:`~spark_ckpt.clock.Clock` — nothing here sleeps or starts threads. Tasks are reached
+through a :class:`TaskGateway` (in-process in the simulation; through the checkpoint store in
+Spark).
+
+Trigger rules (Flink's ``CheckpointRequestDecider``):
+
+* periodic: due every ``interval_ms`` from :meth:`start`; a due trigger waits while
+  ``max_concurrent`` checkpoints are pending, and — when ``min_pause_ms > 0`` — while any
+  checkpoint is pending or less than ``min_pause_ms`` passed since the last completion; after
+  it fires at *t* the next one is due at *t + interval*;
+* manual checkpoints (:meth:`trigger_checkpoint`) obey the same limits but not the interval;
+  they queue until allowed;
+* savepoints are forced: they ignore min pause and max concurrent, are always aligned and full,
+  and are never subsumed or removed by retention;
+* nothing is triggered after :meth:`shutdown` (:class:`CoordinatorShutdownError`).
+
+Completion: all tasks acknowledged → finalize → commit into the store (fenced) → drop
+subsumed pending checkpoints → retention → notify-complete to every task. Failures (decline,
+timeout, failed commit) abort the checkpoint, notify every task, and count towards
+``tolerable_failed_checkpoints``; exceeding it raises :class:`TolerableFailuresExceededError`.
+Checkpoint ids come from store leases: strictly increasing, never reused, across restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Callable, Iterable, Protocol, Sequence, TypeVar
+
+from .barrier import CheckpointBarrier, SnapshotType
+from .checkpoint import CompletedCheckpoint
+from .clock import Clock, SystemClock
+from .config import CheckpointConfig, CheckpointingMode, ExternalizedCheckpointRetention
+from .errors import (
+    CheckpointError,
+    CoordinatorShutdownError,
+    FencedError,
+    StoreError,
+    TolerableFailuresExceededError,
+)
+from .failure import CheckpointFailure, CheckpointFailureReason, FailureCounter
+from .handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
+from .pending import AckResult, PendingCheckpoint
+from .store import CheckpointStore, CoordinatorLease
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+class TaskGateway(Protocol):
+    """How the coordinator reaches tasks. Implementations must not call back into the
+    coordinator synchronously."""
+
+    def trigger(self, task: TaskId, barrier: CheckpointBarrier) -> None: ...
+
+    def notify_complete(self, task: TaskId, checkpoint_id: int) -> None: ...
+
+    def notify_aborted(self, task: TaskId, checkpoint_id: int, reason: str) -> None: ...
+
+
+class JobStatus(str, Enum):
+    """How the job ended, for externalized-checkpoint retention on :meth:`shutdown`."""
+
+    FINISHED = "finished"
+    CANCELED = "canceled"
+    FAILED = "failed"
+    SUSPENDED = "suspended"
+
+
+class CoordinatorStatus(str, Enum):
+    CREATED = "created"
+    RUNNING = "running"
+    SHUT_DOWN = "shut_down"
+    FAILED = "failed"  # tolerable failures exceeded, or fenced out
+
+
+class RequestStatus(str, Enum):
+    QUEUED = "queued"
+    TRIGGERED = "triggered"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass
+class CheckpointRequest:
+    """A manual checkpoint or savepoint request; its fields fill in as it progresses."""
+
+    snapshot_type: SnapshotType
+    forced: bool
+    properties: dict[str, str] = field(default_factory=dict)
+    status: RequestStatus = RequestStatus.QUEUED
+    checkpoint_id: int | None = None
+    completed: CompletedCheckpoint | None = None
+    failure: CheckpointFailure | None = None
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One finished checkpoint, for statistics and progress reporting."""
+
+    checkpoint_id: int
+    snapshot_type: SnapshotType
+    trigger_ms: int
+    end_ms: int
+    completed: CompletedCheckpoint | None = None
+    failure: CheckpointFailure | None = None
+
+    @property
+    def duration_ms(self) -> int:
+        return self.end_ms - self.trigger_ms
+
+
+# Which job end discards retained checkpoints, per externalized retention (Flink's
+# CheckpointProperties: discardFinished / discardCancelled / discardFailed / discardSuspended).
+_DISCARD_ON: dict[ExternalizedCheckpointRetention, frozenset[JobStatus]] = {
+    ExternalizedCheckpointRetention.NO_EXTERNALIZED_CHECKPOINTS: frozenset(JobStatus),
+    ExternalizedCheckpointRetention.DELETE_ON_CANCELLATION: frozenset(
+        {JobStatus.FINISHED, JobStatus.CANCELED}
+    ),
+    ExternalizedCheckpointRetention.RETAIN_ON_CANCELLATION: frozenset(),
+}
+
+
+class CheckpointCoordinator:
+    """See the module docstring. Not thread-safe: drive it from one loop."""
+
+    HISTORY_SIZE = 100
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        store: CheckpointStore,
+        gateway: TaskGateway,
+        *,
+        tasks_to_trigger: Sequence[TaskId],
+        tasks_to_ack: Sequence[TaskId],
+        tasks_to_commit: Sequence[TaskId] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if not tasks_to_trigger or not tasks_to_ack:
+            raise CheckpointError("a checkpointed job needs tasks to trigger and to acknowledge")
+        self.config = config
+        self.store = store
+        self.gateway = gateway
+        self.clock: Clock = clock or SystemClock()
+        self.tasks_to_trigger = tuple(tasks_to_trigger)
+        self.tasks_to_ack = frozenset(tasks_to_ack)
+        self.tasks_to_commit = tuple(
+            tasks_to_commit
+            if tasks_to_commit is not None
+            else sorted(set(tasks_to_trigger) | set(tasks_to_ack))
+        )
+        self.status = CoordinatorStatus.CREATED
+        self._lease: CoordinatorLease = store.acquire()
+        self._next_id = self._lease.first_id
+        self._pending: dict[int, PendingCheckpoint] = {}
+        self._requests_by_id: dict[int, CheckpointRequest] = {}
+        self._queue: deque[CheckpointRequest] = deque()
+        self._finished_ids: set[int] = set()
+        self._failures = FailureCounter(config.tolerable_failed_checkpoints)
+        self._next_periodic_ms: int | None = None
+        self._last_completion_ms: int | None = None
+        self.history: deque[HistoryEntry] = deque(maxlen=self.HISTORY_SIZE)
+        self.num_triggered = 0
+        self.num_completed = 0
+        self.num_failed = 0
+        self.failure_cause: Exception | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._lease.epoch
+
+    def start(self) -> None:
+        """Start periodic triggering (if an interval is configured)."""
+        self._ensure_running(allow_created=True)
+        self.status = CoordinatorStatus.RUNNING
+        if self.config.interval_ms is not None:
+            self._next_periodic_ms = self.clock.now_ms() + self.config.interval_ms
+
+    def shutdown(self, job_status: JobStatus = JobStatus.SUSPENDED) -> None:
+        """Abort pending checkpoints (not counted as failures) and apply externalized
+        retention for *job_status*. Savepoints are never discarded. Idempotent."""
+        if self.status in (CoordinatorStatus.SHUT_DOWN,):
+            return
+        fenced = self.status is CoordinatorStatus.FAILED and isinstance(self.failure_cause, FencedError)
+        self.status = CoordinatorStatus.SHUT_DOWN
+        self._next_periodic_ms = None
+        for p in list(self._pending.values()):
+            self._abort(p, CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.COORDINATOR_SHUTDOWN), count=False)
+        for r in self._queue:
+            r.status = RequestStatus.FAILED
+            r.failure = CheckpointFailure(0, CheckpointFailureReason.COORDINATOR_SHUTDOWN)
+        self._queue.clear()
+        if fenced:
+            return
+        if job_status in _DISCARD_ON[self.config.externalized_retention]:
+            ids = [c.checkpoint_id for c in self.store.list_completed() if not c.is_savepoint]
+            if ids:
+                self.store.discard(self._lease, ids)
+
+    # -- triggering ------------------------------------------------------------------------
+    def tick(self) -> list[CheckpointBarrier]:
+        """Expire timed-out checkpoints, then trigger what is due and allowed. Returns the
+        barriers sent. Call it regularly from the driver loop."""
+        self._ensure_running()
+        now = self.clock.now_ms()
+        for p in sorted(self._pending.values(), key=lambda p: p.checkpoint_id):
+            if now >= p.deadline_ms:
+                self._abort(p, CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.EXPIRED, f"not acknowledged within {self.config.timeout_ms} ms by {sorted(map(str, p.not_yet_acknowledged))}"))
+        return self._trigger_what_is_allowed()
+
+    def trigger_checkpoint(self) -> CheckpointRequest:
+        """Request a checkpoint now (subject to max concurrent and min pause)."""
+        return self._request(CheckpointRequest(SnapshotType.CHECKPOINT, forced=False))
+
+    def trigger_savepoint(self, target: str | None = None) -> CheckpointRequest:
+        """Request a savepoint: forced (ignores min pause and max concurrent), aligned, full."""
+        props = {"savepoint_dir": target} if target else (
+            {"savepoint_dir": self.config.savepoint_dir} if self.config.savepoint_dir else {}
+        )
+        return self._request(CheckpointRequest(SnapshotType.SAVEPOINT, forced=True, properties=props))
+
+    def _request(self, req: CheckpointRequest) -> CheckpointRequest:
+        self._ensure_running()
+        self._queue.append(req)
+        self._trigger_what_is_allowed()
+        return req
+
+    def _may_trigger(self, now: int, forced: bool) -> bool:
+        if forced:
+            return True
+        if len(self._pending) >= self.config.max_concurrent:
+            return False
+        if self.config.min_pause_ms > 0:
+            if self._pending:
+                return False
+            if (
+                self._last_completion_ms is not None
+                and now < self._last_completion_ms + self.config.min_pause_ms
+            ):
+                return False
+        return True
+
+    def _trigger_what_is_allowed(self) -> list[CheckpointBarrier]:
+        sent: list[CheckpointBarrier] = []
+        while self.status is CoordinatorStatus.RUNNING:
+            now = self.clock.now_ms()
+            if self._queue and self._may_trigger(now, self._queue[0].forced):
+                req = self._queue.popleft()
+                sent.append(self._trigger(req.snapshot_type, req))
+                continue
+            due = self._next_periodic_ms is not None and now >= self._next_periodic_ms
+            if due and not self._queue and self._may_trigger(now, False):
+                assert self._next_periodic_ms is not None and self.config.interval_ms is not None
+                self._next_periodic_ms = now + self.config.interval_ms
+                sent.append(self._trigger(SnapshotType.CHECKPOINT, None))
+                continue
+            break
+        return sent
+
+    def _allocate_id(self) -> int:
+        if self._next_id >= self._lease.end_id:
+            self._lease = self._fenced(lambda: self.store.allocate_ids(self._lease))
+            self._next_id = self._lease.first_id
+        cid = self._next_id
+        self._next_id += 1
+        return cid
+
+    def _trigger(self, snapshot_type: SnapshotType, req: CheckpointRequest | None) -> CheckpointBarrier:
+        now = self.clock.now_ms()
+        cid = self._allocate_id()
+        unaligned = (
+            self.config.unaligned
+            and self.config.mode is CheckpointingMode.EXACTLY_ONCE
+            and snapshot_type is SnapshotType.CHECKPOINT
+        )
+        barrier = CheckpointBarrier(cid, now, snapshot_type, unaligned)
+        pending = PendingCheckpoint(
+            barrier=barrier,
+            tasks_to_ack=self.tasks_to_ack,
+            deadline_ms=now + self.config.timeout_ms,
+            properties=dict(req.properties) if req else {},
+        )
+        self._pending[cid] = pending
+        self.num_triggered += 1
+        if req is not None:
+            req.status = RequestStatus.TRIGGERED
+            req.checkpoint_id = cid
+            self._requests_by_id[cid] = req
+        log.debug("triggering %s %d", snapshot_type.value, cid)
+        for task in self.tasks_to_trigger:
+            self.gateway.trigger(task, barrier)
+        return barrier
+
+    # -- acknowledgements --------------------------------------------------------------------
+    def receive_acknowledge(self, ack: AcknowledgeCheckpoint) -> AckResult:
+        """Record a task's acknowledgement; completes the checkpoint when it is the last one.
+        Acks after shutdown are answered DISCARDED."""
+        pending = self._pending.get(ack.checkpoint_id)
+        if pending is None:
+            return AckResult.DISCARDED if ack.checkpoint_id in self._finished_ids else AckResult.UNKNOWN
+        if self.status is not CoordinatorStatus.RUNNING:
+            return AckResult.DISCARDED
+        result = pending.acknowledge(ack)
+        if result is AckResult.SUCCESS and pending.fully_acknowledged:
+            self._complete(pending)
+        return result
+
+    def receive_decline(self, decline: DeclineCheckpoint) -> None:
+        """A task declined: abort the checkpoint (counts as a failure)."""
+        pending = self._pending.get(decline.checkpoint_id)
+        if pending is None or self.status is not CoordinatorStatus.RUNNING:
+            return
+        self._abort(pending, CheckpointFailure(decline.checkpoint_id, CheckpointFailureReason.DECLINED, f"declined by {decline.task}: {decline.reason}"))
+
+    def fail_pending(self, reason: str) -> None:
+        """A task failed: abort every pending checkpoint (TASK_FAILURE)."""
+        for p in sorted(self._pending.values(), key=lambda p: p.checkpoint_id):
+            if self.status is CoordinatorStatus.RUNNING:
+                self._abort(p, CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.TASK_FAILURE, reason))
+
+    # -- completion and abort ------------------------------------------------------------------
+    def _complete(self, pending: PendingCheckpoint) -> None:
+        cid = pending.checkpoint_id
+        now = self.clock.now_ms()
+        completed = pending.finalize(now)
+        try:
+            self._fenced(lambda: self.store.commit(self._lease, completed))
+        except FencedError:
+            raise
+        except StoreError as e:
+            self._abort(pending, CheckpointFailure(cid, CheckpointFailureReason.FINALIZE_FAILED, str(e)))
+            return
+        pending.mark_completed()
+        del self._pending[cid]
+        self._finished_ids.add(cid)
+        self._last_completion_ms = now
+        self.num_completed += 1
+        self._failures.on_success()
+        self.history.append(HistoryEntry(cid, completed.snapshot_type, pending.trigger_ms, now, completed=completed))
+        req = self._requests_by_id.pop(cid, None)
+        if req is not None:
+            req.status = RequestStatus.COMPLETED
+            req.completed = completed
+        if not completed.is_savepoint:
+            for p in sorted(self._pending.values(), key=lambda p: p.checkpoint_id):
+                if p.checkpoint_id < cid and p.snapshot_type is SnapshotType.CHECKPOINT:
+                    self._abort(p, CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.SUBSUMED, f"subsumed by checkpoint {cid}"), count=False)
+            self._fenced(lambda: self.store.retain(self._lease, self.config.retained_checkpoints))
+        for task in self.tasks_to_commit:
+            self.gateway.notify_complete(task, cid)
+        self._trigger_what_is_allowed()
+
+    def _abort(self, pending: PendingCheckpoint, failure: CheckpointFailure, count: bool = True) -> None:
+        cid = pending.checkpoint_id
+        pending.abort(failure)
+        self._pending.pop(cid, None)
+        self._finished_ids.add(cid)
+        self.num_failed += 1
+        now = self.clock.now_ms()
+        self.history.append(HistoryEntry(cid, pending.snapshot_type, pending.trigger_ms, now, failure=failure))
+        req = self._requests_by_id.pop(cid, None)
+        if req is not None:
+            req.status = RequestStatus.FAILED
+            req.failure = failure
+        log.info("%s", failure)
+        for task in self.tasks_to_commit:
+            self.gateway.notify_aborted(task, cid, failure.reason.value)
+        if count and pending.snapshot_type is SnapshotType.CHECKPOINT:
+            try:
+                self._failures.on_failure(failure)
+            except TolerableFailuresExceededError as e:
+                self._fail(e)
+                raise
+
+    def _fail(self, cause: Exception) -> None:
+        self.failure_cause = cause
+        self.status = CoordinatorStatus.FAILED
+        self._next_periodic_ms = None
+        for p in list(self._pending.values()):
+            self._abort(p, CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.COORDINATOR_SHUTDOWN, str(cause)), count=False)
+
+    def _fenced(self, op: Callable[[], _T]) -> _T:
+        try:
+            return op()
+        except FencedError as e:
+            if self.status is CoordinatorStatus.RUNNING:
+                self._fail(e)
+            raise
+
+    def _ensure_running(self, allow_created: bool = False) -> None:
+        if self.status is CoordinatorStatus.RUNNING:
+            return
+        if allow_created and self.status is CoordinatorStatus.CREATED:
+            return
+        if self.status is CoordinatorStatus.CREATED:
+            raise CheckpointError("the coordinator was not started")
+        if self.failure_cause is not None:
+            raise CoordinatorShutdownError(f"the coordinator failed: {self.failure_cause}") from self.failure_cause
+        raise CoordinatorShutdownError("the coordinator is shut down")
+
+    # -- inspection ------------------------------------------------------------------------
+    @property
+    def pending(self) -> list[PendingCheckpoint]:
+        return sorted(self._pending.values(), key=lambda p: p.checkpoint_id)
+
+    @property
+    def next_periodic_ms(self) -> int | None:
+        return self._next_periodic_ms
+
+    def latest_completed(self) -> CompletedCheckpoint | None:
+        """The checkpoint (or savepoint) a restart restores from."""
+        return self.store.latest_completed()
+
+    def completed_history(self) -> Iterable[HistoryEntry]:
+        return (h for h in self.history if h.completed is not None)
+
