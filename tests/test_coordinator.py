@@ -82,7 +82,9 @@ def ack(
     rows: int = 1,
     metrics: CheckpointMetrics | None = None,
 ) -> AckResult:
-    blob = StateBlob(task.vertex, task.subtask, BlobKind.OPERATOR, "s", pa.table({"v": list(range(rows))}))
+    blob = StateBlob(
+        task.vertex, task.subtask, BlobKind.OPERATOR, "s", pa.table({"v": list(range(rows))})
+    )
     offsets = (SourceOffset("src", 0, cid * 10),) if task == SRC else ()
     handle = store.write_task_state(cid, TaskSnapshot(task, (blob,), (), offsets))
     return coord.receive_acknowledge(
@@ -228,7 +230,14 @@ def test_completion_commits_notifies_and_reports_stats() -> None:
     clock.set(100)
     [b] = coord.tick()
     clock.set(130)
-    ack(coord, store, b.checkpoint_id, SRC, rows=3, metrics=CheckpointMetrics(sync_ms=1, alignment_ms=7))
+    ack(
+        coord,
+        store,
+        b.checkpoint_id,
+        SRC,
+        rows=3,
+        metrics=CheckpointMetrics(sync_ms=1, alignment_ms=7),
+    )
     clock.set(170)
     ack(coord, store, b.checkpoint_id, OP, rows=5, metrics=CheckpointMetrics(start_delay_ms=4))
     c = store.get(b.checkpoint_id)
