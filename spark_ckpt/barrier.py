@@ -136,9 +136,11 @@ BARRIER_FIELDS: tuple[pa.Field, ...] = (
 )
 BARRIER_COLUMNS: tuple[str, ...] = tuple(f.name for f in BARRIER_FIELDS)
 
-#: Spark DDL of the barrier columns, in the same order.
+#: Spark DDL of the barrier columns, in the same order. Nullability matters: Spark rejects
+#: Arrow batches whose schema differs from the declared one.
 BARRIER_DDL = (
-    f"{CHANNEL} int, {OFFSET} bigint, {KIND} string, {CHECKPOINT_ID} bigint, "
+    f"{CHANNEL} int not null, {OFFSET} bigint not null, {KIND} string not null, "
+    f"{CHECKPOINT_ID} bigint, "
     f"{BARRIER_TS} timestamp, {BARRIER_OPTIONS} string"
 )
 

@@ -91,6 +91,15 @@ class CheckpointStore(ABC):
     def read_blob(self, ref: BlobRef) -> pa.Table:
         """Read and verify one blob."""
 
+    def read_blobs(self, refs: Sequence[BlobRef]) -> list[pa.Table]:
+        """Read and verify many blobs, in the order of *refs*. Stores override this to read
+        them in one scan."""
+        return [self.read_blob(r) for r in refs]
+
+    @abstractmethod
+    def stored_blobs(self) -> list[BlobRef]:
+        """Every blob in the store, committed or not (for retention checks and tests)."""
+
     @abstractmethod
     def commit(self, lease: CoordinatorLease, checkpoint: CompletedCheckpoint) -> None:
         """The completion commit. Idempotent per checkpoint id; fenced."""

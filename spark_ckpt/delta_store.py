@@ -1,0 +1,810 @@
+"""The durable checkpoint store: Delta Lake tables written with delta-rs (``deltalake``).
+
+One *root* per pipeline holds four Delta tables, created lazily with explicit schemas and kept
+readable by Spark's Delta Lake (protocol reader 1 / writer 2, UTC ``timestamp`` columns, no
+deletion vectors, no column mapping, no partitioning — the tables are small and a partition
+per checkpoint would only multiply tiny files):
+
+``<root>/checkpoints``
+    The coordinator's log, one row per event: ``lease`` rows (``epoch``, id block
+    ``[checkpoint_id, id_end)``) and ``completed`` rows (the canonical metadata JSON of a
+    :class:`~spark_ckpt.checkpoint.CompletedCheckpoint` with its SHA-256, plus queryable
+    copies of id, type, timestamps and size). Only coordinators write it.
+``<root>/operator_state`` / ``<root>/channel_state``
+    One row per blob (``KEYED_FULL``/``KEYED_DELTA``/``OPERATOR`` resp. ``CHANNEL``): the
+    :class:`~spark_ckpt.handle.BlobRef` columns, a ``blob_id`` (hash of the blob key, used
+    in predicates) and the Arrow IPC ``payload``. Written by tasks.
+``<root>/source_offsets``
+    One row per source channel position a task reported (queryable record; restore reads
+    offsets from the committed metadata).
+
+How the contract of :mod:`spark_ckpt.store` is kept:
+
+* **Visibility.** A checkpoint exists once its ``completed`` row is committed to
+  ``checkpoints`` (a single small append — the completion commit). Blob rows written before
+  are unreferenced until then; a crash anywhere earlier leaves only such rows, which
+  retention or :meth:`DeltaCheckpointStore.discard` removes later.
+* **Fencing.** Every write to ``checkpoints`` reads the table at version *V*, checks that the
+  newest lease epoch is the caller's, and commits with ``max_commit_retries=0`` on that
+  snapshot, so the commit lands at exactly *V + 1* or fails (delta-rs commits with
+  put-if-absent of the log file; verified: a stale snapshot's commit raises
+  ``CommitFailedError`` instead of rebasing). After a failed attempt the table is re-read
+  and the check repeated; a newer epoch then raises :class:`FencedError`. The check and the
+  commit are therefore atomic. (On object stores this needs delta-rs' atomic log commits:
+  S3 with a locking provider or conditional puts; local disk, ADLS and GCS are atomic.)
+* **Ids** come from lease rows: a new block starts at the largest ``id_end`` ever logged.
+* **Idempotent task state.** Each task commits its rows with a Delta *app transaction*
+  ``spark-ckpt/<table>/<vertex>/<subtask>`` whose version is the highest checkpoint id the
+  task wrote. If that version is below the checkpoint id, nothing of this task and
+  checkpoint can exist and the rows are appended blindly; otherwise the stored keys are read
+  first and only missing blobs are appended (for a key already stored the *stored* ref is
+  returned, like :class:`~spark_ckpt.store.InMemoryCheckpointStore`). Two racing writers of
+  one task conflict on the app id (delta-rs raises ``ConcurrentTransaction``); the loser
+  re-reads and finds its rows written. Reads additionally pick, per key, the row whose
+  checksum matches the reference, so even duplicate rows could not yield wrong data.
+* **Idempotent commit.** ``commit`` of an id with a ``completed`` row is a no-op (checked on
+  the fenced snapshot, so it is race free).
+* **Retention** deletes ``completed`` rows of dropped checkpoints and garbage blob rows with
+  ``DeltaTable.delete`` (copy-on-write: files are rewritten or removed, no deletion
+  vectors). Removed files stay on disk (Delta time travel) until :meth:`vacuum`, which is
+  never run implicitly. Blob deletion follows the fenced metadata commit; it only removes
+  blobs no kept checkpoint references and none newer than the latest kept one, so a
+  coordinator fenced out meanwhile cannot remove anything its successor needs.
+* **Integrity.** Metadata is verified against its checksum, blobs against theirs; a
+  referenced blob whose row is missing, or an unreadable data file, raises
+  :class:`CorruptCheckpointError`. Errors of delta-rs, Arrow and the file system are
+  translated into :class:`StoreError` subclasses here; none escapes raw.
+
+Threading: an instance may be shared by the coordinator thread and task threads; every call
+is an independent transaction on freshly loaded tables (the instance lock only guards the
+cache of parsed metadata). Concurrent task writes to a state table are rebased by delta-rs
+(blind appends do not conflict); only ``checkpoints`` commits refuse to rebase.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+from .checkpoint import CompletedCheckpoint
+from .clock import Clock, SystemClock
+from .errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    FencedError,
+    SparkCkptError,
+    StoreError,
+)
+from .handle import (
+    BlobKind,
+    BlobRef,
+    SourceOffset,
+    TaskId,
+    TaskSnapshot,
+    TaskStateHandle,
+    decode_table,
+    encode_table,
+    make_ref,
+)
+from .store import ID_BLOCK, CheckpointStore, CoordinatorLease, garbage_blobs, retention_plan
+
+_T = TypeVar("_T")
+
+_TS = pa.timestamp("us", tz="UTC")
+
+#: How often a transaction is re-attempted after losing a commit race before giving up.
+DEFAULT_MAX_ATTEMPTS = 64
+
+#: Largest number of values in one ``IN (...)`` delete predicate.
+_PREDICATE_CHUNK = 500
+
+
+class StoreTable(StrEnum):
+    """The Delta tables under a store root (the value is the directory name)."""
+
+    CHECKPOINTS = "checkpoints"
+    OPERATOR_STATE = "operator_state"
+    CHANNEL_STATE = "channel_state"
+    SOURCE_OFFSETS = "source_offsets"
+
+
+class LogRecord(StrEnum):
+    """The ``record`` column of the ``checkpoints`` table."""
+
+    LEASE = "lease"
+    COMPLETED = "completed"
+
+
+CHECKPOINTS_SCHEMA = pa.schema(
+    [
+        pa.field("record", pa.string(), nullable=False),
+        pa.field("epoch", pa.int64(), nullable=False),
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("id_end", pa.int64()),
+        pa.field("snapshot_type", pa.string()),
+        pa.field("trigger_ts", _TS),
+        pa.field("completed_ts", _TS),
+        pa.field("state_bytes", pa.int64()),
+        pa.field("metadata", pa.string()),
+        pa.field("checksum", pa.string()),
+        pa.field("committed_at", _TS, nullable=False),
+    ]
+)
+"""``checkpoints``: lease rows fill ``epoch``/``checkpoint_id`` (first id)/``id_end``;
+completed rows fill ``epoch`` (the committer's) and every column from ``snapshot_type``
+on."""
+
+BLOB_SCHEMA = pa.schema(
+    [
+        pa.field("blob_id", pa.string(), nullable=False),
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("operator_uid", pa.string(), nullable=False),
+        pa.field("subtask", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("state_name", pa.string(), nullable=False),
+        pa.field("key_group", pa.int64(), nullable=False),
+        pa.field("channel", pa.int64(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("nbytes", pa.int64(), nullable=False),
+        pa.field("checksum", pa.string(), nullable=False),
+        pa.field("payload", pa.binary(), nullable=False),
+        pa.field("written_at", _TS, nullable=False),
+    ]
+)
+"""``operator_state`` and ``channel_state``: one row per blob; ``payload`` is the Arrow IPC
+stream, ``blob_id`` = :func:`blob_id` of the key."""
+
+SOURCE_OFFSETS_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("vertex", pa.string(), nullable=False),
+        pa.field("subtask", pa.int64(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("channel", pa.int64(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("written_at", _TS, nullable=False),
+    ]
+)
+"""``source_offsets``: ``offset`` is the first data record *not* covered by the checkpoint."""
+
+_SCHEMAS: Mapping[StoreTable, pa.Schema] = {
+    StoreTable.CHECKPOINTS: CHECKPOINTS_SCHEMA,
+    StoreTable.OPERATOR_STATE: BLOB_SCHEMA,
+    StoreTable.CHANNEL_STATE: BLOB_SCHEMA,
+    StoreTable.SOURCE_OFFSETS: SOURCE_OFFSETS_SCHEMA,
+}
+
+_REF_COLUMNS = [f.name for f in BLOB_SCHEMA if f.name not in ("payload", "written_at")]
+
+
+def blob_id(ref: BlobRef) -> str:
+    """Stable identifier of a blob key (hex, 32 chars): what delete/read predicates match."""
+    text = json.dumps(list(ref.key), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def blob_table(kind: BlobKind) -> StoreTable:
+    """The table that holds blobs of *kind*."""
+    return StoreTable.CHANNEL_STATE if kind is BlobKind.CHANNEL else StoreTable.OPERATOR_STATE
+
+
+@dataclass(frozen=True)
+class _LogView:
+    """The ``checkpoints`` table at one version, as the coordinator protocol needs it."""
+
+    version: int
+    max_epoch: int
+    next_id: int  # the largest id_end ever leased (1 when nothing was leased)
+    completed: Mapping[int, tuple[str, str]]  # id -> (metadata json, checksum)
+
+
+def _sql_list(values: Iterable[int | str]) -> str:
+    """``(v1, v2, ...)`` for a SQL ``IN``; strings must be SQL-safe (hex ids only here)."""
+    return "(" + ", ".join(str(v) if isinstance(v, int) else f"'{v}'" for v in values) + ")"
+
+
+def _chunks(values: Sequence[_T], size: int = _PREDICATE_CHUNK) -> Iterator[Sequence[_T]]:
+    for i in range(0, len(values), size):
+        yield values[i : i + size]
+
+
+@contextmanager
+def _boundary(what: str, *, reading: bool = False) -> Iterator[None]:
+    """Translate delta-rs / Arrow / OS errors into :class:`StoreError` subclasses. On read
+    paths an undecodable or missing data file is corruption (:class:`CorruptCheckpointError`):
+    the Delta log says the file holds committed rows."""
+    try:
+        yield
+    except SparkCkptError:
+        raise
+    except (pa.ArrowInvalid, FileNotFoundError) as e:
+        if reading:
+            raise CorruptCheckpointError(f"{what}: unreadable data file: {e}") from e
+        raise StoreError(f"{what} failed: {e}") from e
+    except (DeltaError, OSError, pa.ArrowException) as e:
+        raise StoreError(f"{what} failed: {type(e).__name__}: {e}") from e
+
+
+class DeltaCheckpointStore(CheckpointStore):
+    """Checkpoint store on the Delta tables under *root* (a local path or a URI delta-rs
+    understands; *storage_options* are passed to delta-rs). See the module docstring.
+
+    *clock* stamps the informational ``committed_at``/``written_at`` columns only.
+    *max_attempts* bounds the re-attempts of one transaction after losing a commit race.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        storage_options: dict[str, str] | None = None,
+        clock: Clock | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> None:
+        if max_attempts < 1:
+            raise StoreError("max_attempts must be at least 1")
+        self._root = str(root).rstrip("/")
+        self._storage_options = storage_options
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._max_attempts = max_attempts
+        self._lock = threading.Lock()
+        # (version, parsed completed checkpoints) of the last list_completed.
+        self._completed_cache: tuple[int, list[CompletedCheckpoint]] | None = None
+
+    # -- locations -------------------------------------------------------------------------
+    @property
+    def root(self) -> str:
+        return self._root
+
+    def table_uri(self, table: StoreTable) -> str:
+        """Where *table* lives (for second readers: Spark, polars, DuckDB)."""
+        return f"{self._root}/{table.value}"
+
+    # -- low-level Delta access ------------------------------------------------------------
+    def _load(self, table: StoreTable) -> DeltaTable | None:
+        """The newest version of *table*, or ``None`` if it was never created."""
+        uri = self.table_uri(table)
+        if not DeltaTable.is_deltatable(uri, self._storage_options):
+            return None
+        return DeltaTable(uri, storage_options=self._storage_options)
+
+    def _ensure(self, table: StoreTable) -> DeltaTable:
+        """The newest version of *table*, creating it (explicit schema) if missing. Safe when
+        several processes create it at once."""
+        dt = self._load(table)
+        if dt is not None:
+            return dt
+        try:
+            return DeltaTable.create(
+                self.table_uri(table),
+                _SCHEMAS[table],
+                mode="ignore",
+                name=table.value,
+                description=f"spark-ckpt {table.value}",
+                storage_options=self._storage_options,
+            )
+        except DeltaError:
+            dt = self._load(table)  # lost the creation race
+            if dt is None:
+                raise
+            return dt
+
+    def _arrow_fs(self, dt: DeltaTable) -> pafs.FileSystem | None:
+        """A native pyarrow file system rooted at *dt*. (delta-rs' default Python file system
+        handler works too, but in deltalake 1.6 + pyarrow 26 using it aborts the interpreter
+        at exit — "terminate called without an active exception".)"""
+        if self._storage_options:
+            return None
+        try:
+            fs, path = pafs.FileSystem.from_uri(dt.table_uri)
+        except (pa.ArrowInvalid, OSError):
+            return None
+        return pafs.SubTreeFileSystem(path, fs)
+
+    def _scan(
+        self,
+        dt: DeltaTable,
+        columns: list[str],
+        *,
+        ids: Iterable[int] | None = None,
+        row_filter: ds.Expression | None = None,
+    ) -> pa.Table:
+        """Read *columns* of *dt*; *ids* prunes files by ``checkpoint_id`` statistics before
+        any data file is opened, *row_filter* selects rows."""
+        pruning: list[tuple[str, str, Any]] | None = None
+        if ids is not None:
+            id_list = sorted(set(ids))
+            if not id_list:
+                return _empty(columns)
+            pruning = [("checkpoint_id", "in", id_list)]
+            ids_filter = pc.field("checkpoint_id").isin(id_list)
+            row_filter = ids_filter if row_filter is None else ids_filter & row_filter
+        dataset = dt.to_pyarrow_dataset(
+            filesystem=self._arrow_fs(dt), file_pruning_predicate=pruning
+        )
+        return dataset.to_table(columns=columns, filter=row_filter)
+
+    def _now(self) -> int:
+        """Now, in microseconds since the epoch (the unit of the timestamp columns)."""
+        return self._clock.now_ms() * 1000
+
+    # -- the coordinator log ---------------------------------------------------------------
+    def _view(self, dt: DeltaTable) -> _LogView:
+        t = self._scan(dt, ["record", "epoch", "checkpoint_id", "id_end", "metadata", "checksum"])
+        leases = t.filter(pc.equal(t["record"], LogRecord.LEASE.value))
+        done = t.filter(pc.equal(t["record"], LogRecord.COMPLETED.value))
+        max_epoch = pc.max(leases["epoch"]).as_py() if leases.num_rows else 0
+        next_id = pc.max(leases["id_end"]).as_py() if leases.num_rows else 1
+        completed: dict[int, tuple[str, str]] = {}
+        for cid, text, digest in zip(
+            done["checkpoint_id"].to_pylist(),
+            done["metadata"].to_pylist(),
+            done["checksum"].to_pylist(),
+            strict=True,
+        ):
+            if text is None or digest is None:
+                raise CorruptCheckpointError(f"completed row of checkpoint {cid} has no metadata")
+            previous = completed.setdefault(cid, (text, digest))
+            if previous != (text, digest):
+                raise CorruptCheckpointError(f"checkpoint {cid} was committed twice, differently")
+        return _LogView(dt.version(), int(max_epoch or 0), int(next_id or 1), completed)
+
+    def _fenced(
+        self,
+        what: str,
+        lease: CoordinatorLease | None,
+        action: Callable[[DeltaTable, _LogView], _T],
+    ) -> _T:
+        """Run *action* on a fresh snapshot of ``checkpoints`` after checking that *lease*
+        (if given) holds the newest epoch. *action* commits (if at all) through the given
+        table with :func:`_no_rebase`, so its commit fails when anything else committed
+        since the check; the attempt is then repeated on a fresh snapshot."""
+        with _boundary(what, reading=True):
+            for _ in range(self._max_attempts):
+                dt = self._ensure(StoreTable.CHECKPOINTS)
+                view = self._view(dt)
+                if lease is not None and view.max_epoch != lease.epoch:
+                    raise FencedError(
+                        f"coordinator epoch {lease.epoch} was superseded by epoch {view.max_epoch}"
+                    )
+                try:
+                    return action(dt, view)
+                except CommitFailedError:
+                    continue
+            raise StoreError(f"{what}: lost {self._max_attempts} commit races in a row")
+
+    def _append_lease(self, dt: DeltaTable, epoch: int, first: int) -> CoordinatorLease:
+        lease = CoordinatorLease(epoch, first, first + ID_BLOCK)
+        row: dict[str, list[Any]] = {
+            "record": [LogRecord.LEASE.value],
+            "epoch": [lease.epoch],
+            "checkpoint_id": [lease.first_id],
+            "id_end": [lease.end_id],
+            "committed_at": [self._now()],
+        }
+        write_deltalake(
+            dt,
+            _table(CHECKPOINTS_SCHEMA, row),
+            mode="append",
+            commit_properties=_no_rebase(),
+        )
+        return lease
+
+    # -- fencing and ids -------------------------------------------------------------------
+    def acquire(self) -> CoordinatorLease:
+        return self._fenced(
+            "acquire",
+            None,
+            lambda dt, view: self._append_lease(dt, view.max_epoch + 1, view.next_id),
+        )
+
+    def allocate_ids(self, lease: CoordinatorLease) -> CoordinatorLease:
+        return self._fenced(
+            "allocate_ids",
+            lease,
+            lambda dt, view: self._append_lease(dt, lease.epoch, view.next_id),
+        )
+
+    # -- task state ------------------------------------------------------------------------
+    def write_task_state(self, checkpoint_id: int, snapshot: TaskSnapshot) -> TaskStateHandle:
+        """Task side. Appends the snapshot's new blobs (at most one commit per state table)
+        and its source offsets; idempotent per (task, checkpoint) — see the module
+        docstring. Returns the handle to acknowledge: the stored refs of the new blobs in
+        snapshot order, then the reused refs."""
+        payloads = [encode_table(b.table) for b in snapshot.new_blobs]
+        refs = [
+            make_ref(checkpoint_id, b, p) for b, p in zip(snapshot.new_blobs, payloads, strict=True)
+        ]
+        stored: dict[str, BlobRef] = {}
+        with _boundary(f"writing state of {snapshot.task} for checkpoint {checkpoint_id}"):
+            for table in (StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE):
+                mine = [
+                    (r, p)
+                    for r, p in zip(refs, payloads, strict=True)
+                    if blob_table(r.kind) is table
+                ]
+                if mine:
+                    stored.update(self._write_blobs(table, checkpoint_id, snapshot.task, mine))
+            if snapshot.offsets:
+                self._write_offsets(checkpoint_id, snapshot.task, snapshot.offsets)
+        out = tuple(stored[blob_id(r)] for r in refs)
+        return TaskStateHandle(snapshot.task, out + snapshot.reused, snapshot.offsets)
+
+    def _write_blobs(
+        self,
+        table: StoreTable,
+        checkpoint_id: int,
+        task: TaskId,
+        blobs: list[tuple[BlobRef, bytes]],
+    ) -> dict[str, BlobRef]:
+        app_id = f"spark-ckpt/{table.value}/{task.vertex}/{task.subtask}"
+        wanted = {blob_id(r): (r, p) for r, p in blobs}
+        for _ in range(self._max_attempts):
+            dt = self._ensure(table)
+            written = dt.transaction_version(app_id)
+            existing: dict[str, BlobRef] = {}
+            if written is not None and written >= checkpoint_id:
+                existing = self._stored_refs(dt, [checkpoint_id], set(wanted))
+            missing = [(r, p) for bid, (r, p) in wanted.items() if bid not in existing]
+            if missing:
+                version = checkpoint_id if written is None else max(written, checkpoint_id)
+                try:
+                    write_deltalake(
+                        dt,
+                        self._blob_rows(missing),
+                        mode="append",
+                        commit_properties=CommitProperties(
+                            app_transactions=[Transaction(app_id, version)]
+                        ),
+                    )
+                except CommitFailedError:
+                    continue  # a racing writer of the same task: re-read what it wrote
+            return {bid: existing.get(bid, r) for bid, (r, _) in wanted.items()}
+        raise StoreError(f"writing {table.value}: lost {self._max_attempts} commit races")
+
+    def _blob_rows(self, blobs: list[tuple[BlobRef, bytes]]) -> pa.Table:
+        refs = [r for r, _ in blobs]
+        columns: dict[str, list[Any]] = {
+            "blob_id": [blob_id(r) for r in refs],
+            **{
+                name: [r.kind.value if name == "kind" else getattr(r, name) for r in refs]
+                for name in _REF_COLUMNS
+                if name != "blob_id"
+            },
+            "payload": [p for _, p in blobs],
+            "written_at": [self._now()] * len(refs),
+        }
+        return _table(BLOB_SCHEMA, columns)
+
+    def _write_offsets(
+        self, checkpoint_id: int, task: TaskId, offsets: Sequence[SourceOffset]
+    ) -> None:
+        app_id = f"spark-ckpt/{StoreTable.SOURCE_OFFSETS.value}/{task.vertex}/{task.subtask}"
+        rows = _table(
+            SOURCE_OFFSETS_SCHEMA,
+            {
+                "checkpoint_id": [checkpoint_id] * len(offsets),
+                "vertex": [task.vertex] * len(offsets),
+                "subtask": [task.subtask] * len(offsets),
+                "source": [o.source for o in offsets],
+                "channel": [o.channel for o in offsets],
+                "offset": [o.offset for o in offsets],
+                "written_at": [self._now()] * len(offsets),
+            },
+        )
+        for _ in range(self._max_attempts):
+            dt = self._ensure(StoreTable.SOURCE_OFFSETS)
+            written = dt.transaction_version(app_id)
+            if written is not None and written >= checkpoint_id:
+                mine = (pc.field("vertex") == task.vertex) & (pc.field("subtask") == task.subtask)
+                if self._scan(dt, ["checkpoint_id"], ids=[checkpoint_id], row_filter=mine).num_rows:
+                    return
+            version = checkpoint_id if written is None else max(written, checkpoint_id)
+            try:
+                write_deltalake(
+                    dt,
+                    rows,
+                    mode="append",
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(app_id, version)]
+                    ),
+                )
+            except CommitFailedError:
+                continue
+            return
+        raise StoreError(f"writing source offsets: lost {self._max_attempts} commit races")
+
+    def _stored_refs(
+        self, dt: DeltaTable, ids: Iterable[int], wanted: set[str] | None = None
+    ) -> dict[str, BlobRef]:
+        """blob_id -> stored ref (no payload read) of blobs of checkpoints *ids*."""
+        row_filter = None if wanted is None else pc.field("blob_id").isin(sorted(wanted))
+        t = self._scan(dt, _REF_COLUMNS, ids=ids, row_filter=row_filter)
+        return {d["blob_id"]: BlobRef.from_dict(d) for d in t.to_pylist()}
+
+    def stored_blobs(self) -> list[BlobRef]:
+        """Every blob row in the store (without payloads), committed or not."""
+        out: list[BlobRef] = []
+        with _boundary("listing blobs", reading=True):
+            for table in (StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE):
+                dt = self._load(table)
+                if dt is not None:
+                    t = self._scan(dt, _REF_COLUMNS)
+                    out.extend(BlobRef.from_dict(d) for d in t.to_pylist())
+        return out
+
+    # -- reading blobs ---------------------------------------------------------------------
+    def read_blob(self, ref: BlobRef) -> pa.Table:
+        return self.read_blobs([ref])[0]
+
+    def read_blobs(self, refs: Sequence[BlobRef]) -> list[pa.Table]:
+        """Read and verify many blobs with one scan per state table (restore of many key
+        groups is not many scans). Results are in the order of *refs*. A blob missing from
+        the store raises :class:`CorruptCheckpointError` if a completed checkpoint references
+        it, else :class:`CheckpointNotFoundError`."""
+        found: dict[str, list[tuple[str, bytes]]] = {}
+        with _boundary("reading blobs", reading=True):
+            for table in (StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE):
+                mine = [r for r in refs if blob_table(r.kind) is table]
+                if not mine:
+                    continue
+                dt = self._load(table)
+                if dt is None:
+                    continue
+                ids = {blob_id(r) for r in mine}
+                t = self._scan(
+                    dt,
+                    ["blob_id", "checksum", "payload"],
+                    ids={r.checkpoint_id for r in mine},
+                    row_filter=pc.field("blob_id").isin(sorted(ids)),
+                )
+                for bid, digest, payload in zip(
+                    t["blob_id"].to_pylist(),
+                    t["checksum"].to_pylist(),
+                    t["payload"].to_pylist(),
+                    strict=True,
+                ):
+                    found.setdefault(bid, []).append((digest, payload))
+        out: list[pa.Table] = []
+        for ref in refs:
+            rows = found.get(blob_id(ref))
+            if not rows:
+                raise self._missing(ref)
+            # Prefer the row whose checksum matches; any other one fails verification.
+            payload = next((p for d, p in rows if d == ref.checksum), rows[0][1])
+            out.append(decode_table(payload, ref))
+        return out
+
+    def _missing(self, ref: BlobRef) -> StoreError:
+        referenced = any(ref.key == b.key for c in self.list_completed() for b in c.blobs())
+        where = f"blob {ref.key}"
+        if referenced:
+            return CorruptCheckpointError(f"{where} of a completed checkpoint is missing")
+        return CheckpointNotFoundError(f"{where} is not in the store")
+
+    # -- completion ------------------------------------------------------------------------
+    def commit(self, lease: CoordinatorLease, checkpoint: CompletedCheckpoint) -> None:
+        """The completion commit: one small append to ``checkpoints``, fenced; a no-op if the
+        id is already committed. Every referenced blob must have been written
+        (:class:`StoreError` otherwise)."""
+        cid = checkpoint.checkpoint_id
+        text = checkpoint.to_json()
+        row = _table(
+            CHECKPOINTS_SCHEMA,
+            {
+                "record": [LogRecord.COMPLETED.value],
+                "epoch": [lease.epoch],
+                "checkpoint_id": [cid],
+                "snapshot_type": [checkpoint.snapshot_type.value],
+                "trigger_ts": [checkpoint.stats.trigger_ms * 1000],
+                "completed_ts": [checkpoint.stats.completed_ms * 1000],
+                "state_bytes": [checkpoint.stats.state_bytes],
+                "metadata": [text],
+                "checksum": [checkpoint.checksum()],
+                "committed_at": [self._now()],
+            },
+        )
+        verified = False
+
+        def action(dt: DeltaTable, view: _LogView) -> None:
+            nonlocal verified
+            if cid in view.completed:
+                return
+            if not verified:
+                self._verify_written(checkpoint)
+                verified = True
+            write_deltalake(dt, row, mode="append", commit_properties=_no_rebase())
+
+        self._fenced(f"commit of checkpoint {cid}", lease, action)
+
+    def _verify_written(self, checkpoint: CompletedCheckpoint) -> None:
+        refs = list(checkpoint.blobs())
+        stored: dict[str, BlobRef] = {}
+        for table in (StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE):
+            mine = [r for r in refs if blob_table(r.kind) is table]
+            dt = self._load(table) if mine else None
+            if dt is not None:
+                ids = {blob_id(r) for r in mine}
+                stored.update(self._stored_refs(dt, {r.checkpoint_id for r in mine}, ids))
+        for ref in refs:
+            if blob_id(ref) not in stored:
+                raise StoreError(
+                    f"checkpoint {checkpoint.checkpoint_id} references blob {ref.key} "
+                    "that was never written"
+                )
+
+    def list_completed(self) -> list[CompletedCheckpoint]:
+        """Every committed checkpoint, oldest first, each verified against its checksum
+        (parsed results are cached per table version)."""
+        with _boundary("listing completed checkpoints", reading=True):
+            dt = self._load(StoreTable.CHECKPOINTS)
+            if dt is None:
+                return []
+            with self._lock:
+                cached = self._completed_cache
+            if cached is not None and cached[0] == dt.version():
+                return list(cached[1])
+            view = self._view(dt)
+        out: list[CompletedCheckpoint] = []
+        for cid, (text, digest) in sorted(view.completed.items()):
+            c = CompletedCheckpoint.from_json(text, digest)
+            if c.checkpoint_id != cid:
+                raise CorruptCheckpointError(
+                    f"row of checkpoint {cid} holds checkpoint {c.checkpoint_id}"
+                )
+            out.append(c)
+        with self._lock:
+            self._completed_cache = (view.version, out)
+        return list(out)
+
+    # -- retention -------------------------------------------------------------------------
+    def retain(self, lease: CoordinatorLease, retained: int) -> list[int]:
+        retention_plan(self.list_completed(), retained)  # validates *retained* first
+
+        def action(dt: DeltaTable, view: _LogView) -> tuple[list[CompletedCheckpoint], list[int]]:
+            kept, dropped = retention_plan(_parse(view), retained)
+            ids = [c.checkpoint_id for c in dropped]
+            self._delete_completed(dt, ids)
+            return kept, ids
+
+        kept, dropped_ids = self._fenced("retain", lease, action)
+        with _boundary("retain: removing garbage", reading=True):
+            horizon = max((c.checkpoint_id for c in kept), default=0)
+            stored = self._stored_refs_upto(horizon)
+            self._delete_blobs(garbage_blobs(stored, kept))
+            kept_ids = {c.checkpoint_id for c in kept}
+            self._delete_offsets(lambda i: i <= horizon and i not in kept_ids)
+        return dropped_ids
+
+    def discard(self, lease: CoordinatorLease, checkpoint_ids: Iterable[int]) -> None:
+        """Remove these checkpoints (committed or not) and every blob written for them that
+        no remaining checkpoint references."""
+        ids = sorted(set(checkpoint_ids))
+
+        def action(dt: DeltaTable, view: _LogView) -> list[CompletedCheckpoint]:
+            self._delete_completed(dt, [i for i in ids if i in view.completed])
+            return [c for c in _parse(view) if c.checkpoint_id not in ids]
+
+        kept = self._fenced("discard", lease, action)
+        if not ids:
+            return
+        with _boundary("discard: removing blobs", reading=True):
+            referenced = {b.key for c in kept for b in c.blobs()}
+            stored = self._stored_refs_of(ids)
+            self._delete_blobs([r for r in stored if r.key not in referenced])
+            kept_ids = {c.checkpoint_id for c in kept}
+            id_set = set(ids)
+            self._delete_offsets(lambda i: i in id_set and i not in kept_ids)
+
+    def _delete_completed(self, dt: DeltaTable, ids: Sequence[int]) -> None:
+        """Fenced removal of completed rows (one commit on the checked snapshot)."""
+        if not ids:
+            return
+        predicate = f"record = '{LogRecord.COMPLETED.value}' AND checkpoint_id IN {_sql_list(ids)}"
+        dt.delete(predicate, commit_properties=_no_rebase())
+
+    def _stored_refs_upto(self, horizon: int) -> list[BlobRef]:
+        out: list[BlobRef] = []
+        for table in (StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE):
+            dt = self._load(table)
+            if dt is not None:
+                t = self._scan(dt, _REF_COLUMNS, row_filter=pc.field("checkpoint_id") <= horizon)
+                out.extend(BlobRef.from_dict(d) for d in t.to_pylist())
+        return out
+
+    def _stored_refs_of(self, ids: Sequence[int]) -> list[BlobRef]:
+        out: list[BlobRef] = []
+        for table in (StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE):
+            dt = self._load(table)
+            if dt is not None:
+                out.extend(self._stored_refs(dt, ids).values())
+        return out
+
+    def _delete_blobs(self, refs: Sequence[BlobRef]) -> None:
+        """Delete blob rows (copy-on-write). Runs with delta-rs' normal conflict resolution:
+        a delete rebases over concurrent task appends (verified with deltalake 1.6)."""
+        for table in (StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE):
+            mine = [r for r in refs if blob_table(r.kind) is table]
+            if not mine:
+                continue
+            dt = self._ensure(table)
+            for chunk in _chunks(sorted(mine, key=lambda r: r.key)):
+                ids = sorted({r.checkpoint_id for r in chunk})
+                bids = sorted({blob_id(r) for r in chunk})
+                dt.delete(f"checkpoint_id IN {_sql_list(ids)} AND blob_id IN {_sql_list(bids)}")
+
+    def _delete_offsets(self, drop: Callable[[int], bool]) -> None:
+        dt = self._load(StoreTable.SOURCE_OFFSETS)
+        if dt is None:
+            return
+        present = self._scan(dt, ["checkpoint_id"])["checkpoint_id"]
+        ids = [i for i in pc.unique(present).to_pylist() if drop(i)]
+        for chunk in _chunks(sorted(ids)):
+            dt.delete(f"checkpoint_id IN {_sql_list(chunk)}")
+
+    # -- maintenance -----------------------------------------------------------------------
+    def vacuum(
+        self,
+        retention_hours: int = 168,
+        *,
+        dry_run: bool = False,
+        enforce_retention_duration: bool = True,
+    ) -> list[str]:
+        """Physically delete data files that the tables no longer reference and that were
+        removed more than *retention_hours* ago (Delta ``VACUUM``). Never run implicitly:
+        until then removed state stays readable by Delta time travel. Returns the files
+        (to be) deleted. A retention below the table's ``delta.deletedFileRetentionDuration``
+        needs ``enforce_retention_duration=False`` and is safe only when no reader is
+        reading an older table version."""
+        out: list[str] = []
+        with _boundary("vacuum"):
+            for table in StoreTable:
+                dt = self._load(table)
+                if dt is not None:
+                    out.extend(
+                        dt.vacuum(
+                            retention_hours=retention_hours,
+                            dry_run=dry_run,
+                            enforce_retention_duration=enforce_retention_duration,
+                        )
+                    )
+        return out
+
+
+def _no_rebase() -> CommitProperties:
+    """Commit exactly on the snapshot read: a concurrent commit makes ours fail."""
+    return CommitProperties(max_commit_retries=0)
+
+
+def _parse(view: _LogView) -> list[CompletedCheckpoint]:
+    return [CompletedCheckpoint.from_json(t, d) for _, (t, d) in sorted(view.completed.items())]
+
+
+def _table(schema: pa.Schema, columns: Mapping[str, list[Any]]) -> pa.Table:
+    """A table of *schema*; columns not given are null."""
+    n = len(next(iter(columns.values())))
+    arrays = [
+        pa.array(columns[f.name], type=f.type) if f.name in columns else pa.nulls(n, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _empty(columns: list[str]) -> pa.Table:
+    """An empty table of *columns* (types as in the store's schemas)."""
+    fields = {f.name: f for schema in _SCHEMAS.values() for f in schema}
+    return pa.schema([fields[c] for c in columns]).empty_table()
