@@ -20,22 +20,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Union
+from enum import StrEnum
+from typing import Any
 
 import pyarrow as pa
 
 from .errors import ProtocolError
 
 
-class SnapshotType(str, Enum):
+class SnapshotType(StrEnum):
     """What a barrier asks for. Savepoints are user-triggered and never expire."""
 
     CHECKPOINT = "checkpoint"
     SAVEPOINT = "savepoint"
 
 
-class RecordKind(str, Enum):
+class RecordKind(StrEnum):
     """The value of the ``_ckpt_kind`` column."""
 
     DATA = "data"
@@ -92,7 +92,7 @@ class CancelCheckpointMarker:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-Event = Union[CheckpointBarrier, CancelCheckpointMarker]
+Event = CheckpointBarrier | CancelCheckpointMarker
 
 
 def decode_event(data: str | dict[str, Any]) -> Event:

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Callable, Iterable, Protocol, Sequence, TypeVar
+from enum import StrEnum
+from typing import Protocol, TypeVar
 
 from .barrier import CheckpointBarrier, SnapshotType
 from .checkpoint import CompletedCheckpoint
@@ -66,7 +67,7 @@ class TaskGateway(Protocol):
     def notify_aborted(self, task: TaskId, checkpoint_id: int, reason: str) -> None: ...
 
 
-class JobStatus(str, Enum):
+class JobStatus(StrEnum):
     """How the job ended, for externalized-checkpoint retention on :meth:`shutdown`."""
 
     FINISHED = "finished"
@@ -75,14 +76,14 @@ class JobStatus(str, Enum):
     SUSPENDED = "suspended"
 
 
-class CoordinatorStatus(str, Enum):
+class CoordinatorStatus(StrEnum):
     CREATED = "created"
     RUNNING = "running"
     SHUT_DOWN = "shut_down"
     FAILED = "failed"  # tolerable failures exceeded, or fenced out
 
 
-class RequestStatus(str, Enum):
+class RequestStatus(StrEnum):
     QUEUED = "queued"
     TRIGGERED = "triggered"
     COMPLETED = "completed"
@@ -191,11 +192,17 @@ class CheckpointCoordinator:
         retention for *job_status*. Savepoints are never discarded. Idempotent."""
         if self.status in (CoordinatorStatus.SHUT_DOWN,):
             return
-        fenced = self.status is CoordinatorStatus.FAILED and isinstance(self.failure_cause, FencedError)
+        fenced = self.status is CoordinatorStatus.FAILED and isinstance(
+            self.failure_cause, FencedError
+        )
         self.status = CoordinatorStatus.SHUT_DOWN
         self._next_periodic_ms = None
         for p in list(self._pending.values()):
-            self._abort(p, CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.COORDINATOR_SHUTDOWN), count=False)
+            self._abort(
+                p,
+                CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.COORDINATOR_SHUTDOWN),
+                count=False,
+            )
         for r in self._queue:
             r.status = RequestStatus.FAILED
             r.failure = CheckpointFailure(0, CheckpointFailureReason.COORDINATOR_SHUTDOWN)
@@ -215,7 +222,15 @@ class CheckpointCoordinator:
         now = self.clock.now_ms()
         for p in sorted(self._pending.values(), key=lambda p: p.checkpoint_id):
             if now >= p.deadline_ms:
-                self._abort(p, CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.EXPIRED, f"not acknowledged within {self.config.timeout_ms} ms by {sorted(map(str, p.not_yet_acknowledged))}"))
+                self._abort(
+                    p,
+                    CheckpointFailure(
+                        p.checkpoint_id,
+                        CheckpointFailureReason.EXPIRED,
+                        f"not acknowledged within {self.config.timeout_ms} ms by "
+                        f"{sorted(map(str, p.not_yet_acknowledged))}",
+                    ),
+                )
         return self._trigger_what_is_allowed()
 
     def trigger_checkpoint(self) -> CheckpointRequest:
@@ -224,10 +239,14 @@ class CheckpointCoordinator:
 
     def trigger_savepoint(self, target: str | None = None) -> CheckpointRequest:
         """Request a savepoint: forced (ignores min pause and max concurrent), aligned, full."""
-        props = {"savepoint_dir": target} if target else (
-            {"savepoint_dir": self.config.savepoint_dir} if self.config.savepoint_dir else {}
+        props = (
+            {"savepoint_dir": target}
+            if target
+            else ({"savepoint_dir": self.config.savepoint_dir} if self.config.savepoint_dir else {})
         )
-        return self._request(CheckpointRequest(SnapshotType.SAVEPOINT, forced=True, properties=props))
+        return self._request(
+            CheckpointRequest(SnapshotType.SAVEPOINT, forced=True, properties=props)
+        )
 
     def _request(self, req: CheckpointRequest) -> CheckpointRequest:
         self._ensure_running()
@@ -275,7 +294,9 @@ class CheckpointCoordinator:
         self._next_id += 1
         return cid
 
-    def _trigger(self, snapshot_type: SnapshotType, req: CheckpointRequest | None) -> CheckpointBarrier:
+    def _trigger(
+        self, snapshot_type: SnapshotType, req: CheckpointRequest | None
+    ) -> CheckpointBarrier:
         now = self.clock.now_ms()
         cid = self._allocate_id()
         unaligned = (
@@ -307,7 +328,11 @@ class CheckpointCoordinator:
         Acks after shutdown are answered DISCARDED."""
         pending = self._pending.get(ack.checkpoint_id)
         if pending is None:
-            return AckResult.DISCARDED if ack.checkpoint_id in self._finished_ids else AckResult.UNKNOWN
+            return (
+                AckResult.DISCARDED
+                if ack.checkpoint_id in self._finished_ids
+                else AckResult.UNKNOWN
+            )
         if self.status is not CoordinatorStatus.RUNNING:
             return AckResult.DISCARDED
         result = pending.acknowledge(ack)
@@ -320,13 +345,25 @@ class CheckpointCoordinator:
         pending = self._pending.get(decline.checkpoint_id)
         if pending is None or self.status is not CoordinatorStatus.RUNNING:
             return
-        self._abort(pending, CheckpointFailure(decline.checkpoint_id, CheckpointFailureReason.DECLINED, f"declined by {decline.task}: {decline.reason}"))
+        self._abort(
+            pending,
+            CheckpointFailure(
+                decline.checkpoint_id,
+                CheckpointFailureReason.DECLINED,
+                f"declined by {decline.task}: {decline.reason}",
+            ),
+        )
 
     def fail_pending(self, reason: str) -> None:
         """A task failed: abort every pending checkpoint (TASK_FAILURE)."""
         for p in sorted(self._pending.values(), key=lambda p: p.checkpoint_id):
             if self.status is CoordinatorStatus.RUNNING:
-                self._abort(p, CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.TASK_FAILURE, reason))
+                self._abort(
+                    p,
+                    CheckpointFailure(
+                        p.checkpoint_id, CheckpointFailureReason.TASK_FAILURE, reason
+                    ),
+                )
 
     # -- completion and abort ------------------------------------------------------------------
     def _complete(self, pending: PendingCheckpoint) -> None:
@@ -338,7 +375,9 @@ class CheckpointCoordinator:
         except FencedError:
             raise
         except StoreError as e:
-            self._abort(pending, CheckpointFailure(cid, CheckpointFailureReason.FINALIZE_FAILED, str(e)))
+            self._abort(
+                pending, CheckpointFailure(cid, CheckpointFailureReason.FINALIZE_FAILED, str(e))
+            )
             return
         pending.mark_completed()
         del self._pending[cid]
@@ -346,7 +385,9 @@ class CheckpointCoordinator:
         self._last_completion_ms = now
         self.num_completed += 1
         self._failures.on_success()
-        self.history.append(HistoryEntry(cid, completed.snapshot_type, pending.trigger_ms, now, completed=completed))
+        self.history.append(
+            HistoryEntry(cid, completed.snapshot_type, pending.trigger_ms, now, completed=completed)
+        )
         req = self._requests_by_id.pop(cid, None)
         if req is not None:
             req.status = RequestStatus.COMPLETED
@@ -354,20 +395,32 @@ class CheckpointCoordinator:
         if not completed.is_savepoint:
             for p in sorted(self._pending.values(), key=lambda p: p.checkpoint_id):
                 if p.checkpoint_id < cid and p.snapshot_type is SnapshotType.CHECKPOINT:
-                    self._abort(p, CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.SUBSUMED, f"subsumed by checkpoint {cid}"), count=False)
+                    self._abort(
+                        p,
+                        CheckpointFailure(
+                            p.checkpoint_id,
+                            CheckpointFailureReason.SUBSUMED,
+                            f"subsumed by checkpoint {cid}",
+                        ),
+                        count=False,
+                    )
             self._fenced(lambda: self.store.retain(self._lease, self.config.retained_checkpoints))
         for task in self.tasks_to_commit:
             self.gateway.notify_complete(task, cid)
         self._trigger_what_is_allowed()
 
-    def _abort(self, pending: PendingCheckpoint, failure: CheckpointFailure, count: bool = True) -> None:
+    def _abort(
+        self, pending: PendingCheckpoint, failure: CheckpointFailure, count: bool = True
+    ) -> None:
         cid = pending.checkpoint_id
         pending.abort(failure)
         self._pending.pop(cid, None)
         self._finished_ids.add(cid)
         self.num_failed += 1
         now = self.clock.now_ms()
-        self.history.append(HistoryEntry(cid, pending.snapshot_type, pending.trigger_ms, now, failure=failure))
+        self.history.append(
+            HistoryEntry(cid, pending.snapshot_type, pending.trigger_ms, now, failure=failure)
+        )
         req = self._requests_by_id.pop(cid, None)
         if req is not None:
             req.status = RequestStatus.FAILED
@@ -387,7 +440,13 @@ class CheckpointCoordinator:
         self.status = CoordinatorStatus.FAILED
         self._next_periodic_ms = None
         for p in list(self._pending.values()):
-            self._abort(p, CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.COORDINATOR_SHUTDOWN, str(cause)), count=False)
+            self._abort(
+                p,
+                CheckpointFailure(
+                    p.checkpoint_id, CheckpointFailureReason.COORDINATOR_SHUTDOWN, str(cause)
+                ),
+                count=False,
+            )
 
     def _fenced(self, op: Callable[[], _T]) -> _T:
         try:
@@ -405,7 +464,9 @@ class CheckpointCoordinator:
         if self.status is CoordinatorStatus.CREATED:
             raise CheckpointError("the coordinator was not started")
         if self.failure_cause is not None:
-            raise CoordinatorShutdownError(f"the coordinator failed: {self.failure_cause}") from self.failure_cause
+            raise CoordinatorShutdownError(
+                f"the coordinator failed: {self.failure_cause}"
+            ) from self.failure_cause
         raise CoordinatorShutdownError("the coordinator is shut down")
 
     # -- inspection ------------------------------------------------------------------------
@@ -423,4 +484,3 @@ class CheckpointCoordinator:
 
     def completed_history(self) -> Iterable[HistoryEntry]:
         return (h for h in self.history if h.completed is not None)
-

@@ -9,12 +9,12 @@ checkpoint. When the count exceeds ``tolerable_failed_checkpoints`` the job must
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from .errors import TolerableFailuresExceededError
 
 
-class CheckpointFailureReason(str, Enum):
+class CheckpointFailureReason(StrEnum):
     EXPIRED = "expired"  # not acknowledged within the checkpoint timeout
     DECLINED = "declined"  # a task declined (snapshot or async write failed)
     FINALIZE_FAILED = "finalize_failed"  # the completion commit failed

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
@@ -26,7 +26,7 @@ import pyarrow as pa
 from .errors import CorruptCheckpointError
 
 
-class BlobKind(str, Enum):
+class BlobKind(StrEnum):
     KEYED_FULL = "keyed_full"
     KEYED_DELTA = "keyed_delta"
     OPERATOR = "operator"
@@ -149,7 +149,9 @@ def decode_table(payload: bytes, ref: BlobRef) -> pa.Table:
         with pa.ipc.open_stream(payload) as r:
             table = r.read_all()
     except (pa.ArrowInvalid, OSError) as e:
-        raise CorruptCheckpointError(f"blob of checkpoint {ref.checkpoint_id} is not Arrow IPC") from e
+        raise CorruptCheckpointError(
+            f"blob of checkpoint {ref.checkpoint_id} is not Arrow IPC"
+        ) from e
     if table.num_rows != ref.rows:
         raise CorruptCheckpointError(
             f"blob of checkpoint {ref.checkpoint_id} has {table.num_rows} rows, expected {ref.rows}"
@@ -305,4 +307,6 @@ class DeclineCheckpoint:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> DeclineCheckpoint:
-        return DeclineCheckpoint(int(d["checkpoint_id"]), TaskId.from_dict(d["task"]), str(d["reason"]))
+        return DeclineCheckpoint(
+            int(d["checkpoint_id"]), TaskId.from_dict(d["task"]), str(d["reason"])
+        )

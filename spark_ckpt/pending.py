@@ -8,9 +8,9 @@ more acknowledgements (:attr:`AckResult.DISCARDED`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Mapping
+from enum import StrEnum
 
 from .barrier import CheckpointBarrier, SnapshotType
 from .checkpoint import CheckpointStats, CompletedCheckpoint
@@ -19,7 +19,7 @@ from .failure import CheckpointFailure
 from .handle import AcknowledgeCheckpoint, CheckpointMetrics, TaskId, TaskStateHandle
 
 
-class AckResult(str, Enum):
+class AckResult(StrEnum):
     """Outcome of one acknowledgement (Flink's ``TaskAcknowledgeResult``)."""
 
     SUCCESS = "success"
@@ -28,7 +28,7 @@ class AckResult(str, Enum):
     DISCARDED = "discarded"  # the checkpoint was already completed or aborted
 
 
-class PendingStatus(str, Enum):
+class PendingStatus(StrEnum):
     PENDING = "pending"
     COMPLETED = "completed"
     ABORTED = "aborted"

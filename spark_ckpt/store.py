@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import pyarrow as pa
 
@@ -54,16 +54,16 @@ def retention_plan(
     savepoints are kept."""
     if retained < 1:
         raise StoreError("at least one checkpoint must be retained")
-    checkpoints = sorted((c for c in completed if not c.is_savepoint), key=lambda c: c.checkpoint_id)
+    checkpoints = sorted(
+        (c for c in completed if not c.is_savepoint), key=lambda c: c.checkpoint_id
+    )
     dropped = checkpoints[:-retained] if len(checkpoints) > retained else []
     dropped_ids = {c.checkpoint_id for c in dropped}
     kept = [c for c in completed if c.checkpoint_id not in dropped_ids]
     return sorted(kept, key=lambda c: c.checkpoint_id), dropped
 
 
-def garbage_blobs(
-    stored: Iterable[BlobRef], kept: Sequence[CompletedCheckpoint]
-) -> list[BlobRef]:
+def garbage_blobs(stored: Iterable[BlobRef], kept: Sequence[CompletedCheckpoint]) -> list[BlobRef]:
     """Blobs among *stored* that no kept checkpoint references and that are not newer than
     the latest kept checkpoint (newer ones may belong to a pending checkpoint)."""
     referenced = {b.key for c in kept for b in c.blobs()}

@@ -129,7 +129,7 @@ def test_max_concurrent_two() -> None:
 
 
 def test_min_pause_counts_from_last_completion() -> None:
-    coord, gw, clock, store = make(min_pause_ms=100)
+    coord, _gw, clock, store = make(min_pause_ms=100)
     clock.set(100)
     [b1] = coord.tick()
     clock.set(150)
@@ -201,7 +201,7 @@ def test_decline_aborts_counts_and_notifies() -> None:
 
 
 def test_decline_within_tolerance() -> None:
-    coord, gw, clock, store = make(tolerable_failed_checkpoints=3)
+    coord, _gw, clock, store = make(tolerable_failed_checkpoints=3)
     clock.set(100)
     [b] = coord.tick()
     coord.receive_decline(DeclineCheckpoint(b.checkpoint_id, OP, "nope"))
@@ -270,7 +270,7 @@ def test_savepoint_is_forced_aligned_and_not_subsumed() -> None:
     assert req.status is RequestStatus.TRIGGERED  # forced past max concurrent
     sp_id = req.checkpoint_id
     assert sp_id is not None
-    sp_barrier = [b for _, b in gw.triggered if b.checkpoint_id == sp_id][0]
+    sp_barrier = next(b for _, b in gw.triggered if b.checkpoint_id == sp_id)
     assert sp_barrier.snapshot_type is SnapshotType.SAVEPOINT and not sp_barrier.unaligned
     clock.set(200)
     coord.tick()
@@ -281,7 +281,7 @@ def test_savepoint_is_forced_aligned_and_not_subsumed() -> None:
 
 
 def test_completed_checkpoint_does_not_subsume_pending_savepoint() -> None:
-    coord, gw, clock, store = make(max_concurrent=2)
+    coord, _gw, clock, store = make(max_concurrent=2)
     req = coord.trigger_savepoint()
     clock.set(100)
     [b] = coord.tick()
@@ -290,7 +290,7 @@ def test_completed_checkpoint_does_not_subsume_pending_savepoint() -> None:
 
 
 def test_manual_checkpoint_queues_until_allowed() -> None:
-    coord, gw, clock, store = make(interval_ms=None)
+    coord, _gw, _clock, store = make(interval_ms=None)
     r1 = coord.trigger_checkpoint()
     r2 = coord.trigger_checkpoint()
     assert r1.status is RequestStatus.TRIGGERED and r2.status is RequestStatus.QUEUED
@@ -302,7 +302,7 @@ def test_manual_checkpoint_queues_until_allowed() -> None:
 
 
 def test_retention_keeps_newest_and_savepoints() -> None:
-    coord, _, clock, store = make(retained_checkpoints=2, interval_ms=None)
+    coord, _, _clock, store = make(retained_checkpoints=2, interval_ms=None)
     done = []
     sp = coord.trigger_savepoint()
     assert sp.checkpoint_id is not None
@@ -343,7 +343,7 @@ def test_nothing_after_shutdown_and_pending_aborted_uncounted() -> None:
 def test_externalized_retention_on_shutdown(
     retention: ExternalizedCheckpointRetention, status: JobStatus, kept: bool
 ) -> None:
-    coord, _, clock, store = make(externalized_retention=retention, interval_ms=None)
+    coord, _, _clock, store = make(externalized_retention=retention, interval_ms=None)
     sp = coord.trigger_savepoint()
     assert sp.checkpoint_id is not None
     ack_all(coord, store, sp.checkpoint_id)

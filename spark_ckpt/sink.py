@@ -1,0 +1,134 @@
+"""Two-phase-commit sinks (Flink's ``TwoPhaseCommitSinkFunction``).
+
+Output written between two barriers goes into one *transaction*, staged where the sink keeps
+data (files, a staging table) but invisible to readers:
+
+1. ``write`` stages output into the subtask's open transaction (task side);
+2. ``pre_commit`` (at the synchronous snapshot of checkpoint *n*) seals it into a
+   :class:`Transaction`, whose handle the task stores in its checkpointed state;
+3. ``commit`` makes it visible once checkpoint *n* completed (notify-complete). It must be
+   idempotent: it may run again after a crash (recover-and-commit from restored state);
+4. ``abort`` discards a sealed transaction whose checkpoint failed, and ``recover`` (on
+   restart) commits the transactions of the restored checkpoint and discards every other
+   staged transaction — which never became part of a completed checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from .errors import ProtocolError
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """A sealed transaction: output of subtask *subtask* of *operator_uid* before barrier
+    *checkpoint_id*. ``payload`` is sink-specific (e.g. staged file paths), JSON-encodable."""
+
+    operator_uid: str
+    subtask: int
+    checkpoint_id: int
+    payload: tuple[str, ...] = ()
+
+    @property
+    def txn_id(self) -> str:
+        return f"{self.operator_uid}/{self.subtask}/{self.checkpoint_id}"
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "operator_uid": self.operator_uid,
+                "subtask": self.subtask,
+                "checkpoint_id": self.checkpoint_id,
+                "payload": list(self.payload),
+            },
+            sort_keys=True,
+        )
+
+    @staticmethod
+    def from_json(text: str) -> Transaction:
+        try:
+            d: dict[str, Any] = json.loads(text)
+            return Transaction(
+                str(d["operator_uid"]),
+                int(d["subtask"]),
+                int(d["checkpoint_id"]),
+                tuple(str(p) for p in d.get("payload", ())),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProtocolError(f"not a sink transaction: {text!r}") from e
+
+
+#: Arrow schema under which tasks keep their sealed, not yet committed transactions.
+TRANSACTION_STATE_SCHEMA = pa.schema([pa.field("transaction", pa.string(), nullable=False)])
+
+
+class TwoPhaseCommitSink(Protocol):
+    def write(self, operator_uid: str, subtask: int, table: pa.Table) -> None: ...
+
+    def pre_commit(self, operator_uid: str, subtask: int, checkpoint_id: int) -> Transaction: ...
+
+    def commit(self, txn: Transaction) -> None: ...
+
+    def abort(self, txn: Transaction) -> None: ...
+
+    def recover(self, operator_uid: str, to_commit: Sequence[Transaction]) -> None: ...
+
+
+class MemorySink:
+    """A 2PC sink in memory, for simulations and tests. Its staged and committed areas play the
+    role of external storage: they survive a simulated crash of the job."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[tuple[str, int], list[pa.Table]] = {}
+        self._staged: dict[str, list[pa.Table]] = {}
+        self.committed: dict[str, list[pa.Table]] = {}
+        self.commit_calls = 0
+
+    def write(self, operator_uid: str, subtask: int, table: pa.Table) -> None:
+        with self._lock:
+            self._open.setdefault((operator_uid, subtask), []).append(table)
+
+    def pre_commit(self, operator_uid: str, subtask: int, checkpoint_id: int) -> Transaction:
+        txn = Transaction(operator_uid, subtask, checkpoint_id)
+        with self._lock:
+            self._staged[txn.txn_id] = self._open.pop((operator_uid, subtask), [])
+        return txn
+
+    def commit(self, txn: Transaction) -> None:
+        with self._lock:
+            self.commit_calls += 1
+            if txn.txn_id in self.committed:
+                return
+            staged = self._staged.pop(txn.txn_id, None)
+            if staged is None:
+                raise ProtocolError(f"transaction {txn.txn_id} was never staged")
+            self.committed[txn.txn_id] = staged
+
+    def abort(self, txn: Transaction) -> None:
+        with self._lock:
+            self._staged.pop(txn.txn_id, None)
+
+    def recover(self, operator_uid: str, to_commit: Sequence[Transaction]) -> None:
+        for txn in to_commit:
+            self.commit(txn)
+        with self._lock:
+            for tid in [t for t in self._staged if t.startswith(operator_uid + "/")]:
+                del self._staged[tid]
+
+    def crash(self) -> None:
+        """Lose what was only in task memory (open transactions); staged data survives."""
+        with self._lock:
+            self._open.clear()
+
+    def output(self) -> pa.Table | None:
+        tables: Iterable[pa.Table] = (t for ts in self.committed.values() for t in ts)
+        tables = [t for t in tables if t.num_rows]
+        return pa.concat_tables(tables) if tables else None
