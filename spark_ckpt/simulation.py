@@ -26,14 +26,14 @@ from .checkpoint import CompletedCheckpoint
 from .clock import ManualClock
 from .config import CheckpointConfig, CheckpointingMode
 from .coordinator import CheckpointCoordinator, CoordinatorStatus, JobStatus
-from .errors import SparkCkptError
+from .errors import CheckpointNotFoundError, SparkCkptError
 from .handle import AcknowledgeCheckpoint, DeclineCheckpoint, SourceOffset, TaskId, TaskSnapshot
 from .keygroup import subtasks_for_keys
 from .operator import KeyedOperator, RunningCount
 from .sink import MemorySink
 from .state import KeyedStateBackend, ValueStateDescriptor
 from .store import CheckpointStore
-from .task import OperatorTask, recover_sink
+from .task import OperatorTask, commit_checkpoint, recover_sink
 
 SOURCE = "source"
 VERTEX = "counter"
@@ -232,6 +232,8 @@ class SimulatedJob:
         self.inbox.append(AcknowledgeCheckpoint(barrier.checkpoint_id, task, handle))
 
     def notify_complete(self, task: TaskId, checkpoint_id: int) -> None:
+        if task.vertex == SOURCE and task.subtask == 0:  # once per checkpoint
+            self.notifications.append(("commit", task, checkpoint_id, ""))
         self.notifications.append(("complete", task, checkpoint_id, ""))
 
     def notify_aborted(self, task: TaskId, checkpoint_id: int, reason: str) -> None:
@@ -280,6 +282,13 @@ class SimulatedJob:
         """Deliver up to *n* notify-complete/aborted messages to the tasks."""
         for _ in range(min(n, len(self.notifications))):
             kind, task, cid, reason = self.notifications.popleft()
+            if kind == "commit":  # the global committer
+                try:
+                    checkpoint = self.store.get(cid)
+                except CheckpointNotFoundError:
+                    continue  # retained no more: a later checkpoint carries its transactions
+                commit_checkpoint(self.sink, checkpoint, self.store, VERTEX)
+                continue
             if task.vertex != VERTEX:
                 continue
             t = self.tasks[task.subtask]

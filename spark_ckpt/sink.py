@@ -6,11 +6,17 @@ data (files, a staging table) but invisible to readers:
 1. ``write`` stages output into the subtask's open transaction (task side);
 2. ``pre_commit`` (at the synchronous snapshot of checkpoint *n*) seals it into a
    :class:`Transaction`, whose handle the task stores in its checkpointed state;
-3. ``commit`` makes it visible once checkpoint *n* completed (notify-complete). It must be
-   idempotent: it may run again after a crash (recover-and-commit from restored state);
+3. ``commit_checkpoint`` makes every transaction recorded in completed checkpoint *n* visible
+   at once — run by one *global committer* (the process hosting the coordinator) after the
+   completion commit. It must be idempotent: it may run again after a crash (recover-and-commit
+   from restored state), and a transaction may be included again by a later checkpoint;
 4. ``abort`` discards a sealed transaction whose checkpoint failed, and ``recover`` (on
    restart) commits the transactions of the restored checkpoint and discards every other
    staged transaction — which never became part of a completed checkpoint.
+
+A task keeps a sealed transaction in its checkpointed state until the sink reports it committed
+(:meth:`committed_checkpoint`), not merely until it hears that the checkpoint completed: a crash
+between completion and commit then still finds the transaction in the next checkpoint.
 """
 
 from __future__ import annotations
@@ -76,6 +82,15 @@ class TwoPhaseCommitSink(Protocol):
 
     def commit(self, txn: Transaction) -> None: ...
 
+    def commit_checkpoint(self, checkpoint_id: int, txns: Sequence[Transaction]) -> bool:
+        """Commit *txns* (everything recorded in checkpoint *checkpoint_id*) at once; returns
+        False when it was already committed."""
+        ...
+
+    def committed_checkpoint(self) -> int:
+        """The highest checkpoint id whose transactions are committed (0 if none)."""
+        ...
+
     def abort(self, txn: Transaction) -> None: ...
 
     def recover(self, operator_uid: str, to_commit: Sequence[Transaction]) -> None: ...
@@ -91,6 +106,7 @@ class MemorySink:
         self._staged: dict[str, list[pa.Table]] = {}
         self.committed: dict[str, list[pa.Table]] = {}
         self.commit_calls = 0
+        self._committed_checkpoint = 0
 
     def write(self, operator_uid: str, subtask: int, table: pa.Table) -> None:
         with self._lock:
@@ -112,13 +128,24 @@ class MemorySink:
                 raise ProtocolError(f"transaction {txn.txn_id} was never staged")
             self.committed[txn.txn_id] = staged
 
+    def commit_checkpoint(self, checkpoint_id: int, txns: Sequence[Transaction]) -> bool:
+        if checkpoint_id <= self._committed_checkpoint:
+            return False
+        for txn in txns:
+            self.commit(txn)
+        self._committed_checkpoint = checkpoint_id
+        return True
+
+    def committed_checkpoint(self) -> int:
+        return self._committed_checkpoint
+
     def abort(self, txn: Transaction) -> None:
         with self._lock:
             self._staged.pop(txn.txn_id, None)
 
     def recover(self, operator_uid: str, to_commit: Sequence[Transaction]) -> None:
-        for txn in to_commit:
-            self.commit(txn)
+        if to_commit:
+            self.commit_checkpoint(max(t.checkpoint_id for t in to_commit), to_commit)
         with self._lock:
             for tid in [t for t in self._staged if t.startswith(operator_uid + "/")]:
                 del self._staged[tid]

@@ -11,10 +11,12 @@ The task turns the aligner's steps into work:
 * ``Abort`` → the snapshot in progress is dropped. Its sealed transaction stays pending and is
   committed with the next completed checkpoint (nothing is lost).
 
-``notify_complete(n)`` commits every sealed transaction of checkpoints ≤ *n* (Flink's
-``TwoPhaseCommitSinkFunction.notifyCheckpointComplete``) and makes *n* the base of the next
-incremental snapshot. Tasks run wherever the caller runs them (the driver in the foreachBatch
-aligner, a simulated scheduler in tests) and are single-threaded.
+``notify_complete(n)`` makes *n* the base of the next incremental snapshot and forgets the
+sealed transactions the sink reports committed (the job's global committer commits them; see
+:mod:`spark_ckpt.sink`). Until then they stay in every checkpoint the task takes.
+
+Tasks run wherever the caller runs them (the driver in the foreachBatch aligner, a simulated
+scheduler in tests) and are single-threaded.
 """
 
 from __future__ import annotations
@@ -241,11 +243,12 @@ class OperatorTask:
         self.respond(AcknowledgeCheckpoint(cid, self.task_id, handle, metrics))
 
     def notify_complete(self, checkpoint_id: int) -> None:
-        """Checkpoint *checkpoint_id* completed: commit sealed transactions up to it."""
-        for cid in sorted(c for c in self._sealed if c <= checkpoint_id):
-            txn = self._sealed.pop(cid)
-            if self.sink is not None:
-                self.sink.commit(txn)
+        """Checkpoint *checkpoint_id* completed: update the incremental base, and forget the
+        sealed transactions the sink has committed."""
+        if self.sink is not None:
+            committed = min(checkpoint_id, self.sink.committed_checkpoint())
+            for cid in [c for c in self._sealed if c <= committed]:
+                del self._sealed[cid]
         handle = self._acked.pop(checkpoint_id, None)
         for c in [c for c in self._acked if c < checkpoint_id]:
             del self._acked[c]
@@ -273,6 +276,16 @@ def sealed_transactions(
                 txn = Transaction.from_json(text)
                 txns[txn.txn_id] = txn
     return sorted(txns.values(), key=lambda t: (t.checkpoint_id, t.subtask))
+
+
+def commit_checkpoint(
+    sink: TwoPhaseCommitSink, checkpoint: CompletedCheckpoint, store: CheckpointStore, vertex: str
+) -> bool:
+    """The global committer's step after *checkpoint* completed: commit every transaction it
+    records, at once. Idempotent; returns False when it was already committed."""
+    return sink.commit_checkpoint(
+        checkpoint.checkpoint_id, sealed_transactions(checkpoint, store, vertex)
+    )
 
 
 def recover_sink(
