@@ -24,9 +24,14 @@ import pyarrow as pa
 class ReadPlan(Protocol):
     """Picklable description of rows ``[start, end)`` of one channel."""
 
-    channel: int
-    start: int
-    end: int
+    @property
+    def channel(self) -> int: ...
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
 
     def read(self) -> pa.Table:
         """Executor side: the rows, exactly ``end - start`` of them, in channel order."""
