@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, TypeVar
@@ -187,6 +187,11 @@ class CheckpointCoordinator:
         if self.config.interval_ms is not None:
             self._next_periodic_ms = self.clock.now_ms() + self.config.interval_ms
 
+    def stop_periodic_trigger(self) -> None:
+        """No more periodic checkpoints (before a final checkpoint or stop); manual requests,
+        savepoints and pending checkpoints proceed."""
+        self._next_periodic_ms = None
+
     def shutdown(self, job_status: JobStatus = JobStatus.SUSPENDED) -> None:
         """Abort pending checkpoints (not counted as failures) and apply externalized
         retention for *job_status*. Savepoints are never discarded. Idempotent."""
@@ -233,17 +238,23 @@ class CheckpointCoordinator:
                 )
         return self._trigger_what_is_allowed()
 
-    def trigger_checkpoint(self) -> CheckpointRequest:
-        """Request a checkpoint now (subject to max concurrent and min pause)."""
-        return self._request(CheckpointRequest(SnapshotType.CHECKPOINT, forced=False))
-
-    def trigger_savepoint(self, target: str | None = None) -> CheckpointRequest:
-        """Request a savepoint: forced (ignores min pause and max concurrent), aligned, full."""
-        props = (
-            {"savepoint_dir": target}
-            if target
-            else ({"savepoint_dir": self.config.savepoint_dir} if self.config.savepoint_dir else {})
+    def trigger_checkpoint(self, properties: Mapping[str, str] | None = None) -> CheckpointRequest:
+        """Request a checkpoint now (subject to max concurrent and min pause). *properties*
+        are recorded in the completed checkpoint (e.g. the id of a client's request)."""
+        return self._request(
+            CheckpointRequest(
+                SnapshotType.CHECKPOINT, forced=False, properties=dict(properties or {})
+            )
         )
+
+    def trigger_savepoint(
+        self, target: str | None = None, properties: Mapping[str, str] | None = None
+    ) -> CheckpointRequest:
+        """Request a savepoint: forced (ignores min pause and max concurrent), aligned, full."""
+        props = dict(properties or {})
+        directory = target or self.config.savepoint_dir
+        if directory:
+            props["savepoint_dir"] = directory
         return self._request(
             CheckpointRequest(SnapshotType.SAVEPOINT, forced=True, properties=props)
         )
@@ -299,8 +310,11 @@ class CheckpointCoordinator:
     ) -> CheckpointBarrier:
         now = self.clock.now_ms()
         cid = self._allocate_id()
+        # with an aligned-checkpoint timeout, checkpoints start aligned and the aligner switches
+        # them after the timeout; without one, unaligned checkpoints are unaligned from the start
         unaligned = (
             self.config.unaligned
+            and self.config.aligned_checkpoint_timeout_ms == 0
             and self.config.mode is CheckpointingMode.EXACTLY_ONCE
             and snapshot_type is SnapshotType.CHECKPOINT
         )

@@ -322,21 +322,31 @@ class DeltaCheckpointStore(CheckpointStore):
         *,
         ids: Iterable[int] | None = None,
         row_filter: ds.Expression | None = None,
+        filter_columns: Sequence[str] = (),
     ) -> pa.Table:
         """Read *columns* of *dt*; *ids* prunes files by ``checkpoint_id`` statistics before
-        any data file is opened, *row_filter* selects rows."""
+        any data file is opened, *row_filter* selects rows (over *columns* plus
+        *filter_columns*).
+
+        Only the integer ``checkpoint_id`` predicate is pushed into the scan: files that
+        delta-rs rewrote (DELETE during retention) carry ``string_view`` in their Arrow schema,
+        and pyarrow cannot compare those statistics with string literals."""
+        scan_filter: ds.Expression | None = None
         pruning: list[tuple[str, str, Any]] | None = None
         if ids is not None:
             id_list = sorted(set(ids))
             if not id_list:
                 return _empty(columns)
             pruning = [("checkpoint_id", "in", id_list)]
-            ids_filter = pc.field("checkpoint_id").isin(id_list)
-            row_filter = ids_filter if row_filter is None else ids_filter & row_filter
+            scan_filter = pc.field("checkpoint_id").isin(id_list)
         dataset = dt.to_pyarrow_dataset(
             filesystem=self._arrow_fs(dt), file_pruning_predicate=pruning
         )
-        return dataset.to_table(columns=columns, filter=row_filter)
+        read = list(dict.fromkeys([*columns, *filter_columns]))
+        table = dataset.to_table(columns=read, filter=scan_filter)
+        if row_filter is not None:
+            table = table.filter(row_filter)
+        return table.select(columns)
 
     def _now(self) -> int:
         """Now, in microseconds since the epoch (the unit of the timestamp columns)."""
@@ -511,7 +521,14 @@ class DeltaCheckpointStore(CheckpointStore):
             written = dt.transaction_version(app_id)
             if written is not None and written >= checkpoint_id:
                 mine = (pc.field("vertex") == task.vertex) & (pc.field("subtask") == task.subtask)
-                if self._scan(dt, ["checkpoint_id"], ids=[checkpoint_id], row_filter=mine).num_rows:
+                found = self._scan(
+                    dt,
+                    ["checkpoint_id"],
+                    ids=[checkpoint_id],
+                    row_filter=mine,
+                    filter_columns=("vertex", "subtask"),
+                )
+                if found.num_rows:
                     return
             version = checkpoint_id if written is None else max(written, checkpoint_id)
             try:
@@ -533,7 +550,9 @@ class DeltaCheckpointStore(CheckpointStore):
     ) -> dict[str, BlobRef]:
         """blob_id -> stored ref (no payload read) of blobs of checkpoints *ids*."""
         row_filter = None if wanted is None else pc.field("blob_id").isin(sorted(wanted))
-        t = self._scan(dt, _REF_COLUMNS, ids=ids, row_filter=row_filter)
+        t = self._scan(
+            dt, _REF_COLUMNS, ids=ids, row_filter=row_filter, filter_columns=("blob_id",)
+        )
         return {d["blob_id"]: BlobRef.from_dict(d) for d in t.to_pylist()}
 
     def stored_blobs(self) -> list[BlobRef]:
@@ -571,6 +590,7 @@ class DeltaCheckpointStore(CheckpointStore):
                     ["blob_id", "checksum", "payload"],
                     ids={r.checkpoint_id for r in mine},
                     row_filter=pc.field("blob_id").isin(sorted(ids)),
+                    filter_columns=("blob_id",),
                 )
                 for bid, digest, payload in zip(
                     t["blob_id"].to_pylist(),

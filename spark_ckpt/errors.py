@@ -69,3 +69,8 @@ class StateError(SparkCkptError):
 class ProtocolError(SparkCkptError):
     """A message broke the checkpoint protocol (for example a barrier on an unknown channel or
     a record that does not match the channel's schema)."""
+
+
+class PipelineFailedError(SparkCkptError):
+    """A streaming query failed and the restart strategy allows no further restart. The
+    message carries the strategy's reason and the query's error."""

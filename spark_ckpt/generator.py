@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar, Final
@@ -333,3 +333,50 @@ def _parse_float(option: str, text: str) -> float:
     if not math.isfinite(value):
         raise ConfigError(option, text, "a finite number")
     return value
+
+
+@dataclass(frozen=True)
+class GeneratorReadPlan:
+    """Rows ``[start, end)`` of one generator channel; picklable, read on executors."""
+
+    spec: GeneratorSpec
+    channel: int
+    start: int
+    end: int
+
+    def read(self) -> pa.Table:
+        return self.spec.rows(self.channel, self.start, self.end)
+
+
+class GeneratorSource:
+    """A :class:`~spark_ckpt.channel_source.ChannelSource` over a :class:`GeneratorSpec`.
+
+    Heads grow with the time since this object was created (the source runner's start):
+    ``available(c, now - started)``, never below a floor (the positions a restored stream
+    resumes from), so a restart does not make produced rows disappear."""
+
+    def __init__(self, spec: GeneratorSpec, now_ms: Callable[[], int]) -> None:
+        self.spec = spec
+        self._now_ms = now_ms
+        self._started = now_ms()
+        self._floor = [0] * spec.channels
+
+    @property
+    def channels(self) -> int:
+        return self.spec.channels
+
+    @property
+    def schema(self) -> pa.Schema:
+        return GENERATOR_SCHEMA
+
+    def resume_from(self, positions: Sequence[int]) -> None:
+        self._floor = [max(f, p) for f, p in zip(self._floor, positions, strict=True)]
+
+    def heads(self) -> list[int]:
+        elapsed = self._now_ms() - self._started
+        return [
+            max(self._floor[c], self.spec.available(c, elapsed)) for c in range(self.spec.channels)
+        ]
+
+    def plan(self, channel: int, start: int, end: int) -> GeneratorReadPlan:
+        return GeneratorReadPlan(self.spec, channel, start, end)

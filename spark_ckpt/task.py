@@ -37,6 +37,7 @@ from .handle import (
     BlobRef,
     CheckpointMetrics,
     DeclineCheckpoint,
+    SourceOffset,
     StateBlob,
     TaskId,
     TaskSnapshot,
@@ -86,7 +87,11 @@ class OperatorTask:
         aligned_timeout_ms: int = 0,
         max_parallelism: int = 128,
         sink: TwoPhaseCommitSink | None = None,
+        source_vertex: str | None = None,
     ) -> None:
+        """*source_vertex*: when the task reads source channels directly (the foreachBatch
+        aligner), its acknowledgements also carry the source positions — each channel's
+        barrier offset — under that vertex name, since the source itself does not ack."""
         if not operators:
             raise SparkCkptError("an operator task needs at least one operator")
         self.task_id = task_id
@@ -115,6 +120,7 @@ class OperatorTask:
         self._sealed: dict[int, Transaction] = {}
         self._acked: dict[int, TaskStateHandle] = {}
         self.rows_processed = 0
+        self.source_vertex = source_vertex
 
     @property
     def sink_uid(self) -> str:
@@ -224,9 +230,15 @@ class OperatorTask:
                     pa.table({"transaction": txns}, schema=TRANSACTION_STATE_SCHEMA),
                 )
             )
+        offsets: tuple[SourceOffset, ...] = ()
+        if self.source_vertex is not None:
+            offsets = tuple(
+                SourceOffset(self.source_vertex, c, o)
+                for c, o in sorted(step.barrier_offsets.items())
+            )
         try:
             handle = self.store.write_task_state(
-                cid, TaskSnapshot(self.task_id, tuple(blobs), tuple(reused))
+                cid, TaskSnapshot(self.task_id, tuple(blobs), tuple(reused), offsets)
             )
         except SparkCkptError as e:
             self.respond(DeclineCheckpoint(cid, self.task_id, f"writing state failed: {e}"))

@@ -1,0 +1,245 @@
+"""``ckpt-source``: a Python streaming DataSource whose rows carry checkpoint barriers.
+
+Every row has the user's columns plus the barrier columns of :mod:`spark_ckpt.barrier`; one
+input partition per channel, rows in channel order, barrier rows between data rows where the
+source took a trigger. The offsets Spark logs (:class:`~spark_ckpt.stream_offset.StreamOffset`)
+contain the barrier positions, so a replayed micro-batch re-emits identical barriers.
+
+Where the hooks run (see ``docs/spark-notes.md``):
+
+* ``CkptSource.__init__``/``schema`` — a planner worker at ``load()``: options are validated
+  here (a :class:`~spark_ckpt.errors.ConfigError` surfaces as an ``AnalysisException``);
+* ``initialOffset``/``latestOffset``/``partitions``/``commit`` — the *source runner*, one
+  long-lived driver-side process per query run. The checkpoint coordinator lives here
+  (:class:`~spark_ckpt.host.CoordinatorHost`), polled once per ``latestOffset``;
+* ``read`` — executors: regenerates the planned rows and inserts the barrier rows.
+
+``initialOffset`` (called twice at start; deterministic) rewinds every channel to its barrier
+position in the latest completed checkpoint, so a new query resumes exactly after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from spark_ckpt.barrier import CheckpointBarrier
+from spark_ckpt.channel_batch import channel_rows, stream_schema
+from spark_ckpt.channel_source import ChannelSource, ReadPlan
+from spark_ckpt.clock import SystemClock
+from spark_ckpt.coordinator import CheckpointRequest, RequestStatus
+from spark_ckpt.errors import CheckpointError, ProtocolError
+from spark_ckpt.host import SOURCE_TASK, CoordinatorHost
+from spark_ckpt.source_options import SourceOptions
+from spark_ckpt.stream_offset import StreamOffset, fair_limits
+
+log = logging.getLogger(__name__)
+
+FORMAT = "ckpt-source"
+
+
+def open_channel_source(options: SourceOptions) -> ChannelSource:
+    """The inner source named by the options (driver side)."""
+    if options.source == "delta":
+        from spark_ckpt.delta_tail import DeltaTailSource
+
+        return DeltaTailSource.from_options(options.delta)
+    from spark_ckpt.generator import GeneratorSource
+
+    assert options.generator is not None
+    return GeneratorSource(options.generator, SystemClock().now_ms)
+
+
+def open_host(options: SourceOptions) -> CoordinatorHost:
+    from spark_ckpt.delta_store import DeltaCheckpointStore
+
+    from .sink import sink_from_spec
+
+    return CoordinatorHost(
+        options.root,
+        options.config,
+        DeltaCheckpointStore(options.root),
+        sink_factory=lambda spec: sink_from_spec(spec, pipeline=options.pipeline),
+    )
+
+
+@dataclass(frozen=True)
+class ChannelPartition(InputPartition):  # type: ignore[misc]
+    """One channel of one micro-batch: what ``read`` needs, nothing else."""
+
+    channel: int
+    start: int
+    plan: ReadPlan
+    marks: tuple[tuple[int, CheckpointBarrier], ...]
+    schema: pa.Schema
+    channels: int
+
+
+class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    def __init__(self, options: SourceOptions, user_schema: pa.Schema) -> None:
+        self.options = options
+        self.user_schema = user_schema
+        self.schema = stream_schema(user_schema)
+        self._source: ChannelSource | None = None
+        self._host: CoordinatorHost | None = None
+        self._target: list[int] | None = None  # Trigger.AvailableNow: read up to here
+        self._final: CheckpointRequest | None = None
+        self._stop_at: tuple[int, ...] | None = None
+
+    # -- lazily opened, in the source runner ---------------------------------------------------
+    @property
+    def source(self) -> ChannelSource:
+        if self._source is None:
+            self._source = open_channel_source(self.options)
+        return self._source
+
+    @property
+    def host(self) -> CoordinatorHost:
+        if self._host is None:
+            self._host = open_host(self.options)
+        return self._host
+
+    # -- offsets -----------------------------------------------------------------------------
+    def initialOffset(self) -> dict[str, Any]:
+        latest = self.host.latest_completed()
+        channels = self.source.channels
+        if latest is None:
+            return StreamOffset.initial([0] * channels).to_dict()
+        offsets = latest.offsets()
+        positions = [offsets.get((SOURCE_TASK.vertex, c), 0) for c in range(channels)]
+        resume = getattr(self.source, "resume_from", None)
+        if resume is not None:
+            resume(positions)
+        return StreamOffset.initial(positions, latest.checkpoint_id).to_dict()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_rows_per_trigger is not None:
+            return ReadMaxRows(self.options.max_rows_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self.source.heads()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        offset = StreamOffset.from_dict(start)
+        heads = list(self._target) if self._target is not None else self.source.heads()
+        for barrier in self.host.poll():
+            offset = offset.place(barrier, heads)
+            if (
+                self.host.stopping is not None
+                and self.host.stopping.checkpoint_id == barrier.checkpoint_id
+            ):
+                self._stop_at = offset.barriers[-1].positions
+        if self._stop_at is not None:
+            heads = [min(h, s) for h, s in zip(heads, self._stop_at, strict=True)]
+        if self._target is not None:
+            offset = self._available_now(offset, heads)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return offset.advance(fair_limits(offset.positions, heads, max_rows)).to_dict()
+
+    def _available_now(self, offset: StreamOffset, heads: Sequence[int]) -> StreamOffset:
+        """Trigger.AvailableNow ends with a final checkpoint at the target positions: once all
+        data is admitted, trigger it and let a batch carry its barriers; once they are emitted,
+        wait here (polling the coordinator) until it completed. Spark ends the query when the
+        end offset equals the start."""
+        if list(offset.positions) != list(heads):
+            return offset
+        deadline = time.monotonic() + self.options.config.timeout_ms / 1000
+        while True:
+            final = self._final
+            if final is not None and final.status is RequestStatus.COMPLETED:
+                # done: emit nothing more (Spark ends the query on an unchanged offset)
+                return StreamOffset(
+                    offset.positions,
+                    offset.emitted,
+                    tuple(
+                        b
+                        for b in offset.barriers
+                        if b.checkpoint_id <= final.checkpoint_id  # type: ignore[operator]
+                    ),
+                )
+            if final is None or final.status is RequestStatus.FAILED:
+                if final is not None:
+                    log.warning("final checkpoint failed (%s); retrying", final.failure)
+                self._final = self.host.request_final_checkpoint()
+                if self._final is None:
+                    raise CheckpointError(
+                        "Trigger.AvailableNow needs a checkpointing consumer (ckpt-sink or the "
+                        "foreachBatch aligner) to take its final checkpoint"
+                    )
+            for barrier in self.host.poll():
+                offset = offset.place(barrier, heads)
+            final_id = (self._final.checkpoint_id if self._final is not None else None) or 0
+            if any(b.checkpoint_id >= final_id for b in offset.barriers):
+                return offset  # the next batch carries the final barriers
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    "the final checkpoint of Trigger.AvailableNow did not complete"
+                )
+            time.sleep(0.05)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        slices = StreamOffset.from_dict(start).plan(StreamOffset.from_dict(end))
+        return [
+            ChannelPartition(
+                s.channel,
+                s.start,
+                self.source.plan(s.channel, s.start, s.end),
+                s.barriers,
+                self.schema,
+                len(slices),
+            )
+            for s in slices
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, ChannelPartition):
+            raise ProtocolError(f"not a ckpt-source partition: {partition!r}")
+        table = channel_rows(
+            partition.plan.read(),
+            partition.schema,
+            partition.channel,
+            partition.start,
+            partition.marks,
+            partition.channels,
+        )
+        yield from table.to_batches()
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: positions are committed by checkpoints, not by Spark batches."""
+
+
+class CkptSource(DataSource):  # type: ignore[misc]
+    """``spark.readStream.format("ckpt-source")``; see the module docstring and
+    :mod:`spark_ckpt.source_options` for the options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.parsed = SourceOptions.parse(options)
+
+    def _user_schema(self) -> pa.Schema:
+        return open_channel_source(self.parsed).schema
+
+    def schema(self) -> StructType:
+        return from_arrow_schema(stream_schema(self._user_schema()))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return CkptStreamReader(self.parsed, self._user_schema())

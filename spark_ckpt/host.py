@@ -1,0 +1,170 @@
+"""The coordinator's home inside a running Spark query: the ``ckpt-source`` runner.
+
+Spark runs a Python stream reader's ``initialOffset``/``latestOffset``/``partitions``/``commit``
+in one long-lived driver-side process per query run. :class:`CoordinatorHost` lives there,
+next to the source, and is polled from ``latestOffset`` (once per micro-batch):
+
+1. re-read the topology (who acknowledges, which sink to commit) — a new topology restarts the
+   coordinator (aborting pending checkpoints) after recover-and-commit of the sink;
+2. drain the mailbox: acks, declines, checkpoint/savepoint/stop requests;
+3. tick the coordinator (periodic triggers, timeouts);
+4. hand the barriers it triggered to the source, which places them into the offsets.
+
+It is also the *global committer*: when a checkpoint completes it commits the sink
+transactions recorded in it, in one step (see :mod:`spark_ckpt.sink`). Without a topology it
+triggers nothing: a checkpoint needs someone to acknowledge it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from .barrier import CheckpointBarrier
+from .checkpoint import CompletedCheckpoint
+from .clock import Clock, SystemClock
+from .config import CheckpointConfig
+from .coordinator import CheckpointCoordinator, CheckpointRequest, CoordinatorStatus, JobStatus
+from .errors import CheckpointNotFoundError
+from .handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
+from .mailbox import Mailbox, Request, RequestKind, SinkSpec, Topology, read_topology
+from .sink import TwoPhaseCommitSink
+from .store import CheckpointStore
+from .task import commit_checkpoint, recover_sink
+
+log = logging.getLogger(__name__)
+
+SOURCE_TASK = TaskId("source", 0)
+#: Completed-checkpoint property naming the client request it answers.
+REQUEST_ID = "request_id"
+#: Completed-checkpoint property set on the final checkpoint before a stop.
+STOP = "stop"
+
+SinkFactory = Callable[[SinkSpec], TwoPhaseCommitSink]
+
+
+class CoordinatorHost:
+    """See the module docstring. Single-threaded: call :meth:`poll` from one place."""
+
+    def __init__(
+        self,
+        root: str,
+        config: CheckpointConfig,
+        store: CheckpointStore,
+        sink_factory: SinkFactory,
+        clock: Clock | None = None,
+    ) -> None:
+        self.root = root
+        self.config = config
+        self.store = store
+        self.sink_factory = sink_factory
+        self.clock: Clock = clock or SystemClock()
+        self.mailbox = Mailbox(root)
+        self.topology: Topology | None = None
+        self.coordinator: CheckpointCoordinator | None = None
+        self.sink: TwoPhaseCommitSink | None = None
+        self.stopping: CheckpointRequest | None = None
+        self._barriers: list[CheckpointBarrier] = []
+        self._committed: set[int] = set()
+
+    # -- TaskGateway -------------------------------------------------------------------------
+    def trigger(self, task: TaskId, barrier: CheckpointBarrier) -> None:
+        self._barriers.append(barrier)
+
+    def notify_complete(self, task: TaskId, checkpoint_id: int) -> None:
+        if checkpoint_id in self._committed:
+            return
+        self._committed.add(checkpoint_id)
+        cp = self.store.get(checkpoint_id)
+        if self.sink is not None and self.topology is not None:
+            commit_checkpoint(self.sink, cp, self.store, self.topology.vertex)
+        log.info(
+            "completed %s %d in %d ms (%d bytes)",
+            cp.snapshot_type.value,
+            checkpoint_id,
+            cp.stats.end_to_end_ms,
+            cp.stats.state_bytes,
+        )
+
+    def notify_aborted(self, task: TaskId, checkpoint_id: int, reason: str) -> None:
+        """Remote tasks learn of aborts lazily (a newer barrier subsumes the older one)."""
+
+    # -- polling ---------------------------------------------------------------------------
+    def poll(self) -> list[CheckpointBarrier]:
+        """One round (see the module docstring); returns the barriers to place, oldest first.
+        Raises :class:`~spark_ckpt.errors.TolerableFailuresExceededError` to fail the query."""
+        topology = read_topology(self.root)
+        if topology is not None and topology != self.topology:
+            self._install(topology)
+        coordinator = self.coordinator
+        if coordinator is None:
+            return []
+        received = self.mailbox.receive()
+        for _, message in received:
+            if isinstance(message, AcknowledgeCheckpoint):
+                coordinator.receive_acknowledge(message)
+            elif isinstance(message, DeclineCheckpoint):
+                coordinator.receive_decline(message)
+            elif isinstance(message, Request):
+                self._on_request(coordinator, message)
+        self.mailbox.delete([name for name, _ in received])
+        if coordinator.status is CoordinatorStatus.RUNNING:
+            coordinator.tick()
+        barriers, self._barriers = self._barriers, []
+        return barriers
+
+    def request_final_checkpoint(self) -> CheckpointRequest | None:
+        """Trigger the checkpoint that ends a bounded run (``Trigger.AvailableNow``)."""
+        if self.coordinator is None or self.coordinator.status is not CoordinatorStatus.RUNNING:
+            return None
+        self.coordinator.stop_periodic_trigger()
+        return self.coordinator.trigger_checkpoint({STOP: "available-now"})
+
+    def _on_request(self, coordinator: CheckpointCoordinator, request: Request) -> None:
+        props = {REQUEST_ID: request.request_id}
+        if request.kind is RequestKind.CHECKPOINT:
+            coordinator.trigger_checkpoint(props)
+        elif request.kind is RequestKind.SAVEPOINT:
+            coordinator.trigger_savepoint(request.target, props)
+        else:
+            coordinator.stop_periodic_trigger()
+            props[STOP] = request.request_id
+            self.stopping = (
+                coordinator.trigger_savepoint(request.target, props)
+                if request.savepoint
+                else coordinator.trigger_checkpoint(props)
+            )
+
+    def _install(self, topology: Topology) -> None:
+        if self.coordinator is not None:
+            self.coordinator.shutdown(JobStatus.SUSPENDED)
+        self.topology = topology
+        self.sink = self.sink_factory(topology.sink) if topology.sink else None
+        latest = self.store.latest_completed()
+        if self.sink is not None:
+            recover_sink(self.sink, latest, self.store, topology.vertex)
+            if latest is not None:
+                self._committed.add(latest.checkpoint_id)
+        self.coordinator = CheckpointCoordinator(
+            self.config,
+            self.store,
+            self,
+            tasks_to_trigger=[SOURCE_TASK],
+            tasks_to_ack=[TaskId(topology.vertex, s) for s in range(topology.parallelism)],
+            clock=self.clock,
+        )
+        self.coordinator.start()
+        log.info("coordinator epoch %d for %s", self.coordinator.epoch, topology)
+
+    def latest_completed(self) -> CompletedCheckpoint | None:
+        return self.store.latest_completed()
+
+    def completed(self, checkpoint_id: int) -> CompletedCheckpoint | None:
+        try:
+            return self.store.get(checkpoint_id)
+        except CheckpointNotFoundError:
+            return None
+
+    def shutdown(self, status: JobStatus = JobStatus.SUSPENDED) -> None:
+        if self.coordinator is not None:
+            self.coordinator.shutdown(status)

@@ -1,0 +1,226 @@
+"""Messages between Spark's separate processes, through the pipeline's store root.
+
+In Spark the coordinator lives in the source runner (a long-lived driver-side process), while
+the tasks that acknowledge checkpoints run elsewhere: the foreachBatch aligner in the user's
+driver process, the ``ckpt-sink`` committer in a fresh process per micro-batch; savepoint and
+stop requests come from notebooks and the CLI. They talk through files under the pipeline
+root, which works the same on a laptop and on a cluster's shared storage:
+
+* ``_mailbox/`` — a queue of JSON messages to the coordinator (:class:`Mailbox`): acks,
+  declines, checkpoint/savepoint/stop requests. A message is written to a temporary name and
+  renamed into place, so readers never see half a message. Names sort by posting time.
+  Delivery is at-least-once: the coordinator deletes a message after acting on it, and acting
+  twice is harmless (a duplicate ack is answered ``DUPLICATE``, a request carries an id).
+* ``_topology.json`` — who acknowledges checkpoints (:class:`Topology`): the consumer vertex
+  and its parallelism, and the sink whose transactions the coordinator commits. The consumer
+  overwrites it when it starts; the coordinator re-reads it on every poll.
+
+Completion is not messaged back: tasks read completed checkpoints from the checkpoint store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from .errors import ProtocolError, StoreError
+from .handle import AcknowledgeCheckpoint, DeclineCheckpoint
+
+MAILBOX_DIR = "_mailbox"
+TOPOLOGY_FILE = "_topology.json"
+
+
+class RequestKind(StrEnum):
+    CHECKPOINT = "checkpoint"
+    SAVEPOINT = "savepoint"
+    STOP = "stop"  # take a final checkpoint (or savepoint), then let the job stop
+
+
+@dataclass(frozen=True)
+class Request:
+    """Client → coordinator: take a checkpoint or savepoint now, or prepare to stop."""
+
+    request_id: str
+    kind: RequestKind
+    target: str | None = None  # savepoint directory
+    savepoint: bool = False  # for STOP: stop with a savepoint instead of a checkpoint
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "request",
+            "request_id": self.request_id,
+            "kind": self.kind.value,
+            "target": self.target,
+            "savepoint": self.savepoint,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Request:
+        return Request(
+            str(d["request_id"]),
+            RequestKind(d["kind"]),
+            d.get("target"),
+            bool(d.get("savepoint", False)),
+        )
+
+
+Message = AcknowledgeCheckpoint | DeclineCheckpoint | Request
+
+
+def decode_message(d: dict[str, Any]) -> Message:
+    try:
+        kind = d["type"]
+        if kind == "ack":
+            return AcknowledgeCheckpoint.from_dict(d)
+        if kind == "decline":
+            return DeclineCheckpoint.from_dict(d)
+        if kind == "request":
+            return Request.from_dict(d)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"malformed message: {e}") from e
+    raise ProtocolError(f"unknown message type {kind!r}")
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """Where the consumer's transactional output goes (committed by the coordinator)."""
+
+    kind: str  # "delta"
+    path: str
+    sink_uid: str
+    options: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "sink_uid": self.sink_uid,
+            "options": self.options,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> SinkSpec:
+        return SinkSpec(
+            str(d["kind"]), str(d["path"]), str(d["sink_uid"]), dict(d.get("options", {}))
+        )
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The tasks that acknowledge checkpoints: subtasks ``0..parallelism-1`` of ``vertex``.
+    ``sink`` is committed by the coordinator when a checkpoint completes."""
+
+    vertex: str
+    parallelism: int
+    sink: SinkSpec | None = None
+    run_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "vertex": self.vertex,
+            "parallelism": self.parallelism,
+            "sink": self.sink.to_dict() if self.sink else None,
+            "run_id": self.run_id,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Topology:
+        try:
+            sink = d.get("sink")
+            return Topology(
+                str(d["vertex"]),
+                int(d["parallelism"]),
+                SinkSpec.from_dict(sink) if sink else None,
+                str(d.get("run_id", "")),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProtocolError(f"malformed topology: {e}") from e
+
+
+def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    try:
+        if "://" in uri:
+            fs, path = pafs.FileSystem.from_uri(uri)
+            return fs, str(path)
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    except (pafs.ArrowInvalid, OSError) as e:  # type: ignore[attr-defined]
+        raise StoreError(f"cannot open {uri!r}: {e}") from e
+
+
+def _write_atomically(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    directory = path.rsplit("/", 1)[0]
+    tmp = f"{directory}/.tmp-{uuid.uuid4().hex}"
+    try:
+        fs.create_dir(directory, recursive=True)
+        with fs.open_output_stream(tmp) as out:
+            out.write(data)
+        fs.move(tmp, path)
+    except OSError as e:
+        raise StoreError(f"cannot write {path}: {e}") from e
+
+
+class Mailbox:
+    """The coordinator's inbox under *root* (the pipeline root)."""
+
+    def __init__(self, root: str) -> None:
+        self._fs, base = _filesystem(root)
+        self._dir = f"{base.rstrip('/')}/{MAILBOX_DIR}"
+
+    def post(self, message: Message) -> str:
+        """Post *message*; returns its name. Safe from any process."""
+        name = f"{time.time_ns():020d}-{uuid.uuid4().hex}.json"
+        _write_atomically(self._fs, f"{self._dir}/{name}", json.dumps(message.to_dict()).encode())
+        return name
+
+    def receive(self) -> list[tuple[str, Message]]:
+        """Every message present, oldest first. Unreadable messages raise ProtocolError."""
+        try:
+            infos = self._fs.get_file_info(pafs.FileSelector(self._dir, allow_not_found=True))
+        except OSError as e:
+            raise StoreError(f"cannot list {self._dir}: {e}") from e
+        names = sorted(i.base_name for i in infos if i.base_name.endswith(".json"))
+        out: list[tuple[str, Message]] = []
+        for name in names:
+            try:
+                with self._fs.open_input_stream(f"{self._dir}/{name}") as f:
+                    data = json.loads(f.read())
+            except FileNotFoundError:
+                continue  # taken by a concurrent reader
+            except (OSError, json.JSONDecodeError) as e:
+                raise ProtocolError(f"unreadable message {name}: {e}") from e
+            out.append((name, decode_message(data)))
+        return out
+
+    def delete(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                self._fs.delete_file(f"{self._dir}/{name}")
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise StoreError(f"cannot delete message {name}: {e}") from e
+
+
+def write_topology(root: str, topology: Topology) -> None:
+    fs, base = _filesystem(root)
+    _write_atomically(
+        fs, f"{base.rstrip('/')}/{TOPOLOGY_FILE}", json.dumps(topology.to_dict()).encode()
+    )
+
+
+def read_topology(root: str) -> Topology | None:
+    fs, base = _filesystem(root)
+    try:
+        with fs.open_input_stream(f"{base.rstrip('/')}/{TOPOLOGY_FILE}") as f:
+            return Topology.from_dict(json.loads(f.read()))
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as e:
+        raise StoreError(f"cannot read the topology under {root}: {e}") from e
