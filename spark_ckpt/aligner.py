@@ -785,10 +785,17 @@ class BarrierAligner:
             self._records.append(table)
 
     def _flush_records(self) -> None:
+        """Emit the pending data rows as one :class:`Records`. Its table is contiguous (one
+        chunk per column): a table pieced together from segments, buffers and filters is
+        combined once here (one copy), so that operators never pay the much higher cost of
+        chunk-by-chunk kernels (hash encoding in particular) on every column they touch."""
         if self._records:
             tables = self._records
             self._records = []
-            self._out.append(Records(tables[0] if len(tables) == 1 else pa.concat_tables(tables)))
+            table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+            if table.num_columns and table.column(0).num_chunks > 1:
+                table = table.combine_chunks()
+            self._out.append(Records(table))
 
     def _emit(self, step: Step) -> None:
         self._flush_records()

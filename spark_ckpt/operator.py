@@ -76,10 +76,13 @@ class RecordOperator(KeyedOperator):
 
 def rank_within_key(keys: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray, np.ndarray]:
     """For each row, how many earlier rows of the batch have the same key (0-based), plus the
-    distinct keys and the index of each row's key among them. Vectorized (one sort)."""
+    distinct keys and the index of each row's key among them. Vectorized (one sort).
+
+    Chunked keys are combined first: encoding chunk by chunk and unifying the dictionaries
+    costs about ten times the copy (the aligner's output is chunked around barriers)."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
     encoded = pc.dictionary_encode(keys)
-    if isinstance(encoded, pa.ChunkedArray):
-        encoded = encoded.unify_dictionaries().combine_chunks()
     codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     n = len(codes)
     order = np.argsort(codes, kind="stable")

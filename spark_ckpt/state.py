@@ -51,6 +51,7 @@ state kind and the types):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -208,10 +209,12 @@ def _metadata(
     return meta
 
 
+@functools.lru_cache(maxsize=1024)
 def keyed_blob_schema(
     descriptor: StateDescriptor, key_type: pa.DataType, max_parallelism: int, delta: bool
 ) -> pa.Schema:
-    """Schema of the FULL (``delta=False``) or DELTA blobs of *descriptor*."""
+    """Schema of the FULL (``delta=False``) or DELTA blobs of *descriptor*. Cached: a
+    snapshot asks for it once per key group, and schemas are immutable."""
     fields = [pa.field("key", key_type, nullable=False), pa.field("value", descriptor.column_type)]
     if delta:
         fields.append(pa.field("deleted", pa.bool_(), nullable=False))
@@ -880,17 +883,18 @@ class KeyedStateBackend:
     def _delta_table(
         self, desc: StateDescriptor, group: dict[Any, Any], keys: list[Any]
     ) -> pa.Table:
+        """DELTA blob of *keys*: current values, tombstones for keys no longer present.
+        Stored values are never None (a null clears the key), so a null in the value column
+        marks a deleted key; only if the column has nulls is membership checked key by key
+        (a restored blob could in principle carry a null value)."""
         schema = keyed_blob_schema(desc, self.key_type, self.max_parallelism, delta=True)
-        values = list(map(group.get, keys))
-        deleted = [not present for present in map(group.__contains__, keys)]
-        return pa.table(
-            [
-                pa.array(keys, type=self.key_type),
-                pa.array(_to_column(desc.kind, values), type=desc.column_type),
-                pa.array(deleted, type=pa.bool_()),
-            ],
-            schema=schema,
-        )
+        value_column = pa.array(_to_column(desc.kind, map(group.get, keys)), type=desc.column_type)
+        if value_column.null_count:
+            present = np.fromiter(map(group.__contains__, keys), dtype=np.bool_, count=len(keys))
+            deleted = pa.array(~present)
+        else:
+            deleted = pa.array(np.zeros(len(keys), dtype=np.bool_))
+        return pa.table([pa.array(keys, type=self.key_type), value_column, deleted], schema=schema)
 
     def _changes_since_base(self, name: str, state: _KeyedState) -> dict[int, set[Any]]:
         """Keys of state *name* changed since the base: pending snapshots' changes plus the
