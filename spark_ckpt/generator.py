@@ -352,8 +352,9 @@ class GeneratorSource:
     """A :class:`~spark_ckpt.channel_source.ChannelSource` over a :class:`GeneratorSpec`.
 
     Heads grow with the time since this object was created (the source runner's start):
-    ``available(c, now - started)``, never below a floor (the positions a restored stream
-    resumes from), so a restart does not make produced rows disappear."""
+    ``available(c, t)`` on a fresh stream; a restored stream (:meth:`resume_from`) keeps
+    producing from its resume positions at the same rate, so a restart neither loses produced
+    rows nor pauses production."""
 
     def __init__(self, spec: GeneratorSpec, now_ms: Callable[[], int]) -> None:
         self.spec = spec
@@ -374,8 +375,10 @@ class GeneratorSource:
 
     def heads(self) -> list[int]:
         elapsed = self._now_ms() - self._started
+        produced = int(self.spec.rows_per_second * max(0, elapsed) / 1000)
         return [
-            max(self._floor[c], self.spec.available(c, elapsed)) for c in range(self.spec.channels)
+            max(self._floor[c] + produced, self.spec.available(c, elapsed))
+            for c in range(self.spec.channels)
         ]
 
     def plan(self, channel: int, start: int, end: int) -> GeneratorReadPlan:

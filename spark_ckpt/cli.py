@@ -1,0 +1,97 @@
+"""``spark-ckpt``: the command line.
+
+* ``spark-ckpt demo …`` — the main job (see :mod:`spark_ckpt.demo`);
+* ``spark-ckpt checkpoints --root R`` — completed checkpoints and savepoints of a pipeline;
+* ``spark-ckpt savepoint --root R [--target DIR]`` / ``checkpoint`` / ``stop`` — ask the
+  running pipeline's coordinator (through its mailbox) and wait for the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+from .errors import SparkCkptError
+
+
+def _store(root: str):  # type: ignore[no-untyped-def]
+    from .delta_store import DeltaCheckpointStore
+
+    return DeltaCheckpointStore(root)
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    for cp in _store(args.root).list_completed():
+        s = cp.stats
+        print(
+            json.dumps(
+                {
+                    "id": cp.checkpoint_id,
+                    "type": cp.snapshot_type.value,
+                    "duration_ms": s.end_to_end_ms,
+                    "state_bytes": s.state_bytes,
+                    "bytes_written": s.bytes_written,
+                    "alignment_ms": s.max_alignment_ms,
+                    "offsets": {f"{k[0]}/{k[1]}": v for k, v in sorted(cp.offsets().items())},
+                    "properties": dict(cp.properties),
+                }
+            )
+        )
+    return 0
+
+
+def cmd_request(args: argparse.Namespace) -> int:
+    import uuid
+
+    from .host import REQUEST_ID
+    from .mailbox import Mailbox, Request, RequestKind
+
+    kind = RequestKind(args.command)
+    request_id = uuid.uuid4().hex
+    Mailbox(args.root).post(Request(request_id, kind, getattr(args, "target", None), args.command == "stop" and args.savepoint))
+    deadline = time.monotonic() + args.timeout
+    store = _store(args.root)
+    while time.monotonic() < deadline:
+        for cp in store.list_completed():
+            if cp.properties.get(REQUEST_ID) == request_id:
+                print(json.dumps({"id": cp.checkpoint_id, "type": cp.snapshot_type.value, **dict(cp.properties)}))
+                return 0
+        time.sleep(0.2)
+    print(f"no answer to {kind.value} request within {args.timeout} s (is the pipeline running?)", file=sys.stderr)
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:
+        from .demo import main as demo
+
+        return demo(argv[1:])
+    p = argparse.ArgumentParser(prog="spark-ckpt", description="Flink-style checkpoints for Spark")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="run the main job (see `spark-ckpt demo --help`)")
+    c = sub.add_parser("checkpoints", help="list completed checkpoints and savepoints")
+    c.add_argument("--root", required=True)
+    c.set_defaults(func=cmd_checkpoints)
+    for name, text in (("checkpoint", "trigger a checkpoint"), ("savepoint", "trigger a savepoint"), ("stop", "final checkpoint, then stop")):
+        r = sub.add_parser(name, help=text)
+        r.add_argument("--root", required=True)
+        r.add_argument("--timeout", type=float, default=120.0)
+        if name == "savepoint":
+            r.add_argument("--target", default=None)
+        if name == "stop":
+            r.add_argument("--savepoint", action="store_true")
+        r.set_defaults(func=cmd_request)
+    args = p.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SparkCkptError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
