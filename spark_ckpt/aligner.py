@@ -52,9 +52,10 @@ recognized from the column's null count in O(1): with no checkpoint pending, suc
 channel-range check and a column projection. A malformed barrier row *without* checkpoint id is
 therefore indistinguishable from data.
 
-Savepoints (``SnapshotType.SAVEPOINT`` barriers) are always aligned, as in Flink, so that they
-never carry channel state: in ``UNALIGNED`` mode too, and the aligned timeout does not apply to
-them. In ``AT_LEAST_ONCE`` mode the barriers' ``unaligned`` flag is ignored.
+Savepoints (``SnapshotType.SAVEPOINT`` barriers) and final checkpoints (``barrier.final``) are
+always aligned, as in Flink, so that they never carry channel state: in ``UNALIGNED`` mode too,
+and the aligned timeout does not apply to them. In ``AT_LEAST_ONCE`` mode the barriers'
+``unaligned`` flag is ignored.
 
 A barrier newer than the pending checkpoint subsumes it (``Abort(SUBSUMED)``) in the
 exactly-once modes. Barriers older than the newest started checkpoint that were never started
@@ -651,8 +652,8 @@ class BarrierAligner:
         arrived[channel] = offset
         if self._mode is AlignmentMode.AT_LEAST_ONCE:
             phase = AlignerState.TRACKING
-        elif barrier.is_savepoint:
-            phase = AlignerState.ALIGNING  # savepoints are self-contained: never channel state
+        elif barrier.must_align:
+            phase = AlignerState.ALIGNING  # savepoints/final checkpoints: never channel state
         elif (
             self._mode is AlignmentMode.UNALIGNED
             or barrier.unaligned
@@ -738,7 +739,7 @@ class BarrierAligner:
         for pending in self._pending.values():
             if (
                 pending.phase is AlignerState.ALIGNING
-                and not pending.barrier.is_savepoint
+                and not pending.barrier.must_align
                 and now - pending.barrier.timestamp_ms >= self._timeout_ms
             ):
                 pending.phase = AlignerState.UNALIGNED_COLLECTING

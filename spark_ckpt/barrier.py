@@ -46,12 +46,15 @@ class RecordKind(StrEnum):
 @dataclass(frozen=True)
 class CheckpointBarrier:
     """Barrier *checkpoint_id*. ``unaligned`` is set when the checkpoint is taken unaligned
-    from the start (the aligner may still switch an aligned one after its timeout)."""
+    from the start (the aligner may still switch an aligned one after its timeout). ``final``
+    marks the checkpoint that ends a run (end of input, stop): like a savepoint it is always
+    aligned, so it carries no channel state and commits every output of the input it covers."""
 
     checkpoint_id: int
     timestamp_ms: int
     snapshot_type: SnapshotType = SnapshotType.CHECKPOINT
     unaligned: bool = False
+    final: bool = False
 
     def __post_init__(self) -> None:
         if self.checkpoint_id < 1:
@@ -61,10 +64,16 @@ class CheckpointBarrier:
     def is_savepoint(self) -> bool:
         return self.snapshot_type is SnapshotType.SAVEPOINT
 
+    @property
+    def must_align(self) -> bool:
+        """Savepoints and final checkpoints are always aligned (never channel state)."""
+        return self.is_savepoint or self.final
+
     def options_json(self) -> str:
-        return json.dumps(
-            {"type": self.snapshot_type.value, "unaligned": self.unaligned}, sort_keys=True
-        )
+        options: dict[str, Any] = {"type": self.snapshot_type.value, "unaligned": self.unaligned}
+        if self.final:
+            options["final"] = True
+        return json.dumps(options, sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +82,7 @@ class CheckpointBarrier:
             "timestamp_ms": self.timestamp_ms,
             "type": self.snapshot_type.value,
             "unaligned": self.unaligned,
+            "final": self.final,
         }
 
     def to_json(self) -> str:
@@ -106,6 +116,7 @@ def decode_event(data: str | dict[str, Any]) -> Event:
                 timestamp_ms=int(d["timestamp_ms"]),
                 snapshot_type=SnapshotType(d.get("type", "checkpoint")),
                 unaligned=bool(d.get("unaligned", False)),
+                final=bool(d.get("final", False)),
             )
         if kind == RecordKind.CANCEL.value:
             return CancelCheckpointMarker(checkpoint_id=int(d["checkpoint_id"]))
@@ -194,6 +205,7 @@ def event_from_row(row: dict[str, Any]) -> Event | None:
             timestamp_ms=ts_ms,
             snapshot_type=SnapshotType(opts.get("type", "checkpoint")),
             unaligned=bool(opts.get("unaligned", False)),
+            final=bool(opts.get("final", False)),
         )
     except (TypeError, ValueError) as e:
         raise ProtocolError(f"bad {BARRIER_OPTIONS}: {row.get(BARRIER_OPTIONS)!r}") from e

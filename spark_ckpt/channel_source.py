@@ -16,9 +16,12 @@ same order, on any process.
 
 from __future__ import annotations
 
+import operator
 from typing import Protocol
 
 import pyarrow as pa
+
+from .errors import ProtocolError
 
 
 class ReadPlan(Protocol):
@@ -54,3 +57,16 @@ class ChannelSource(Protocol):
     def plan(self, channel: int, start: int, end: int) -> ReadPlan:
         """Driver side: how to read rows ``[start, end)`` of *channel* (``end <= head``)."""
         ...
+
+
+def check_channel(channel: object, channels: int, owner: str) -> int:
+    """*channel* as a plain int; :class:`ProtocolError` unless ``0 <= channel < channels``."""
+    if isinstance(channel, bool):
+        raise ProtocolError(f"channel must be an integer, got {channel!r}")
+    try:
+        index = operator.index(channel)  # type: ignore[arg-type]
+    except TypeError as e:
+        raise ProtocolError(f"channel must be an integer, got {channel!r}") from e
+    if not 0 <= index < channels:
+        raise ProtocolError(f"unknown channel {index}: {owner} has {channels}")
+    return index

@@ -51,16 +51,34 @@ def cmd_request(args: argparse.Namespace) -> int:
 
     kind = RequestKind(args.command)
     request_id = uuid.uuid4().hex
-    Mailbox(args.root).post(Request(request_id, kind, getattr(args, "target", None), args.command == "stop" and args.savepoint))
+    Mailbox(args.root).post(
+        Request(
+            request_id,
+            kind,
+            getattr(args, "target", None),
+            args.command == "stop" and args.savepoint,
+        )
+    )
     deadline = time.monotonic() + args.timeout
     store = _store(args.root)
     while time.monotonic() < deadline:
         for cp in store.list_completed():
             if cp.properties.get(REQUEST_ID) == request_id:
-                print(json.dumps({"id": cp.checkpoint_id, "type": cp.snapshot_type.value, **dict(cp.properties)}))
+                print(
+                    json.dumps(
+                        {
+                            "id": cp.checkpoint_id,
+                            "type": cp.snapshot_type.value,
+                            **dict(cp.properties),
+                        }
+                    )
+                )
                 return 0
         time.sleep(0.2)
-    print(f"no answer to {kind.value} request within {args.timeout} s (is the pipeline running?)", file=sys.stderr)
+    print(
+        f"no answer to {kind.value} request within {args.timeout} s (is the pipeline running?)",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -76,7 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     c = sub.add_parser("checkpoints", help="list completed checkpoints and savepoints")
     c.add_argument("--root", required=True)
     c.set_defaults(func=cmd_checkpoints)
-    for name, text in (("checkpoint", "trigger a checkpoint"), ("savepoint", "trigger a savepoint"), ("stop", "final checkpoint, then stop")):
+    for name, text in (
+        ("checkpoint", "trigger a checkpoint"),
+        ("savepoint", "trigger a savepoint"),
+        ("stop", "final checkpoint, then stop"),
+    ):
         r = sub.add_parser(name, help=text)
         r.add_argument("--root", required=True)
         r.add_argument("--timeout", type=float, default=120.0)

@@ -161,6 +161,14 @@ _DURATION_FORMS: Final = (
 )
 
 
+def parse_int(option: str, text: str) -> int:
+    """A decimal integer option value; :class:`ConfigError` naming *option* otherwise."""
+    try:
+        return int(text.strip(), 10)
+    except ValueError as e:
+        raise ConfigError(option, text, "an integer") from e
+
+
 def parse_duration(option: str, text: str) -> int:
     """Parse a duration such as ``"10s"``, ``"500ms"``, ``"1min"``, ``"2 h"``, ``"1d"`` or
     ``"250"`` (plain digits are milliseconds) into integer milliseconds.

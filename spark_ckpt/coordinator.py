@@ -97,6 +97,7 @@ class CheckpointRequest:
     snapshot_type: SnapshotType
     forced: bool
     properties: dict[str, str] = field(default_factory=dict)
+    final: bool = False
     status: RequestStatus = RequestStatus.QUEUED
     checkpoint_id: int | None = None
     completed: CompletedCheckpoint | None = None
@@ -238,12 +239,19 @@ class CheckpointCoordinator:
                 )
         return self._trigger_what_is_allowed()
 
-    def trigger_checkpoint(self, properties: Mapping[str, str] | None = None) -> CheckpointRequest:
+    def trigger_checkpoint(
+        self, properties: Mapping[str, str] | None = None, *, final: bool = False
+    ) -> CheckpointRequest:
         """Request a checkpoint now (subject to max concurrent and min pause). *properties*
-        are recorded in the completed checkpoint (e.g. the id of a client's request)."""
+        are recorded in the completed checkpoint (e.g. the id of a client's request). A
+        *final* checkpoint (end of input, stop) is always aligned, so it leaves no channel
+        state and commits every output of the input it covers."""
         return self._request(
             CheckpointRequest(
-                SnapshotType.CHECKPOINT, forced=False, properties=dict(properties or {})
+                SnapshotType.CHECKPOINT,
+                forced=False,
+                properties=dict(properties or {}),
+                final=final,
             )
         )
 
@@ -312,13 +320,15 @@ class CheckpointCoordinator:
         cid = self._allocate_id()
         # with an aligned-checkpoint timeout, checkpoints start aligned and the aligner switches
         # them after the timeout; without one, unaligned checkpoints are unaligned from the start
+        final = req is not None and req.final
         unaligned = (
             self.config.unaligned
             and self.config.aligned_checkpoint_timeout_ms == 0
             and self.config.mode is CheckpointingMode.EXACTLY_ONCE
             and snapshot_type is SnapshotType.CHECKPOINT
+            and not final
         )
-        barrier = CheckpointBarrier(cid, now, snapshot_type, unaligned)
+        barrier = CheckpointBarrier(cid, now, snapshot_type, unaligned, final)
         pending = PendingCheckpoint(
             barrier=barrier,
             tasks_to_ack=self.tasks_to_ack,

@@ -70,8 +70,8 @@ import math
 import os
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -87,7 +87,8 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, create_table_with_add_actions
 
 from .barrier import BARRIER_COLUMNS
-from .errors import ConfigError, ProtocolError, SparkCkptError, StoreError
+from .delta_errors import delta_boundary
+from .errors import ConfigError, ProtocolError, StoreError
 from .sink import Transaction
 
 #: The timestamp type of every timestamp column written (Delta's ``timestamp``).
@@ -297,15 +298,9 @@ def delta_stats(table: pa.Table) -> str:
 
 
 # -- the error boundary ------------------------------------------------------------------------
-@contextmanager
-def _boundary(what: str) -> Iterator[None]:
+def _boundary(what: str) -> AbstractContextManager[None]:
     """Translate delta-rs / Arrow / OS errors into :class:`StoreError`."""
-    try:
-        yield
-    except SparkCkptError:
-        raise
-    except (DeltaError, OSError, pa.ArrowException) as e:
-        raise StoreError(f"{what} failed: {type(e).__name__}: {e}") from e
+    return delta_boundary(what, StoreError)
 
 
 class DeltaSink:

@@ -67,7 +67,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -81,11 +81,11 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from .checkpoint import CompletedCheckpoint
 from .clock import Clock, SystemClock
+from .delta_errors import delta_boundary
 from .errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
     FencedError,
-    SparkCkptError,
     StoreError,
 )
 from .handle import (
@@ -222,21 +222,10 @@ def _chunks(values: Sequence[_T], size: int = _PREDICATE_CHUNK) -> Iterator[Sequ
         yield values[i : i + size]
 
 
-@contextmanager
-def _boundary(what: str, *, reading: bool = False) -> Iterator[None]:
-    """Translate delta-rs / Arrow / OS errors into :class:`StoreError` subclasses. On read
-    paths an undecodable or missing data file is corruption (:class:`CorruptCheckpointError`):
-    the Delta log says the file holds committed rows."""
-    try:
-        yield
-    except SparkCkptError:
-        raise
-    except (pa.ArrowInvalid, FileNotFoundError) as e:
-        if reading:
-            raise CorruptCheckpointError(f"{what}: unreadable data file: {e}") from e
-        raise StoreError(f"{what} failed: {e}") from e
-    except (DeltaError, OSError, pa.ArrowException) as e:
-        raise StoreError(f"{what} failed: {type(e).__name__}: {e}") from e
+def _boundary(what: str, *, reading: bool = False) -> AbstractContextManager[None]:
+    """:func:`~spark_ckpt.delta_errors.delta_boundary` into :class:`StoreError`; on read paths
+    an unreadable data file is :class:`CorruptCheckpointError`."""
+    return delta_boundary(what, StoreError, unreadable=CorruptCheckpointError if reading else None)
 
 
 class DeltaCheckpointStore(CheckpointStore):

@@ -73,8 +73,8 @@ import json
 import operator
 import re
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 from urllib.parse import unquote
@@ -86,7 +86,10 @@ from deltalake import DeltaTable
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError
 
-from .errors import ConfigError, ProtocolError, SparkCkptError
+from .channel_source import check_channel
+from .config import parse_int
+from .delta_errors import delta_boundary
+from .errors import ConfigError, ProtocolError
 from .restart import check_int
 
 #: Prefix of the barrier columns of :mod:`spark_ckpt.barrier`.
@@ -257,15 +260,9 @@ def _file_location(fs: pafs.FileSystem, base: str, path: str) -> tuple[pafs.File
     return fs, f"{base}/{unquote(path)}"
 
 
-@contextmanager
-def _boundary(what: str) -> Iterator[None]:
+def _boundary(what: str) -> AbstractContextManager[None]:
     """Translate delta-rs / Arrow / OS errors into :class:`ProtocolError`."""
-    try:
-        yield
-    except SparkCkptError:
-        raise
-    except (DeltaError, OSError, pa.ArrowException) as e:
-        raise ProtocolError(f"{what} failed: {type(e).__name__}: {e}") from e
+    return delta_boundary(what, ProtocolError)
 
 
 # --- driver side ----------------------------------------------------------------------------
@@ -358,8 +355,8 @@ class DeltaTailSource:
         path = text("path", None)
         if not path:
             raise ConfigError("path", path, "the location of an existing Delta table")
-        channels = _parse_int("channels", text("channels", "1") or "")
-        starting = _parse_int("startingVersion", text("startingversion", "0") or "")
+        channels = parse_int("channels", text("channels", "1") or "")
+        starting = parse_int("startingVersion", text("startingversion", "0") or "")
         return cls(
             path, channels=channels, starting_version=starting, storage_options=storage_options
         )
@@ -411,7 +408,7 @@ class DeltaTailSource:
         """Driver side: the files and row ranges holding rows ``[start, end)`` of *channel*.
         Requires ``0 <= start <= end <= heads()[channel]`` (as of the last :meth:`heads`
         call), else :class:`ProtocolError`."""
-        channel = self._check_channel(channel)
+        channel = check_channel(channel, self._channels, "the source")
         head = self._heads[channel]
         if not 0 <= start <= end <= head:
             raise ProtocolError(
@@ -544,21 +541,3 @@ class DeltaTailSource:
         what = f"reading the footer of {add['path']!r} of {self._root}"
         with _boundary(what), file_fs.open_input_file(location) as handle:
             return int(pq.read_metadata(handle).num_rows)
-
-    def _check_channel(self, channel: int) -> int:
-        if isinstance(channel, bool):
-            raise ProtocolError(f"channel must be an integer, got {channel!r}")
-        try:
-            index = operator.index(channel)
-        except TypeError as e:
-            raise ProtocolError(f"channel must be an integer, got {channel!r}") from e
-        if not 0 <= index < self._channels:
-            raise ProtocolError(f"unknown channel {index}: the source has {self._channels}")
-        return index
-
-
-def _parse_int(option: str, text: str) -> int:
-    try:
-        return int(text.strip(), 10)
-    except ValueError as e:
-        raise ConfigError(option, text, "an integer") from e

@@ -30,7 +30,9 @@ def build_config(args: argparse.Namespace) -> CheckpointConfig:
         "checkpoint.interval": args.interval,
         "checkpoint.mode": "at_least_once" if args.mode == "at-least-once" else "exactly_once",
         "checkpoint.unaligned": str(args.mode in ("unaligned", "aligned-timeout")).lower(),
-        "checkpoint.aligned-timeout": args.aligned_timeout if args.mode == "aligned-timeout" else "0",
+        "checkpoint.aligned-timeout": args.aligned_timeout
+        if args.mode == "aligned-timeout"
+        else "0",
         "checkpoint.externalized-retention": "RETAIN_ON_CANCELLATION",
         "checkpoint.retained": "2",
         "checkpoint.tolerable-failures": "3",
@@ -57,10 +59,18 @@ def committed_rows(path: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="spark-ckpt demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--pipeline", default="demo")
-    p.add_argument("--root", default=None, help="pipeline root (default ./spark-ckpt-data/<pipeline>)")
-    p.add_argument("--output", default=None, help="output Delta table (default <root>/../<pipeline>_counts)")
-    p.add_argument("--seconds", type=float, default=60.0, help="stop after this long (0 = until Ctrl-C)")
-    p.add_argument("--available-now", action="store_true", help="process what is available, then stop")
+    p.add_argument(
+        "--root", default=None, help="pipeline root (default ./spark-ckpt-data/<pipeline>)"
+    )
+    p.add_argument(
+        "--output", default=None, help="output Delta table (default <root>/../<pipeline>_counts)"
+    )
+    p.add_argument(
+        "--seconds", type=float, default=60.0, help="stop after this long (0 = until Ctrl-C)"
+    )
+    p.add_argument(
+        "--available-now", action="store_true", help="process what is available, then stop"
+    )
     p.add_argument("--mode", choices=MODES, default="aligned")
     p.add_argument("--interval", default="1s")
     p.add_argument("--aligned-timeout", default="200ms")
@@ -80,7 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .source_options import default_root
 
     root = os.path.abspath(args.root or default_root(args.pipeline))
-    output = os.path.abspath(args.output or os.path.join(os.path.dirname(root), f"{args.pipeline}_counts"))
+    output = os.path.abspath(
+        args.output or os.path.join(os.path.dirname(root), f"{args.pipeline}_counts")
+    )
     spark = local_session(f"spark-ckpt-{args.pipeline}")
     spark.sparkContext.setLogLevel("ERROR")
     pipeline = Pipeline(spark, args.pipeline, config=build_config(args), root=root)
@@ -95,9 +107,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_rows_per_trigger:
         source["maxRowsPerTrigger"] = args.max_rows_per_trigger
     events = pipeline.read(**source)
-    counts = pipeline.aligner(RunningCount("counter", "user_id"), output=output, parallelism=args.parallelism)
+    counts = pipeline.aligner(
+        RunningCount("counter", "user_id"), output=output, parallelism=args.parallelism
+    )
     restored = counts.restored_from
-    say = (lambda *a: None) if args.quiet else print
+
+    def say(text: str) -> None:
+        if not args.quiet:
+            print(text, flush=True)
+
     say(f"pipeline {args.pipeline!r}: root {root}, output {output}")
     say(f"restored from checkpoint {restored.checkpoint_id}" if restored else "starting fresh")
     started = time.monotonic()
@@ -108,8 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"checkpoint {cp.checkpoint_id:>5} {cp.snapshot_type.value:<10} "
             f"{s.end_to_end_ms:>6} ms  state {s.state_bytes / 1024:>9.1f} KiB "
             f"(written {s.bytes_written / 1024:.1f} KiB)  alignment {s.max_alignment_ms} ms  "
-            f"rows committed {committed_rows(output):>10}  t={time.monotonic() - started:.1f}s",
-            flush=True,
+            f"rows committed {committed_rows(output):>10}  t={time.monotonic() - started:.1f}s"
         )
 
     result = pipeline.run(
@@ -121,8 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(
         f"stopped ({result.stopped_by}) after {time.monotonic() - started:.1f}s, "
         f"{result.restarts} restarts; last checkpoint "
-        f"{last.checkpoint_id if last else None}; rows committed {committed_rows(output)}",
-        flush=True,
+        f"{last.checkpoint_id if last else None}; rows committed {committed_rows(output)}"
     )
     spark.stop()
     return 0

@@ -40,7 +40,6 @@ Pure: no I/O, no clock, no pyspark. Safe to call on the driver and on executors.
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -50,6 +49,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from .channel_source import check_channel
+from .config import parse_int
 from .errors import ConfigError, ProtocolError
 from .restart import check_int
 
@@ -200,12 +201,12 @@ class GeneratorSpec:
                 raise ConfigError(key, value, "a string")
             return value.strip()
 
-        seed = _parse_int("seed", text("seed", "0"))
-        channels = _parse_int("channels", text("channels", "1"))
+        seed = parse_int("seed", text("seed", "0"))
+        channels = parse_int("channels", text("channels", "1"))
         rate = _parse_float("rate", text("rate", "1000"))
         backlog_parts = text("backlog", "0").split(",")
-        backlog_values = tuple(_parse_int("backlog", part) for part in backlog_parts)
-        keys = _parse_int("keys", text("keys", "1000"))
+        backlog_values = tuple(parse_int("backlog", part) for part in backlog_parts)
+        keys = parse_int("keys", text("keys", "1000"))
         skew = _parse_float("skew", text("skew", "0"))
         backlog: int | tuple[int, ...] = (
             backlog_values[0] if len(backlog_values) == 1 else backlog_values
@@ -253,7 +254,7 @@ class GeneratorSpec:
         """Rows of *channel* that exist ``elapsed_ms`` after the stream started: offsets
         ``[0, available)`` may be read. Monotone non-decreasing in ``elapsed_ms``; negative
         ``elapsed_ms`` counts as 0."""
-        channel = self._check_channel(channel)
+        channel = check_channel(channel, self.channels, "the generator")
         grown = math.floor(self.rows_per_second * max(elapsed_ms, 0) / 1000)
         return self.backlogs[channel] + grown
 
@@ -268,7 +269,7 @@ class GeneratorSpec:
         Raises :class:`ProtocolError` for an unknown channel or a range outside
         ``0 <= start <= end <= MAX_OFFSET``.
         """
-        channel = self._check_channel(channel)
+        channel = check_channel(channel, self.channels, "the generator")
         if not 0 <= start <= end <= MAX_OFFSET:
             raise ProtocolError(
                 f"bad row range [{start}, {end}) of channel {channel}: "
@@ -304,25 +305,6 @@ class GeneratorSpec:
             ],
             schema=GENERATOR_SCHEMA,
         )
-
-    def _check_channel(self, channel: int) -> int:
-        """*channel* as a plain int; :class:`ProtocolError` unless ``0 <= channel < channels``."""
-        if isinstance(channel, bool):
-            raise ProtocolError(f"channel must be an integer, got {channel!r}")
-        try:
-            index = operator.index(channel)
-        except TypeError as e:
-            raise ProtocolError(f"channel must be an integer, got {channel!r}") from e
-        if not 0 <= index < self.channels:
-            raise ProtocolError(f"unknown channel {index}: the generator has {self.channels}")
-        return index
-
-
-def _parse_int(option: str, text: str) -> int:
-    try:
-        return int(text.strip(), 10)
-    except ValueError as e:
-        raise ConfigError(option, text, "an integer") from e
 
 
 def _parse_float(option: str, text: str) -> float:

@@ -13,12 +13,26 @@ next to the source, and is polled from ``latestOffset`` (once per micro-batch):
 It is also the *global committer*: when a checkpoint completes it commits the sink
 transactions recorded in it, in one step (see :mod:`spark_ckpt.sink`). Without a topology it
 triggers nothing: a checkpoint needs someone to acknowledge it.
+
+Fail points (crash tests)
+-------------------------
+:func:`failpoint` kills the process at a named place, once, when a marker file
+``<root>/_failpoints/<name>`` exists (local roots only; a no-op otherwise, costing one
+``stat``). Tests create the marker, run the job, and find the marker renamed to
+``<name>.hit`` holding a JSON record of the situation at the crash. Named places:
+
+* ``before-sink-commit`` (:data:`BEFORE_SINK_COMMIT`) — in :meth:`CoordinatorHost.notify_complete`,
+  after the completed checkpoint is visible in the store and before its sink transactions
+  are committed; the record holds ``checkpoint_id`` and ``sink_committed`` (the sink's
+  committed checkpoint at that moment). Recovery must commit them (recover-and-commit).
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 
 from .barrier import CheckpointBarrier
 from .checkpoint import CompletedCheckpoint
@@ -41,6 +55,40 @@ REQUEST_ID = "request_id"
 STOP = "stop"
 
 SinkFactory = Callable[[SinkSpec], TwoPhaseCommitSink]
+
+#: Directory under the pipeline root holding fail-point markers.
+FAILPOINT_DIR = "_failpoints"
+#: Fail point: checkpoint completed in the store, its sink output not yet committed.
+BEFORE_SINK_COMMIT = "before-sink-commit"
+#: Exit status of a process killed by a fail point (as if by SIGKILL).
+FAILPOINT_EXIT_CODE = 137
+
+
+def failpoint(
+    root: str, name: str, record: Callable[[], Mapping[str, object]] | None = None
+) -> None:
+    """Crash here, once, if the marker ``<root>/_failpoints/<name>`` exists: rename it to
+    ``<name>.hit`` (so the next run passes), write ``{"name", "pid", **record()}`` as JSON
+    into it, and end the process with :func:`os._exit` (no cleanup, no ``finally``) and
+    status :data:`FAILPOINT_EXIT_CODE`. A no-op when the marker is absent or *root* is a URI.
+    For crash tests only; see the module docstring for the named places."""
+    if "://" in root:
+        return
+    marker = os.path.join(root, FAILPOINT_DIR, name)
+    if not os.path.exists(marker):
+        return
+    hit = f"{marker}.hit"
+    try:
+        os.replace(marker, hit)
+    except FileNotFoundError:
+        return  # consumed by a concurrent process
+    details = {"name": name, "pid": os.getpid(), **(record() if record else {})}
+    with open(hit, "w") as f:
+        json.dump(details, f)
+        f.flush()
+        os.fsync(f.fileno())
+    log.warning("fail point %s hit: %s", name, details)
+    os._exit(FAILPOINT_EXIT_CODE)
 
 
 class CoordinatorHost:
@@ -76,6 +124,15 @@ class CoordinatorHost:
             return
         self._committed.add(checkpoint_id)
         cp = self.store.get(checkpoint_id)
+        sink = self.sink
+        failpoint(
+            self.root,
+            BEFORE_SINK_COMMIT,
+            lambda: {
+                "checkpoint_id": checkpoint_id,
+                "sink_committed": sink.committed_checkpoint() if sink is not None else None,
+            },
+        )
         if self.sink is not None and self.topology is not None:
             commit_checkpoint(self.sink, cp, self.store, self.topology.vertex)
         log.info(
@@ -118,7 +175,7 @@ class CoordinatorHost:
         if self.coordinator is None or self.coordinator.status is not CoordinatorStatus.RUNNING:
             return None
         self.coordinator.stop_periodic_trigger()
-        return self.coordinator.trigger_checkpoint({STOP: "available-now"})
+        return self.coordinator.trigger_checkpoint({STOP: "available-now"}, final=True)
 
     def _on_request(self, coordinator: CheckpointCoordinator, request: Request) -> None:
         props = {REQUEST_ID: request.request_id}
@@ -132,7 +189,7 @@ class CoordinatorHost:
             self.stopping = (
                 coordinator.trigger_savepoint(request.target, props)
                 if request.savepoint
-                else coordinator.trigger_checkpoint(props)
+                else coordinator.trigger_checkpoint(props, final=True)
             )
 
     def _install(self, topology: Topology) -> None:

@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .aligner import AlignmentMode
-from .barrier import BARRIER_FIELDS, CheckpointBarrier, barrier_row_values
+from .barrier import CheckpointBarrier
+from .channel_batch import barrier_rows, data_rows, stream_schema
 from .checkpoint import CompletedCheckpoint
 from .clock import ManualClock
 from .config import CheckpointConfig, CheckpointingMode
@@ -38,7 +39,7 @@ from .task import OperatorTask, commit_checkpoint, recover_sink
 SOURCE = "source"
 VERTEX = "counter"
 RECORD_SCHEMA = pa.schema([pa.field("user_id", pa.int64()), pa.field("amount", pa.int64())])
-STREAM_SCHEMA = pa.schema(list(RECORD_SCHEMA) + list(BARRIER_FIELDS))
+STREAM_SCHEMA = stream_schema(RECORD_SCHEMA)
 
 
 class AmountTotals(KeyedOperator):
@@ -75,28 +76,13 @@ def generate_logs(seed: int, channels: int, rows: int, keys: int) -> list[pa.Tab
     ]
 
 
-_DATA = pa.array(["data"], pa.string())
-
-
 def stream_rows(log: pa.Table, channel: int, start: int, end: int) -> pa.Table:
     """Rows ``[start, end)`` of a channel's log, with the barrier columns of data rows."""
-    part = log.slice(start, end - start)
-    n = part.num_rows
-    cols = [
-        *list(part.columns),
-        pa.array(np.full(n, channel, dtype=np.int32)),
-        pa.array(np.arange(start, start + n, dtype=np.int64)),
-        _DATA.take(np.zeros(n, dtype=np.int64)),
-        pa.nulls(n, pa.int64()),
-        pa.nulls(n, pa.timestamp("us", tz="UTC")),
-        pa.nulls(n, pa.string()),
-    ]
-    return pa.Table.from_arrays(cols, schema=STREAM_SCHEMA)
+    return data_rows(log.slice(start, end - start), STREAM_SCHEMA, channel, start)
 
 
 def barrier_table(barrier: CheckpointBarrier, channel: int, offset: int) -> pa.Table:
-    row = {f.name: None for f in RECORD_SCHEMA} | barrier_row_values(barrier, channel, offset)
-    return pa.Table.from_pylist([row], schema=STREAM_SCHEMA)
+    return barrier_rows(STREAM_SCHEMA, channel, [(offset, barrier)])
 
 
 @dataclass
@@ -325,26 +311,20 @@ class SimulatedJob:
             self.deliver_notifications(1_000_000)
 
     def finish(self, max_rounds: int = 100) -> CompletedCheckpoint:
-        """Emit all remaining input, then take checkpoints until one covering the whole input
-        completed and its notifications were delivered (the final checkpoint)."""
+        """Emit all remaining input, deliver everything, then take the *final* checkpoint
+        (always aligned) and deliver its notifications, so every output is committed."""
         for c in range(self.spec.channels):
             self.emit(c, self.logs[c].num_rows)
+        self.drain()
+        final = self.coordinator.trigger_checkpoint(final=True)
         for _ in range(max_rounds):
             self.drain()
-            latest = self.store.latest_completed()
-            if (
-                latest is not None
-                and all(
-                    latest.offsets().get((SOURCE, c)) == self.logs[c].num_rows
-                    for c in range(self.spec.channels)
-                )
-                and not self.coordinator.pending
-            ):
-                return latest
-            if not self.coordinator.pending:
-                self.coordinator.trigger_checkpoint()
+            if final.completed is not None:
+                return final.completed
+            if final.failure is not None:
+                final = self.coordinator.trigger_checkpoint(final=True)
             else:
-                self.advance(self.config.timeout_ms)
+                self.advance(self.config.timeout_ms)  # let anything stuck expire
         raise SparkCkptError("the final checkpoint did not complete")
 
     def stop(self, status: JobStatus = JobStatus.SUSPENDED) -> None:

@@ -48,6 +48,7 @@ class PlacedBarrier:
             "ts": self.barrier.timestamp_ms,
             "type": self.barrier.snapshot_type.value,
             "unaligned": self.barrier.unaligned,
+            "final": self.barrier.final,
             "positions": list(self.positions),
         }
 
@@ -55,7 +56,11 @@ class PlacedBarrier:
     def from_dict(d: dict[str, Any]) -> PlacedBarrier:
         return PlacedBarrier(
             CheckpointBarrier(
-                int(d["id"]), int(d["ts"]), SnapshotType(d["type"]), bool(d["unaligned"])
+                int(d["id"]),
+                int(d["ts"]),
+                SnapshotType(d["type"]),
+                bool(d["unaligned"]),
+                bool(d.get("final", False)),
             ),
             tuple(int(p) for p in d["positions"]),
         )

@@ -78,10 +78,16 @@ class Stream:
         return self
 
     def barrier(
-        self, ch: int, n: int, ts: int = 0, unaligned: bool = False, savepoint: bool = False
+        self,
+        ch: int,
+        n: int,
+        ts: int = 0,
+        unaligned: bool = False,
+        savepoint: bool = False,
+        final: bool = False,
     ) -> Stream:
         kind = SnapshotType.SAVEPOINT if savepoint else SnapshotType.CHECKPOINT
-        b = CheckpointBarrier(n, ts, snapshot_type=kind, unaligned=unaligned)
+        b = CheckpointBarrier(n, ts, snapshot_type=kind, unaligned=unaligned, final=final)
         self.rows.append({"v": None} | barrier_row_values(b, ch, self._count(ch)))
         self.events.setdefault(ch, []).append(("b", n))
         return self
@@ -414,6 +420,27 @@ def test_savepoints_are_always_aligned(mode: AlignmentMode, timeout: int) -> Non
     snap = out[0]
     assert isinstance(snap, Snapshot) and not snap.unaligned and snap.barrier.is_savepoint
     assert snap.alignment_ms == 100
+    h.check(s, mode, finished=False)
+
+
+@pytest.mark.parametrize(("mode", "timeout"), [(UNALIGNED, 0), (ALIGNED, 10)])
+def test_final_checkpoints_are_always_aligned(mode: AlignmentMode, timeout: int) -> None:
+    """The checkpoint ending a run must leave no channel state: rows in flight at an unaligned
+    snapshot would produce output no later checkpoint commits."""
+    s = Stream().data(0, 1).barrier(0, 1, final=True).data(0, 2).data(1, 1)
+    m = s.mark()
+    s.barrier(1, 1, final=True).data(1, 1)
+    clock = ManualClock()
+    a = BarrierAligner([0, 1], mode, clock, timeout)
+    h = Harness(a)
+    out = h.take(a.process(s.table(0, m)))
+    assert kinds(out) == ["Records"] and a.blocked_channels == {0}
+    clock.advance(100)
+    assert a.tick() == [] and a.state is AlignerState.ALIGNING
+    out = h.take(a.process(s.table(m)))
+    assert kinds(out) == ["Snapshot", "Complete", "Records"]
+    done = out[1]
+    assert isinstance(done, Complete) and not done.channel_state
     h.check(s, mode, finished=False)
 
 

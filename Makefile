@@ -1,0 +1,29 @@
+# Two entry points on a fresh machine (Python 3.11+, Java 17+):
+#   make demo   set up .venv and run the main job on the embedded default (local Spark + local Delta store)
+#   make test   set up .venv and run the whole test suite
+VENV ?= .venv
+PYTHON ?= python3
+STAMP := $(VENV)/.installed-stamp
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e ".[dev]" --config-settings editable_mode=compat
+	touch $(STAMP)
+
+.PHONY: setup demo test lint bench
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/spark-ckpt demo --seconds 60
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check spark_ckpt datasources tests bench
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/engine.py
+	$(VENV)/bin/python bench/pipeline.py
