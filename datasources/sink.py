@@ -81,7 +81,7 @@ class SinkOptions:
 
     @property
     def spec(self) -> SinkSpec:
-        return SinkSpec("delta", self.path, self.uid)
+        return SinkSpec(FORMAT, self.path, self.uid)
 
     @property
     def task(self) -> TaskId:
@@ -194,9 +194,11 @@ class CkptSink(DataSource):  # type: ignore[misc]
 
 
 def sink_from_spec(spec: SinkSpec, *, pipeline: str) -> Any:
-    """The committer-side sink for a topology's :class:`SinkSpec`."""
-    if spec.kind != "delta":
-        raise ConfigError("sink", spec.kind, "delta")
+    """The committer-side sink for a topology's :class:`SinkSpec`: a
+    :class:`~spark_ckpt.delta_sink.DeltaSink` for kind ``delta`` (the foreachBatch aligner's
+    output) and ``ckpt-sink``."""
+    if spec.kind not in ("delta", FORMAT):
+        raise ConfigError("sink", spec.kind, f"delta or {FORMAT}")
     from spark_ckpt.delta_sink import DeltaSink
 
     return DeltaSink(

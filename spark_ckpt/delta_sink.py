@@ -450,11 +450,17 @@ class DeltaSink:
             dt = self._load()
             return set() if dt is None else self._table_paths(dt)
 
-    def staged_paths(self) -> list[str]:
-        """Every file of this sink under the table root, committed or not (sorted)."""
+    def staged_paths(self, *, before_ms: int | None = None) -> list[str]:
+        """Every file of this sink under the table root, committed or not (sorted); with
+        *before_ms*, only those last modified before that time (ms since the epoch)."""
         with _boundary(f"listing {self.table_uri}"):
             infos = self._fs.get_file_info(pafs.FileSelector("", allow_not_found=True))
-        return sorted(i.base_name for i in infos if self.is_staged_name(i.base_name))
+        return sorted(
+            i.base_name
+            for i in infos
+            if self.is_staged_name(i.base_name)
+            and (before_ms is None or i.mtime_ns is None or i.mtime_ns // 1_000_000 < before_ms)
+        )
 
     def read(self) -> pa.Table:
         """The current table content (an empty table without columns if it doesn't exist).
@@ -584,14 +590,22 @@ class DeltaSink:
                     pass
             return deleted
 
-    def recover(self, operator_uid: str, to_commit: Sequence[Transaction]) -> None:
+    def recover(
+        self,
+        operator_uid: str,
+        to_commit: Sequence[Transaction],
+        *,
+        staged_before_ms: int | None = None,
+    ) -> None:
         """Flink's recover-and-commit plus recover-and-abort, once per job (re)start before
         any task writes (never concurrently with writers of this sink): add every file of
         *to_commit* (the transactions of the restored checkpoint) that is not yet in the
         table, raising the app version to their largest checkpoint id, then delete every
         staged file of this sink the table does not reference (orphans of failed or never
         completed checkpoints) and drop this process' open buffers of *operator_uid*.
-        Idempotent."""
+        With *staged_before_ms* only files staged before that time are orphans: files staged
+        since belong to the run that is recovering (a ``ckpt-sink`` query stages its first
+        micro-batch before the coordinator learns of it). Idempotent."""
         if to_commit:
             target = max(t.checkpoint_id for t in to_commit)
             files = [f for t in to_commit for f in staged_files(t)]
@@ -601,12 +615,15 @@ class DeltaSink:
                 del self._open[key]
             for key in [k for k in self._buffers if k[0] == operator_uid]:
                 del self._buffers[key]
-        self.delete_orphans()
+        self.delete_orphans(before_ms=staged_before_ms)
 
-    def delete_orphans(self) -> list[str]:
+    def delete_orphans(self, *, before_ms: int | None = None) -> list[str]:
         """Delete this sink's staged files that the current table version does not reference;
         returns their paths. Must not run concurrently with writers of this sink. Caveat: a
         file of this sink that another writer logically removed from the table (OPTIMIZE,
         DELETE) is unreferenced too and is deleted like ``VACUUM RETAIN 0 HOURS`` would,
-        breaking time travel to versions before that removal."""
-        return self._delete(self.staged_paths(), f"deleting orphans of {self.app_id}")
+        breaking time travel to versions before that removal. With *before_ms*, only files
+        last modified before that time are considered."""
+        return self._delete(
+            self.staged_paths(before_ms=before_ms), f"deleting orphans of {self.app_id}"
+        )

@@ -56,6 +56,11 @@ STOP = "stop"
 
 SinkFactory = Callable[[SinkSpec], TwoPhaseCommitSink]
 
+#: Recovery discards staged output of earlier runs only: files staged before this host started,
+#: less this margin for clock skew between executors and the driver. Files of the starting run
+#: (a ``ckpt-sink`` query stages its first micro-batch before the coordinator hears of it) stay.
+STAGING_CLOCK_SKEW_MS = 10_000
+
 #: Directory under the pipeline root holding fail-point markers.
 FAILPOINT_DIR = "_failpoints"
 #: Fail point: checkpoint completed in the store, its sink output not yet committed.
@@ -107,6 +112,7 @@ class CoordinatorHost:
         self.store = store
         self.sink_factory = sink_factory
         self.clock: Clock = clock or SystemClock()
+        self._started_ms = self.clock.now_ms()
         self.mailbox = Mailbox(root)
         self.topology: Topology | None = None
         self.coordinator: CheckpointCoordinator | None = None
@@ -199,7 +205,13 @@ class CoordinatorHost:
         self.sink = self.sink_factory(topology.sink) if topology.sink else None
         latest = self.store.latest_completed()
         if self.sink is not None:
-            recover_sink(self.sink, latest, self.store, topology.vertex)
+            recover_sink(
+                self.sink,
+                latest,
+                self.store,
+                topology.vertex,
+                staged_before_ms=self._started_ms - STAGING_CLOCK_SKEW_MS,
+            )
             if latest is not None:
                 self._committed.add(latest.checkpoint_id)
         self.coordinator = CheckpointCoordinator(

@@ -93,7 +93,16 @@ class TwoPhaseCommitSink(Protocol):
 
     def abort(self, txn: Transaction) -> None: ...
 
-    def recover(self, operator_uid: str, to_commit: Sequence[Transaction]) -> None: ...
+    def recover(
+        self,
+        operator_uid: str,
+        to_commit: Sequence[Transaction],
+        *,
+        staged_before_ms: int | None = None,
+    ) -> None:
+        """Commit *to_commit* and discard other staged data of *operator_uid* (only data staged
+        before *staged_before_ms*, when given)."""
+        ...
 
 
 class MemorySink:
@@ -143,7 +152,14 @@ class MemorySink:
         with self._lock:
             self._staged.pop(txn.txn_id, None)
 
-    def recover(self, operator_uid: str, to_commit: Sequence[Transaction]) -> None:
+    def recover(
+        self,
+        operator_uid: str,
+        to_commit: Sequence[Transaction],
+        *,
+        staged_before_ms: int | None = None,
+    ) -> None:
+        """(Staging is in memory and synchronous here: *staged_before_ms* has no effect.)"""
         if to_commit:
             self.commit_checkpoint(max(t.checkpoint_id for t in to_commit), to_commit)
         with self._lock:

@@ -305,10 +305,13 @@ def recover_sink(
     checkpoint: CompletedCheckpoint | None,
     store: CheckpointStore,
     vertex: str,
+    *,
+    staged_before_ms: int | None = None,
 ) -> list[Transaction]:
     """Flink's recover-and-commit: commit every transaction sealed in the restored (completed)
-    checkpoint, and discard every other staged transaction of *vertex*. Idempotent. Run once
-    per job start, before tasks process input."""
+    checkpoint, and discard every other staged transaction of *vertex* (staged before
+    *staged_before_ms*, when given: later ones belong to the run that is starting).
+    Idempotent. Run once per job start."""
     txns = sealed_transactions(checkpoint, store, vertex) if checkpoint is not None else []
-    sink.recover(vertex, txns)
+    sink.recover(vertex, txns, staged_before_ms=staged_before_ms)
     return txns

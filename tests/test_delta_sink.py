@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -253,6 +254,21 @@ def test_recover_commits_restored_transactions_and_deletes_orphans(tmp_path: Pat
     assert len(log_actions(root)) == 1
     with pytest.raises(StoreError):
         new.commit_checkpoint(5, [orphan_sealed])
+
+
+def test_recover_spares_files_staged_by_the_starting_run(tmp_path: Path) -> None:
+    """A ckpt-sink query stages its first micro-batch before the coordinator installs the
+    sink and recovers it: recovery with a cutoff deletes only files staged before it."""
+    root = tmp_path / "t"
+    old = make_sink(root, target_file_bytes=1)
+    old.write(OP, 0, batch(rows(0, 2)))
+    old.pre_commit(OP, 0, 1)  # staged by an earlier run, never committed: an orphan
+    (orphan,) = parquet_files(root)
+    os.utime(root / orphan, (1_000, 1_000))  # long ago
+    cutoff_ms = 2_000_000
+    current = make_sink(root).stage(batch(rows(10, 2)), subtask=0)  # the starting run (now)
+    make_sink(root).recover(OP, [], staged_before_ms=cutoff_ms)
+    assert parquet_files(root) == {current.path}
 
 
 def test_schema_mismatch_is_a_protocol_error_naming_the_columns(tmp_path: Path) -> None:

@@ -1,0 +1,206 @@
+"""The Spark code path, without Spark: the source runner's coordinator host and barrier
+placement (stream offsets under read limits), the rows ``ckpt-source`` emits, the foreachBatch
+aligner with keyed state, acks through the mailbox, the host as global 2PC committer, and
+crashes that lose every process — driven the way Spark drives them, in random interleavings.
+
+Oracle: a plain fold over the generator input (counts per key → the exactly-once output
+multiset {(key, i) : 1 ≤ i ≤ n_key})."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spark_ckpt.aligner import AlignmentMode
+from spark_ckpt.batch_aligner import BatchAligner
+from spark_ckpt.channel_batch import channel_rows, stream_schema
+from spark_ckpt.clock import ManualClock
+from spark_ckpt.config import CheckpointConfig, CheckpointingMode
+from spark_ckpt.coordinator import RequestStatus
+from spark_ckpt.generator import GENERATOR_SCHEMA, GeneratorSpec
+from spark_ckpt.host import SOURCE_TASK, CoordinatorHost
+from spark_ckpt.mailbox import Mailbox, Request, RequestKind, SinkSpec
+from spark_ckpt.operator import RunningCount
+from spark_ckpt.sink import MemorySink
+from spark_ckpt.store import InMemoryCheckpointStore
+from spark_ckpt.stream_offset import StreamOffset, fair_limits
+
+CHANNELS = 3
+BACKLOG = (240, 30, 30)  # channel 0 lags: 8 batches deep at 30 rows per channel and batch
+SPEC = GeneratorSpec(
+    seed=3, channels=CHANNELS, rows_per_second=0, backlog=BACKLOG, key_cardinality=12
+)
+SCHEMA = stream_schema(GENERATOR_SCHEMA)
+
+
+class SparkLikeRun:
+    """One query run: a source runner (host + offsets) and a foreachBatch aligner."""
+
+    def __init__(
+        self,
+        root: str,
+        store: InMemoryCheckpointStore,
+        sink: MemorySink,
+        clock: ManualClock,
+        config: CheckpointConfig,
+        mode: AlignmentMode,
+        timeout: int,
+        parallelism: int,
+    ) -> None:
+        self.aligner = BatchAligner(
+            root,
+            store,
+            operators=[RunningCount("counter", "user_id")],
+            channels=CHANNELS,
+            parallelism=parallelism,
+            mode=mode,
+            aligned_timeout_ms=timeout,
+            sink=sink,
+            sink_spec=SinkSpec("memory", "-", "counter"),
+            clock=clock,
+        )
+        self.host = CoordinatorHost(
+            root, config, store, sink_factory=lambda spec: sink, clock=clock
+        )
+        latest = store.latest_completed()  # initialOffset
+        if latest is None:
+            self.offset = StreamOffset.initial([0] * CHANNELS)
+        else:
+            offsets = latest.offsets()
+            self.offset = StreamOffset.initial(
+                [offsets[(SOURCE_TASK.vertex, c)] for c in range(CHANNELS)], latest.checkpoint_id
+            )
+
+    def batch(self, max_rows: int | None) -> None:
+        """latestOffset → partitions → read → foreachBatch, as Spark runs one micro-batch."""
+        heads = list(BACKLOG)
+        start = self.offset
+        for barrier in self.host.poll():
+            start = start.place(barrier, heads)
+        end = start.advance(fair_limits(start.positions, heads, max_rows))
+        parts = [
+            channel_rows(
+                SPEC.rows(s.channel, s.start, s.end),
+                SCHEMA,
+                s.channel,
+                s.start,
+                s.barriers,
+                CHANNELS,
+            )
+            for s in start.plan(end)
+        ]
+        self.offset = end
+        self.aligner.process(pa.concat_tables(parts))
+
+
+def expected_output() -> Counter[tuple[int, int]]:
+    counts: Counter[int] = Counter()
+    for c in range(CHANNELS):
+        for k in SPEC.rows(c, 0, BACKLOG[c]).column("user_id").to_pylist():
+            counts[k] += 1
+    return Counter((k, i) for k, n in counts.items() for i in range(1, n + 1))
+
+
+def output(sink: MemorySink) -> Counter[tuple[int, int]]:
+    out = sink.output()
+    if out is None:
+        return Counter()
+    return Counter(
+        zip(out.column("user_id").to_pylist(), out.column("count").to_pylist(), strict=True)
+    )
+
+
+MODES: dict[str, tuple[AlignmentMode, int, CheckpointingMode]] = {
+    "aligned": (AlignmentMode.ALIGNED, 0, CheckpointingMode.EXACTLY_ONCE),
+    "unaligned": (AlignmentMode.UNALIGNED, 0, CheckpointingMode.EXACTLY_ONCE),
+    "aligned_timeout": (AlignmentMode.ALIGNED, 25, CheckpointingMode.EXACTLY_ONCE),
+    "at_least_once": (AlignmentMode.AT_LEAST_ONCE, 0, CheckpointingMode.AT_LEAST_ONCE),
+}
+
+actions = st.lists(
+    st.one_of(
+        st.tuples(st.just("batch"), st.sampled_from([None, 30, 60, 90])),
+        st.tuples(st.just("batch"), st.sampled_from([30, 60])),
+        st.tuples(st.just("time"), st.integers(1, 150)),
+        st.tuples(st.just("request"), st.sampled_from(list(RequestKind)[:2])),
+        st.tuples(st.just("crash"), st.integers(1, 3)),
+    ),
+    min_size=5,
+    max_size=40,
+)
+
+
+def drive(root: Path, mode_name: str, script: list[tuple[Any, ...]]) -> None:
+    mode, timeout, ckpt_mode = MODES[mode_name]
+    config = CheckpointConfig(
+        interval_ms=50,
+        mode=ckpt_mode,
+        unaligned=mode is AlignmentMode.UNALIGNED or timeout > 0,
+        aligned_checkpoint_timeout_ms=timeout,
+        tolerable_failed_checkpoints=1_000_000,
+        retained_checkpoints=2,
+        timeout_ms=10_000,
+    )
+    store, sink, clock = InMemoryCheckpointStore(), MemorySink(), ManualClock(1_000)
+    run = SparkLikeRun(str(root), store, sink, clock, config, mode, timeout, 2)
+    ids: list[int] = []
+    for a in script:
+        if a[0] == "batch":
+            run.batch(a[1])
+        elif a[0] == "time":
+            clock.advance(a[1])
+        elif a[0] == "request":
+            Mailbox(str(root)).post(Request(f"r{len(ids)}", a[1]))
+        elif a[0] == "crash":
+            sink.crash()
+            run = SparkLikeRun(str(root), store, sink, clock, config, mode, timeout, a[1])
+        ids.extend(c.checkpoint_id for c in store.list_completed() if c.checkpoint_id not in ids)
+    # Trigger.AvailableNow: all data, then a final checkpoint, then its commit
+    for _ in range(40):
+        run.batch(None)
+        clock.advance(10)
+    final = run.host.request_final_checkpoint()
+    assert final is not None
+    for _ in range(40):
+        if final.status is RequestStatus.COMPLETED:
+            break
+        run.batch(None)
+    assert final.status is RequestStatus.COMPLETED
+    latest = store.latest_completed()
+    assert latest is not None and latest.offsets() == {
+        ("source", c): BACKLOG[c] for c in range(CHANNELS)
+    }
+    assert sink.committed_checkpoint() == latest.checkpoint_id
+    got, exp = output(sink), expected_output()
+    if ckpt_mode is CheckpointingMode.EXACTLY_ONCE:
+        assert got == exp
+    else:
+        assert set(exp) <= set(got)
+
+
+@pytest.mark.parametrize("mode_name", list(MODES))
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(script=actions)
+def test_spark_path_exactly_once_under_crashes(
+    mode_name: str, script: list[tuple[Any, ...]], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    drive(tmp_path_factory.mktemp("root"), mode_name, script)
+
+
+@pytest.mark.parametrize("mode_name", list(MODES))
+def test_lagging_channel_reaches_barrier_batches_later(mode_name: str, tmp_path: Path) -> None:
+    script: list[tuple[Any, ...]] = (
+        [("time", 60), ("batch", 90)]
+        + [("batch", 90)] * 3
+        + [("time", 60), ("crash", 2)]
+        + [("batch", 90)] * 4
+    )
+    drive(tmp_path, mode_name, script)
