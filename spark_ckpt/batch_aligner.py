@@ -11,6 +11,18 @@ Barriers of one checkpoint may arrive in different micro-batches on different ch
 lagging channel): the aligners carry their state across batches. Acknowledgements go to the
 coordinator through the mailbox; completions are read back from the checkpoint store at the
 start of the next batch.
+
+**Cutting lagging channels.** ``ckpt-source`` channels are replayable, so an unaligned
+checkpoint need not wait for a lagging channel's barrier: at the end of the micro-batch in which
+checkpoint *n* goes unaligned — the batch of its first barrier in unaligned mode, the first batch
+after the aligned-checkpoint timeout otherwise — every channel that has not delivered barrier
+*n* is *cut* where it stands: a barrier row for *n* is appended after the batch's data at the
+channel's consumed position, and the channel's real barrier *n*, when it arrives later, is
+dropped. The checkpoint records the cut as that channel's source position, so a restore rewinds
+the channel there and re-reads the rows that were in flight: channel state by reference to the
+replayable source rather than by copy. Rows of the cut channels processed in the same batch
+after the snapshot are captured by value as usual. Checkpoint duration then no longer grows
+with the lag.
 """
 
 from __future__ import annotations
@@ -23,7 +35,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .aligner import AlignmentMode
-from .barrier import CHECKPOINT_ID
+from .barrier import (
+    CHANNEL,
+    CHECKPOINT_ID,
+    KIND,
+    OFFSET,
+    CheckpointBarrier,
+    RecordKind,
+    event_from_row,
+)
+from .channel_batch import barrier_rows
 from .checkpoint import CompletedCheckpoint
 from .clock import Clock, SystemClock
 from .handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
@@ -77,7 +98,7 @@ class BatchAligner:
                 respond=self._outbox.append,
                 clock=self.clock,
                 mode=mode,
-                aligned_timeout_ms=aligned_timeout_ms,
+                aligned_timeout_ms=0,  # the timeout cuts lagging channels instead (see above)
                 max_parallelism=max_parallelism,
                 sink=sink,
                 source_vertex=SOURCE_TASK.vertex,
@@ -89,6 +110,13 @@ class BatchAligner:
         for t in self.tasks:
             t.restore(latest)
         self._completed_seen = latest.checkpoint_id if latest else 0
+        self.mode = mode
+        self.aligned_timeout_ms = aligned_timeout_ms
+        self.channels = channels
+        offsets = latest.offsets() if latest else {}
+        self._positions = [offsets.get((SOURCE_TASK.vertex, c), 0) for c in range(channels)]
+        self._arrived: dict[int, tuple[CheckpointBarrier, set[int]]] = {}
+        self._cut: dict[int, set[int]] = {}
         write_topology(root, Topology(self.vertex, parallelism, sink_spec, uuid.uuid4().hex))
         self.rows_processed = 0
 
@@ -100,13 +128,82 @@ class BatchAligner:
         """Process one micro-batch (rows of every channel, channel order kept)."""
         self._notify_completed()
         if table.num_rows:
-            for task, part in zip(self.tasks, self._route(table), strict=True):
+            table = self._observe(table)
+        cuts = self._cuts(table.schema)
+        if table.num_rows or cuts is not None:
+            parts = self._route(table) if table.num_rows else [table] * self.parallelism
+            for task, part in zip(self.tasks, parts, strict=True):
+                if cuts is not None:
+                    part = pa.concat_tables([part, cuts])
                 if part.num_rows:
                     task.process(part)
             self.rows_processed += table.num_rows
         for task in self.tasks:
             task.tick()
         self._flush()
+
+    def _observe(self, table: pa.Table) -> pa.Table:
+        """Track each channel's consumed position and barrier arrivals; drop the real barriers
+        of channels that were cut. Only the few control rows are looked at one by one."""
+        next_offset = pc.add(
+            table.column(OFFSET),
+            pc.cast(pc.equal(table.column(KIND), RecordKind.DATA.value), pa.int64()),
+        )
+        ends = (
+            pa.table({"c": table.column(CHANNEL), "n": next_offset})
+            .group_by("c")
+            .aggregate([("n", "max")])
+        )
+        for c, n in zip(
+            ends.column("c").to_pylist(), ends.column("n_max").to_pylist(), strict=True
+        ):
+            self._positions[c] = max(self._positions[c], n)
+        control = pc.indices_nonzero(pc.is_valid(table.column(CHECKPOINT_ID))).to_pylist()
+        if not control:
+            return table
+        keep = np.ones(table.num_rows, dtype=bool)
+        for i, row in zip(control, table.take(control).to_pylist(), strict=True):
+            event = event_from_row(row)
+            if not isinstance(event, CheckpointBarrier):
+                continue
+            cid, channel = event.checkpoint_id, row[CHANNEL]
+            if channel in self._cut.get(cid, ()):
+                keep[i] = False  # this channel was cut for cid already
+                self._cut[cid].discard(channel)
+                if not self._cut[cid]:
+                    del self._cut[cid]
+                continue
+            for older in [c for c in self._arrived if c < cid]:
+                del self._arrived[older]  # subsumed by a newer barrier
+            if cid < max(self._arrived, default=0):
+                continue  # late barrier of a subsumed checkpoint
+            got = self._arrived.setdefault(cid, (event, set()))[1]
+            got.add(channel)
+            if len(got) == self.channels:
+                del self._arrived[cid]
+        return table if keep.all() else table.filter(pa.array(keep))
+
+    def _cut_due(self, barrier: CheckpointBarrier) -> bool:
+        if self.mode is AlignmentMode.AT_LEAST_ONCE or barrier.must_align:
+            return False
+        if self.mode is AlignmentMode.UNALIGNED or barrier.unaligned:
+            return True
+        return (
+            self.aligned_timeout_ms > 0
+            and self.clock.now_ms() - barrier.timestamp_ms >= self.aligned_timeout_ms
+        )
+
+    def _cuts(self, schema: pa.Schema) -> pa.Table | None:
+        """Barrier rows cutting the lagging channels of every checkpoint due for it."""
+        rows: list[pa.Table] = []
+        for cid, (barrier, got) in sorted(self._arrived.items()):
+            if not self._cut_due(barrier):
+                continue
+            missing = sorted(set(range(self.channels)) - got)
+            rows += [barrier_rows(schema, c, [(self._positions[c], barrier)]) for c in missing]
+            self._cut[cid] = set(missing)
+            del self._arrived[cid]
+        return pa.concat_tables(rows) if rows else None
 
     def _route(self, table: pa.Table) -> list[pa.Table]:
         if self.parallelism == 1:

@@ -131,6 +131,15 @@ _DISCARD_ON: dict[ExternalizedCheckpointRetention, frozenset[JobStatus]] = {
 }
 
 
+_DECLINE_REASONS = frozenset(
+    {
+        CheckpointFailureReason.DECLINED,
+        CheckpointFailureReason.SUBSUMED,
+        CheckpointFailureReason.CANCELLED,
+    }
+)
+
+
 class CheckpointCoordinator:
     """See the module docstring. Not thread-safe: drive it from one loop."""
 
@@ -365,16 +374,21 @@ class CheckpointCoordinator:
         return result
 
     def receive_decline(self, decline: DeclineCheckpoint) -> None:
-        """A task declined: abort the checkpoint (counts as a failure)."""
+        """A task declined: abort the checkpoint. Counts as a failure unless the task gave it
+        up for a newer checkpoint or a cancel marker (``code`` subsumed/cancelled)."""
         pending = self._pending.get(decline.checkpoint_id)
         if pending is None or self.status is not CoordinatorStatus.RUNNING:
             return
+        try:
+            reason = CheckpointFailureReason(decline.code)
+        except ValueError:
+            reason = CheckpointFailureReason.DECLINED
+        if reason not in _DECLINE_REASONS:
+            reason = CheckpointFailureReason.DECLINED
         self._abort(
             pending,
             CheckpointFailure(
-                decline.checkpoint_id,
-                CheckpointFailureReason.DECLINED,
-                f"declined by {decline.task}: {decline.reason}",
+                decline.checkpoint_id, reason, f"declined by {decline.task}: {decline.reason}"
             ),
         )
 

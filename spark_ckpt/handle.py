@@ -291,11 +291,15 @@ class AcknowledgeCheckpoint:
 
 @dataclass(frozen=True)
 class DeclineCheckpoint:
-    """Task → coordinator: *task* cannot take checkpoint *checkpoint_id*, for *reason*."""
+    """Task → coordinator: *task* cannot take checkpoint *checkpoint_id*, for *reason*.
+    ``code`` classifies it (a :class:`~spark_ckpt.failure.CheckpointFailureReason` value):
+    ``declined`` (a failure: counted) or ``subsumed``/``cancelled`` (the task's aligner gave
+    the checkpoint up for a newer one or on a cancel marker: not a failure)."""
 
     checkpoint_id: int
     task: TaskId
     reason: str
+    code: str = "declined"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -303,10 +307,14 @@ class DeclineCheckpoint:
             "checkpoint_id": self.checkpoint_id,
             "task": self.task.to_dict(),
             "reason": self.reason,
+            "code": self.code,
         }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> DeclineCheckpoint:
         return DeclineCheckpoint(
-            int(d["checkpoint_id"]), TaskId.from_dict(d["task"]), str(d["reason"])
+            int(d["checkpoint_id"]),
+            TaskId.from_dict(d["task"]),
+            str(d["reason"]),
+            str(d.get("code", "declined")),
         )

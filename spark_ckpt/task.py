@@ -27,10 +27,20 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .aligner import Abort, AlignmentMode, BarrierAligner, Complete, Records, Snapshot, Step
+from .aligner import (
+    Abort,
+    AbortReason,
+    AlignmentMode,
+    BarrierAligner,
+    Complete,
+    Records,
+    Snapshot,
+    Step,
+)
 from .checkpoint import CompletedCheckpoint
 from .clock import Clock
 from .errors import SparkCkptError
+from .failure import CheckpointFailureReason
 from .handle import (
     AcknowledgeCheckpoint,
     BlobKind,
@@ -179,6 +189,22 @@ class OperatorTask:
                 self._in_progress.pop(step.checkpoint_id, None)
                 for backend in self.backends.values():
                     backend.notify_checkpoint_aborted(step.checkpoint_id)
+                if step.reason is not AbortReason.COORDINATOR:
+                    # tell the coordinator at once (Flink's decline on subsumption), instead of
+                    # leaving the checkpoint pending until it times out
+                    code = (
+                        CheckpointFailureReason.SUBSUMED
+                        if step.reason is AbortReason.SUBSUMED
+                        else CheckpointFailureReason.CANCELLED
+                    )
+                    self.respond(
+                        DeclineCheckpoint(
+                            step.checkpoint_id,
+                            self.task_id,
+                            step.message or step.reason.value,
+                            code.value,
+                        )
+                    )
 
     def _process_records(self, table: pa.Table) -> None:
         if table.num_rows == 0:

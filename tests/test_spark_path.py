@@ -204,3 +204,41 @@ def test_lagging_channel_reaches_barrier_batches_later(mode_name: str, tmp_path:
         + [("batch", 90)] * 4
     )
     drive(tmp_path, mode_name, script)
+
+
+@pytest.mark.parametrize(
+    ("mode_name", "max_batches"), [("aligned", None), ("unaligned", 2), ("aligned_timeout", 3)]
+)
+def test_unaligned_checkpoints_do_not_wait_for_the_lagging_channel(
+    mode_name: str, max_batches: int | None, tmp_path: Path
+) -> None:
+    """Channel 0 is 8 micro-batches behind. An aligned checkpoint waits for its barrier; an
+    unaligned one (or one past the aligned timeout) cuts the lagging channel and completes
+    within a couple of micro-batches (counted in batches, not time)."""
+    mode, timeout, ckpt_mode = MODES[mode_name]
+    config = CheckpointConfig(
+        interval_ms=None,
+        mode=ckpt_mode,
+        unaligned=mode is AlignmentMode.UNALIGNED or timeout > 0,
+        aligned_checkpoint_timeout_ms=timeout,
+        tolerable_failed_checkpoints=0,
+    )
+    store, sink, clock = InMemoryCheckpointStore(), MemorySink(), ManualClock(1_000)
+    run = SparkLikeRun(str(tmp_path), store, sink, clock, config, mode, timeout, 2)
+    run.batch(90)  # the coordinator learns the topology
+    Mailbox(str(tmp_path)).post(Request("r", RequestKind.CHECKPOINT))
+    batches = 0
+    while not store.list_completed():
+        run.batch(90)  # 30 rows per channel and batch: channel 0 has 240 rows backlog
+        clock.advance(40)
+        batches += 1
+        assert batches < 20
+    if max_batches is None:
+        assert batches >= 8  # waited for the lagging channel
+    else:
+        assert batches <= max_batches
+    resume = store.list_completed()[0].offsets()[("source", 0)]
+    if max_batches is None:
+        assert resume == BACKLOG[0]  # at its barrier (placed at the head: the whole backlog)
+    else:
+        assert resume < BACKLOG[0]  # cut: resumes before its barrier, re-reading in-flight rows
