@@ -1003,8 +1003,11 @@ def render(result: dict[str, Any]) -> str:
             f"{'channel state B':>15} {'batch p50 ms':>12}"
         )
         for c in lag["cases"]:
+            observed = [o for o in c["observed_lag_batches"] if o is not None]
+            # None: the lagging channel was cut before its barrier arrived (unaligned)
+            seen = min(observed) if observed else "cut"
             lines.append(
-                f"  {c['lag']:>3} {c['mode']:<9} {min(c['observed_lag_batches'])!s:>8} "
+                f"  {c['lag']:>3} {c['mode']:<9} {seen!s:>8} "
                 f"{c['end_to_end_ms']:>11.0f} {c['alignment_ms']:>9.0f} "
                 f"{c['channel_state_bytes']:>15,.0f} {c['micro_batch_ms_p50'] or 0:>12.0f}"
             )
