@@ -132,11 +132,18 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
+        """Fix the target at the rows produced now. Spark calls this *before*
+        ``initialOffset``, so restore the positions first: a restored stream must not aim
+        behind where it resumes."""
+        self.initialOffset()
         self._target = self.source.heads()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         offset = StreamOffset.from_dict(start)
-        heads = list(self._target) if self._target is not None else self.source.heads()
+        if self._target is not None:
+            heads = [max(t, p) for t, p in zip(self._target, offset.positions, strict=True)]
+        else:
+            heads = self.source.heads()
         for barrier in self.host.poll():
             offset = offset.place(barrier, heads)
             if (
