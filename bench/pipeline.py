@@ -54,7 +54,6 @@ import cProfile
 import gc
 import json
 import os
-import platform
 import pstats
 import random
 import shutil
@@ -71,7 +70,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_ckpt.barrier import CHANNEL, CHECKPOINT_ID
@@ -912,20 +910,13 @@ def source_cost(s: Settings, rows: int = 400_000, reps: int = 3) -> dict[str, fl
 
 
 def machine_info() -> dict[str, Any]:
-    import deltalake
+    """The engine benchmark's machine info, plus Spark's."""
     import pyspark
 
-    return {
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "pyarrow": pa.__version__,
-        "deltalake": deltalake.__version__,
-        "pyspark": pyspark.__version__,
-        "spark_master": "local[2]",
-    }
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engine import machine_info as engine_machine_info
+
+    return {**engine_machine_info(), "pyspark": pyspark.__version__, "spark_master": "local[2]"}
 
 
 def render(result: dict[str, Any]) -> str:
