@@ -39,7 +39,6 @@ from .checkpoint import CompletedCheckpoint
 from .clock import Clock, SystemClock
 from .config import CheckpointConfig
 from .coordinator import CheckpointCoordinator, CheckpointRequest, CoordinatorStatus, JobStatus
-from .errors import CheckpointNotFoundError
 from .handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
 from .mailbox import Mailbox, Request, RequestKind, SinkSpec, Topology, read_topology
 from .sink import TwoPhaseCommitSink
@@ -227,12 +226,6 @@ class CoordinatorHost:
 
     def latest_completed(self) -> CompletedCheckpoint | None:
         return self.store.latest_completed()
-
-    def completed(self, checkpoint_id: int) -> CompletedCheckpoint | None:
-        try:
-            return self.store.get(checkpoint_id)
-        except CheckpointNotFoundError:
-            return None
 
     def shutdown(self, status: JobStatus = JobStatus.SUSPENDED) -> None:
         if self.coordinator is not None:

@@ -29,9 +29,9 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .aligner import AlignmentMode
 from .batch_aligner import BatchAligner
@@ -295,12 +295,3 @@ class Pipeline:
 
     def checkpoints(self) -> list[CompletedCheckpoint]:
         return self.store.list_completed()
-
-    def describe(self) -> Mapping[str, Any]:
-        latest = self.store.latest_completed()
-        return {
-            "pipeline": self.name,
-            "root": self.root,
-            "latest": latest.checkpoint_id if latest else None,
-            "offsets": latest.offsets() if latest else {},
-        }

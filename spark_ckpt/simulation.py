@@ -97,10 +97,6 @@ class SourceSplit:
     def task_id(self) -> TaskId:
         return TaskId(SOURCE, self.channel)
 
-    @property
-    def exhausted(self) -> bool:
-        return bool(self.position >= self.log.num_rows)
-
 
 @dataclass
 class SimulationSpec:
