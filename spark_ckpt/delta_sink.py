@@ -353,6 +353,7 @@ class DeltaSink:
             self._base_fs, self._root = filesystem, ""
         self._fs = filesystem
         self._root_ready = False
+        self._table: DeltaTable | None = None
         self._lock = threading.Lock()
         self._open: dict[tuple[str, int], list[StagedFile]] = {}
         self._buffers: dict[tuple[str, int], list[pa.Table]] = {}
@@ -427,9 +428,16 @@ class DeltaSink:
 
     # -- reading the table -----------------------------------------------------------------
     def _load(self) -> DeltaTable | None:
+        """The newest version of the table (``None`` before its first commit): opened once,
+        then brought up to date with ``update_incremental()``."""
+        dt = self._table
+        if dt is not None:
+            dt.update_incremental()
+            return dt
         if not DeltaTable.is_deltatable(self.table_uri, self.storage_options):
             return None
-        return DeltaTable(self.table_uri, storage_options=self.storage_options)
+        self._table = DeltaTable(self.table_uri, storage_options=self.storage_options)
+        return self._table
 
     @staticmethod
     def _table_paths(dt: DeltaTable) -> set[str]:

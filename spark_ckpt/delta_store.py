@@ -253,6 +253,7 @@ class DeltaCheckpointStore(CheckpointStore):
         self._lock = threading.Lock()
         # (version, parsed completed checkpoints) of the last list_completed.
         self._completed_cache: tuple[int, list[CompletedCheckpoint]] | None = None
+        self._tables: dict[StoreTable, DeltaTable] = {}
 
     # -- locations -------------------------------------------------------------------------
     @property
@@ -265,11 +266,21 @@ class DeltaCheckpointStore(CheckpointStore):
 
     # -- low-level Delta access ------------------------------------------------------------
     def _load(self, table: StoreTable) -> DeltaTable | None:
-        """The newest version of *table*, or ``None`` if it was never created."""
+        """The newest version of *table*, or ``None`` if it was never created. The table is
+        opened once per store object and then brought up to date with
+        ``update_incremental()`` (about 1 ms instead of about 10 ms for a fresh open)."""
+        with self._lock:
+            dt = self._tables.get(table)
+        if dt is not None:
+            dt.update_incremental()
+            return dt
         uri = self.table_uri(table)
         if not DeltaTable.is_deltatable(uri, self._storage_options):
             return None
-        return DeltaTable(uri, storage_options=self._storage_options)
+        dt = DeltaTable(uri, storage_options=self._storage_options)
+        with self._lock:
+            self._tables[table] = dt
+        return dt
 
     def _ensure(self, table: StoreTable) -> DeltaTable:
         """The newest version of *table*, creating it (explicit schema) if missing. Safe when
