@@ -3,9 +3,12 @@
 A task's snapshot is cut into *blobs*: one Arrow table each, stored as an Arrow IPC stream
 with a SHA-256 checksum. A blob belongs to one operator (``operator_uid``) and is one of
 
-* ``KEYED_FULL`` / ``KEYED_DELTA`` — keyed state of one state name in one key group; a full
-  blob holds every key, a delta blob the keys changed (or deleted) since the previous blob of
-  the chain. The state of a key group is its full blob followed by its deltas, in order;
+* ``KEYED_FULL`` / ``KEYED_DELTA`` — keyed state of one state name of one subtask, covering
+  the subtask's key-group range (rows carry their key group, sorted by it, like the
+  key-group offsets of Flink's keyed-state files); a full blob holds every key, a delta blob
+  the keys changed (or deleted) since the previous blob of the chain. The state is the full
+  blob followed by its deltas, in order; a restore at another parallelism reads the rows of
+  the key groups it owns from every chain that overlaps them;
 * ``OPERATOR`` — operator (non-keyed) state of one subtask;
 * ``CHANNEL`` — in-flight records of one input channel of one subtask (unaligned checkpoints).
 
@@ -53,15 +56,17 @@ class TaskId:
 
 @dataclass(frozen=True)
 class BlobRef:
-    """Where one blob lives and how to verify it. ``key_group``/``channel`` are -1 where they
-    do not apply. ``seq`` orders the blobs of one key-group chain (0 = the full blob)."""
+    """Where one blob lives and how to verify it. ``key_group_start``/``key_group_end`` (the
+    key-group range a keyed blob covers, inclusive) and ``channel`` are -1 where they do not
+    apply. ``seq`` orders the blobs of one chain (0 = the full blob)."""
 
     checkpoint_id: int
     operator_uid: str
     subtask: int
     kind: BlobKind
     state_name: str
-    key_group: int
+    key_group_start: int
+    key_group_end: int
     channel: int
     seq: int
     rows: int
@@ -69,7 +74,7 @@ class BlobRef:
     checksum: str
 
     @property
-    def key(self) -> tuple[int, str, int, str, str, int, int, int]:
+    def key(self) -> tuple[int, str, int, str, str, int, int, int, int]:
         """Identity of the blob within a store."""
         return (
             self.checkpoint_id,
@@ -77,7 +82,8 @@ class BlobRef:
             self.subtask,
             self.kind.value,
             self.state_name,
-            self.key_group,
+            self.key_group_start,
+            self.key_group_end,
             self.channel,
             self.seq,
         )
@@ -89,7 +95,8 @@ class BlobRef:
             "subtask": self.subtask,
             "kind": self.kind.value,
             "state_name": self.state_name,
-            "key_group": self.key_group,
+            "key_group_start": self.key_group_start,
+            "key_group_end": self.key_group_end,
             "channel": self.channel,
             "seq": self.seq,
             "rows": self.rows,
@@ -105,7 +112,8 @@ class BlobRef:
             subtask=int(d["subtask"]),
             kind=BlobKind(d["kind"]),
             state_name=str(d["state_name"]),
-            key_group=int(d["key_group"]),
+            key_group_start=int(d["key_group_start"]),
+            key_group_end=int(d["key_group_end"]),
             channel=int(d["channel"]),
             seq=int(d["seq"]),
             rows=int(d["rows"]),
@@ -124,7 +132,8 @@ class StateBlob:
     kind: BlobKind
     state_name: str
     table: pa.Table
-    key_group: int = -1
+    key_group_start: int = -1
+    key_group_end: int = -1
     channel: int = -1
     seq: int = 0
 
@@ -141,9 +150,9 @@ def decode_table(payload: bytes, ref: BlobRef) -> pa.Table:
     """Verify *payload* against *ref* and decode it. Raises :class:`CorruptCheckpointError`."""
     if len(payload) != ref.nbytes or checksum(payload) != ref.checksum:
         raise CorruptCheckpointError(
-            f"blob {ref.kind.value} {ref.operator_uid}/{ref.state_name} key group "
-            f"{ref.key_group} channel {ref.channel} of checkpoint {ref.checkpoint_id} "
-            "fails its checksum"
+            f"blob {ref.kind.value} {ref.operator_uid}#{ref.subtask}/{ref.state_name} key "
+            f"groups {ref.key_group_start}-{ref.key_group_end} channel {ref.channel} of "
+            f"checkpoint {ref.checkpoint_id} fails its checksum"
         )
     try:
         with pa.ipc.open_stream(payload) as r:
@@ -170,7 +179,8 @@ def make_ref(checkpoint_id: int, blob: StateBlob, payload: bytes) -> BlobRef:
         subtask=blob.subtask,
         kind=blob.kind,
         state_name=blob.state_name,
-        key_group=blob.key_group,
+        key_group_start=blob.key_group_start,
+        key_group_end=blob.key_group_end,
         channel=blob.channel,
         seq=blob.seq,
         rows=blob.table.num_rows,

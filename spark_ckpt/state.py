@@ -13,25 +13,30 @@ dicts for map state). The per-record API is a dict access; the vectorized API
 (:meth:`KeyedStateBackend.get_values` / :meth:`~KeyedStateBackend.put_values`) hashes a whole
 Arrow key array at once (:mod:`spark_ckpt.keygroup`), radix-sorts it by key group and does
 one C-level ``map(dict.get)`` / ``dict.update`` per key group — no per-row Python loop
-(except for the rare null values that clear keys). Every mutation also records the changed
-keys per key group (batches are appended as lists and deduplicated lazily), which is what
-makes key-level incremental snapshots cheap: a snapshot reads only the changed keys.
+(except for the rare null values that clear keys). Every mutation is also recorded for the
+next incremental snapshot (:class:`_Changes`): the vectorized API appends its Arrow input to
+a change log (O(1) per call), the per-record API records the key. A snapshot therefore reads
+only what changed, deduplicated with Arrow kernels, not the whole state.
 
 Snapshots follow Flink: :meth:`KeyedStateBackend.snapshot` is the synchronous phase — it
 builds Arrow tables (which copies the state) and returns a :class:`TaskSnapshot`; the store
-writes it later, on any thread. Keyed state is cut into one blob per (state name, key
-group). Incremental snapshots (the default) keep, per key group, a chain ``[FULL, DELTA,
-DELTA, ...]`` (``BlobRef.seq`` 0, 1, 2, ...):
+writes it later, on any thread. Keyed state is cut into one blob per state name per
+snapshot, covering the subtask's key-group range, its rows sorted by key group and carrying
+it (Flink's keyed-state files with key-group offsets play the same role): a restore at
+another parallelism keeps the rows of the key groups it owns. Incremental snapshots (the
+default) keep, per state, a chain ``[FULL, DELTA, DELTA, ...]`` (``BlobRef.seq`` 0, 1, 2, ...):
 
-* a key group unchanged since the *base* (the last checkpoint whose completion was notified,
-  or the restored checkpoint) reuses the base's chain (``TaskSnapshot.reused``);
-* a changed key group gets a DELTA blob with exactly the keys changed since the base — their
+* a state unchanged since the *base* (the last checkpoint whose completion was notified, or
+  the restored checkpoint) reuses the base's chain (``TaskSnapshot.reused``);
+* a changed state gets a DELTA blob with exactly the keys changed since the base — their
   current value, or a tombstone (``deleted = true``) — appended to the base chain;
 * the chain is replaced by a new FULL blob (seq 0) when the base chain already holds
   :data:`MAX_CHAIN_DELTAS` deltas, or when the delta rows a restore would replay (the chain's
-  deltas plus the new one) exceed :data:`MAX_DELTA_ROWS_RATIO` times the key group's current
+  deltas plus the new one) exceed :data:`MAX_DELTA_ROWS_RATIO` times the state's current
   number of keys. So a restore replays at most 8 deltas and at most 1.5 times the live rows. A
-  key group that became empty is dropped (no blob at all).
+  state that became empty is dropped (no blob at all);
+* after a restore at another parallelism there is no base chain of exactly this subtask's
+  key groups, so the first snapshot is full.
 
 ``snapshot(full=True)`` (savepoints) writes only FULL blobs. The changes made before
 snapshot *n* are kept until a checkpoint ``>= n`` completes; snapshots taken while earlier
@@ -41,9 +46,9 @@ change since the base, so nothing is lost whatever the order of completions and 
 Blob schemas (Arrow schema metadata carries the key-group hash, ``max_parallelism``, the
 state kind and the types):
 
-* value state: ``key <key_type> not null, value <value_type>``;
-* list state:  ``key, value list<element_type>``;
-* map state:   ``key, value map<map_key_type, map_value_type>``;
+* value state: ``key_group int32 not null, key <key_type> not null, value <value_type>``;
+* list state:  ``key_group, key, value list<element_type>``;
+* map state:   ``key_group, key, value map<map_key_type, map_value_type>``;
 * DELTA blobs add ``deleted bool not null``; deleted rows have a null value;
 * operator list state (``BlobKind.OPERATOR``, one blob per state per subtask):
   ``value <element_type>``.
@@ -55,12 +60,13 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from itertools import compress
+from itertools import compress, pairwise
 from typing import Any, ClassVar, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .errors import CorruptCheckpointError, StateError
 from .handle import BlobKind, BlobRef, StateBlob, TaskId, TaskSnapshot, TaskStateHandle
@@ -213,9 +219,13 @@ def _metadata(
 def keyed_blob_schema(
     descriptor: StateDescriptor, key_type: pa.DataType, max_parallelism: int, delta: bool
 ) -> pa.Schema:
-    """Schema of the FULL (``delta=False``) or DELTA blobs of *descriptor*. Cached: a
-    snapshot asks for it once per key group, and schemas are immutable."""
-    fields = [pa.field("key", key_type, nullable=False), pa.field("value", descriptor.column_type)]
+    """Schema of the FULL (``delta=False``) or DELTA blobs of *descriptor*. Cached: schemas
+    are immutable."""
+    fields = [
+        pa.field("key_group", pa.int32(), nullable=False),
+        pa.field("key", key_type, nullable=False),
+        pa.field("value", descriptor.column_type),
+    ]
     if delta:
         fields.append(pa.field("deleted", pa.bool_(), nullable=False))
     blob_kind = BlobKind.KEYED_DELTA if delta else BlobKind.KEYED_FULL
@@ -260,45 +270,92 @@ def _python_value(value: Any, arrow_type: pa.DataType, what: str) -> Any:
         raise StateError(f"{what} {value!r} is not a valid {arrow_type}") from e
 
 
-class _DirtyKeys:
-    """Keys of one key group changed since the last snapshot. Batches from the vectorized
-    API are appended as lists (O(1)) and deduplicated into the set lazily, once the buffered
-    entries outgrow the set, so the cost stays amortized O(1) per changed key."""
+#: Column names of a change log (and, with ``deleted``, of a DELTA blob).
+_LOG_COLUMNS = ["key_group", "key", "value"]
 
-    __slots__ = ("batches", "buffered", "keys")
+
+def _last_occurrences(keys: pa.Array) -> npt.NDArray[np.int64]:
+    """Positions of the last occurrence of each distinct key of *keys*, ascending."""
+    if len(keys) == 0:
+        return np.empty(0, dtype=np.int64)
+    codes = keys.dictionary_encode().indices.to_numpy()
+    last = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
+    np.maximum.at(last, codes, np.arange(len(codes), dtype=np.int64))
+    return np.sort(last)
+
+
+class _Changes:
+    """What changed in one keyed state during an interval (between two snapshots, or
+    several such intervals merged), which is what an incremental snapshot writes.
+
+    Two kinds of records, because the two APIs mutate differently:
+
+    * the vectorized API (``put_values`` / ``clear_values``) appends its input, as Arrow
+      columns ``key_group, key, value`` (a null value: the key was cleared), to a *log* in
+      call order — O(1) per call, no per-row Python. The last logged value of a key is its
+      value at the end of the interval unless the per-record API changed it afterwards;
+    * the per-record API records the key in ``keys`` (per key group): the value is read
+      from the state when the snapshot is taken (values of list and map state are mutable
+      objects, so they cannot be captured earlier).
+
+    A delta therefore reads the log (last occurrence per key wins), then overrides it with
+    the current value of every per-record key. The log is compacted (deduplicated) when it
+    outgrows ``2 *`` the state's live keys, so memory stays proportional to the state."""
+
+    __slots__ = ("keys", "log", "log_rows")
 
     def __init__(self) -> None:
-        self.keys: set[Any] = set()
-        self.batches: list[list[Any]] = []
-        self.buffered = 0
+        self.log: list[pa.Table] = []
+        self.log_rows = 0
+        self.keys: dict[int, set[Any]] = {}
 
-    def add(self, key: Any) -> None:
-        self.keys.add(key)
+    def __bool__(self) -> bool:
+        return bool(self.log_rows or self.keys)
 
-    def extend(self, keys: list[Any]) -> None:
-        """Record *keys* (a list the caller no longer mutates)."""
-        self.batches.append(keys)
-        self.buffered += len(keys)
-        if self.buffered > 4096 + 2 * len(self.keys):
-            self.compact()
+    def append_log(self, table: pa.Table, live_rows: int) -> None:
+        self.log.append(table)
+        self.log_rows += table.num_rows
+        if self.log_rows > 65_536 + 2 * live_rows and len(self.log) > 1:
+            compacted = self.compacted_log()
+            self.log = [compacted]
+            self.log_rows = compacted.num_rows
 
-    def compact(self) -> set[Any]:
-        """All recorded keys, as a set."""
-        if self.batches:
-            self.keys.update(*self.batches)
-            self.batches = []
-            self.buffered = 0
-        return self.keys
+    def touch(self, key_group: int, key: Any) -> None:
+        keys = self.keys.get(key_group)
+        if keys is None:
+            keys = self.keys[key_group] = set()
+        keys.add(key)
+
+    def compacted_log(self) -> pa.Table:
+        """The log with one row per key: its last occurrence."""
+        table = pa.concat_tables(self.log).combine_chunks() if len(self.log) > 1 else self.log[0]
+        positions = _last_occurrences(table.column("key").combine_chunks())
+        if len(positions) == table.num_rows:
+            return table
+        return table.take(pa.array(positions))
+
+    def then(self, later: _Changes) -> _Changes:
+        """These changes followed by *later* ones (neither is modified)."""
+        merged = _Changes()
+        merged.log = [*self.log, *later.log]
+        merged.log_rows = self.log_rows + later.log_rows
+        for source in (self.keys, later.keys):
+            for kg, keys in source.items():
+                merged.keys.setdefault(kg, set()).update(keys)
+        return merged
+
+    def row_count_bound(self) -> int:
+        return self.log_rows + sum(len(k) for k in self.keys.values())
 
 
 @dataclass
 class _KeyedState:
-    """Storage of one keyed state: per key group, key -> value, and the keys changed since
-    the last snapshot was taken."""
+    """Storage of one keyed state: per key group, key -> value, and the changes since the
+    last snapshot was taken."""
 
     descriptor: StateDescriptor
     groups: dict[int, dict[Any, Any]] = field(default_factory=dict)
-    dirty: dict[int, _DirtyKeys] = field(default_factory=dict)
+    changes: _Changes = field(default_factory=_Changes)
 
     def group(self, key_group: int) -> dict[Any, Any]:
         g = self.groups.get(key_group)
@@ -306,23 +363,18 @@ class _KeyedState:
             g = self.groups[key_group] = {}
         return g
 
-    def _dirty(self, key_group: int) -> _DirtyKeys:
-        d = self.dirty.get(key_group)
-        if d is None:
-            d = self.dirty[key_group] = _DirtyKeys()
-        return d
-
-    def touch(self, key_group: int, keys: list[Any]) -> None:
-        """Record a batch of changed keys (a list nobody mutates afterwards)."""
-        self._dirty(key_group).extend(keys)
+    def log(self, key_groups: npt.NDArray[np.integer], keys: pa.Array, values: pa.Array) -> None:
+        """Record a vectorized change (a null value clears its key)."""
+        table = pa.table([pa.array(key_groups, type=pa.int32()), keys, values], names=_LOG_COLUMNS)
+        self.changes.append_log(table, self.count())
 
     def touch_one(self, key_group: int, key: Any) -> None:
-        self._dirty(key_group).add(key)
+        self.changes.touch(key_group, key)
 
-    def take_dirty(self) -> dict[int, set[Any]]:
-        """The changed keys per key group, resetting them."""
-        taken = {kg: d.compact() for kg, d in self.dirty.items()}
-        self.dirty = {}
+    def take_changes(self) -> _Changes:
+        """The changes since the last snapshot, resetting them."""
+        taken = self.changes
+        self.changes = _Changes()
         return taken
 
     def count(self) -> int:
@@ -332,10 +384,10 @@ class _KeyedState:
 @dataclass
 class _PendingSnapshot:
     """A snapshot taken but neither completed nor aborted, with the changes made between the
-    previous snapshot and it: state name -> key group -> keys."""
+    previous snapshot and it, per state name."""
 
     checkpoint_id: int
-    changes: dict[str, dict[int, set[Any]]]
+    changes: dict[str, _Changes]
 
 
 @dataclass(frozen=True)
@@ -346,6 +398,7 @@ class _Routing:
 
     source: object
     array: pa.Array
+    key_groups: npt.NDArray[np.integer]
     groups: list[int]
     bounds: list[int]
     sorted_keys: list[Any]
@@ -598,7 +651,7 @@ class KeyedStateBackend:
         self._has_current = False
         self._route_cache: _Routing | None = None
         # incremental snapshot bookkeeping
-        self._base: dict[tuple[str, int], tuple[BlobRef, ...]] = {}
+        self._base: dict[str, tuple[BlobRef, ...]] = {}
         self._base_id = 0
         self._last_snapshot_id = 0
         self._pending: list[_PendingSnapshot] = []
@@ -755,7 +808,7 @@ class KeyedStateBackend:
         bounds = [0, *starts.tolist(), len(order)] if len(order) else [0]
         groups = sorted_kgs[bounds[:-1]].tolist() if len(order) else []
         sorted_keys = arr.take(pa.array(order)).to_pylist()
-        routing = _Routing(keys, arr, groups, bounds, sorted_keys, order)
+        routing = _Routing(keys, arr, kgs, groups, bounds, sorted_keys, order)
         if isinstance(keys, pa.Array | pa.ChunkedArray):
             self._route_cache = routing
         return routing
@@ -806,7 +859,7 @@ class KeyedStateBackend:
                         group.pop(k, None)
                     else:
                         group[k] = v
-            state.touch(kg, segment)
+        state.log(routing.key_groups, routing.array, vals)
 
     def clear_values(self, descriptor: StateDescriptor, keys: ArrayLike) -> None:
         """Remove the entries of *keys* from any keyed state."""
@@ -818,7 +871,11 @@ class KeyedStateBackend:
             if group:
                 for k in segment:
                     group.pop(k, None)
-            state.touch(kg, segment)
+        state.log(
+            routing.key_groups,
+            routing.array,
+            pa.nulls(len(routing.array), state.descriptor.column_type),
+        )
 
     def _value_array(self, descriptor: ValueStateDescriptor, values: ArrayLike) -> pa.Array:
         try:
@@ -852,16 +909,9 @@ class KeyedStateBackend:
         return pa.array(out, type=self.key_type)
 
     def to_table(self, descriptor: StateDescriptor | str) -> pa.Table:
-        """Every (key, value) of the state, in key group order, with the FULL blob schema."""
-        state = self._state(descriptor)
-        desc = state.descriptor
-        keys: list[Any] = []
-        values: list[Any] = []
-        for kg in sorted(state.groups):
-            group = state.groups[kg]
-            keys.extend(group)
-            values.extend(group.values())
-        return self._full_table(desc, keys, values)
+        """Every (key group, key, value) of the state, in key group order, with the FULL
+        blob schema."""
+        return self._full_table(self._state(descriptor))
 
     def value_count(self, descriptor: StateDescriptor | str | None = None) -> int:
         """Number of (key, state) entries, of one state or of all keyed states."""
@@ -870,46 +920,86 @@ class KeyedStateBackend:
         return self._state(descriptor).count()
 
     # -- snapshot --------------------------------------------------------------------------
-    def _full_table(self, desc: StateDescriptor, keys: list[Any], values: list[Any]) -> pa.Table:
+    def _kg_column(self, groups: list[int], sizes: list[int]) -> pa.Array:
+        return pa.array(np.repeat(np.asarray(groups, dtype=np.int32), sizes), type=pa.int32())
+
+    def _full_table(self, state: _KeyedState) -> pa.Table:
+        """FULL blob of *state*: every key, sorted by key group."""
+        desc = state.descriptor
+        groups = [kg for kg in sorted(state.groups) if state.groups[kg]]
+        keys: list[Any] = []
+        values: list[Any] = []
+        sizes: list[int] = []
+        for kg in groups:
+            group = state.groups[kg]
+            keys.extend(group)
+            values.extend(group.values())
+            sizes.append(len(group))
         schema = keyed_blob_schema(desc, self.key_type, self.max_parallelism, delta=False)
         return pa.table(
             [
+                self._kg_column(groups, sizes),
                 pa.array(keys, type=self.key_type),
                 pa.array(_to_column(desc.kind, values), type=desc.column_type),
             ],
             schema=schema,
         )
 
-    def _delta_table(
-        self, desc: StateDescriptor, group: dict[Any, Any], keys: list[Any]
-    ) -> pa.Table:
-        """DELTA blob of *keys*: current values, tombstones for keys no longer present.
-        Stored values are never None (a null clears the key), so a null in the value column
-        marks a deleted key; only if the column has nulls is membership checked key by key
-        (a restored blob could in principle carry a null value)."""
+    def _delta_table(self, state: _KeyedState, changes: _Changes) -> pa.Table:
+        """DELTA blob of *changes* (see :class:`_Changes`), sorted by key group: the current
+        value of every changed key, or a tombstone (``deleted``, null value) for keys no
+        longer present."""
+        desc = state.descriptor
         schema = keyed_blob_schema(desc, self.key_type, self.max_parallelism, delta=True)
-        value_column = pa.array(_to_column(desc.kind, map(group.get, keys)), type=desc.column_type)
-        if value_column.null_count:
-            present = np.fromiter(map(group.__contains__, keys), dtype=np.bool_, count=len(keys))
-            deleted = pa.array(~present)
-        else:
-            deleted = pa.array(np.zeros(len(keys), dtype=np.bool_))
-        return pa.table([pa.array(keys, type=self.key_type), value_column, deleted], schema=schema)
+        parts: list[pa.Table] = []
+        touched = [k for keys in changes.keys.values() for k in keys]
+        if changes.log:
+            logged = changes.compacted_log()
+            if touched:  # the per-record API changed these later: read below
+                stale = pc.is_in(logged.column("key"), value_set=pa.array(touched, self.key_type))
+                logged = logged.filter(pc.invert(stale))
+            value = logged.column("value")
+            parts.append(pa.Table.from_arrays([*logged.columns, value.is_null()], schema=schema))
+        if touched:
+            groups = sorted(changes.keys)
+            keys: list[Any] = []
+            values: list[Any] = []
+            sizes: list[int] = []
+            member: list[bool] = []
+            for kg in groups:
+                segment = changes.keys[kg]  # an unmodified set iterates in the same order twice
+                group = state.groups.get(kg, {})
+                keys.extend(segment)
+                values.extend(map(group.get, segment))
+                member.extend(map(group.__contains__, segment))
+                sizes.append(len(segment))
+            parts.append(
+                pa.table(
+                    [
+                        self._kg_column(groups, sizes),
+                        pa.array(keys, type=self.key_type),
+                        pa.array(_to_column(desc.kind, values), type=desc.column_type),
+                        pa.array(np.logical_not(np.asarray(member, dtype=np.bool_))),
+                    ],
+                    schema=schema,
+                )
+            )
+        table = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+        kgs = table.column("key_group").to_numpy()
+        if len(kgs) > 1 and bool(np.any(kgs[1:] < kgs[:-1])):
+            order = np.argsort(kgs.astype(np.int16), kind="stable")
+            table = table.take(pa.array(order))
+        return table
 
-    def _changes_since_base(self, name: str, state: _KeyedState) -> dict[int, set[Any]]:
-        """Keys of state *name* changed since the base: pending snapshots' changes plus the
+    def _changes_since_base(self, name: str, state: _KeyedState) -> _Changes:
+        """Changes of state *name* since the base: pending snapshots' changes, then the
         changes since the last snapshot."""
-        changed: dict[int, set[Any]] = {}
-        current = {kg: d.compact() for kg, d in state.dirty.items()}
-        sources = [p.changes.get(name, {}) for p in self._pending] + [current]
-        for source in sources:
-            for kg, keys in source.items():
-                target = changed.get(kg)
-                if target is None:
-                    changed[kg] = set(keys)
-                else:
-                    target.update(keys)
-        return changed
+        changes = state.changes
+        for pending in reversed(self._pending):
+            earlier = pending.changes.get(name)
+            if earlier:
+                changes = earlier.then(changes)
+        return changes
 
     @staticmethod
     def _needs_full(chain: tuple[BlobRef, ...], new_delta_rows: int, live_rows: int) -> bool:
@@ -930,51 +1020,44 @@ class KeyedStateBackend:
         reused: list[BlobRef] = []
         for name in sorted(self._states):
             state = self._states[name]
-            desc = state.descriptor
             changed = self._changes_since_base(name, state)
-            base_groups = {kg for (n, kg) in self._base if n == name}
-            for kg in sorted(set(state.groups) | set(changed) | base_groups):
-                group = state.groups.get(kg, {})
-                chain = self._base.get((name, kg), ())
-                keys = changed.get(kg)
-                if not full and chain and not keys:
-                    reused.extend(chain)
-                    continue
-                if (
-                    not full
-                    and chain
-                    and keys
-                    and not self._needs_full(chain, len(keys), len(group))
-                ):
-                    table = self._delta_table(desc, group, list(keys))
-                    new_blobs.append(self._blob(BlobKind.KEYED_DELTA, name, table, kg, len(chain)))
-                    reused.extend(chain)
-                    continue
-                if group:
-                    table = self._full_table(desc, list(group), list(group.values()))
-                    new_blobs.append(self._blob(BlobKind.KEYED_FULL, name, table, kg, 0))
+            chain = self._base.get(name, ())
+            if not full and chain and not changed:
+                reused.extend(chain)
+                continue
+            live = state.count()
+            delta = None
+            if not full and chain and not self._needs_full(chain, 0, live):
+                delta = self._delta_table(state, changed)
+                if self._needs_full(chain, delta.num_rows, live):
+                    delta = None
+            if delta is not None:
+                new_blobs.append(self._blob(BlobKind.KEYED_DELTA, name, delta, len(chain)))
+                reused.extend(chain)
+            elif live:
+                new_blobs.append(self._blob(BlobKind.KEYED_FULL, name, self._full_table(state), 0))
         for name in sorted(self._operator_states):
             op = self._operator_states[name]
             table = pa.table(
                 [pa.array(op.get(), type=op.element_type)],
                 schema=operator_blob_schema(name, op.element_type),
             )
-            new_blobs.append(self._blob(BlobKind.OPERATOR, name, table, -1, 0))
-        changes = {n: s.take_dirty() for n, s in self._states.items() if s.dirty}
+            new_blobs.append(self._blob(BlobKind.OPERATOR, name, table, 0))
+        changes = {n: s.take_changes() for n, s in self._states.items() if s.changes}
         self._pending.append(_PendingSnapshot(checkpoint_id, changes))
         self._last_snapshot_id = checkpoint_id
         return TaskSnapshot(self.task_id, tuple(new_blobs), tuple(reused))
 
-    def _blob(
-        self, kind: BlobKind, name: str, table: pa.Table, key_group: int, seq: int
-    ) -> StateBlob:
+    def _blob(self, kind: BlobKind, name: str, table: pa.Table, seq: int) -> StateBlob:
+        keyed = kind in _KEYED_KINDS
         return StateBlob(
             operator_uid=self.operator_uid,
             subtask=self.subtask,
             kind=kind,
             state_name=name,
             table=table,
-            key_group=key_group,
+            key_group_start=self.key_group_range.start if keyed else -1,
+            key_group_end=self.key_group_range.end if keyed else -1,
             seq=seq,
         )
 
@@ -998,11 +1081,11 @@ class KeyedStateBackend:
             raise StateError(f"checkpoint {checkpoint_id} completed but was never snapshotted here")
         if handle.task != self.task_id:
             raise StateError(f"handle of {handle.task} notified to {self.task_id}")
-        chains: dict[tuple[str, int], list[BlobRef]] = {}
+        chains: dict[str, list[BlobRef]] = {}
         for ref in handle.blobs:
             if ref.kind in _KEYED_KINDS:
-                chains.setdefault((ref.state_name, ref.key_group), []).append(ref)
-        self._base = {k: _checked_chain(k, refs) for k, refs in chains.items()}
+                chains.setdefault(ref.state_name, []).append(ref)
+        self._base = {name: _checked_chain(refs) for name, refs in chains.items()}
         self._base_id = checkpoint_id
         self._pending = [p for p in self._pending if p.checkpoint_id > checkpoint_id]
 
@@ -1016,15 +1099,13 @@ class KeyedStateBackend:
             del self._pending[i]
             if i < len(self._pending):
                 target = self._pending[i].changes
-                for name, groups in pending.changes.items():
-                    per_name = target.setdefault(name, {})
-                    for kg, keys in groups.items():
-                        per_name.setdefault(kg, set()).update(keys)
+                for name, earlier in pending.changes.items():
+                    later = target.get(name)
+                    target[name] = earlier if later is None else earlier.then(later)
             else:
-                for name, groups in pending.changes.items():
+                for name, earlier in pending.changes.items():
                     state = self._states[name]
-                    for kg, keys in groups.items():
-                        state.touch(kg, list(keys))
+                    state.changes = earlier.then(state.changes)
             return
 
     # -- restore ---------------------------------------------------------------------------
@@ -1032,46 +1113,55 @@ class KeyedStateBackend:
         """Load this subtask's share of a completed checkpoint into a fresh backend.
 
         *refs* are the blobs of the checkpoint (of any parallelism; blobs of other operators
-        are ignored). Keyed state: only key groups in this backend's range are read; each
-        chain is its FULL blob then its DELTAs in ``seq`` order. Operator state: dealt
-        round-robin (needs ``parallelism``). The restored chains become the base of the next
-        incremental snapshot. Raises :class:`CorruptCheckpointError` for broken chains or
-        unreadable blobs and :class:`StateError` for state that does not fit this backend
+        are ignored). Keyed state: every chain (one per state and writing subtask) whose
+        key-group range overlaps this backend's is read, its FULL blob then its DELTAs in
+        ``seq`` order, keeping the rows of this backend's key groups. Operator state: dealt
+        round-robin (needs ``parallelism``). A restored chain covering exactly this
+        backend's range becomes the base of the next incremental snapshot; after a rescale
+        the next snapshot is full. Raises :class:`CorruptCheckpointError` for broken chains
+        or unreadable blobs and :class:`StateError` for state that does not fit this backend
         (schema, key type, hash, ``max_parallelism``)."""
         if self.value_count() or any(op.get() for op in self._operator_states.values()):
             raise StateError("restore needs a fresh backend: this one already holds state")
         if self._pending or self._base or self._last_snapshot_id:
             raise StateError("restore needs a fresh backend: this one has taken snapshots")
         mine = [r for r in refs if r.operator_uid == self.operator_uid]
-        chains: dict[tuple[str, int], list[BlobRef]] = {}
+        chains: dict[tuple[str, int, int, int], list[BlobRef]] = {}
         operator: dict[str, list[BlobRef]] = {}
+        own = self.key_group_range
         for ref in mine:
             if ref.kind in _KEYED_KINDS:
-                if not 0 <= ref.key_group < self.max_parallelism:
+                if not 0 <= ref.key_group_start <= ref.key_group_end < self.max_parallelism:
                     raise StateError(
-                        f"blob of key group {ref.key_group} does not fit max_parallelism "
-                        f"{self.max_parallelism}"
+                        f"blob of key groups {ref.key_group_start}-{ref.key_group_end} does "
+                        f"not fit max_parallelism {self.max_parallelism}"
                     )
-                if ref.key_group in self.key_group_range:
-                    chains.setdefault((ref.state_name, ref.key_group), []).append(ref)
+                if ref.key_group_start <= own.end and ref.key_group_end >= own.start:
+                    key = (ref.state_name, ref.subtask, ref.key_group_start, ref.key_group_end)
+                    chains.setdefault(key, []).append(ref)
             elif ref.kind is BlobKind.OPERATOR:
                 operator.setdefault(ref.state_name, []).append(ref)
-        base: dict[tuple[str, int], tuple[BlobRef, ...]] = {}
+        per_state: dict[str, list[tuple[BlobRef, ...]]] = {}
         for key in sorted(chains):
-            chain = _checked_chain(key, chains[key])
-            name, kg = key
+            chain = _checked_chain(chains[key])
             for ref in chain:
-                self._apply_blob(name, kg, ref, read_blob(ref))
-            base[key] = chain
+                self._apply_blob(ref, read_blob(ref))
+            per_state.setdefault(key[0], []).append(chain)
         for name in sorted(operator):
             self._restore_operator_state(name, operator[name], read_blob)
-        self._base = base
+        self._base = {
+            name: found[0]
+            for name, found in per_state.items()
+            if len(found) == 1
+            and (found[0][0].key_group_start, found[0][0].key_group_end) == (own.start, own.end)
+        }
         self._base_id = max((r.checkpoint_id for r in mine), default=0)
         self._last_snapshot_id = self._base_id
         for state in self._states.values():
-            state.take_dirty()
+            state.take_changes()
 
-    def _apply_blob(self, name: str, kg: int, ref: BlobRef, table: pa.Table) -> None:
+    def _apply_blob(self, ref: BlobRef, table: pa.Table) -> None:
+        name = ref.state_name
         schema = table.schema
         meta = schema.metadata or {}
         if meta.get(META_KEY_GROUP_HASH, b"").decode() != HASH_NAME:
@@ -1091,7 +1181,7 @@ class KeyedStateBackend:
                 f"{meta.get(META_STATE_NAME, b'?').decode()!r}"
             )
         delta = ref.kind is BlobKind.KEYED_DELTA
-        names = ["key", "value", "deleted"] if delta else ["key", "value"]
+        names = ["key_group", "key", "value"] + (["deleted"] if delta else [])
         if schema.names != names:
             raise CorruptCheckpointError(
                 f"blob {ref.kind.value} of state {name!r} has columns {schema.names}, "
@@ -1108,17 +1198,39 @@ class KeyedStateBackend:
             raise StateError(f"state {name!r}: unknown state kind in blob metadata") from e
         desc = _descriptor_from_column(name, kind, schema.field("value").type)
         state = self._register(desc)
-        group = state.group(kg)
-        keys = table.column("key").to_pylist()
-        values = _from_column(kind, table.column("value"))
-        if not delta:
-            group.update(zip(keys, values, strict=True))
-            return
-        deleted = table.column("deleted").to_pylist()
-        live = [not d for d in deleted]
-        group.update(zip(compress(keys, live), compress(values, live), strict=True))
-        for k in compress(keys, deleted):
-            group.pop(k, None)
+        key_column = table.column("key").combine_chunks()
+        kgs = key_group_indices(key_column, self.max_parallelism).astype(np.int64)
+        stored = table.column("key_group").to_numpy().astype(np.int64)
+        if not np.array_equal(kgs, stored) or (
+            len(kgs) and (kgs.min() < ref.key_group_start or kgs.max() > ref.key_group_end)
+        ):
+            raise CorruptCheckpointError(
+                f"blob {ref.kind.value} of state {name!r} (checkpoint {ref.checkpoint_id}) "
+                "holds keys outside the key groups it records"
+            )
+        own = self.key_group_range
+        order = np.flatnonzero((kgs >= own.start) & (kgs <= own.end))
+        order = order[np.argsort(kgs[order], kind="stable")]
+        kgs = kgs[order]
+        taken = table.take(pa.array(order))
+        keys = taken.column("key").to_pylist()
+        values = _from_column(kind, taken.column("value"))
+        deleted = taken.column("deleted").to_pylist() if delta else None
+        starts = np.flatnonzero(np.diff(kgs)) + 1
+        bounds = [0, *starts.tolist(), len(kgs)]
+        for begin, end in pairwise(bounds):
+            if begin == end:
+                continue
+            group = state.group(int(kgs[begin]))
+            seg_keys, seg_values = keys[begin:end], values[begin:end]
+            if deleted is None:
+                group.update(zip(seg_keys, seg_values, strict=True))
+                continue
+            dead = deleted[begin:end]
+            live = [not d for d in dead]
+            group.update(zip(compress(seg_keys, live), compress(seg_values, live), strict=True))
+            for k in compress(seg_keys, dead):
+                group.pop(k, None)
 
     def _restore_operator_state(
         self, name: str, refs: list[BlobRef], read_blob: Callable[[BlobRef], pa.Table]
@@ -1154,17 +1266,24 @@ class KeyedStateBackend:
         state.update(elements[self.subtask :: self.parallelism])
 
 
-def _checked_chain(key: tuple[str, int], refs: Sequence[BlobRef]) -> tuple[BlobRef, ...]:
-    """The refs of one (state, key group) chain in seq order; CorruptCheckpointError unless
-    they are one FULL blob (seq 0) followed by DELTAs with seq 1, 2, ... without gaps."""
+def _checked_chain(refs: Sequence[BlobRef]) -> tuple[BlobRef, ...]:
+    """The refs of one chain (one state of one subtask) in seq order; CorruptCheckpointError
+    unless they are one FULL blob (seq 0) followed by DELTAs with seq 1, 2, ... without
+    gaps, all covering the same key groups."""
     chain = sorted(set(refs), key=lambda r: r.seq)
-    name, kg = key
+    first = chain[0]
     for expected_seq, ref in enumerate(chain):
         expected_kind = BlobKind.KEYED_FULL if expected_seq == 0 else BlobKind.KEYED_DELTA
-        if ref.seq != expected_seq or ref.kind is not expected_kind:
+        if (
+            ref.seq != expected_seq
+            or ref.kind is not expected_kind
+            or (ref.subtask, ref.key_group_start, ref.key_group_end)
+            != (first.subtask, first.key_group_start, first.key_group_end)
+        ):
             raise CorruptCheckpointError(
-                f"state {name!r} key group {kg}: chain {[(r.kind.value, r.seq) for r in chain]} "
-                "is not one full blob followed by consecutive deltas"
+                f"state {first.state_name!r} of subtask {first.subtask}: chain "
+                f"{[(r.kind.value, r.seq, r.key_group_start, r.key_group_end) for r in chain]} "
+                "is not one full blob followed by consecutive deltas of the same key groups"
             )
     return tuple(chain)
 

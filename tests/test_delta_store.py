@@ -40,7 +40,9 @@ def kv(k: str, v: int) -> pa.Table:
 
 
 def keyed(kg: int, table: pa.Table) -> StateBlob:
-    return StateBlob("agg", 0, BlobKind.KEYED_FULL, "counts", table, key_group=kg)
+    return StateBlob(
+        "agg", 0, BlobKind.KEYED_FULL, "counts", table, key_group_start=kg, key_group_end=kg
+    )
 
 
 def commit_one(store, lease, cid, *blobs, offsets=()):
@@ -164,7 +166,7 @@ def test_second_readers_see_exactly_what_was_committed(root: Path) -> None:
     assert blobs.height == 1
     (payload,) = blobs["payload"].to_list()
     assert pa.ipc.open_stream(payload).read_all().equals(state)
-    assert blobs["key_group"].to_list() == [5]
+    assert blobs["key_group_start"].to_list() == [5]
     # hand-replayed log + DuckDB
     assert duck_rows(
         root / "source_offsets", 'checkpoint_id, vertex, subtask, source, channel, "offset"'
@@ -213,10 +215,12 @@ def test_read_blobs_reads_many_key_groups_in_one_scan(root: Path, monkeypatch) -
         return real(self, *a, **kw)
 
     monkeypatch.setattr(DeltaTable, "to_pyarrow_dataset", counting)
-    refs = sorted(cp.blobs(), key=lambda r: -r.key_group)  # any order in, same order out
+    refs = sorted(cp.blobs(), key=lambda r: -r.key_group_start)  # any order in, same order out
     got = store.read_blobs(refs)
     assert len(scans) == 1
-    assert [g.equals(tables[r.key_group]) for g, r in zip(got, refs, strict=True)] == [True] * 128
+    assert [g.equals(tables[r.key_group_start]) for g, r in zip(got, refs, strict=True)] == [
+        True
+    ] * 128
 
 
 # ------------------------------------------------------------------ crashes
@@ -232,7 +236,8 @@ lease = store.acquire()
 print(lease.first_id, lease.end_id, flush=True)
 snap = TaskSnapshot(
     TaskId("agg", 0),
-    (StateBlob("agg", 0, BlobKind.KEYED_FULL, "counts", pa.table({"k": ["a"]}), key_group=0),
+    (StateBlob("agg", 0, BlobKind.KEYED_FULL, "counts", pa.table({"k": ["a"]}),
+               key_group_start=0, key_group_end=0),
      StateBlob("agg", 0, BlobKind.CHANNEL, "inflight", pa.table({"r": [1]}), channel=0)),
     (),
     (SourceOffset("kafka", 0, 5),),
@@ -446,7 +451,7 @@ def test_missing_blob_rows_of_committed_checkpoint_are_corrupt(root: Path) -> No
     store = DeltaCheckpointStore(str(root))
     lease = store.acquire()
     cp = commit_one(store, lease, lease.first_id, keyed(0, kv("a", 1)), keyed(1, kv("b", 2)))
-    gone = next(r for r in cp.blobs() if r.key_group == 1)
+    gone = next(r for r in cp.blobs() if r.key_group_start == 1)
     DeltaTable(str(root / "operator_state")).delete(f"blob_id = '{blob_id(gone)}'")
     reader = DeltaCheckpointStore(str(root))
     with pytest.raises(CorruptCheckpointError):
@@ -493,12 +498,20 @@ def test_reads_and_commits_after_retention_rewrote_files(tmp_path: Path) -> None
     for i in range(4):
         cid = lease.first_id + i
         fresh = tuple(
-            StateBlob("op", 0, BlobKind.KEYED_FULL, "s", pa.table({"v": [i, kg]}), key_group=kg)
+            StateBlob(
+                "op",
+                0,
+                BlobKind.KEYED_FULL,
+                "s",
+                pa.table({"v": [i, kg]}),
+                key_group_start=kg,
+                key_group_end=kg,
+            )
             for kg in range(3)
             if i == 0 or kg > 0  # key group 0 is written once, then reused by every checkpoint
         )
         handle = store.write_task_state(cid, TaskSnapshot(task, fresh, reused))
-        reused = tuple(b for b in handle.blobs if b.key_group == 0)
+        reused = tuple(b for b in handle.blobs if b.key_group_start == 0)
         cp = CompletedCheckpoint(cid, SnapshotType.CHECKPOINT, (handle,), CheckpointStats(0, 1))
         store.commit(lease, cp)
         store.retain(lease, 1)
@@ -506,5 +519,5 @@ def test_reads_and_commits_after_retention_rewrote_files(tmp_path: Path) -> None
     assert "DELETE" in ops
     latest = store.latest_completed()
     assert latest is not None
-    tables = store.read_blobs(sorted(latest.blobs(), key=lambda b: b.key_group))
+    tables = store.read_blobs(sorted(latest.blobs(), key=lambda b: b.key_group_start))
     assert [t.column("v").to_pylist() for t in tables] == [[0, 0], [3, 1], [3, 2]]

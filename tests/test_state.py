@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 
 from spark_ckpt.errors import CorruptCheckpointError, StateError
 from spark_ckpt.handle import BlobKind, BlobRef, TaskSnapshot, TaskStateHandle
-from spark_ckpt.keygroup import HASH_NAME, KeyGroupRange, key_groups, range_for_subtask
+from spark_ckpt.keygroup import (
+    HASH_NAME,
+    KeyGroupRange,
+    key_group_indices,
+    key_groups,
+    range_for_subtask,
+)
 from spark_ckpt.state import (
     MAX_CHAIN_DELTAS,
     META_KEY_GROUP_HASH,
@@ -240,10 +246,13 @@ def test_blob_schemas_carry_metadata() -> None:
     for blob in snap.new_blobs:
         meta = blob.table.schema.metadata
         if blob.kind is BlobKind.OPERATOR:
-            assert blob.table.schema.names == ["value"] and blob.key_group == -1
+            assert blob.table.schema.names == ["value"] and blob.key_group_start == -1
             continue
         assert meta[META_KEY_GROUP_HASH] == HASH_NAME.encode()
-        assert blob.table.schema.names == ["key", "value"]
+        assert blob.table.schema.names == ["key_group", "key", "value"]
+        assert (blob.key_group_start, blob.key_group_end) == (0, 3)  # the subtask's range
+        kgs = blob.table.column("key_group").to_pylist()
+        assert kgs == sorted(kgs)  # rows sorted by key group
         assert blob.table.schema.field("key").type == pa.int64()
     by_name = {x.state_name: x for x in snap.new_blobs}
     assert by_name["events"].table.schema.field("value").type == pa.list_(pa.string())
@@ -252,8 +261,12 @@ def test_blob_schemas_carry_metadata() -> None:
     complete(store, b, snap, 1)
     b.put_values(COUNT, pa.array([0]), pa.array([None], pa.int64()))
     delta = [x for x in b.snapshot(2).new_blobs if x.kind is BlobKind.KEYED_DELTA]
-    assert len(delta) == 1 and delta[0].table.schema.names == ["key", "value", "deleted"]
-    assert delta[0].table.to_pylist() == [{"key": 0, "value": None, "deleted": True}]
+    assert len(delta) == 1
+    assert delta[0].table.schema.names == ["key_group", "key", "value", "deleted"]
+    kg0 = int(key_group_indices(pa.array([0], pa.int64()), 4)[0])
+    assert delta[0].table.to_pylist() == [
+        {"key_group": kg0, "key": 0, "value": None, "deleted": True}
+    ]
     assert delta[0].seq == 1
 
 
@@ -328,9 +341,9 @@ def test_chains_rebase_after_too_many_deltas_and_restore_correctly() -> None:
         b.put_values(COUNT, pa.array(changed[:4]), pa.array([cid] * 4))
         b.clear_values(COUNT, pa.array(changed[4:]))
         handle = checkpoint(store, b, cid)
-        chains: dict[int, list[BlobRef]] = {}
+        chains: dict[str, list[BlobRef]] = {}
         for ref in handle.blobs:
-            chains.setdefault(ref.key_group, []).append(ref)
+            chains.setdefault(ref.state_name, []).append(ref)
         for chain in chains.values():
             seqs = sorted(r.seq for r in chain)
             assert seqs == list(range(len(seqs))) and len(seqs) <= MAX_CHAIN_DELTAS + 1
@@ -466,6 +479,10 @@ op_strategy = st.one_of(
     st.tuples(st.just("add"), st.integers(0, 40), st.integers(0, 3)),
     st.tuples(st.just("mput"), st.integers(0, 40), st.integers(0, 3)),
     st.tuples(st.just("mdel"), st.integers(0, 40), st.integers(0, 3)),
+    # the per-record API on the state the vectorized API also writes, and repeated keys
+    st.tuples(st.just("vput"), st.integers(0, 40), st.integers(-5, 5)),
+    st.tuples(st.just("vclear"), st.integers(0, 40), st.just(0)),
+    st.tuples(st.just("bput"), st.integers(0, 40), st.integers(-5, 5)),
 )
 
 
@@ -479,7 +496,23 @@ def apply(op: tuple[str, int, int], b: KeyedStateBackend, model: Model) -> None:
         b.clear_values(COUNT, pa.array([key]))
         model.values.pop(key, None)
         return
+    if kind == "bput":  # one batch repeating a key, with a clear: the last occurrence wins
+        values = [arg, None, arg + 1] if arg >= 0 else [arg, arg + 1, None]
+        b.put_values(COUNT, pa.array([key, key, key]), pa.array(values, pa.int64()))
+        if values[-1] is None:
+            model.values.pop(key, None)
+        else:
+            model.values[key] = values[-1]
+        return
     b.set_current_key(key)
+    if kind == "vput":
+        b.value_state(COUNT).update(arg)
+        model.values[key] = arg
+        return
+    if kind == "vclear":
+        b.value_state(COUNT).clear()
+        model.values.pop(key, None)
+        return
     if kind == "add":
         b.list_state(EVENTS).add(f"e{arg}")
         model.lists.setdefault(key, []).append(f"e{arg}")
@@ -501,6 +534,9 @@ def test_interleaved_snapshots_completions_and_aborts(steps: list[Any]) -> None:
     store = InMemoryCheckpointStore()
     b = backend(max_p=4)
     model = Model()
+    # a larger value state, so that its snapshots are deltas (few changed keys)
+    b.put_values(COUNT, pa.array(range(100, 1100)), pa.array(range(1000)))
+    model.values.update(zip(range(100, 1100), range(1000), strict=True))
     pending: list[tuple[int, TaskSnapshot, Model]] = []
     verified: list[tuple[TaskStateHandle, Model]] = []
     cid = 0

@@ -67,14 +67,21 @@ def _delta_backend(root: Path) -> Backend:
             i
             for i, d in enumerate(
                 rows.select(
-                    ["checkpoint_id", "operator_uid", "state_name", "key_group", "channel", "seq"]
+                    [
+                        "checkpoint_id",
+                        "operator_uid",
+                        "state_name",
+                        "key_group_start",
+                        "channel",
+                        "seq",
+                    ]
                 ).to_pylist()
             )
             if (
                 d["checkpoint_id"],
                 d["operator_uid"],
                 d["state_name"],
-                d["key_group"],
+                d["key_group_start"],
                 d["channel"],
                 d["seq"],
             )
@@ -82,7 +89,7 @@ def _delta_backend(root: Path) -> Backend:
                 ref.checkpoint_id,
                 ref.operator_uid,
                 ref.state_name,
-                ref.key_group,
+                ref.key_group_start,
                 ref.channel,
                 ref.seq,
             )
@@ -210,7 +217,7 @@ def test_commit_makes_checkpoint_visible_and_round_trips(backend: Backend) -> No
         store,
         lease,
         lease.first_id,
-        blob(BlobKind.KEYED_FULL, full, key_group=7),
+        blob(BlobKind.KEYED_FULL, full, key_group_start=7, key_group_end=7),
         blob(BlobKind.CHANNEL, chan, state="in-flight", channel=2),
         offsets=[SourceOffset("kafka", 0, 42), SourceOffset("kafka", 1, 17)],
     )
@@ -253,8 +260,8 @@ def test_write_task_state_is_idempotent(backend: Backend) -> None:
     store = backend.open()
     lease = store.acquire()
     snap = snapshot(
-        blob(BlobKind.KEYED_FULL, kv(("a", 1)), key_group=0),
-        blob(BlobKind.KEYED_FULL, kv(("b", 2)), key_group=1),
+        blob(BlobKind.KEYED_FULL, kv(("a", 1)), key_group_start=0, key_group_end=0),
+        blob(BlobKind.KEYED_FULL, kv(("b", 2)), key_group_start=1, key_group_end=1),
         blob(BlobKind.CHANNEL, pa.table({"r": [1]}), channel=0),
         offsets=[SourceOffset("s", 0, 5)],
     )
@@ -287,16 +294,16 @@ def test_retention_keeps_incremental_chains_savepoints_and_pending_state(backend
         store,
         lease,
         c1,
-        blob(BlobKind.KEYED_FULL, kv(("a", 1)), key_group=0),
-        blob(BlobKind.KEYED_FULL, kv(("b", 1)), key_group=1),
+        blob(BlobKind.KEYED_FULL, kv(("a", 1)), key_group_start=0, key_group_end=0),
+        blob(BlobKind.KEYED_FULL, kv(("b", 1)), key_group_start=1, key_group_end=1),
     )
-    kg0_full, kg1_full = sorted(cp1.blobs(), key=lambda r: r.key_group)
+    kg0_full, kg1_full = sorted(cp1.blobs(), key=lambda r: r.key_group_start)
     # c2: a delta on key group 0, reusing both full blobs.
     cp2 = write_and_commit(
         store,
         lease,
         c2,
-        blob(BlobKind.KEYED_DELTA, kv(("a", 2)), key_group=0, seq=1),
+        blob(BlobKind.KEYED_DELTA, kv(("a", 2)), key_group_start=0, key_group_end=0, seq=1),
         reused=(kg0_full, kg1_full),
     )
     kg0_delta = next(r for r in cp2.blobs() if r.kind is BlobKind.KEYED_DELTA)
@@ -306,7 +313,11 @@ def test_retention_keeps_incremental_chains_savepoints_and_pending_state(backend
     aborted_h = store.write_task_state(aborted, snapshot(blob(BlobKind.OPERATOR, kv(("x", 0)))))
     # c3: a new full blob for key group 0, still reusing key group 1 of c1.
     cp3 = write_and_commit(
-        store, lease, c3, blob(BlobKind.KEYED_FULL, kv(("a", 3)), key_group=0), reused=(kg1_full,)
+        store,
+        lease,
+        c3,
+        blob(BlobKind.KEYED_FULL, kv(("a", 3)), key_group_start=0, key_group_end=0),
+        reused=(kg1_full,),
     )
     # a pending checkpoint newer than every completed one.
     pending_h = store.write_task_state(pending, snapshot(blob(BlobKind.OPERATOR, kv(("p", 1)))))
@@ -350,7 +361,7 @@ def test_discard_removes_only_blobs_nobody_else_references(backend: Backend) -> 
         store,
         lease,
         a,
-        blob(BlobKind.KEYED_FULL, kv(("k", 1)), key_group=0),
+        blob(BlobKind.KEYED_FULL, kv(("k", 1)), key_group_start=0, key_group_end=0),
         blob(BlobKind.OPERATOR, kv(("o", 1))),
     )
     shared = next(r for r in cpa.blobs() if r.kind is BlobKind.KEYED_FULL)

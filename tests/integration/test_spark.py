@@ -373,7 +373,8 @@ def test_store_tables_agree_with_list_completed_for_another_reader(counted: Boun
             r["subtask"],
             r["kind"],
             r["state_name"],
-            r["key_group"],
+            r["key_group_start"],
+            r["key_group_end"],
             r["channel"],
             r["seq"],
         ): r["checksum"]
