@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
 
 from .errors import ProtocolError
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
 
 
 class SnapshotType(StrEnum):
@@ -196,8 +200,9 @@ def event_from_row(row: dict[str, Any]) -> Event | None:
         ts_ms = 0
     elif isinstance(ts, int):
         ts_ms = ts // 1000
-    else:
-        ts_ms = int(ts.timestamp() * 1000)
+    else:  # exact integer arithmetic: ts.timestamp() * 1000 can round down by one
+        aware = ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
+        ts_ms = (aware - _EPOCH) // _ONE_MS
     try:
         opts = json.loads(row.get(BARRIER_OPTIONS) or "{}")
         return CheckpointBarrier(
