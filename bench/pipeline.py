@@ -168,20 +168,39 @@ class PhaseTimer:
     """Exclusive wall time per phase of the current ``foreachBatch`` call.
 
     :meth:`wrap` replaces a method *on one instance* by a timed one; nested timed calls are
-    subtracted from their caller, so the phases add up to the wall time of the call. Runs in
-    the driver's foreachBatch thread only (one batch at a time)."""
+    subtracted from their caller, so the phases add up to the wall time of the call. Phases
+    run on the foreachBatch thread (:attr:`owner`, one batch at a time); timed calls on
+    other threads (the aligner's snapshot worker) are summed apart, in :attr:`background`:
+    they are off the micro-batch's path."""
 
     def __init__(self) -> None:
         self.totals: dict[str, float] = defaultdict(float)
+        self.background: dict[str, float] = defaultdict(float)
+        self.owner: int | None = None
         self._stack: list[float] = []  # time spent in timed children, per open call
+        self._lock = threading.Lock()
 
     def reset(self) -> dict[str, float]:
         out = dict(self.totals)
         self.totals.clear()
         return out
 
+    def take_background(self) -> dict[str, float]:
+        with self._lock:
+            out = dict(self.background)
+            self.background.clear()
+        return out
+
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        if self.owner is not None and threading.get_ident() != self.owner:
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                with self._lock:
+                    self.background[name] += time.perf_counter() - start
+            return
         self._stack.append(0.0)
         start = time.perf_counter()
         try:
@@ -300,6 +319,7 @@ class Probe:
     def _call(self, df: Any, batch_id: int) -> None:
         if self.profiler is not None:
             self.profiler.enable()
+        self.timer.owner = threading.get_ident()
         start = time.perf_counter()
         with self.timer.phase("toArrow"):
             table = df.toArrow()
@@ -534,6 +554,8 @@ def summarize(run: QueryRun, s: Settings) -> dict[str, Any]:
         "foreach_batch_s": in_fb,
         "rows_per_foreach_batch_s": rows / in_fb,
         "phases_s": {k: phases.get(k, 0.0) for k in PHASES},
+        # off the micro-batch path: the aligner's snapshot worker, whole query
+        "worker_s": run.probe.timer.take_background(),
         "spark_s": spark_s,
         "batch_ms": [float(d.get("triggerExecution", 0)) for d in durations],
         "checkpoints": [_checkpoint_dict(c) for c in cps],

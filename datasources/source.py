@@ -11,7 +11,8 @@ Where the hooks run (see ``docs/spark-notes.md``):
   here (a :class:`~spark_ckpt.errors.ConfigError` surfaces as an ``AnalysisException``);
 * ``initialOffset``/``latestOffset``/``partitions``/``commit`` — the *source runner*, one
   long-lived driver-side process per query run. The checkpoint coordinator lives here
-  (:class:`~spark_ckpt.host.CoordinatorHost`), polled once per ``latestOffset``;
+  (:class:`~spark_ckpt.host.CoordinatorHost`) on its own thread
+  (:class:`~spark_ckpt.host.HostThread`); ``latestOffset`` takes the barriers it triggered;
 * ``read`` — executors: regenerates the planned rows and inserts the barrier rows.
 
 ``initialOffset`` (called twice at start; deterministic) rewinds every channel to its barrier
@@ -43,7 +44,7 @@ from spark_ckpt.channel_source import ChannelSource, ReadPlan
 from spark_ckpt.clock import SystemClock
 from spark_ckpt.coordinator import CheckpointRequest, RequestStatus
 from spark_ckpt.errors import CheckpointError, ProtocolError
-from spark_ckpt.host import SOURCE_TASK, CoordinatorHost
+from spark_ckpt.host import SOURCE_TASK, CoordinatorHost, HostThread
 from spark_ckpt.source_options import SourceOptions
 from spark_ckpt.stream_offset import StreamOffset, fair_limits
 
@@ -95,7 +96,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         self.user_schema = user_schema
         self.schema = stream_schema(user_schema)
         self._source: ChannelSource | None = None
-        self._host: CoordinatorHost | None = None
+        self._host: HostThread | None = None
         self._target: list[int] | None = None  # Trigger.AvailableNow: read up to here
         self._final: CheckpointRequest | None = None
         self._stop_at: tuple[int, ...] | None = None
@@ -108,14 +109,15 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         return self._source
 
     @property
-    def host(self) -> CoordinatorHost:
+    def host(self) -> HostThread:
+        """The coordinator host, polled on its own thread from the first ``latestOffset``."""
         if self._host is None:
-            self._host = open_host(self.options)
+            self._host = HostThread(open_host(self.options))
         return self._host
 
     # -- offsets -----------------------------------------------------------------------------
     def initialOffset(self) -> dict[str, Any]:
-        latest = self.host.latest_completed()
+        latest = self.host.call(CoordinatorHost.latest_completed)
         channels = self.source.channels
         if latest is None:
             return StreamOffset.initial([0] * channels).to_dict()
@@ -144,12 +146,11 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             heads = [max(t, p) for t, p in zip(self._target, offset.positions, strict=True)]
         else:
             heads = self.source.heads()
-        for barrier in self.host.poll():
+        barriers = self.host.take_barriers()
+        stopping = self.host.stopping
+        for barrier in barriers:
             offset = offset.place(barrier, heads)
-            if (
-                self.host.stopping is not None
-                and self.host.stopping.checkpoint_id == barrier.checkpoint_id
-            ):
+            if stopping is not None and stopping.checkpoint_id == barrier.checkpoint_id:
                 self._stop_at = offset.barriers[-1].positions
         if self._stop_at is not None:
             heads = [min(h, s) for h, s in zip(heads, self._stop_at, strict=True)]
@@ -182,13 +183,13 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             if final is None or final.status is RequestStatus.FAILED:
                 if final is not None:
                     log.warning("final checkpoint failed (%s); retrying", final.failure)
-                self._final = self.host.request_final_checkpoint()
+                self._final = self.host.call(CoordinatorHost.request_final_checkpoint)
                 if self._final is None:
                     raise CheckpointError(
                         "Trigger.AvailableNow needs a checkpointing consumer (ckpt-sink or the "
                         "foreachBatch aligner) to take its final checkpoint"
                     )
-            for barrier in self.host.poll():
+            for barrier in self.host.poll_now():
                 offset = offset.place(barrier, heads)
             final_id = (self._final.checkpoint_id if self._final is not None else None) or 0
             if any(b.checkpoint_id >= final_id for b in offset.barriers):
@@ -228,6 +229,11 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: positions are committed by checkpoints, not by Spark batches."""
+
+    def stop(self) -> None:
+        """Source runner, when the query stops: stop the coordinator's thread."""
+        if self._host is not None:
+            self._host.stop()
 
 
 class CkptSource(DataSource):  # type: ignore[misc]

@@ -12,6 +12,14 @@ lagging channel): the aligners carry their state across batches. Acknowledgement
 coordinator through the mailbox; completions are read back from the checkpoint store at the
 start of the next batch.
 
+**Asynchronous phase.** With ``async_snapshots`` (what :class:`~spark_ckpt.pipeline.Pipeline`
+uses), a :class:`~spark_ckpt.snapshot_worker.SnapshotWorker` thread writes each task's
+snapshot into the store and posts the acknowledgement, and reads which checkpoints completed
+(and what the sink committed): the micro-batch only pays the synchronous phase. Completions
+read by the worker are applied at the start of a later batch, on the batch's thread, so the
+state backends stay single-threaded. The store is then used by the worker thread only (after
+construction): give the aligner a store instance of its own.
+
 **Cutting lagging channels.** ``ckpt-source`` channels are replayable, so an unaligned
 checkpoint need not wait for a lagging channel's barrier: at the end of the micro-batch in which
 checkpoint *n* goes unaligned — the batch of its first barrier in unaligned mode, the first batch
@@ -27,6 +35,7 @@ with the lag.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Sequence
 
@@ -53,8 +62,9 @@ from .keygroup import subtasks_for_keys
 from .mailbox import Mailbox, SinkSpec, Topology, write_topology
 from .operator import KeyedOperator
 from .sink import TwoPhaseCommitSink
+from .snapshot_worker import SnapshotWorker
 from .store import CheckpointStore
-from .task import OperatorTask
+from .task import OperatorTask, Response
 
 
 class BatchAligner:
@@ -77,6 +87,7 @@ class BatchAligner:
         sink_spec: SinkSpec | None = None,
         vertex: str | None = None,
         clock: Clock | None = None,
+        async_snapshots: bool = False,
     ) -> None:
         self.root = root
         self.store = store
@@ -88,6 +99,9 @@ class BatchAligner:
         self.mailbox = Mailbox(root)
         self.clock: Clock = clock or SystemClock()
         self._outbox: list[AcknowledgeCheckpoint | DeclineCheckpoint] = []
+        self.sink = sink
+        self.worker = SnapshotWorker() if async_snapshots else None
+        respond = self._outbox.append if self.worker is None else self._post
         self.tasks = [
             OperatorTask(
                 TaskId(self.vertex, s),
@@ -95,13 +109,14 @@ class BatchAligner:
                 operators=self.operators,
                 parallelism=parallelism,
                 store=store,
-                respond=self._outbox.append,
+                respond=respond,
                 clock=self.clock,
                 mode=mode,
                 aligned_timeout_ms=0,  # the timeout cuts lagging channels instead (see above)
                 max_parallelism=max_parallelism,
                 sink=sink,
                 source_vertex=SOURCE_TASK.vertex,
+                run_async=None if self.worker is None else self.worker.submit,
             )
             for s in range(parallelism)
         ]
@@ -110,6 +125,10 @@ class BatchAligner:
         for t in self.tasks:
             t.restore(latest)
         self._completed_seen = latest.checkpoint_id if latest else 0
+        # filled by the worker's completion polls, applied by the batch's thread
+        self._completions: list[tuple[int, int | None]] = []
+        self._completions_lock = threading.Lock()
+        self._polling = False
         self.mode = mode
         self.aligned_timeout_ms = aligned_timeout_ms
         self.channels = channels
@@ -220,15 +239,53 @@ class BatchAligner:
         return [table.filter(pa.array(control_np | (owner == s))) for s in range(self.parallelism)]
 
     def _notify_completed(self) -> None:
-        newer = [
+        if self.worker is None:
+            for cid, committed in self._poll_completions():
+                for task in self.tasks:
+                    task.notify_complete(cid, committed)
+            return
+        with self._completions_lock:
+            found, self._completions = self._completions, []
+            polling, self._polling = self._polling, True
+        for cid, committed in found:
+            for task in self.tasks:
+                task.notify_complete(cid, committed)
+        if not polling:
+            self.worker.submit(self._poll_in_worker)
+
+    def _poll_in_worker(self) -> None:
+        found = self._poll_completions()
+        with self._completions_lock:
+            self._completions.extend(found)
+            self._polling = False
+
+    def _poll_completions(self) -> list[tuple[int, int | None]]:
+        """(checkpoint id, the sink's committed checkpoint) of each checkpoint completed since
+        the last call, oldest first. Reads the store (and the sink, once)."""
+        newer = sorted(
             c.checkpoint_id
             for c in self.store.list_completed()
             if c.checkpoint_id > self._completed_seen
-        ]
-        for cid in sorted(newer):
-            for task in self.tasks:
-                task.notify_complete(cid)
-            self._completed_seen = cid
+        )
+        if not newer:
+            return []
+        self._completed_seen = newer[-1]
+        committed = self.sink.committed_checkpoint() if self.sink is not None else None
+        return [(cid, committed) for cid in newer]
+
+    def _post(self, message: Response) -> None:
+        self.mailbox.post(message)
+
+    def drain(self) -> None:
+        """Wait for the asynchronous phase of every checkpoint taken so far (no-op without
+        ``async_snapshots``)."""
+        if self.worker is not None:
+            self.worker.drain()
+
+    def close(self) -> None:
+        """Finish the asynchronous work and end the worker thread (idempotent)."""
+        if self.worker is not None:
+            self.worker.close()
 
     def _flush(self) -> None:
         outbox = list(self._outbox)

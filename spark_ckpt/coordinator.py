@@ -179,6 +179,13 @@ class CheckpointCoordinator:
         self._failures = FailureCounter(config.tolerable_failed_checkpoints)
         self._next_periodic_ms: int | None = None
         self._last_completion_ms: int | None = None
+        # per task: the oldest checkpoint its incremental snapshots may still build on
+        # (AcknowledgeCheckpoint.base_checkpoint_id); until a task reports, the checkpoint
+        # it restored from
+        restored = store.latest_completed()
+        self._bases: dict[TaskId, int] = (
+            {t: restored.checkpoint_id for t in self.tasks_to_ack} if restored else {}
+        )
         self.history: deque[HistoryEntry] = deque(maxlen=self.HISTORY_SIZE)
         self.num_triggered = 0
         self.num_completed = 0
@@ -368,6 +375,10 @@ class CheckpointCoordinator:
             )
         if self.status is not CoordinatorStatus.RUNNING:
             return AckResult.DISCARDED
+        if ack.base_checkpoint_id is None:
+            self._bases.pop(ack.task, None)  # reuses nothing
+        else:
+            self._bases[ack.task] = max(self._bases.get(ack.task, 0), ack.base_checkpoint_id)
         result = pending.acknowledge(ack)
         if result is AckResult.SUCCESS and pending.fully_acknowledged:
             self._complete(pending)
@@ -442,7 +453,10 @@ class CheckpointCoordinator:
                         ),
                         count=False,
                     )
-            self._fenced(lambda: self.store.retain(self._lease, self.config.retained_checkpoints))
+            keep_from = min(self._bases.values(), default=None)
+            self._fenced(
+                lambda: self.store.retain(self._lease, self.config.retained_checkpoints, keep_from)
+            )
         for task in self.tasks_to_commit:
             self.gateway.notify_complete(task, cid)
         self._trigger_what_is_allowed()

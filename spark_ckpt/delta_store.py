@@ -693,11 +693,13 @@ class DeltaCheckpointStore(CheckpointStore):
         return list(out)
 
     # -- retention -------------------------------------------------------------------------
-    def retain(self, lease: CoordinatorLease, retained: int) -> list[int]:
+    def retain(
+        self, lease: CoordinatorLease, retained: int, keep_from: int | None = None
+    ) -> list[int]:
         retention_plan(self.list_completed(), retained)  # validates *retained* first
 
         def action(dt: DeltaTable, view: _LogView) -> tuple[list[CompletedCheckpoint], list[int]]:
-            kept, dropped = retention_plan(_parse(view), retained)
+            kept, dropped = retention_plan(_parse(view), retained, keep_from)
             ids = [c.checkpoint_id for c in dropped]
             self._delete_completed(dt, ids)
             return kept, ids

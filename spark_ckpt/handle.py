@@ -273,12 +273,20 @@ class CheckpointMetrics:
 
 @dataclass(frozen=True)
 class AcknowledgeCheckpoint:
-    """Task → coordinator: *task* finished its part of checkpoint *checkpoint_id*."""
+    """Task → coordinator: *task* finished its part of checkpoint *checkpoint_id*.
+
+    ``base_checkpoint_id``: the oldest checkpoint whose blobs the task's incremental
+    snapshots may still reuse (its state backends' base when it took this snapshot; bases
+    only move forward; 0: no base yet, so it may adopt any completed checkpoint it learns
+    of). The coordinator keeps that checkpoint and newer ones, blobs included, beyond the
+    retained count until every task reported a newer base (Flink's shared state registry
+    plays this role). None: a task without keyed state, which reuses nothing."""
 
     checkpoint_id: int
     task: TaskId
     state: TaskStateHandle
     metrics: CheckpointMetrics = field(default_factory=CheckpointMetrics)
+    base_checkpoint_id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -287,15 +295,18 @@ class AcknowledgeCheckpoint:
             "task": self.task.to_dict(),
             "state": self.state.to_dict(),
             "metrics": self.metrics.to_dict(),
+            "base_checkpoint_id": self.base_checkpoint_id,
         }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> AcknowledgeCheckpoint:
+        base = d.get("base_checkpoint_id")
         return AcknowledgeCheckpoint(
             checkpoint_id=int(d["checkpoint_id"]),
             task=TaskId.from_dict(d["task"]),
             state=TaskStateHandle.from_dict(d["state"]),
             metrics=CheckpointMetrics.from_dict(d.get("metrics", {})),
+            base_checkpoint_id=None if base is None else int(base),
         )
 
 

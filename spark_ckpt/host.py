@@ -2,7 +2,8 @@
 
 Spark runs a Python stream reader's ``initialOffset``/``latestOffset``/``partitions``/``commit``
 in one long-lived driver-side process per query run. :class:`CoordinatorHost` lives there,
-next to the source, and is polled from ``latestOffset`` (once per micro-batch):
+next to the source, polled by a thread of its own (:class:`HostThread`); ``latestOffset``
+takes the barriers it triggered. One poll:
 
 1. re-read the topology (who acknowledges, which sink to commit) — a new topology restarts the
    coordinator (aborting pending checkpoints) after recover-and-commit of the sink;
@@ -32,7 +33,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from .barrier import CheckpointBarrier
 from .checkpoint import CompletedCheckpoint
@@ -46,6 +49,8 @@ from .store import CheckpointStore
 from .task import commit_checkpoint, recover_sink
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SOURCE_TASK = TaskId("source", 0)
 #: Completed-checkpoint property naming the client request it answers.
@@ -230,3 +235,94 @@ class CoordinatorHost:
     def shutdown(self, status: JobStatus = JobStatus.SUSPENDED) -> None:
         if self.coordinator is not None:
             self.coordinator.shutdown(status)
+
+
+class HostThread:
+    """Runs a :class:`CoordinatorHost` on its own thread, off Spark's micro-batch path.
+
+    Flink's checkpoint coordinator runs on its own timer thread, never on the data path. In
+    the source runner the data path is ``latestOffset``: polling the host there put every
+    completion (the checkpoint commit, retention, the global sink commit: Delta commits of
+    100-300 ms) into the micro-batch's critical path. Here a daemon thread polls the host
+    every *interval_s* and queues the barriers it triggers; ``latestOffset`` only takes them
+    (:meth:`take_barriers`), placing them at the channel heads of that moment, exactly as
+    before, without waiting for a poll in progress.
+
+    Thread safety: every use of the host goes through one lock (:meth:`call`, the polls), so
+    the host and its store stay single-threaded; the queue of barriers has a lock of its
+    own. An error raised by a poll (tolerable failures exceeded, fenced by another
+    coordinator, a bug) stops the thread and is raised again by the next
+    :meth:`take_barriers`, failing the query from Spark's own thread."""
+
+    def __init__(self, host: CoordinatorHost, interval_s: float = 0.05) -> None:
+        self.host = host
+        self.interval_s = interval_s
+        self._host_lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._barriers: list[CheckpointBarrier] = []
+        self._stopping: CheckpointRequest | None = None
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start polling (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="spark-ckpt-coordinator", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._poll()
+            except BaseException as e:  # handed to Spark's thread (take_barriers)
+                log.error("coordinator thread stopped: %s", e)
+                self._error = e
+                return
+            self._stop.wait(self.interval_s)
+
+    def _poll(self) -> None:
+        with self._host_lock:
+            barriers = self.host.poll()
+            stopping = self.host.stopping
+        with self._queue_lock:
+            self._barriers.extend(barriers)
+            self._stopping = stopping
+
+    def call(self, fn: Callable[[CoordinatorHost], T]) -> T:
+        """Run *fn* on the host (waits for a poll in progress)."""
+        with self._host_lock:
+            return fn(self.host)
+
+    def take_barriers(self) -> list[CheckpointBarrier]:
+        """The barriers triggered since the last call, oldest first; raises what stopped the
+        polling thread, if anything did. Starts the thread on first use."""
+        if self._error is not None:
+            raise self._error
+        self.start()
+        with self._queue_lock:
+            barriers, self._barriers = self._barriers, []
+        return barriers
+
+    @property
+    def stopping(self) -> CheckpointRequest | None:
+        """The host's stop request as of the last poll (consistent with the barriers
+        queued by it)."""
+        with self._queue_lock:
+            return self._stopping
+
+    def poll_now(self) -> list[CheckpointBarrier]:
+        """One poll on the caller's thread, then :meth:`take_barriers`: for callers that
+        wait on the coordinator and want no polling delay."""
+        if self._error is not None:
+            raise self._error
+        self._poll()
+        return self.take_barriers()
+
+    def stop(self) -> None:
+        """Stop polling and wait for the thread (idempotent)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -144,6 +144,7 @@ class Pipeline:
         """The foreachBatch aligner running *operators* (keyed state, aligned as configured),
         writing their output exactly-once into the Delta table *output*."""
         from .delta_sink import DeltaSink
+        from .delta_store import DeltaCheckpointStore
 
         ops = [operators] if isinstance(operators, KeyedOperator) else list(operators)
         vertex = vertex or ops[0].uid
@@ -151,7 +152,7 @@ class Pipeline:
         out = os.path.abspath(output) if "://" not in output else output
         return BatchAligner(
             self.root,
-            self.store,
+            DeltaCheckpointStore(self.root),  # its own: the aligner's worker thread uses it
             operators=ops,
             channels=self.channels(),
             parallelism=parallelism,
@@ -161,6 +162,7 @@ class Pipeline:
             sink=DeltaSink(out, pipeline=self.name, sink_uid=vertex),
             sink_spec=SinkSpec("delta", out, vertex),
             vertex=vertex,
+            async_snapshots=True,
         )
 
     def start(

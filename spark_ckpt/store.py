@@ -15,9 +15,11 @@ store in :mod:`spark_ckpt.delta_store` is the durable one):
   nothing that breaks a later checkpoint. ``commit`` of an id already committed is a no-op.
 * **Integrity.** Reads verify checksums and raise :class:`CorruptCheckpointError`, never
   returning damaged data.
-* **Retention.** :meth:`retain` keeps the newest *n* checkpoints plus every savepoint and
-  removes the rest, together with every blob no kept checkpoint references — but never blobs
-  of checkpoints newer than the latest completed one (they may belong to a pending checkpoint).
+* **Retention.** :meth:`retain` keeps the newest *n* checkpoints, every savepoint and every
+  checkpoint from ``keep_from`` on (the oldest base a task's incremental snapshot may still
+  build on), and removes the rest, together with every blob no kept checkpoint references —
+  but never blobs of checkpoints newer than the latest completed one (they may belong to a
+  pending checkpoint).
 """
 
 from __future__ import annotations
@@ -48,16 +50,18 @@ class CoordinatorLease:
 
 
 def retention_plan(
-    completed: Sequence[CompletedCheckpoint], retained: int
+    completed: Sequence[CompletedCheckpoint], retained: int, keep_from: int | None = None
 ) -> tuple[list[CompletedCheckpoint], list[CompletedCheckpoint]]:
-    """Split *completed* into (kept, dropped): the newest *retained* checkpoints and all
-    savepoints are kept."""
+    """Split *completed* into (kept, dropped): the newest *retained* checkpoints, all
+    savepoints and every checkpoint with an id >= *keep_from* are kept."""
     if retained < 1:
         raise StoreError("at least one checkpoint must be retained")
     checkpoints = sorted(
         (c for c in completed if not c.is_savepoint), key=lambda c: c.checkpoint_id
     )
     dropped = checkpoints[:-retained] if len(checkpoints) > retained else []
+    if keep_from is not None:
+        dropped = [c for c in dropped if c.checkpoint_id < keep_from]
     dropped_ids = {c.checkpoint_id for c in dropped}
     kept = [c for c in completed if c.checkpoint_id not in dropped_ids]
     return sorted(kept, key=lambda c: c.checkpoint_id), dropped
@@ -109,7 +113,9 @@ class CheckpointStore(ABC):
         """Every visible completed checkpoint and savepoint, oldest first."""
 
     @abstractmethod
-    def retain(self, lease: CoordinatorLease, retained: int) -> list[int]:
+    def retain(
+        self, lease: CoordinatorLease, retained: int, keep_from: int | None = None
+    ) -> list[int]:
         """Apply retention (see module docstring); returns the ids removed."""
 
     @abstractmethod
@@ -197,8 +203,10 @@ class InMemoryCheckpointStore(CheckpointStore):
             items = sorted(self._completed.items())
         return [CompletedCheckpoint.from_json(t, c) for _, (t, c) in items]
 
-    def retain(self, lease: CoordinatorLease, retained: int) -> list[int]:
-        kept, dropped = retention_plan(self.list_completed(), retained)
+    def retain(
+        self, lease: CoordinatorLease, retained: int, keep_from: int | None = None
+    ) -> list[int]:
+        kept, dropped = retention_plan(self.list_completed(), retained, keep_from)
         with self._lock:
             self._check(lease)
             for c in dropped:

@@ -21,6 +21,7 @@ scheduler in tests) and are single-threaded.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -77,11 +78,17 @@ class _SnapshotInProgress:
     snapshots: list[TaskSnapshot]
     step: Snapshot
     sync_ms: int
+    base_checkpoint_id: int  # the oldest base the snapshots build on (0: none yet)
 
 
 class OperatorTask:
     """See the module docstring. ``respond`` receives the task's acks and declines (the
-    coordinator's inbox); it must not call back into the task synchronously."""
+    coordinator's inbox); it must not call back into the task synchronously.
+
+    *run_async* runs the asynchronous phase of a checkpoint (writing the state, then
+    acknowledging): by default inline, on the task's thread; a
+    :class:`~spark_ckpt.snapshot_worker.SnapshotWorker`'s ``submit`` moves it to another
+    thread, in which case ``respond`` is called from that thread too."""
 
     def __init__(
         self,
@@ -98,6 +105,7 @@ class OperatorTask:
         max_parallelism: int = 128,
         sink: TwoPhaseCommitSink | None = None,
         source_vertex: str | None = None,
+        run_async: Callable[[Callable[[], None]], None] | None = None,
     ) -> None:
         """*source_vertex*: when the task reads source channels directly (the foreachBatch
         aligner), its acknowledgements also carry the source positions — each channel's
@@ -129,6 +137,8 @@ class OperatorTask:
         self._in_progress: dict[int, _SnapshotInProgress] = {}
         self._sealed: dict[int, Transaction] = {}
         self._acked: dict[int, TaskStateHandle] = {}
+        self._acked_lock = threading.Lock()  # _acked is written by the asynchronous phase
+        self._run_async = run_async or _run_inline
         self.rows_processed = 0
         self.source_vertex = source_vertex
 
@@ -223,10 +233,13 @@ class OperatorTask:
         cid = step.checkpoint_id
         start = self.clock.now_ms()
         full = step.barrier.is_savepoint
+        # the oldest checkpoint whose blobs this and later snapshots may reuse: bases only
+        # move forward (0: a backend without a base yet, which may adopt any completed one)
+        base = min(self.backends[op.uid].base_checkpoint_id for op in self.operators)
         snaps = [self.backends[op.uid].snapshot(cid, full=full) for op in self.operators]
         if self.sink is not None:
             self._sealed[cid] = self.sink.pre_commit(self.sink_uid, self.task_id.subtask, cid)
-        self._in_progress[cid] = _SnapshotInProgress(snaps, step, self.clock.now_ms() - start)
+        self._in_progress[cid] = _SnapshotInProgress(snaps, step, self.clock.now_ms() - start, base)
 
     def _complete(self, step: Complete) -> None:
         cid = step.checkpoint_id
@@ -262,34 +275,48 @@ class OperatorTask:
                 SourceOffset(self.source_vertex, c, o)
                 for c, o in sorted(step.barrier_offsets.items())
             )
-        try:
-            handle = self.store.write_task_state(
-                cid, TaskSnapshot(self.task_id, tuple(blobs), tuple(reused), offsets)
-            )
-        except SparkCkptError as e:
-            self.respond(DeclineCheckpoint(cid, self.task_id, f"writing state failed: {e}"))
-            return
-        self._acked[cid] = handle
-        metrics = CheckpointMetrics(
-            sync_ms=progress.sync_ms,
-            async_ms=self.clock.now_ms() - start,
-            alignment_ms=progress.step.alignment_ms,
-            start_delay_ms=progress.step.start_delay_ms,
-            state_bytes=handle.state_bytes(),
-            channel_state_bytes=handle.channel_state_bytes(),
-        )
-        self.respond(AcknowledgeCheckpoint(cid, self.task_id, handle, metrics))
+        snapshot = TaskSnapshot(self.task_id, tuple(blobs), tuple(reused), offsets)
+        sync_ms = progress.sync_ms + self.clock.now_ms() - start
 
-    def notify_complete(self, checkpoint_id: int) -> None:
+        def write_and_acknowledge() -> None:
+            async_start = self.clock.now_ms()
+            try:
+                handle = self.store.write_task_state(cid, snapshot)
+            except SparkCkptError as e:
+                self.respond(DeclineCheckpoint(cid, self.task_id, f"writing state failed: {e}"))
+                return
+            with self._acked_lock:
+                self._acked[cid] = handle
+            metrics = CheckpointMetrics(
+                sync_ms=sync_ms,
+                async_ms=self.clock.now_ms() - async_start,
+                alignment_ms=progress.step.alignment_ms,
+                start_delay_ms=progress.step.start_delay_ms,
+                state_bytes=handle.state_bytes(),
+                channel_state_bytes=handle.channel_state_bytes(),
+            )
+            self.respond(
+                AcknowledgeCheckpoint(
+                    cid, self.task_id, handle, metrics, progress.base_checkpoint_id
+                )
+            )
+
+        self._run_async(write_and_acknowledge)
+
+    def notify_complete(self, checkpoint_id: int, sink_committed: int | None = None) -> None:
         """Checkpoint *checkpoint_id* completed: update the incremental base, and forget the
-        sealed transactions the sink has committed."""
+        sealed transactions the sink has committed (*sink_committed*, the sink's committed
+        checkpoint, is read from the sink when not given)."""
         if self.sink is not None:
-            committed = min(checkpoint_id, self.sink.committed_checkpoint())
+            if sink_committed is None:
+                sink_committed = self.sink.committed_checkpoint()
+            committed = min(checkpoint_id, sink_committed)
             for cid in [c for c in self._sealed if c <= committed]:
                 del self._sealed[cid]
-        handle = self._acked.pop(checkpoint_id, None)
-        for c in [c for c in self._acked if c < checkpoint_id]:
-            del self._acked[c]
+        with self._acked_lock:
+            handle = self._acked.pop(checkpoint_id, None)
+            for c in [c for c in self._acked if c < checkpoint_id]:
+                del self._acked[c]
         if handle is not None:
             for uid, backend in self.backends.items():
                 mine = tuple(b for b in handle.blobs if b.operator_uid == uid)
@@ -299,8 +326,13 @@ class OperatorTask:
 
     def notify_aborted(self, checkpoint_id: int, reason: str) -> None:
         """The coordinator aborted *checkpoint_id*: stop aligning on it."""
-        self._acked.pop(checkpoint_id, None)
+        with self._acked_lock:
+            self._acked.pop(checkpoint_id, None)
         self._run(self.aligner.abort(checkpoint_id))
+
+
+def _run_inline(job: Callable[[], None]) -> None:
+    job()
 
 
 def sealed_transactions(

@@ -315,6 +315,34 @@ def test_retention_keeps_newest_and_savepoints() -> None:
     assert [c.checkpoint_id for c in store.list_completed()] == [sp.checkpoint_id, *done[-2:]]
 
 
+def test_retention_keeps_the_checkpoints_tasks_still_build_on() -> None:
+    """A task whose incremental snapshots build on checkpoint b (it has not applied later
+    completions yet) reports b in its acks: b and newer stay, blobs included, beyond the
+    retained count, until the task reports a newer base."""
+    coord, _, _clock, store = make(retained_checkpoints=1, interval_ms=None)
+    ids: list[int] = []
+    bases = [0, 0, 2, 2, 4]  # base reported with each checkpoint's ack of OP (0: none)
+    for base in bases:
+        r = coord.trigger_checkpoint()
+        assert r.checkpoint_id is not None
+        ids.append(r.checkpoint_id)
+        assert ack(coord, store, r.checkpoint_id, SRC) is AckResult.SUCCESS
+        blob = StateBlob(OP.vertex, 0, BlobKind.OPERATOR, "s", pa.table({"v": [1]}))
+        handle = store.write_task_state(r.checkpoint_id, TaskSnapshot(OP, (blob,), ()))
+        result = coord.receive_acknowledge(
+            AcknowledgeCheckpoint(
+                r.checkpoint_id, OP, handle, base_checkpoint_id=ids[base - 1] if base else 0
+            )
+        )
+        assert result is AckResult.SUCCESS
+        kept = [c.checkpoint_id for c in store.list_completed()]
+        # no base yet (0): it may adopt any completed checkpoint, so all are kept
+        assert kept == [i for i in ids if i >= (ids[base - 1] if base else 0)]
+        for c in store.list_completed():  # nothing a kept checkpoint references is gone
+            store.read_blobs(list(c.blobs()))
+    assert [c.checkpoint_id for c in store.list_completed()] == [ids[3], ids[4]]
+
+
 def test_nothing_after_shutdown_and_pending_aborted_uncounted() -> None:
     coord, gw, clock, store = make(tolerable_failed_checkpoints=0)
     clock.set(100)
