@@ -75,6 +75,7 @@ def open_host(options: SourceOptions) -> CoordinatorHost:
         options.config,
         DeltaCheckpointStore(options.root),
         sink_factory=lambda spec: sink_from_spec(spec, pipeline=options.pipeline),
+        defer_after_completion=True,  # run by a HostThread
     )
 
 

@@ -155,7 +155,12 @@ class CheckpointCoordinator:
         tasks_to_ack: Sequence[TaskId],
         tasks_to_commit: Sequence[TaskId] | None = None,
         clock: Clock | None = None,
+        defer_after_completion: bool = False,
     ) -> None:
+        """*defer_after_completion*: a completion only commits the checkpoint and notifies
+        the tasks; the next periodic trigger waits for :meth:`tick` and retention for
+        :meth:`maintain`. For a host whose triggers must coincide with barrier injection and
+        whose retention must not delay it (:class:`~spark_ckpt.host.HostThread`)."""
         if not tasks_to_trigger or not tasks_to_ack:
             raise CheckpointError("a checkpointed job needs tasks to trigger and to acknowledge")
         self.config = config
@@ -179,6 +184,8 @@ class CheckpointCoordinator:
         self._failures = FailureCounter(config.tolerable_failed_checkpoints)
         self._next_periodic_ms: int | None = None
         self._last_completion_ms: int | None = None
+        self.defer_after_completion = defer_after_completion
+        self._retention_due = False
         # per task: the oldest checkpoint its incremental snapshots may still build on
         # (AcknowledgeCheckpoint.base_checkpoint_id); until a task reports, the checkpoint
         # it restored from
@@ -453,13 +460,25 @@ class CheckpointCoordinator:
                         ),
                         count=False,
                     )
-            keep_from = min(self._bases.values(), default=None)
-            self._fenced(
-                lambda: self.store.retain(self._lease, self.config.retained_checkpoints, keep_from)
-            )
+            self._retention_due = True
+            if not self.defer_after_completion:
+                self.maintain()
         for task in self.tasks_to_commit:
             self.gateway.notify_complete(task, cid)
-        self._trigger_what_is_allowed()
+        if not self.defer_after_completion:
+            self._trigger_what_is_allowed()
+
+    def maintain(self) -> None:
+        """Apply retention if a completion made it due (see ``defer_after_completion``):
+        keeps the configured number of checkpoints, and every checkpoint from the oldest
+        base a task's incremental snapshots may still build on."""
+        if not self._retention_due or self.status is not CoordinatorStatus.RUNNING:
+            return
+        self._retention_due = False
+        keep_from = min(self._bases.values(), default=None)
+        self._fenced(
+            lambda: self.store.retain(self._lease, self.config.retained_checkpoints, keep_from)
+        )
 
     def _abort(
         self, pending: PendingCheckpoint, failure: CheckpointFailure, count: bool = True

@@ -110,8 +110,10 @@ class CoordinatorHost:
         store: CheckpointStore,
         sink_factory: SinkFactory,
         clock: Clock | None = None,
+        defer_after_completion: bool = False,
     ) -> None:
         self.root = root
+        self.defer_after_completion = defer_after_completion
         self.config = config
         self.store = store
         self.sink_factory = sink_factory
@@ -157,9 +159,11 @@ class CoordinatorHost:
         """Remote tasks learn of aborts lazily (a newer barrier subsumes the older one)."""
 
     # -- polling ---------------------------------------------------------------------------
-    def poll(self) -> list[CheckpointBarrier]:
+    def poll(self, tick: bool = True) -> list[CheckpointBarrier]:
         """One round (see the module docstring); returns the barriers to place, oldest first.
-        Raises :class:`~spark_ckpt.errors.TolerableFailuresExceededError` to fail the query."""
+        Without *tick* the coordinator is not ticked (no periodic trigger, no timeouts): see
+        :meth:`tick`. Raises :class:`~spark_ckpt.errors.TolerableFailuresExceededError` to
+        fail the query."""
         topology = read_topology(self.root)
         if topology is not None and topology != self.topology:
             self._install(topology)
@@ -175,10 +179,25 @@ class CoordinatorHost:
             elif isinstance(message, Request):
                 self._on_request(coordinator, message)
         self.mailbox.delete([name for name, _ in received])
-        if coordinator.status is CoordinatorStatus.RUNNING:
+        if tick:
+            return self.tick()
+        barriers, self._barriers = self._barriers, []
+        return barriers
+
+    def tick(self) -> list[CheckpointBarrier]:
+        """Tick the coordinator (periodic triggers, timeouts): what ``latestOffset`` does, so
+        that a periodic checkpoint is triggered when its barriers are placed. Returns the
+        barriers to place, oldest first."""
+        coordinator = self.coordinator
+        if coordinator is not None and coordinator.status is CoordinatorStatus.RUNNING:
             coordinator.tick()
         barriers, self._barriers = self._barriers, []
         return barriers
+
+    def maintain(self) -> None:
+        """Deferred retention (see ``defer_after_completion``)."""
+        if self.coordinator is not None:
+            self.coordinator.maintain()
 
     def request_final_checkpoint(self) -> CheckpointRequest | None:
         """Trigger the checkpoint that ends a bounded run (``Trigger.AvailableNow``)."""
@@ -225,6 +244,7 @@ class CoordinatorHost:
             tasks_to_trigger=[SOURCE_TASK],
             tasks_to_ack=[TaskId(topology.vertex, s) for s in range(topology.parallelism)],
             clock=self.clock,
+            defer_after_completion=self.defer_after_completion,
         )
         self.coordinator.start()
         log.info("coordinator epoch %d for %s", self.coordinator.epoch, topology)
@@ -244,9 +264,13 @@ class HostThread:
     the source runner the data path is ``latestOffset``: polling the host there put every
     completion (the checkpoint commit, retention, the global sink commit: Delta commits of
     100-300 ms) into the micro-batch's critical path. Here a daemon thread polls the host
-    every *interval_s* and queues the barriers it triggers; ``latestOffset`` only takes them
-    (:meth:`take_barriers`), placing them at the channel heads of that moment, exactly as
-    before, without waiting for a poll in progress.
+    every *interval_s* — acks, declines, requests, completions — and then, in a separate
+    step, applies retention (the host's coordinator defers it: ``defer_after_completion``).
+    ``latestOffset`` only ticks the coordinator (:meth:`take_barriers`: periodic triggers and
+    timeouts, cheap) and takes the barriers, placing them at the channel heads of that
+    moment: a periodic checkpoint is triggered when its barriers are injected, as in Flink,
+    and its duration counts from there. Barriers of requests (checkpoint/savepoint/stop)
+    received by the thread wait in a queue until then.
 
     Thread safety: every use of the host goes through one lock (:meth:`call`, the polls), so
     the host and its store stay single-threaded; the queue of barriers has a lock of its
@@ -254,7 +278,7 @@ class HostThread:
     coordinator, a bug) stops the thread and is raised again by the next
     :meth:`take_barriers`, failing the query from Spark's own thread."""
 
-    def __init__(self, host: CoordinatorHost, interval_s: float = 0.05) -> None:
+    def __init__(self, host: CoordinatorHost, interval_s: float = 0.02) -> None:
         self.host = host
         self.interval_s = interval_s
         self._host_lock = threading.Lock()
@@ -285,8 +309,13 @@ class HostThread:
 
     def _poll(self) -> None:
         with self._host_lock:
-            barriers = self.host.poll()
+            barriers = self.host.poll(tick=False)
             stopping = self.host.stopping
+        self._queue(barriers, stopping)
+        with self._host_lock:  # separately: latestOffset may tick in between
+            self.host.maintain()
+
+    def _queue(self, barriers: list[CheckpointBarrier], stopping: CheckpointRequest | None) -> None:
         with self._queue_lock:
             self._barriers.extend(barriers)
             self._stopping = stopping
@@ -302,6 +331,10 @@ class HostThread:
         if self._error is not None:
             raise self._error
         self.start()
+        with self._host_lock:
+            ticked = self.host.tick()
+            stopping = self.host.stopping
+        self._queue(ticked, stopping)
         with self._queue_lock:
             barriers, self._barriers = self._barriers, []
         return barriers
@@ -318,7 +351,10 @@ class HostThread:
         wait on the coordinator and want no polling delay."""
         if self._error is not None:
             raise self._error
-        self._poll()
+        with self._host_lock:
+            barriers = self.host.poll(tick=True)
+            stopping = self.host.stopping
+        self._queue(barriers, stopping)
         return self.take_barriers()
 
     def stop(self) -> None:

@@ -343,6 +343,34 @@ def test_retention_keeps_the_checkpoints_tasks_still_build_on() -> None:
     assert [c.checkpoint_id for c in store.list_completed()] == [ids[3], ids[4]]
 
 
+def test_deferred_completion_leaves_triggers_to_tick_and_retention_to_maintain() -> None:
+    store = InMemoryCheckpointStore()
+    clock = ManualClock(0)
+    coord = CheckpointCoordinator(
+        CheckpointConfig(interval_ms=100, retained_checkpoints=1),
+        store,
+        RecordingGateway(),
+        tasks_to_trigger=[SRC],
+        tasks_to_ack=[SRC, OP],
+        clock=clock,
+        defer_after_completion=True,
+    )
+    coord.start()
+    clock.advance(100)
+    [first] = coord.tick()
+    ack_all(coord, store, first.checkpoint_id)
+    clock.advance(100)
+    [second] = coord.tick()
+    clock.advance(300)  # the next trigger is overdue when the second one completes ...
+    ack_all(coord, store, second.checkpoint_id)
+    assert coord.pending == []  # ... but waits for tick()
+    ids = [c.checkpoint_id for c in store.list_completed()]
+    assert ids == [first.checkpoint_id, second.checkpoint_id]  # retention waits for maintain()
+    coord.maintain()
+    assert [c.checkpoint_id for c in store.list_completed()] == [second.checkpoint_id]
+    assert len(coord.tick()) == 1
+
+
 def test_nothing_after_shutdown_and_pending_aborted_uncounted() -> None:
     coord, gw, clock, store = make(tolerable_failed_checkpoints=0)
     clock.set(100)

@@ -45,7 +45,14 @@ def hosted(root: Path) -> tuple[HostThread, ManualClock]:
         clock=clock,
     )
     config = CheckpointConfig(interval_ms=100)
-    host = CoordinatorHost(str(root), config, store, sink_factory=lambda _: sink, clock=clock)
+    host = CoordinatorHost(
+        str(root),
+        config,
+        store,
+        sink_factory=lambda _: sink,
+        clock=clock,
+        defer_after_completion=True,
+    )
     return HostThread(host, interval_s=0.01), clock
 
 
@@ -74,7 +81,7 @@ def test_barriers_are_triggered_on_the_host_thread(tmp_path: Path) -> None:
 def test_a_failed_poll_fails_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     thread, _ = hosted(tmp_path)
 
-    def fail() -> list[object]:
+    def fail(tick: bool = True) -> list[object]:
         raise TolerableFailuresExceededError("too many failed checkpoints")
 
     monkeypatch.setattr(thread.host, "poll", fail)
