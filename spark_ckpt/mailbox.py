@@ -166,6 +166,10 @@ def _write_atomically(fs: pafs.FileSystem, path: str, data: bytes) -> None:
         raise StoreError(f"cannot write {path}: {e}") from e
 
 
+#: Listings of the mailbox retried when an entry vanishes while it is read.
+_LIST_ATTEMPTS = 5
+
+
 class Mailbox:
     """The coordinator's inbox under *root* (the pipeline root)."""
 
@@ -181,10 +185,17 @@ class Mailbox:
 
     def receive(self) -> list[tuple[str, Message]]:
         """Every message present, oldest first. Unreadable messages raise ProtocolError."""
-        try:
-            infos = self._fs.get_file_info(pafs.FileSelector(self._dir, allow_not_found=True))
-        except OSError as e:
-            raise StoreError(f"cannot list {self._dir}: {e}") from e
+        for attempt in range(_LIST_ATTEMPTS):
+            try:
+                infos = self._fs.get_file_info(pafs.FileSelector(self._dir, allow_not_found=True))
+                break
+            except FileNotFoundError as e:
+                # a sender's temporary file was renamed into a message while the directory
+                # was listed (the listing stats every entry it read): list again
+                if attempt == _LIST_ATTEMPTS - 1:
+                    raise StoreError(f"cannot list {self._dir}: {e}") from e
+            except OSError as e:
+                raise StoreError(f"cannot list {self._dir}: {e}") from e
         names = sorted(i.base_name for i in infos if i.base_name.endswith(".json"))
         out: list[tuple[str, Message]] = []
         for name in names:

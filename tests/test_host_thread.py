@@ -112,3 +112,28 @@ def test_snapshot_worker_runs_jobs_in_order_and_reports_errors() -> None:
     assert 99 not in seen
     worker.close()
     worker.close()
+
+
+def test_mailbox_receives_while_another_thread_posts(tmp_path: Path) -> None:
+    """Senders write a temporary file and rename it into the mailbox; a listing that races a
+    rename must not fail, and every message arrives exactly once."""
+    mailbox = Mailbox(str(tmp_path))
+    n = 3000
+
+    def post_all() -> None:
+        for i in range(n):
+            mailbox.post(Request(f"r{i}", RequestKind.CHECKPOINT))
+
+    sender = threading.Thread(target=post_all)
+    sender.start()
+    got: list[str] = []
+    while True:
+        done = not sender.is_alive()  # before listing: a later post is seen next round
+        received = mailbox.receive()
+        got.extend(m.request_id for _, m in received if isinstance(m, Request))
+        mailbox.delete([name for name, _ in received])
+        if done and not received:
+            break
+    sender.join()
+    assert len(got) == n, (len(got), len(set(got)))
+    assert sorted(got) == sorted(f"r{i}" for i in range(n))
