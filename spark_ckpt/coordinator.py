@@ -461,7 +461,13 @@ class CheckpointCoordinator:
                         count=False,
                     )
             self._retention_due = True
-            if not self.defer_after_completion:
+            if pending.barrier.final:
+                # the job's last checkpoint: no task snapshots again in this run, so nothing
+                # builds on older checkpoints any more; retain now, before the sink commit
+                # that ends a stop
+                self._bases.clear()
+                self.maintain()
+            elif not self.defer_after_completion:
                 self.maintain()
         for task in self.tasks_to_commit:
             self.gateway.notify_complete(task, cid)

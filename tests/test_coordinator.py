@@ -341,6 +341,16 @@ def test_retention_keeps_the_checkpoints_tasks_still_build_on() -> None:
         for c in store.list_completed():  # nothing a kept checkpoint references is gone
             store.read_blobs(list(c.blobs()))
     assert [c.checkpoint_id for c in store.list_completed()] == [ids[3], ids[4]]
+    # the job's final checkpoint: nothing will build on older checkpoints any more
+    final = coord.trigger_checkpoint(final=True)
+    assert final.checkpoint_id is not None
+    assert ack(coord, store, final.checkpoint_id, SRC) is AckResult.SUCCESS
+    blob = StateBlob(OP.vertex, 0, BlobKind.OPERATOR, "s", pa.table({"v": [1]}))
+    handle = store.write_task_state(final.checkpoint_id, TaskSnapshot(OP, (blob,), ()))
+    coord.receive_acknowledge(
+        AcknowledgeCheckpoint(final.checkpoint_id, OP, handle, base_checkpoint_id=ids[4])
+    )
+    assert [c.checkpoint_id for c in store.list_completed()] == [final.checkpoint_id]
 
 
 def test_deferred_completion_leaves_triggers_to_tick_and_retention_to_maintain() -> None:
