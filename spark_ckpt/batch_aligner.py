@@ -240,18 +240,16 @@ class BatchAligner:
 
     def _notify_completed(self) -> None:
         if self.worker is None:
-            for cid, committed in self._poll_completions():
-                for task in self.tasks:
-                    task.notify_complete(cid, committed)
-            return
-        with self._completions_lock:
-            found, self._completions = self._completions, []
-            polling, self._polling = self._polling, True
+            found = self._poll_completions()
+        else:
+            with self._completions_lock:
+                found, self._completions = self._completions, []
+                polling, self._polling = self._polling, True
+            if not polling:
+                self.worker.submit(self._poll_in_worker)
         for cid, committed in found:
             for task in self.tasks:
                 task.notify_complete(cid, committed)
-        if not polling:
-            self.worker.submit(self._poll_in_worker)
 
     def _poll_in_worker(self) -> None:
         found = self._poll_completions()

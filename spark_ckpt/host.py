@@ -351,11 +351,8 @@ class HostThread:
         wait on the coordinator and want no polling delay."""
         if self._error is not None:
             raise self._error
-        with self._host_lock:
-            barriers = self.host.poll(tick=True)
-            stopping = self.host.stopping
-        self._queue(barriers, stopping)
-        return self.take_barriers()
+        self._poll()
+        return self.take_barriers()  # ticks the coordinator
 
     def stop(self) -> None:
         """Stop polling and wait for the thread (idempotent)."""

@@ -344,9 +344,6 @@ class _Changes:
                 merged.keys.setdefault(kg, set()).update(keys)
         return merged
 
-    def row_count_bound(self) -> int:
-        return self.log_rows + sum(len(k) for k in self.keys.values())
-
 
 @dataclass
 class _KeyedState:
