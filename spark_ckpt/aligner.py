@@ -491,7 +491,7 @@ class BarrierAligner:
             if i > pos:
                 items.append(data.slice(pos, i - pos))
             pos = i + 1
-            if row[KIND] == RecordKind.DATA.value:
+            if row[KIND] == RecordKind.DATA.code:
                 raise ProtocolError(f"data row with {CHECKPOINT_ID}: {row!r}")
             event = event_from_row(row)
             if event is None:  # pragma: no cover - KIND checked above

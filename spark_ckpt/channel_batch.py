@@ -27,8 +27,6 @@ from .barrier import (
 )
 from .errors import ProtocolError
 
-_DATA = pa.array([RecordKind.DATA.value], pa.string())
-
 
 def stream_schema(user: pa.Schema) -> pa.Schema:
     """The user's columns (made nullable) followed by the barrier columns."""
@@ -45,7 +43,7 @@ def data_rows(user: pa.Table, schema: pa.Schema, channel: int, start: int) -> pa
     cols += [
         pa.array(np.full(n, channel, dtype=np.int32)),
         pa.array(np.arange(start, start + n, dtype=np.int64)),
-        _DATA.take(np.zeros(n, dtype=np.int64)),
+        pa.array(np.full(n, RecordKind.DATA.code, dtype=np.int8)),
         pa.nulls(n, pa.int64()),
         pa.nulls(n, pa.timestamp("us", tz="UTC")),
         pa.nulls(n, pa.string()),
@@ -74,7 +72,7 @@ def barrier_rows(
     barrier_cols = {
         CHANNEL: pa.array([channel] * n, pa.int32()),
         OFFSET: pa.array([p for p, _ in marks], pa.int64()),
-        KIND: pa.array([RecordKind.BARRIER.value] * n, pa.string()),
+        KIND: pa.array([RecordKind.BARRIER.code] * n, pa.int8()),
         CHECKPOINT_ID: pa.array([b.checkpoint_id for _, b in marks], pa.int64()),
         BARRIER_TS: pa.array([b.timestamp_ms * 1000 for _, b in marks], pa.int64()).cast(
             pa.timestamp("us", tz="UTC")

@@ -156,7 +156,7 @@ def split_at_barriers(table: pa.Table, stage: Callable[[pa.Table], str]) -> list
     user_columns = [n for n in table.column_names if n not in BARRIER_COLUMNS]
     for ch in sorted(pc.unique(table.column(CHANNEL)).to_pylist()):
         rows = table.filter(pc.equal(table.column(CHANNEL), ch))
-        control = pc.indices_nonzero(pc.not_equal(rows.column(KIND), RecordKind.DATA.value))
+        control = pc.indices_nonzero(pc.not_equal(rows.column(KIND), RecordKind.DATA.code))
         cursor = 0
         for i in control.to_pylist():
             if i > cursor:
@@ -165,7 +165,7 @@ def split_at_barriers(table: pa.Table, stage: Callable[[pa.Table], str]) -> list
                 )
             row = rows.slice(i, 1).to_pylist()[0]
             cursor = i + 1
-            if row[KIND] != RecordKind.BARRIER.value:
+            if row[KIND] != RecordKind.BARRIER.code:
                 continue
             options = json.loads(row[BARRIER_OPTIONS] or "{}")
             events.append(

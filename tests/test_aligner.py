@@ -70,7 +70,7 @@ class Stream:
         for _ in range(k):
             off = self._count(ch)
             self.rows.append(
-                {"v": self.next_id, CHANNEL: ch, OFFSET: off, KIND: "data"}
+                {"v": self.next_id, CHANNEL: ch, OFFSET: off, KIND: 0}
                 | dict.fromkeys([f.name for f in BARRIER_FIELDS[3:]])
             )
             self.events.setdefault(ch, []).append(("d", self.next_id))

@@ -46,7 +46,7 @@ def test_barrier_row_round_trip_through_arrow(
     table = pa.Table.from_pylist([row], schema=pa.schema(BARRIER_FIELDS))
     back = table.to_pylist()[0]  # timestamps come back as datetime
     assert event_from_row(back) == b
-    assert back["_ckpt_kind"] == RecordKind.BARRIER.value
+    assert back["_ckpt_kind"] == 1 == RecordKind.BARRIER.code  # documented code
     assert back["_ckpt_offset"] == offset and back["_ckpt_channel"] == channel
 
 
@@ -57,7 +57,7 @@ def test_cancel_marker_round_trips() -> None:
 
 
 def test_data_rows_decode_to_none() -> None:
-    assert event_from_row({"_ckpt_kind": "data"}) is None
+    assert event_from_row({"_ckpt_kind": 0}) is None
 
 
 @pytest.mark.parametrize(
@@ -78,10 +78,11 @@ def test_bad_events_are_protocol_errors(bad: object) -> None:
 
 def test_bad_rows_are_protocol_errors() -> None:
     with pytest.raises(ProtocolError):
-        event_from_row({"_ckpt_kind": "barrier", "_ckpt_checkpoint_id": None})
-    with pytest.raises(ProtocolError):
-        event_from_row({"_ckpt_kind": "mystery", "_ckpt_checkpoint_id": 3})
+        event_from_row({"_ckpt_kind": 1, "_ckpt_checkpoint_id": None})
+    for unknown in (3, -1, "barrier", None, True):
+        with pytest.raises(ProtocolError):
+            event_from_row({"_ckpt_kind": unknown, "_ckpt_checkpoint_id": 3})
     with pytest.raises(ProtocolError):
         event_from_row(
-            {"_ckpt_kind": "barrier", "_ckpt_checkpoint_id": 3, "_ckpt_barrier_options": "{"}
+            {"_ckpt_kind": 1, "_ckpt_checkpoint_id": 3, "_ckpt_barrier_options": "{"}
         )

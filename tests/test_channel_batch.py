@@ -29,24 +29,24 @@ def test_barriers_sit_before_the_data_row_at_their_position(
     user = pa.table({"k": list(range(start, start + n))}, schema=USER)
     rows = channel_rows(user, stream_schema(USER), 3, start, marks, channels=5).to_pylist()
     # reference: walk offsets, emitting barriers before the data row at their position
-    expected: list[tuple[str, int]] = []
+    expected: list[tuple[int, int]] = []  # (_ckpt_kind: 0 data, 1 barrier, id or offset)
     pending = list(marks)
     for off in range(start, start + n + 1):
         while pending and pending[0][0] == off:
-            expected.append(("barrier", pending.pop(0)[1].checkpoint_id))
+            expected.append((1, pending.pop(0)[1].checkpoint_id))
         if off < start + n:
-            expected.append(("data", off))
+            expected.append((0, off))
     got = [
         (
             r["_ckpt_kind"],
-            r["_ckpt_checkpoint_id"] if r["_ckpt_kind"] == "barrier" else r["_ckpt_offset"],
+            r["_ckpt_checkpoint_id"] if r["_ckpt_kind"] == 1 else r["_ckpt_offset"],
         )
         for r in rows
     ]
     assert got == expected
     for r in rows:
         assert r["_ckpt_channel"] == 3
-        if r["_ckpt_kind"] == "data":
+        if r["_ckpt_kind"] == 0:
             assert r["k"] == r["_ckpt_offset"]
         else:
             assert r["k"] is None and json.loads(r["_ckpt_barrier_options"])["channels"] == 5
