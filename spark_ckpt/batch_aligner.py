@@ -20,6 +20,20 @@ read by the worker are applied at the start of a later batch, on the batch's thr
 state backends stay single-threaded. The store is then used by the worker thread only (after
 construction): give the aligner a store instance of its own.
 
+**Pipelined micro-batches.** With ``pipelined`` (what :class:`~spark_ckpt.pipeline.Pipeline`
+uses), ``foreachBatch`` collects micro-batch *b* as Arrow, waits until batch *b - 1* has been
+processed, hands *b* to a processing thread and returns: Spark plans and reads batch *b + 1*
+while the operators process *b* (Flink's network buffers decouple reading and processing the
+same way). At most one batch is in flight, and batches are processed one at a time, in
+order. This is safe because a spark-ckpt query never resumes from Spark's own offset log
+(every run starts with a fresh ``checkpointLocation`` and restores from the latest *completed
+checkpoint*), so Spark marking batch *b* done before it was processed loses nothing: a crash
+rewinds every channel to the last checkpoint's barrier. A batch carrying a *final* barrier
+(the end of ``Trigger.AvailableNow``, a stop with a final checkpoint) is processed before
+``foreachBatch`` returns, so the query ends with all its input processed. A processing error
+is raised by the next ``foreachBatch`` call (failing the query, which then restarts from the
+latest checkpoint) or by :meth:`BatchAligner.drain` / :meth:`BatchAligner.close`.
+
 **Cutting lagging channels.** ``ckpt-source`` channels are replayable, so an unaligned
 checkpoint need not wait for a lagging channel's barrier: at the end of the micro-batch in which
 checkpoint *n* goes unaligned — the batch of its first barrier in unaligned mode, the first batch
@@ -45,6 +59,8 @@ import pyarrow.compute as pc
 
 from .aligner import AlignmentMode
 from .barrier import (
+    BARRIER_OPTIONS,
+    BARRIER_TS,
     CHANNEL,
     CHECKPOINT_ID,
     KIND,
@@ -88,6 +104,7 @@ class BatchAligner:
         vertex: str | None = None,
         clock: Clock | None = None,
         async_snapshots: bool = False,
+        pipelined: bool = False,
     ) -> None:
         self.root = root
         self.store = store
@@ -101,6 +118,7 @@ class BatchAligner:
         self._outbox: list[AcknowledgeCheckpoint | DeclineCheckpoint] = []
         self.sink = sink
         self.worker = SnapshotWorker() if async_snapshots else None
+        self._batches = SnapshotWorker("spark-ckpt-batch") if pipelined else None
         respond = self._outbox.append if self.worker is None else self._post
         self.tasks = [
             OperatorTask(
@@ -140,11 +158,26 @@ class BatchAligner:
         self.rows_processed = 0
 
     def __call__(self, df: object, batch_id: int) -> None:
-        """``foreachBatch`` entry point: collects the micro-batch as Arrow and processes it."""
-        self.process(df.toArrow())  # type: ignore[attr-defined]
+        """``foreachBatch`` entry point (driver, the user's process): collects the micro-batch
+        as Arrow and processes it — with ``pipelined``, on the processing thread while Spark
+        goes on with the next batch (see the module docstring)."""
+        self.submit(df.toArrow())  # type: ignore[attr-defined]
+
+    def submit(self, table: pa.Table) -> None:
+        """Process one collected micro-batch: at once, or (``pipelined``) on the processing
+        thread once the previous one is done — returning before it is processed unless it
+        carries a final barrier. Raises what failed the previous batch."""
+        if self._batches is None:
+            self.process(table)
+            return
+        self._batches.drain()  # the previous batch is done; raises what failed it
+        self._batches.submit(lambda: self.process(table))
+        if _ends_run(table):
+            self._batches.drain()
 
     def process(self, table: pa.Table) -> None:
-        """Process one micro-batch (rows of every channel, channel order kept)."""
+        """Process one micro-batch (rows of every channel, channel order kept), on the calling
+        thread. Not thread-safe: one batch at a time (:meth:`submit` ensures it)."""
         self._notify_completed()
         if table.num_rows:
             table = self._observe(table)
@@ -166,7 +199,7 @@ class BatchAligner:
         of channels that were cut. Only the few control rows are looked at one by one."""
         next_offset = pc.add(
             table.column(OFFSET),
-            pc.cast(pc.equal(table.column(KIND), RecordKind.DATA.value), pa.int64()),
+            pc.cast(pc.equal(table.column(KIND), RecordKind.DATA.code), pa.int64()),
         )
         ends = (
             pa.table({"c": table.column(CHANNEL), "n": next_offset})
@@ -275,18 +308,46 @@ class BatchAligner:
         self.mailbox.post(message)
 
     def drain(self) -> None:
-        """Wait for the asynchronous phase of every checkpoint taken so far (no-op without
-        ``async_snapshots``)."""
+        """Wait until the micro-batch in flight (``pipelined``) is processed and the
+        asynchronous phase of every checkpoint taken so far is done; raises what failed
+        either."""
+        if self._batches is not None:
+            self._batches.drain()
         if self.worker is not None:
             self.worker.drain()
 
+    def abandon(self) -> None:
+        """Drop the micro-batch in flight (``pipelined``) unprocessed, as a crash of the driver
+        would, and end the processing thread; for restarts within one process (and tests).
+        Spark considered the batch done, but nothing of it was acknowledged: the next run
+        restores the latest completed checkpoint and reads it again. Idempotent."""
+        if self._batches is not None:
+            self._batches.abandon()
+
     def close(self) -> None:
-        """Finish the asynchronous work and end the worker thread (idempotent)."""
+        """Finish the batch in flight and the asynchronous work, end both threads
+        (idempotent); raises what failed the last batch, if anything did."""
+        if self._batches is not None:
+            self._batches.close()
         if self.worker is not None:
             self.worker.close()
+        if self._batches is not None:
+            self._batches.drain()
 
     def _flush(self) -> None:
         outbox = list(self._outbox)
         self._outbox.clear()  # in place: the tasks hold its bound append
         for message in outbox:
             self.mailbox.post(message)
+
+
+def _ends_run(table: pa.Table) -> bool:
+    """Whether *table* carries a final barrier (end of input, stop): its control rows only."""
+    control = pc.indices_nonzero(pc.is_valid(table.column(CHECKPOINT_ID)))
+    if len(control) == 0:
+        return False
+    rows = table.select([CHANNEL, OFFSET, KIND, CHECKPOINT_ID, BARRIER_TS, BARRIER_OPTIONS])
+    return any(
+        isinstance(e := event_from_row(row), CheckpointBarrier) and e.final
+        for row in rows.take(control).to_pylist()
+    )

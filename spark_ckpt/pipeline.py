@@ -102,6 +102,7 @@ class Pipeline:
         self.mailbox = Mailbox(self.root)
         self._store: DeltaCheckpointStore | None = None
         self._source: SourceOptions | None = None
+        self._aligners: list[BatchAligner] = []  # built by aligner(): drained by stop()
         register_data_sources(spark)
 
     @property
@@ -140,17 +141,21 @@ class Pipeline:
         output: str,
         parallelism: int = 2,
         vertex: str | None = None,
+        pipelined: bool = True,
     ) -> BatchAligner:
         """The foreachBatch aligner running *operators* (keyed state, aligned as configured),
-        writing their output exactly-once into the Delta table *output*."""
+        writing their output exactly-once into the Delta table *output*. *pipelined*: process
+        a micro-batch while Spark reads the next (see :class:`BatchAligner`); ``False``
+        processes each batch inside its ``foreachBatch`` call."""
         from .delta_sink import DeltaSink
         from .delta_store import DeltaCheckpointStore
 
+        self._retire_aligners()
         ops = [operators] if isinstance(operators, KeyedOperator) else list(operators)
         vertex = vertex or ops[0].uid
         mode, timeout = alignment_mode(self.config)
         out = os.path.abspath(output) if "://" not in output else output
-        return BatchAligner(
+        aligner = BatchAligner(
             self.root,
             DeltaCheckpointStore(self.root),  # its own: the aligner's worker thread uses it
             operators=ops,
@@ -163,7 +168,10 @@ class Pipeline:
             sink_spec=SinkSpec("delta", out, vertex),
             vertex=vertex,
             async_snapshots=True,
+            pipelined=pipelined,
         )
+        self._aligners.append(aligner)
+        return aligner
 
     def start(
         self,
@@ -214,6 +222,7 @@ class Pipeline:
                         last = self.stop(query)
                         return RunResult(restarts, last, "duration")
                 query.awaitTermination()  # raises if it failed
+                self._drain_aligners()
                 seen = self._report(seen, on_checkpoint)
                 return RunResult(restarts, self.store.latest_completed(), "finished")
             except KeyboardInterrupt:
@@ -275,7 +284,26 @@ class Pipeline:
         final = self.wait_for(self.request(RequestKind.STOP, savepoint=savepoint), timeout_s)
         self._wait_committed(final)
         query.stop()
+        self._drain_aligners()
         return final
+
+    def _retire_aligners(self) -> None:
+        """Before a new aligner restores state (a restart within this process): end the
+        previous ones, dropping a batch still in flight — the new run restores the latest
+        completed checkpoint and reads it again — so no old thread writes after the restore."""
+        for old in self._aligners:
+            old.abandon()
+            try:
+                old.close()
+            except Exception as e:  # the failure that caused the restart, already reported
+                log.debug("retired aligner: %s", e)
+        self._aligners.clear()
+
+    def _drain_aligners(self) -> None:
+        """Wait for what this pipeline's aligners still process (a pipelined batch, snapshot
+        writes); raises what failed them."""
+        for aligner in self._aligners:
+            aligner.drain()
 
     def _wait_committed(self, checkpoint: CompletedCheckpoint, timeout_s: float = 60.0) -> None:
         """The coordinator commits sink output right after completion; wait for it."""

@@ -42,7 +42,7 @@ class SnapshotWorker:
                 if self._error is None:
                     job()
             except BaseException as e:  # raised again on the submitting thread
-                log.error("snapshot worker stopped: %s", e)
+                log.error("%s stopped: %s", self._thread.name, e)
                 self._error = e
             finally:
                 self._jobs.task_done()
@@ -60,6 +60,16 @@ class SnapshotWorker:
         """Wait until every submitted job has run; raises what stopped the worker."""
         self._jobs.join()
         self._raise_error()
+
+    def abandon(self) -> None:
+        """Drop the jobs not started yet, wait for the running one, end the thread."""
+        while True:
+            try:
+                self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            self._jobs.task_done()
+        self.close()
 
     def close(self) -> None:
         """Run what is queued, then end the thread (idempotent)."""
