@@ -107,6 +107,10 @@ class Settings:
     lag_warmup: int  # lag: the checkpoint is requested after this many batches
     lag_rate: float  # lag: rows/s per channel
     lag_reps: int  # lag: repetitions of every (mode, lag) case
+    sustained_rate: float  # sustained: rows/s offered (all channels), no read limit
+    sustained_warmup: int  # sustained: batches before the measured window
+    sustained_measured: int  # sustained: batches processed in the measured window
+    sustained_reps: int  # sustained: repetitions (each runs both configurations)
     query_timeout_s: float
 
     @property
@@ -141,6 +145,10 @@ FULL = Settings(
     lag_warmup=2,
     lag_rate=500.0,
     lag_reps=2,
+    sustained_rate=1_200_000.0,
+    sustained_warmup=3,
+    sustained_measured=8,
+    sustained_reps=3,
     query_timeout_s=180.0,
 )
 QUICK = replace(
@@ -154,6 +162,10 @@ QUICK = replace(
     latency_reps=1,
     lags=(3,),
     lag_reps=1,
+    sustained_rate=600_000.0,
+    sustained_warmup=2,
+    sustained_measured=3,
+    sustained_reps=1,
     query_timeout_s=60.0,
 )
 
@@ -324,7 +336,7 @@ class Probe:
         with self.timer.phase("toArrow"):
             table = df.toArrow()
         with self.timer.phase("aligner_other"):
-            self.aligner.process(table)
+            self.aligner.submit(table)  # pipelined: waits for the previous batch, hands off
         end = time.perf_counter()
         if self.profiler is not None:
             self.profiler.disable()
@@ -376,6 +388,7 @@ def run_query(
     trigger_s: float | None = None,
     after_batch: Callable[[Pipeline, int], None] | None = None,
     profiler: cProfile.Profile | None = None,
+    pipelined: bool = False,
 ) -> QueryRun:
     """Start one query on a fresh root, run it until ``done(probe)``, stop it (no final
     checkpoint) and collect what it recorded. The root is deleted afterwards."""
@@ -389,6 +402,7 @@ def run_query(
             RunningCount("counter", "user_id"),
             output=os.path.join(root, "out"),
             parallelism=parallelism,
+            pipelined=pipelined,
         )
         hook = None if after_batch is None else (lambda i: after_batch(pipeline, i))
         probe = Probe(aligner, after_batch=hook, profiler=profiler)
@@ -418,6 +432,7 @@ def run_query(
                 time.sleep(0.05)
         finally:
             query.stop()
+            aligner.close()
         del probe.batches[seen:]
         completed = {c.checkpoint_id: c for c in pipeline.store.list_completed()}
         completed.update(probe.completed)
@@ -701,6 +716,85 @@ def bench_throughput(spark: Any, s: Settings, log: Callable[[str], None]) -> dic
     }
 
 
+def bench_sustained(spark: Any, s: Settings, log: Callable[[str], None]) -> dict[str, Any]:
+    """Measurement 0, the headline: end-to-end throughput of the production path — the
+    aligner as :meth:`Pipeline.aligner` builds it (pipelined: Spark reads batch *b + 1* while
+    the operators process *b*; asynchronous snapshots) — offered ``sustained_rate`` rows/s,
+    with checkpoints every ``interval_ms`` against checkpointing off, repetitions interleaved.
+
+    Batches run back to back without a read limit, so each reads everything produced while
+    the previous one ran, and every barrier (placed at the produced head) is delivered by the
+    batch planned after its trigger. A pipeline that keeps up processes the offered rate with
+    bounded batches; one that does not falls behind and its batches grow. The window runs from
+    the end of the ``sustained_warmup``-th ``foreachBatch`` call (counting calls with data)
+    to the end of the call ``sustained_measured`` later; each call first waits until the
+    previous batch was processed, so the window holds the processing of exactly those
+    batches. Reported: their rows per wall-clock second, and the produced-but-unread rows
+    (``behind``) at the end of the window."""
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
+    need = s.sustained_warmup + s.sustained_measured
+    rng = random.Random(2)
+    for rep in range(s.sustained_reps):
+        order = list(CONFIGS)
+        rng.shuffle(order)
+        for name in order:
+            run = run_query(
+                spark,
+                f"{name}-sustained",
+                checkpoint_config(s, name),
+                source_options(s, [0] * s.channels, s.sustained_rate / s.channels, None),
+                done=lambda p: sum(1 for b in p.batches if b.data_rows) >= need,
+                timeout_s=s.query_timeout_s,
+                parallelism=s.parallelism,
+                pipelined=True,
+            )
+            data = [b for b in run.probe.batches if b.data_rows]
+            before, last = data[s.sustained_warmup - 1], data[need - 1]
+            window = data[s.sustained_warmup - 1 : need - 1]
+            rows = sum(b.data_rows for b in window)
+            wall = last.end - before.end
+            start_ms, end_ms = before.wall_end_ms, last.wall_end_ms
+            cps = [
+                c
+                for c in run.completed
+                if start_ms <= c.stats.trigger_ms <= end_ms and not c.is_savepoint
+            ]
+            sizes = [b.data_rows for b in window]
+            summary: dict[str, Any] = {
+                "rows": rows,
+                "wall_s": wall,
+                "rows_per_s": rows / wall,
+                "batch_rows": sizes,
+                "checkpoints": [_checkpoint_dict(c) for c in cps],
+                "loadavg_start": run.loadavg_start,
+            }
+            runs[name].append(summary)
+            log(
+                f"  rep {rep + 1}/{s.sustained_reps} {name:<11} {summary['rows_per_s']:>12,.0f} "
+                f"rows/s ({len(window)} batches of {min(sizes):,}-{max(sizes):,} rows in "
+                f"{wall:.2f} s, {len(cps)} checkpoints, load {run.loadavg_start[0]:.1f})"
+            )
+    pairs = list(zip(runs["checkpoints"], runs["off"], strict=True))
+    ratios = [c["rows_per_s"] / o["rows_per_s"] for c, o in pairs]
+    e2e = [c["end_to_end_ms"] for r in runs["checkpoints"] for c in r["checkpoints"]]
+    return {
+        "offered_rows_per_s": s.sustained_rate,
+        "measured_batches": s.sustained_measured,
+        "reps": s.sustained_reps,
+        "rows_per_s": {c: _median([r["rows_per_s"] for r in runs[c]]) for c in CONFIGS},
+        "ratio": _median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "checkpoints_per_s": sum(len(r["checkpoints"]) for r in runs["checkpoints"])
+        / sum(r["wall_s"] for r in runs["checkpoints"]),
+        "checkpoint_end_to_end_ms": {"p50": _pct(e2e, 50), "p95": _pct(e2e, 95)},
+        "batch_rows_median": {
+            c: _median([n for r in runs[c] for n in r["batch_rows"]]) for c in CONFIGS
+        },
+        "runs": runs,
+    }
+
+
 def bench_latency(spark: Any, s: Settings, log: Callable[[str], None]) -> dict[str, Any]:
     """Measurement 3: checkpoints every ``interval_ms`` with the default trigger and no read
     limit (batches run back to back, each reading everything produced during the previous
@@ -954,10 +1048,29 @@ def render(result: dict[str, Any]) -> str:
         f"parallelism {s['parallelism']} -> Delta (2PC), local[2]; load average "
         f"{result['loadavg_start'][0]:.1f} at start, {result['loadavg_end'][0]:.1f} at end",
     ]
+    su = result.get("sustained")
+    if su:
+        lines.append(
+            f"End to end (the production path: pipelined aligner, back-to-back batches, no read "
+            f"limit), {su['offered_rows_per_s']:,.0f} rows/s offered, {su['measured_batches']} "
+            f"batches measured, median of {su['reps']} interleaved reps"
+        )
+        for c in CONFIGS:
+            lines.append(
+                f"  {c:<12} {su['rows_per_s'][c]:>12,.0f} rows/s processed  (batch rows "
+                f"median {su['batch_rows_median'][c] or 0:,.0f})"
+            )
+        lines.append(
+            f"  ratio checkpoints/off {su['ratio']:.3f} ({su['ratio_min']:.2f}-"
+            f"{su['ratio_max']:.2f}); {su['checkpoints_per_s']:.2f} checkpoints/s; checkpoint "
+            f"duration p50 {su['checkpoint_end_to_end_ms']['p50'] or 0:.0f} ms, p95 "
+            f"{su['checkpoint_end_to_end_ms']['p95'] or 0:.0f} ms"
+        )
     tp = result.get("throughput")
     if tp:
         lines.append(
-            f"Throughput: {tp['rate']:,.0f} rows/s offered, trigger every {tp['trigger_s']} s "
+            f"Synchronous path (aligner inside foreachBatch), where the time goes: "
+            f"{tp['rate']:,.0f} rows/s offered, trigger every {tp['trigger_s']} s "
             f"(~{tp['batch_rows']:,} rows per batch), median of {tp['reps']} interleaved reps"
         )
         for c in CONFIGS:
@@ -1037,7 +1150,7 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-SECTIONS = ("throughput", "latency", "lag")
+SECTIONS = ("sustained", "throughput", "latency", "lag")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1081,6 +1194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate = args.rate or round(s.utilization * result["calibration"]["capacity_rows_per_s"], -4)
         s = replace(s, rate=max(rate, 20_000.0), latency_rate=max(rate, 20_000.0))
         result["settings"] = {**asdict(s), "batch_rows": s.batch_rows}
+        if "sustained" in sections:
+            log("sustained throughput, pipelined, back to back (checkpoints every 1 s vs off) ...")
+            result["sustained"] = bench_sustained(spark, s, log)
         if "throughput" in sections:
             log("throughput (checkpoints every 1 s vs off) ...")
             result["throughput"] = bench_throughput(spark, s, log)
