@@ -924,20 +924,15 @@ def lag_query(spark: Any, s: Settings, mode: str, lag: int) -> dict[str, Any]:
         for b in window
         if b.batch_id in prog
     ]
-    metrics = cp.stats.task_metrics.values()
+    one = _checkpoint_dict(cp)
     return {
         "mode": mode,
         "lag": lag,
         "observed_lag_batches": observed,
-        "checkpoint_id": cp.checkpoint_id,
-        "end_to_end_ms": cp.stats.end_to_end_ms,
-        "alignment_ms": cp.stats.max_alignment_ms,
+        "checkpoint_id": one.pop("id"),
+        **one,
         "start_delay_ms": cp.stats.max_start_delay_ms,
-        "sync_ms": max((m.sync_ms for m in metrics), default=0),
-        "async_ms": max((m.async_ms for m in metrics), default=0),
-        "state_bytes": cp.stats.state_bytes,
         "channel_state_bytes": cp.stats.channel_state_bytes,
-        "bytes_written": cp.stats.bytes_written,
         "micro_batch_ms_p50": _median(batch_ms),
         "batches_from_first_to_last_barrier": last - first,
         "backlog": [backlog0] + [others] * (s.channels - 1),

@@ -52,23 +52,18 @@ class RecordKind(StrEnum):
 
     @property
     def code(self) -> int:
-        """The ``_ckpt_kind`` column value: 0 data, 1 barrier, 2 cancel."""
-        return _KIND_CODES[self]
+        """The ``_ckpt_kind`` column value: 0 data, 1 barrier, 2 cancel (declaration order)."""
+        return _KINDS.index(self)
 
     @staticmethod
     def from_code(code: object) -> RecordKind:
         """Inverse of :attr:`code`; :class:`ProtocolError` for anything else."""
-        for kind, c in _KIND_CODES.items():
-            if code == c and isinstance(code, int) and not isinstance(code, bool):
-                return kind
+        if type(code) is int and 0 <= code < len(_KINDS):
+            return _KINDS[code]
         raise ProtocolError(f"unknown _ckpt_kind {code!r} (0 data, 1 barrier, 2 cancel)")
 
 
-_KIND_CODES: dict[RecordKind, int] = {
-    RecordKind.DATA: 0,
-    RecordKind.BARRIER: 1,
-    RecordKind.CANCEL: 2,
-}
+_KINDS: tuple[RecordKind, ...] = tuple(RecordKind)
 
 
 @dataclass(frozen=True)

@@ -346,7 +346,7 @@ def _ends_run(table: pa.Table) -> bool:
     control = pc.indices_nonzero(pc.is_valid(table.column(CHECKPOINT_ID)))
     if len(control) == 0:
         return False
-    rows = table.select([CHANNEL, OFFSET, KIND, CHECKPOINT_ID, BARRIER_TS, BARRIER_OPTIONS])
+    rows = table.select([KIND, CHECKPOINT_ID, BARRIER_TS, BARRIER_OPTIONS])
     return any(
         isinstance(e := event_from_row(row), CheckpointBarrier) and e.final
         for row in rows.take(control).to_pylist()

@@ -102,7 +102,7 @@ class Pipeline:
         self.mailbox = Mailbox(self.root)
         self._store: DeltaCheckpointStore | None = None
         self._source: SourceOptions | None = None
-        self._aligners: list[BatchAligner] = []  # built by aligner(): drained by stop()
+        self._aligner: BatchAligner | None = None  # the latest aligner(): drained by stop()
         register_data_sources(spark)
 
     @property
@@ -150,7 +150,7 @@ class Pipeline:
         from .delta_sink import DeltaSink
         from .delta_store import DeltaCheckpointStore
 
-        self._retire_aligners()
+        self._retire_aligner()
         ops = [operators] if isinstance(operators, KeyedOperator) else list(operators)
         vertex = vertex or ops[0].uid
         mode, timeout = alignment_mode(self.config)
@@ -170,7 +170,7 @@ class Pipeline:
             async_snapshots=True,
             pipelined=pipelined,
         )
-        self._aligners.append(aligner)
+        self._aligner = aligner
         return aligner
 
     def start(
@@ -222,7 +222,7 @@ class Pipeline:
                         last = self.stop(query)
                         return RunResult(restarts, last, "duration")
                 query.awaitTermination()  # raises if it failed
-                self._drain_aligners()
+                self._drain_aligner()
                 seen = self._report(seen, on_checkpoint)
                 return RunResult(restarts, self.store.latest_completed(), "finished")
             except KeyboardInterrupt:
@@ -284,26 +284,27 @@ class Pipeline:
         final = self.wait_for(self.request(RequestKind.STOP, savepoint=savepoint), timeout_s)
         self._wait_committed(final)
         query.stop()
-        self._drain_aligners()
+        self._drain_aligner()
         return final
 
-    def _retire_aligners(self) -> None:
+    def _retire_aligner(self) -> None:
         """Before a new aligner restores state (a restart within this process): end the
-        previous ones, dropping a batch still in flight — the new run restores the latest
+        previous one, dropping a batch still in flight — the new run restores the latest
         completed checkpoint and reads it again — so no old thread writes after the restore."""
-        for old in self._aligners:
-            old.abandon()
-            try:
-                old.close()
-            except Exception as e:  # the failure that caused the restart, already reported
-                log.debug("retired aligner: %s", e)
-        self._aligners.clear()
+        old, self._aligner = self._aligner, None
+        if old is None:
+            return
+        old.abandon()
+        try:
+            old.close()
+        except Exception as e:  # the failure that caused the restart, already reported
+            log.debug("retired aligner: %s", e)
 
-    def _drain_aligners(self) -> None:
-        """Wait for what this pipeline's aligners still process (a pipelined batch, snapshot
-        writes); raises what failed them."""
-        for aligner in self._aligners:
-            aligner.drain()
+    def _drain_aligner(self) -> None:
+        """Wait for what the aligner still processes (a pipelined batch, snapshot writes);
+        raises what failed it."""
+        if self._aligner is not None:
+            self._aligner.drain()
 
     def _wait_committed(self, checkpoint: CompletedCheckpoint, timeout_s: float = 60.0) -> None:
         """The coordinator commits sink output right after completion; wait for it."""
