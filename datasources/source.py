@@ -160,17 +160,18 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             heads = [max(t, p) for t, p in zip(self._target, offset.positions, strict=True)]
         else:
             heads = self.source.heads()
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         barriers = self.host.take_barriers()
         stopping = self.host.stopping
+        at = self.options.barrier_placement.positions(offset.positions, heads, max_rows)
         for barrier in barriers:
-            offset = offset.place(barrier, heads)
+            offset = offset.place(barrier, at)
             if stopping is not None and stopping.checkpoint_id == barrier.checkpoint_id:
                 self._stop_at = offset.barriers[-1].positions
         if self._stop_at is not None:
             heads = [min(h, s) for h, s in zip(heads, self._stop_at, strict=True)]
         if self._target is not None:
             offset = self._available_now(offset, heads)
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return offset.advance(fair_limits(offset.positions, heads, max_rows)).to_dict()
 
     def _available_now(self, offset: StreamOffset, heads: Sequence[int]) -> StreamOffset:

@@ -80,6 +80,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--keys", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--max-rows-per-trigger", type=int, default=None)
+    p.add_argument(
+        "--barrier-placement",
+        choices=("read", "head"),
+        default="read",
+        help="where barriers go under a read limit: the batch's end, or each channel's head",
+    )
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
@@ -106,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if args.max_rows_per_trigger:
         source["maxRowsPerTrigger"] = args.max_rows_per_trigger
+        source["barrierPlacement"] = args.barrier_placement
     events = pipeline.read(**source)
     counts = pipeline.aligner(
         RunningCount("counter", "user_id"), output=output, parallelism=args.parallelism

@@ -12,6 +12,10 @@ option                      meaning
                             ``./spark-ckpt-data/<pipeline>`` made absolute
 ``source``                  ``generator`` (default) or ``delta``
 ``maxRowsPerTrigger``       read limit per micro-batch, shared equally by the channels
+``barrierPlacement``        ``read`` (default: at the end of the micro-batch that takes the
+                            trigger) or ``head`` (at each channel's produced head, so a
+                            channel with a deeper backlog reaches it later); see
+                            :class:`~spark_ckpt.stream_offset.BarrierPlacement`
 generator: ``seed``, ``channels``, ``rate``, ``backlog``, ``keys``, ``skew``
 delta: ``path``, ``channels``, ``startingVersion``
 ``checkpoint.*``, ``execution.checkpointing.*``, ``restart-strategy*``, ``state.*``,
@@ -29,9 +33,12 @@ from typing import Final
 from .config import RESERVED_PREFIXES, CheckpointConfig
 from .errors import ConfigError
 from .generator import GeneratorSpec
+from .stream_offset import BarrierPlacement
 
 SOURCE_KINDS: Final = ("generator", "delta")
-_OWN_KEYS: Final = frozenset({"pipeline", "store", "source", "maxrowspertrigger"})
+_OWN_KEYS: Final = frozenset(
+    {"pipeline", "store", "source", "maxrowspertrigger", "barrierplacement"}
+)
 _DELTA_KEYS: Final = frozenset({"path", "channels", "startingversion"})
 _GENERATOR_KEYS: Final = frozenset(k.lower() for k in GeneratorSpec.OPTION_KEYS)
 DEFAULT_STORE_DIR: Final = "spark-ckpt-data"
@@ -48,6 +55,7 @@ class SourceOptions:
     source: str
     max_rows_per_trigger: int | None
     config: CheckpointConfig
+    barrier_placement: BarrierPlacement = BarrierPlacement.READ
     generator: GeneratorSpec | None = None
     delta: dict[str, str] = field(default_factory=dict)
     raw: dict[str, str] = field(default_factory=dict)
@@ -76,6 +84,13 @@ class SourceOptions:
                 limit = 0
             if limit < 1:
                 raise ConfigError("maxRowsPerTrigger", limit_text, "a positive integer")
+        placement_text = opts.get("barrierplacement", BarrierPlacement.READ.value)
+        try:
+            placement = BarrierPlacement(placement_text.strip().lower())
+        except ValueError:
+            raise ConfigError(
+                "barrierPlacement", placement_text, " or ".join(p.value for p in BarrierPlacement)
+            ) from None
         config = CheckpointConfig.from_options(opts)
         root = opts.get("store") or config.checkpoint_storage or default_root(pipeline)
         generator = GeneratorSpec.from_options(opts) if source == "generator" else None
@@ -88,6 +103,7 @@ class SourceOptions:
             source=source,
             max_rows_per_trigger=limit,
             config=config,
+            barrier_placement=placement,
             generator=generator,
             delta=delta,
             raw=opts,

@@ -8,10 +8,19 @@ to its offset log as the end of a micro-batch — records per channel:
 * ``barriers``: the barriers placed so far that some batch still has to emit, each with its
   position on every channel (a barrier at position *p* sits before data row *p*).
 
-Barriers are placed when the source takes a trigger: at every channel's *head* — the last row
-the source has produced — not at the end of the current micro-batch. Under a read limit a
-channel with a deeper backlog therefore reaches its barrier micro-batches after the others,
-as a backpressured channel does in Flink.
+Barriers are placed when the source takes a trigger (``latestOffset``), where
+:class:`BarrierPlacement` says:
+
+* ``read`` (the default) — at the end of the micro-batch being planned: the position the
+  source has read up to, as a Flink source emits its barrier after the records it has read.
+  A checkpoint completes with the micro-batch that carries it, however deep the backlog
+  (a job catching up under ``maxRowsPerTrigger`` keeps checkpointing).
+* ``head`` — at every channel's *head*, the last row the source has produced. Under a read
+  limit a channel with a deeper backlog then reaches its barrier micro-batches after the
+  others, as a backpressured channel does in Flink (its backlog plays the in-flight data);
+  aligned checkpoints wait for it, unaligned ones cut it.
+
+Without a read limit the two coincide: a micro-batch reads every channel up to its head.
 
 The micro-batch ``(start, end]`` emits on channel *c* the data rows
 ``[start.positions[c], end.positions[c])`` and every barrier with
@@ -25,12 +34,31 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from .barrier import CheckpointBarrier, SnapshotType
 from .errors import ProtocolError
 
 FORMAT_VERSION = 1
+
+
+class BarrierPlacement(Enum):
+    """Where ``latestOffset`` places the barriers it takes (see the module docstring)."""
+
+    READ = "read"
+    HEAD = "head"
+
+    def positions(
+        self, positions: Sequence[int], heads: Sequence[int], max_rows: int | None
+    ) -> list[int]:
+        """Per-channel barrier positions for a batch starting at *positions*, given the
+        channels' *heads* and the batch's read limit: the batch's end (:func:`fair_limits`)
+        for ``READ``, the heads for ``HEAD``. A barrier at position *p* sits before data row
+        *p*, so one at the batch's end is emitted by that batch, after its last row."""
+        if self is BarrierPlacement.HEAD:
+            return [max(h, p) for p, h in zip(positions, heads, strict=True)]
+        return fair_limits(positions, heads, max_rows)
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from spark_ckpt.barrier import CheckpointBarrier
 from spark_ckpt.errors import ProtocolError
-from spark_ckpt.stream_offset import StreamOffset, fair_limits
+from spark_ckpt.stream_offset import BarrierPlacement, StreamOffset, fair_limits
 
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("produce"), st.integers(0, 2), st.integers(0, 30)),
         st.tuples(st.just("barrier")),
-        st.tuples(st.just("batch"), st.one_of(st.none(), st.integers(1, 40))),
+        st.tuples(st.just("batch"), st.one_of(st.none(), st.integers(1, 40)), st.booleans()),
         st.tuples(st.just("replay")),
     ),
     max_size=60,
@@ -35,18 +35,39 @@ def test_batches_emit_every_row_and_barrier_once_in_order(
     produced: list[list[tuple[str, int]]] = [[] for _ in range(channels)]
     emitted: list[list[tuple[str, int]]] = [[] for _ in range(channels)]
     log: list[tuple[StreamOffset, StreamOffset]] = []
+    # position of the newest barrier per channel (a newer one never goes before it)
+    last_mark = [0] * channels
     for op in ops:
         if op[0] == "produce":
             c, n = op[1] % channels, op[2]
             produced[c] += [("row", heads[c] + i) for i in range(n)]  # type: ignore[operator]
             heads[c] += n  # type: ignore[operator]
-        elif op[0] == "barrier":
-            offset = offset.place(CheckpointBarrier(next_id, 0), heads)
+        elif op[0] == "barrier":  # BarrierPlacement.HEAD: after everything produced
+            at = BarrierPlacement.HEAD.positions(offset.positions, heads, None)
+            offset = offset.place(CheckpointBarrier(next_id, 0), at)
             for c in range(channels):
                 produced[c].append(("barrier", next_id))
+                last_mark[c] = heads[c]
             next_id += 1
         elif op[0] == "batch":
-            end = offset.advance(fair_limits(offset.positions, heads, op[1]))  # type: ignore[arg-type]
+            max_rows: int | None = op[1]  # type: ignore[assignment]
+            if op[2]:  # a trigger taken by this batch, BarrierPlacement.READ: at its end
+                at = BarrierPlacement.READ.positions(offset.positions, heads, max_rows)
+                offset = offset.place(CheckpointBarrier(next_id, 0), at)
+                for c in range(channels):
+                    # expected: before data row p, after the barriers already there
+                    p = max(
+                        offset.positions[c]
+                        + min(heads[c] - offset.positions[c], max_rows // channels or 1)
+                        if max_rows is not None
+                        else heads[c],
+                        last_mark[c],
+                    )
+                    row = [i for i, e in enumerate(produced[c]) if e == ("row", p)]
+                    produced[c].insert(row[0] if row else len(produced[c]), ("barrier", next_id))
+                    last_mark[c] = p
+                next_id += 1
+            end = offset.advance(fair_limits(offset.positions, heads, max_rows))
             for s in offset.plan(end):
                 marks = list(s.barriers)
                 for pos in range(s.start, s.end + 1):
@@ -84,6 +105,20 @@ def test_lagging_channel_reaches_barrier_batches_later() -> None:
                 batches_until[s.channel] = i
         offset = end
     assert batches_until == {1: 1, 0: 3}
+
+
+def test_barrier_at_read_position_is_emitted_by_the_batch_that_places_it() -> None:
+    offset = StreamOffset.initial([0, 0])
+    heads = [300, 10]
+    at = BarrierPlacement.READ.positions(offset.positions, heads, 200)
+    assert at == [100, 10]
+    offset = offset.place(CheckpointBarrier(1, 0), at)
+    end = offset.advance(fair_limits(offset.positions, heads, 200))
+    assert [(s.end, [p for p, _ in s.barriers]) for s in offset.plan(end)] == [
+        (100, [100]),
+        (10, [10]),
+    ]
+    assert BarrierPlacement.HEAD.positions([0, 0], heads, 200) == [300, 10]
 
 
 def test_restored_offset_does_not_reemit_completed_barriers() -> None:

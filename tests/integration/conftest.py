@@ -75,6 +75,7 @@ class DemoArgs:
     interval: str = "300ms"
     aligned_timeout: str = "200ms"
     max_rows_per_trigger: int | None = None
+    barrier_placement: str = "read"
     available_now: bool = False
     seconds: float = 600.0
 
@@ -108,6 +109,7 @@ class DemoArgs:
         ]
         if self.max_rows_per_trigger is not None:
             args += ["--max-rows-per-trigger", str(self.max_rows_per_trigger)]
+            args += ["--barrier-placement", self.barrier_placement]
         if self.available_now:
             args.append("--available-now")
         else:

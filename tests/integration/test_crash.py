@@ -78,6 +78,7 @@ def _args(tmp_path: Path, mode: str, **overrides: object) -> DemoArgs:
         interval="300ms",
         aligned_timeout="1ms",
         max_rows_per_trigger=MAX_ROWS_PER_TRIGGER,
+        barrier_placement="head",  # so channel 0 really lags (see LAGGING_BACKLOG)
     )
     return replace(args, **overrides)  # type: ignore[arg-type]
 

@@ -320,9 +320,10 @@ def test_ckpt_sink_writes_input_exactly_once_and_only_completed_checkpoints(
 def test_lagging_channel_aligns_over_several_batches_exactly_once(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    # 3 channels x 100 rows per micro-batch; channel 0 is 5 micro-batches deeper
+    # 3 channels x 100 rows per micro-batch; channel 0 is 5 micro-batches deeper; barriers at
+    # the channels' heads, so channel 0 reaches each of them micro-batches after the others
     job = generator(spark, tmp_path, "lagging", (700, 200, 200))
-    query = run_counts(job, maxRowsPerTrigger=300)
+    query = run_counts(job, maxRowsPerTrigger=300, barrierPlacement="head")
     assert final_offsets(job) == at(job.ends)
     folded = key_counts(job.spec, job.ends)
     assert count_rows(read_table(job.output)) == running_counts(folded)
@@ -338,6 +339,30 @@ def test_lagging_channel_aligns_over_several_batches_exactly_once(
             for cid in {e for e in emitted if e > emitted[0]}:
                 waiting[cid] += 1
     assert waiting and max(waiting.values()) >= 3, waiting
+
+
+def test_barriers_at_the_read_position_complete_checkpoints_during_a_backlog(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # the same backlogs under the default placement: every barrier goes at the end of the
+    # micro-batch that took the trigger, on every channel, so checkpoints complete while
+    # channel 0 still works off its backlog (a job catching up keeps checkpointing)
+    job = generator(spark, tmp_path, "catching_up", (1500, 200, 200))
+    query = run_counts(job, maxRowsPerTrigger=300)
+    assert final_offsets(job) == at(job.ends)
+    folded = key_counts(job.spec, job.ends)
+    assert count_rows(read_table(job.output)) == running_counts(folded)
+    assert restored_counts(job) == dict(folded)
+
+    ends = [
+        json.loads(source.endOffset)
+        for progress in query.recentProgress
+        for source in progress.sources
+    ]
+    for end in ends:  # a barrier is emitted on all channels by the batch that places it
+        assert len(set(end["emitted"])) == 1, end
+    # and some checkpoint's barriers were emitted before channel 0's backlog was read
+    assert any(end["emitted"][0] > 0 and end["positions"][0] < 1500 for end in ends), ends
 
 
 # -- (f) the store tables and the output through another reader --------------------------------
@@ -428,6 +453,7 @@ def test_delta_tail_reads_another_pipelines_output_exactly_once(
         ({"bogus": "1"}, "bogus"),
         ({"rate": "fast"}, "rate"),
         ({"maxRowsPerTrigger": "0"}, "maxRowsPerTrigger"),
+        ({"barrierPlacement": "tail"}, "barrierPlacement"),
         ({"source": "kafka"}, "source"),
         ({"checkpoint.intervall": "1s"}, "checkpoint.intervall"),
     ],
