@@ -3,16 +3,18 @@
 The design follows Flink's ``TwoPhaseCommitSinkFunction`` (and Arroyo's Delta sink):
 
 1. **Stage** (task side, executors or driver; never loads the Delta table). Output rows are
-   buffered per (operator, subtask) and written as Parquet files (zstd, timestamps as UTC
-   microseconds, barrier columns dropped) directly under the table root, named
+   encoded as they arrive into an in-progress Parquet file per (operator, subtask) (zstd,
+   timestamps as UTC microseconds, barrier columns dropped; one row group per write), like
+   the part files of Flink's file sink, directly under the table root, named
    ``part-<subtask>-<uuid4>-ckpt-<sink tag>.c000.zstd.parquet``. The name is unique and never
    reused; the tag is a hash of the sink's app id, so a sink only ever cleans up its own
    files. A staged file is described by a :class:`StagedFile` (path relative to the table
    root, size, rows, Delta statistics JSON). Staged files are invisible to Delta readers:
    nothing in the log references them.
-2. **Pre-commit** (synchronous phase of checkpoint *n*) flushes the buffer and seals the
-   subtask's staged files into a :class:`~spark_ckpt.sink.Transaction` whose payload is the
-   tuple of :meth:`StagedFile.to_json` strings (an empty transaction is fine).
+2. **Pre-commit** (synchronous phase of checkpoint *n*) closes the in-progress file (writes
+   its footer) and seals the subtask's staged files into a
+   :class:`~spark_ckpt.sink.Transaction` whose payload is the tuple of
+   :meth:`StagedFile.to_json` strings (an empty transaction is fine).
 3. **Commit** adds the files to the Delta log. :meth:`DeltaSink.commit_checkpoint` makes
    every file of all transactions of checkpoint *n* visible in **one** Delta commit that also
    records the app transaction ``spark-ckpt/<pipeline>/<sink_uid>`` at version *n*.
@@ -71,7 +73,7 @@ import os
 import threading
 import uuid
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -97,8 +99,8 @@ UTC_MICROS = pa.timestamp("us", tz="UTC")
 #: Parquet compression of staged files (part of the file name).
 COMPRESSION = "zstd"
 
-#: Default buffered bytes per (operator, subtask) after which a file is staged before the
-#: transaction is sealed.
+#: Default Arrow bytes written into one in-progress file per (operator, subtask) after which
+#: it rolls before the transaction is sealed.
 DEFAULT_TARGET_FILE_BYTES = 64 << 20
 
 #: How often one commit is re-attempted after losing a commit race before giving up.
@@ -241,14 +243,11 @@ def _iso_millis(micros: int) -> str:
     ] + "Z"
 
 
-def _min_max(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
-    """JSON-ready (min, max) statistics of a primitive column, or ``None`` when none can be
-    given safely. Timestamps are milliseconds (Delta's format): min rounded down, max up, so
-    the range always contains every value; strings longer than Spark's 32-character prefix
-    have none (minima are cut to it); float columns with NaN have none."""
+def _raw_bounds(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
+    """``(min, max)`` of a primitive column with at least one non-null value, as Python
+    values (timestamps as integers of their unit), or ``None`` when the column can have no
+    statistics (a type without them, or a float column with NaN)."""
     t = column.type
-    if column.null_count == len(column):
-        return None
     if not (
         pa.types.is_integer(t)
         or pa.types.is_floating(t)
@@ -262,7 +261,14 @@ def _min_max(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
     if pa.types.is_floating(t) and pc.any(pc.is_nan(column)).as_py():
         return None
     mm = pc.min_max(column.cast(pa.int64()) if pa.types.is_timestamp(t) else column)
-    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    return mm["min"].as_py(), mm["max"].as_py()
+
+
+def _json_bounds(t: pa.DataType, lo: Any, hi: Any) -> tuple[Any, Any] | None:
+    """JSON-ready statistics from raw bounds, or ``None`` when none can be given safely.
+    Timestamps (microseconds) are milliseconds in Delta: min rounded down, max up, so the
+    range always contains every value; strings longer than Spark's 32-character prefix have
+    no max (minima are cut to it); non-finite float bounds give none."""
     if pa.types.is_timestamp(t):
         return _iso_millis(lo), _iso_millis(-(-hi // 1000) * 1000)
     if pa.types.is_date32(t):
@@ -277,30 +283,118 @@ def _min_max(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
     return lo, hi
 
 
-def delta_stats(table: pa.Table) -> str:
-    """Delta file statistics (the ``stats`` JSON of an add action) of *table*: row count,
+class DeltaStats:
+    """Delta file statistics accumulated over the tables written into one file: row count,
     null counts of top-level columns and min/max of primitive ones (best effort, used by
-    Spark's data skipping; a column without min/max is simply never skipped)."""
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for name, column in zip(table.column_names, table.columns, strict=True):
-        if pa.types.is_nested(column.type):
-            continue
-        nulls[name] = column.null_count
-        mm = _min_max(column)
-        if mm is not None:
-            mins[name], maxs[name] = mm
-    return json.dumps(
-        {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls},
-        separators=(",", ":"),
-    )
+    Spark's data skipping; a column without min/max is simply never skipped). Bounds are
+    accumulated as raw values (the min of the tables' mins, the max of their maxes) and
+    formatted once (:func:`_json_bounds`); a column loses them for good once one table has
+    non-null values but no safe bounds (:func:`_raw_bounds`)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self._types: dict[str, pa.DataType] = {}
+        self._nulls: dict[str, int] = {}
+        self._bounds: dict[str, tuple[Any, Any]] = {}
+        self._unsafe: set[str] = set()
+
+    def add(self, table: pa.Table) -> DeltaStats:
+        self.rows += table.num_rows
+        for name, column in zip(table.column_names, table.columns, strict=True):
+            if pa.types.is_nested(column.type):
+                continue
+            self._types.setdefault(name, column.type)
+            self._nulls[name] = self._nulls.get(name, 0) + column.null_count
+            if name in self._unsafe or column.null_count == len(column):
+                continue
+            raw = _raw_bounds(column)
+            old = self._bounds.get(name)
+            if raw is None:
+                self._unsafe.add(name)
+                self._bounds.pop(name, None)
+            else:
+                self._bounds[name] = (
+                    raw if old is None else (min(old[0], raw[0]), max(old[1], raw[1]))
+                )
+        return self
+
+    def to_json(self) -> str:
+        mins: dict[str, Any] = {}
+        maxs: dict[str, Any] = {}
+        for name, (lo, hi) in self._bounds.items():
+            bounds = _json_bounds(self._types[name], lo, hi)
+            if bounds is not None:
+                mins[name], maxs[name] = bounds
+        return json.dumps(
+            {
+                "numRecords": self.rows,
+                "minValues": mins,
+                "maxValues": maxs,
+                "nullCount": self._nulls,
+            },
+            separators=(",", ":"),
+        )
+
+
+def delta_stats(table: pa.Table) -> str:
+    """Delta file statistics (the ``stats`` JSON of an add action) of *table*."""
+    return DeltaStats().add(table).to_json()
 
 
 # -- the error boundary ------------------------------------------------------------------------
 def _boundary(what: str) -> AbstractContextManager[None]:
     """Translate delta-rs / Arrow / OS errors into :class:`StoreError`."""
     return delta_boundary(what, StoreError)
+
+
+class _PartFile:
+    """An in-progress staged file: a Parquet writer open under the table root. Each
+    :meth:`write` adds one row group and updates the Delta statistics; :meth:`close` writes
+    the footer and describes the file. Until then the file has no footer: a crash leaves a
+    truncated file that nothing references, which the orphan sweep of :meth:`DeltaSink.recover`
+    deletes. Not thread safe (one writer thread per subtask)."""
+
+    def __init__(self, fs: pafs.FileSystem, name: str, schema: pa.Schema) -> None:
+        self.fs = fs
+        self.name = name
+        self.schema = schema
+        self.stats = DeltaStats()
+        self.nbytes = 0
+        self._stream = fs.open_output_stream(name)
+        self._writer = pq.ParquetWriter(
+            self._stream,
+            schema,
+            compression=COMPRESSION,
+            coerce_timestamps="us",
+            use_deprecated_int96_timestamps=False,
+        )
+
+    def write(self, table: pa.Table) -> None:
+        with _boundary(f"staging {self.name}"):
+            self._writer.write_table(table)
+        self.stats.add(table)
+        self.nbytes += table.nbytes
+
+    def close(self) -> StagedFile:
+        with _boundary(f"staging {self.name}"):
+            self._writer.close()
+            self._stream.close()
+            info = self.fs.get_file_info(self.name)
+        mtime = 0 if info.mtime_ns is None else info.mtime_ns // 1_000_000
+        return StagedFile(
+            self.name, int(info.size or 0), self.stats.rows, self.stats.to_json(), mtime
+        )
+
+    def discard(self) -> None:
+        """Close without describing and delete the file (best effort: the orphan sweep
+        deletes whatever is left)."""
+        with _boundary(f"discarding {self.name}"):
+            try:
+                self._writer.close()
+                self._stream.close()
+            finally:
+                with suppress(FileNotFoundError):
+                    self.fs.delete_file(self.name)
 
 
 class DeltaSink:
@@ -311,8 +405,9 @@ class DeltaSink:
     object stores whose credentials pyarrow does not find by itself). See the module
     docstring for the protocol and its invariants.
 
-    *target_file_bytes*: buffered output of one subtask is staged as a file once it exceeds
-    this size (and at :meth:`pre_commit`). *max_attempts* bounds re-attempts of one commit
+    *target_file_bytes*: the in-progress file of one subtask rolls (is closed into the open
+    transaction) once the Arrow data written into it exceeds this size, and at
+    :meth:`pre_commit`. *max_attempts* bounds re-attempts of one commit
     after losing a race.
     """
 
@@ -355,8 +450,8 @@ class DeltaSink:
         self._root_ready = False
         self._table: DeltaTable | None = None
         self._lock = threading.Lock()
-        self._open: dict[tuple[str, int], list[StagedFile]] = {}
-        self._buffers: dict[tuple[str, int], list[pa.Table]] = {}
+        self._open: dict[tuple[str, int], list[StagedFile]] = {}  # rolled, not yet sealed
+        self._parts: dict[tuple[str, int], _PartFile] = {}  # in progress
 
     # -- staging (task side) -------------------------------------------------------------------
     def is_staged_name(self, path: str) -> bool:
@@ -371,57 +466,57 @@ class DeltaSink:
         log or load the table; the file stays invisible until committed. Runs anywhere the
         file system is reachable (executors or driver)."""
         out = output_table(table)
-        _delta_fields(out.schema)  # unsupported types fail here, not at commit
+        part = self._open_part(out.schema, subtask)
+        part.write(out)
+        return part.close()
+
+    def _open_part(self, schema: pa.Schema, subtask: int) -> _PartFile:
+        _delta_fields(schema)  # unsupported types fail here, not at commit
         name = f"part-{subtask:05d}-{uuid.uuid4()}-ckpt-{self.tag}.c000.{COMPRESSION}.parquet"
         with _boundary(f"staging {name}"):
             if not self._root_ready and self._root:
                 self._base_fs.create_dir(self._root, recursive=True)
                 self._root_ready = True
-            with self._fs.open_output_stream(name) as stream:
-                pq.write_table(
-                    out,
-                    stream,
-                    compression=COMPRESSION,
-                    coerce_timestamps="us",
-                    use_deprecated_int96_timestamps=False,
-                )
-            info = self._fs.get_file_info(name)
-        mtime = 0 if info.mtime_ns is None else info.mtime_ns // 1_000_000
-        return StagedFile(name, int(info.size or 0), out.num_rows, delta_stats(out), mtime)
+            return _PartFile(self._fs, name, schema)
 
     def write(self, operator_uid: str, subtask: int, table: pa.Table) -> None:
-        """Add *table* to the open transaction of (*operator_uid*, *subtask*). Rows are
-        buffered and staged as a file once the buffer exceeds ``target_file_bytes`` (or its
-        schema changes), else at :meth:`pre_commit`."""
+        """Add *table* to the open transaction of (*operator_uid*, *subtask*): encode it into
+        the subtask's in-progress Parquet file (one row group per call), as Flink's file
+        sink encodes records as they arrive. The file rolls — is closed and joins the open
+        transaction — once it holds ``target_file_bytes`` of Arrow data or the schema
+        changes, and at :meth:`pre_commit`. Each (operator, subtask) is written by one
+        thread at a time."""
         if table.num_rows == 0:
             return
         key = (operator_uid, subtask)
-        ready: list[list[pa.Table]] = []
+        out = output_table(table)
         with self._lock:
-            buffer = self._buffers.setdefault(key, [])
-            if buffer and not buffer[0].schema.equals(table.schema):
-                ready.append(buffer[:])  # one file per schema
-                buffer.clear()
-            buffer.append(table)
-            if sum(t.nbytes for t in buffer) >= self.target_file_bytes:
-                ready.append(buffer[:])
-                buffer.clear()
-        for tables in ready:
-            self._stage_into(key, tables)
+            part = self._parts.get(key)
+        if part is not None and not part.schema.equals(out.schema):
+            self._roll(key)  # one file per schema
+            part = None
+        if part is None:
+            part = self._open_part(out.schema, subtask)
+            with self._lock:
+                self._parts[key] = part
+        part.write(out)
+        if part.nbytes >= self.target_file_bytes:
+            self._roll(key)
 
-    def _stage_into(self, key: tuple[str, int], tables: list[pa.Table]) -> None:
-        staged = self.stage(pa.concat_tables(tables), subtask=key[1])
+    def _roll(self, key: tuple[str, int]) -> None:
+        """Close the in-progress file of *key* (if any) into its open transaction."""
         with self._lock:
-            self._open.setdefault(key, []).append(staged)
+            part = self._parts.pop(key, None)
+        if part is not None:
+            staged = part.close()
+            with self._lock:
+                self._open.setdefault(key, []).append(staged)
 
     def pre_commit(self, operator_uid: str, subtask: int, checkpoint_id: int) -> Transaction:
-        """Stage what is buffered and seal the open transaction of (*operator_uid*,
+        """Close the in-progress file and seal the open transaction of (*operator_uid*,
         *subtask*) as the transaction of *checkpoint_id* (possibly empty)."""
         key = (operator_uid, subtask)
-        with self._lock:
-            ready = self._buffers.pop(key, [])
-        if ready:
-            self._stage_into(key, ready)
+        self._roll(key)
         with self._lock:
             files = self._open.pop(key, [])
         return Transaction(operator_uid, subtask, checkpoint_id, tuple(f.to_json() for f in files))
@@ -610,7 +705,8 @@ class DeltaSink:
         *to_commit* (the transactions of the restored checkpoint) that is not yet in the
         table, raising the app version to their largest checkpoint id, then delete every
         staged file of this sink the table does not reference (orphans of failed or never
-        completed checkpoints) and drop this process' open buffers of *operator_uid*.
+        completed checkpoints) and drop this process' open transactions of *operator_uid*
+        (in-progress files are deleted).
         With *staged_before_ms* only files staged before that time are orphans: files staged
         since belong to the run that is recovering (a ``ckpt-sink`` query stages its first
         micro-batch before the coordinator learns of it). Idempotent."""
@@ -621,8 +717,9 @@ class DeltaSink:
         with self._lock:
             for key in [k for k in self._open if k[0] == operator_uid]:
                 del self._open[key]
-            for key in [k for k in self._buffers if k[0] == operator_uid]:
-                del self._buffers[key]
+            parts = [self._parts.pop(k) for k in list(self._parts) if k[0] == operator_uid]
+        for part in parts:
+            part.discard()
         self.delete_orphans(before_ms=staged_before_ms)
 
     def delete_orphans(self, *, before_ms: int | None = None) -> list[str]:

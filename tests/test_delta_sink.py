@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_ckpt.barrier import BARRIER_COLUMNS
-from spark_ckpt.delta_sink import DeltaSink, StagedFile, delta_stats, staged_files
+from spark_ckpt.delta_sink import DeltaSink, DeltaStats, StagedFile, delta_stats, staged_files
 from spark_ckpt.errors import ConfigError, ProtocolError, StoreError
 from spark_ckpt.sink import Transaction, TwoPhaseCommitSink
 
@@ -165,6 +165,74 @@ def test_buffering_stages_files_at_the_target_size(tmp_path: Path) -> None:
     assert sum(f.rows for f in staged_files(txn)) == 6
     sink.commit_checkpoint(1, [txn])
     assert content(replay(tmp_path / "t")) == sorted(rows(0, 2) + rows(10, 2) + rows(20, 2))
+
+
+def test_writes_are_encoded_into_one_in_progress_file_per_subtask(tmp_path: Path) -> None:
+    root = tmp_path / "t"
+    sink = make_sink(root)
+    for i in range(3):
+        sink.write(OP, 0, batch(rows(10 * i, 2)))
+    sink.write(OP, 1, batch(rows(100, 1)))
+    assert len(parquet_files(root)) == 2  # encoded as written, before the seal
+    txn = sink.pre_commit(OP, 0, 1)
+    [f] = staged_files(txn)
+    meta = pq.read_metadata(root / f.path)
+    assert (meta.num_rows, meta.num_row_groups) == (6, 3)  # a row group per write
+    stats = json.loads(f.stats)
+    assert (stats["numRecords"], stats["minValues"]["id"], stats["maxValues"]["id"]) == (6, 0, 21)
+    # a schema change rolls the file: one file per schema
+    sink.write(OP, 0, batch(rows(30, 1)))
+    sink.write(OP, 0, batch(rows(40, 1)).drop_columns(["name"]))
+    assert [g.rows for g in staged_files(sink.pre_commit(OP, 0, 2))] == [1, 1]
+    sink.commit_checkpoint(1, [txn, sink.pre_commit(OP, 1, 1)])
+    assert content(replay(root)) == sorted(rows(0, 2) + rows(10, 2) + rows(20, 2) + rows(100, 1))
+
+
+def test_recover_deletes_in_progress_files(tmp_path: Path) -> None:
+    root = tmp_path / "t"
+    sink = make_sink(root)
+    sink.write(OP, 0, batch(rows(0, 2)))
+    assert len(parquet_files(root)) == 1
+    sink.recover(OP, [])
+    assert parquet_files(root) == set()
+    assert sink.pre_commit(OP, 0, 1).payload == ()  # nothing left open
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    parts=st.lists(
+        st.lists(
+            st.tuples(
+                st.one_of(st.none(), st.integers(-(2**40), 2**40)),
+                st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)),
+                st.one_of(st.none(), st.text(max_size=40)),
+                st.one_of(st.none(), st.integers(-(2**50), 2**50)),
+            ),
+            min_size=1,
+            max_size=6,
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_statistics_accumulated_over_writes_equal_those_of_the_whole_file(
+    parts: list[list[tuple[Any, Any, Any, Any]]],
+) -> None:
+    def table(rs: list[tuple[Any, Any, Any, Any]]) -> pa.Table:
+        return pa.table(
+            {
+                "i": pa.array([r[0] for r in rs], pa.int64()),
+                "f": pa.array([r[1] for r in rs], pa.float64()),
+                "s": pa.array([r[2] for r in rs], pa.string()),
+                "ts": pa.array([r[3] for r in rs], pa.timestamp("us", tz="UTC")),
+            }
+        )
+
+    acc = DeltaStats()
+    for rs in parts:
+        acc.add(table(rs))
+    whole = table([r for rs in parts for r in rs])
+    assert json.loads(acc.to_json()) == json.loads(delta_stats(whole))
 
 
 # ----------------------------------------------------------------------- idempotency
