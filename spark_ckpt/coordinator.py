@@ -140,6 +140,11 @@ _DECLINE_REASONS = frozenset(
 )
 
 
+#: Default of ``CheckpointCoordinator(garbage_every=...)``: unreferenced blobs are collected
+#: at every 8th retention (about every 8 s with checkpoints every second).
+DEFAULT_GARBAGE_EVERY = 8
+
+
 class CheckpointCoordinator:
     """See the module docstring. Not thread-safe: drive it from one loop."""
 
@@ -156,11 +161,20 @@ class CheckpointCoordinator:
         tasks_to_commit: Sequence[TaskId] | None = None,
         clock: Clock | None = None,
         defer_after_completion: bool = False,
+        garbage_every: int = DEFAULT_GARBAGE_EVERY,
     ) -> None:
         """*defer_after_completion*: a completion only commits the checkpoint and notifies
         the tasks; the next periodic trigger waits for :meth:`tick` and retention for
         :meth:`maintain`. For a host whose triggers must coincide with barrier injection and
-        whose retention must not delay it (:class:`~spark_ckpt.host.HostThread`)."""
+        whose retention must not delay it (:class:`~spark_ckpt.host.HostThread`).
+
+        *garbage_every*: retention removes subsumed checkpoints at every completion but
+        collects the blobs no kept checkpoint references only every *garbage_every*-th time
+        (and after a final checkpoint): on a durable store each collection is a scan and a
+        copy-on-write delete per state table, a fixed cost that need not be paid every
+        second. Unreferenced blobs are invisible; they only occupy storage meanwhile."""
+        if garbage_every < 1:
+            raise CheckpointError(f"garbage_every must be >= 1, got {garbage_every}")
         if not tasks_to_trigger or not tasks_to_ack:
             raise CheckpointError("a checkpointed job needs tasks to trigger and to acknowledge")
         self.config = config
@@ -186,6 +200,9 @@ class CheckpointCoordinator:
         self._last_completion_ms: int | None = None
         self.defer_after_completion = defer_after_completion
         self._retention_due = False
+        self.garbage_every = garbage_every
+        self._retentions = 0
+        self._collect_now = False
         # per task: the oldest checkpoint its incremental snapshots may still build on
         # (AcknowledgeCheckpoint.base_checkpoint_id); until a task reports, the checkpoint
         # it restored from
@@ -466,6 +483,7 @@ class CheckpointCoordinator:
                 # builds on older checkpoints any more; retain now, before the sink commit
                 # that ends a stop
                 self._bases.clear()
+                self._collect_now = True
                 self.maintain()
             elif not self.defer_after_completion:
                 self.maintain()
@@ -477,13 +495,22 @@ class CheckpointCoordinator:
     def maintain(self) -> None:
         """Apply retention if a completion made it due (see ``defer_after_completion``):
         keeps the configured number of checkpoints, and every checkpoint from the oldest
-        base a task's incremental snapshots may still build on."""
+        base a task's incremental snapshots may still build on; collects garbage blobs every
+        ``garbage_every``-th time."""
         if not self._retention_due or self.status is not CoordinatorStatus.RUNNING:
             return
         self._retention_due = False
+        self._retentions += 1
+        collect = self._collect_now or self._retentions % self.garbage_every == 0
+        self._collect_now = False
         keep_from = min(self._bases.values(), default=None)
         self._fenced(
-            lambda: self.store.retain(self._lease, self.config.retained_checkpoints, keep_from)
+            lambda: self.store.retain(
+                self._lease,
+                self.config.retained_checkpoints,
+                keep_from,
+                collect_garbage=collect,
+            )
         )
 
     def _abort(

@@ -254,6 +254,7 @@ class DeltaCheckpointStore(CheckpointStore):
         self._lock = threading.Lock()
         # (version, parsed completed checkpoints) of the last list_completed.
         self._completed_cache: tuple[int, list[CompletedCheckpoint]] | None = None
+        self._view_cache: _LogView | None = None
         self._tables: dict[StoreTable, DeltaTable] = {}
 
     # -- locations -------------------------------------------------------------------------
@@ -355,6 +356,45 @@ class DeltaCheckpointStore(CheckpointStore):
 
     # -- the coordinator log ---------------------------------------------------------------
     def _view(self, dt: DeltaTable) -> _LogView:
+        """The ``checkpoints`` log at *dt*'s version: from the cache when this instance read
+        or wrote exactly that version (see :meth:`_remember`), else scanned."""
+        with self._lock:
+            cached = self._view_cache
+        if cached is not None and cached.version == dt.version():
+            return cached
+        view = self._scan_view(dt)
+        with self._lock:
+            self._view_cache = view
+        return view
+
+    def _remember(
+        self,
+        dt: DeltaTable,
+        view: _LogView,
+        *,
+        lease: CoordinatorLease | None = None,
+        completed: tuple[int, tuple[str, str]] | None = None,
+        removed: Sequence[int] = (),
+    ) -> None:
+        """After a no-rebase commit made on the snapshot *view*: cache the log it produced,
+        *view* plus that commit, so the next fenced step need not scan the table again. Only
+        when *dt* (updated in place by delta-rs) is at exactly the next version — which our
+        put-if-absent commit then wrote; anything else is left to a scan."""
+        if dt.version() != view.version + 1:
+            return
+        done = {k: v for k, v in view.completed.items() if k not in set(removed)}
+        if completed is not None:
+            done[completed[0]] = completed[1]
+        after = _LogView(
+            view.version + 1,
+            max(view.max_epoch, lease.epoch if lease else 0),
+            max(view.next_id, lease.end_id if lease else 0),
+            done,
+        )
+        with self._lock:
+            self._view_cache = after
+
+    def _scan_view(self, dt: DeltaTable) -> _LogView:
         t = self._scan(dt, ["record", "epoch", "checkpoint_id", "id_end", "metadata", "checksum"])
         leases = t.filter(pc.equal(t["record"], LogRecord.LEASE.value))
         done = t.filter(pc.equal(t["record"], LogRecord.COMPLETED.value))
@@ -398,8 +438,8 @@ class DeltaCheckpointStore(CheckpointStore):
                     continue
             raise StoreError(f"{what}: lost {self._max_attempts} commit races in a row")
 
-    def _append_lease(self, dt: DeltaTable, epoch: int, first: int) -> CoordinatorLease:
-        lease = CoordinatorLease(epoch, first, first + ID_BLOCK)
+    def _append_lease(self, dt: DeltaTable, view: _LogView, epoch: int) -> CoordinatorLease:
+        lease = CoordinatorLease(epoch, view.next_id, view.next_id + ID_BLOCK)
         row: dict[str, list[Any]] = {
             "record": [LogRecord.LEASE.value],
             "epoch": [lease.epoch],
@@ -413,6 +453,7 @@ class DeltaCheckpointStore(CheckpointStore):
             mode="append",
             commit_properties=_no_rebase(),
         )
+        self._remember(dt, view, lease=lease)
         return lease
 
     # -- fencing and ids -------------------------------------------------------------------
@@ -420,14 +461,14 @@ class DeltaCheckpointStore(CheckpointStore):
         return self._fenced(
             "acquire",
             None,
-            lambda dt, view: self._append_lease(dt, view.max_epoch + 1, view.next_id),
+            lambda dt, view: self._append_lease(dt, view, view.max_epoch + 1),
         )
 
     def allocate_ids(self, lease: CoordinatorLease) -> CoordinatorLease:
         return self._fenced(
             "allocate_ids",
             lease,
-            lambda dt, view: self._append_lease(dt, lease.epoch, view.next_id),
+            lambda dt, view: self._append_lease(dt, view, lease.epoch),
         )
 
     # -- task state ------------------------------------------------------------------------
@@ -649,6 +690,7 @@ class DeltaCheckpointStore(CheckpointStore):
                 self._verify_written(checkpoint)
                 verified = True
             write_deltalake(dt, row, mode="append", commit_properties=_no_rebase())
+            self._remember(dt, view, completed=(cid, (text, checkpoint.checksum())))
 
         self._fenced(f"commit of checkpoint {cid}", lease, action)
 
@@ -694,17 +736,24 @@ class DeltaCheckpointStore(CheckpointStore):
 
     # -- retention -------------------------------------------------------------------------
     def retain(
-        self, lease: CoordinatorLease, retained: int, keep_from: int | None = None
+        self,
+        lease: CoordinatorLease,
+        retained: int,
+        keep_from: int | None = None,
+        *,
+        collect_garbage: bool = True,
     ) -> list[int]:
         retention_plan(self.list_completed(), retained)  # validates *retained* first
 
         def action(dt: DeltaTable, view: _LogView) -> tuple[list[CompletedCheckpoint], list[int]]:
             kept, dropped = retention_plan(_parse(view), retained, keep_from)
             ids = [c.checkpoint_id for c in dropped]
-            self._delete_completed(dt, ids)
+            self._delete_completed(dt, view, ids)
             return kept, ids
 
         kept, dropped_ids = self._fenced("retain", lease, action)
+        if not collect_garbage:
+            return dropped_ids
         with _boundary("retain: removing garbage", reading=True):
             horizon = max((c.checkpoint_id for c in kept), default=0)
             stored = self._stored_refs_upto(horizon)
@@ -719,7 +768,7 @@ class DeltaCheckpointStore(CheckpointStore):
         ids = sorted(set(checkpoint_ids))
 
         def action(dt: DeltaTable, view: _LogView) -> list[CompletedCheckpoint]:
-            self._delete_completed(dt, [i for i in ids if i in view.completed])
+            self._delete_completed(dt, view, [i for i in ids if i in view.completed])
             return [c for c in _parse(view) if c.checkpoint_id not in ids]
 
         kept = self._fenced("discard", lease, action)
@@ -733,12 +782,13 @@ class DeltaCheckpointStore(CheckpointStore):
             id_set = set(ids)
             self._delete_offsets(lambda i: i in id_set and i not in kept_ids)
 
-    def _delete_completed(self, dt: DeltaTable, ids: Sequence[int]) -> None:
-        """Fenced removal of completed rows (one commit on the checked snapshot)."""
+    def _delete_completed(self, dt: DeltaTable, view: _LogView, ids: Sequence[int]) -> None:
+        """Fenced removal of completed rows (one commit on the checked snapshot *view*)."""
         if not ids:
             return
         predicate = f"record = '{LogRecord.COMPLETED.value}' AND checkpoint_id IN {_sql_list(ids)}"
         dt.delete(predicate, commit_properties=_no_rebase())
+        self._remember(dt, view, removed=ids)
 
     def _stored_refs_upto(self, horizon: int) -> list[BlobRef]:
         out: list[BlobRef] = []

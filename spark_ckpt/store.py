@@ -19,7 +19,9 @@ store in :mod:`spark_ckpt.delta_store` is the durable one):
   checkpoint from ``keep_from`` on (the oldest base a task's incremental snapshot may still
   build on), and removes the rest, together with every blob no kept checkpoint references —
   but never blobs of checkpoints newer than the latest completed one (they may belong to a
-  pending checkpoint).
+  pending checkpoint). With ``collect_garbage=False`` it removes the checkpoints only; their
+  blobs stay, unreferenced and invisible, until a later call collects them (garbage is
+  always defined against the checkpoints kept *then*, so nothing is missed).
 """
 
 from __future__ import annotations
@@ -114,7 +116,12 @@ class CheckpointStore(ABC):
 
     @abstractmethod
     def retain(
-        self, lease: CoordinatorLease, retained: int, keep_from: int | None = None
+        self,
+        lease: CoordinatorLease,
+        retained: int,
+        keep_from: int | None = None,
+        *,
+        collect_garbage: bool = True,
     ) -> list[int]:
         """Apply retention (see module docstring); returns the ids removed."""
 
@@ -204,15 +211,21 @@ class InMemoryCheckpointStore(CheckpointStore):
         return [CompletedCheckpoint.from_json(t, c) for _, (t, c) in items]
 
     def retain(
-        self, lease: CoordinatorLease, retained: int, keep_from: int | None = None
+        self,
+        lease: CoordinatorLease,
+        retained: int,
+        keep_from: int | None = None,
+        *,
+        collect_garbage: bool = True,
     ) -> list[int]:
         kept, dropped = retention_plan(self.list_completed(), retained, keep_from)
         with self._lock:
             self._check(lease)
             for c in dropped:
                 self._completed.pop(c.checkpoint_id, None)
-            for ref in garbage_blobs([r for r, _ in self._blobs.values()], kept):
-                self._blobs.pop(ref.key, None)
+            if collect_garbage:
+                for ref in garbage_blobs([r for r, _ in self._blobs.values()], kept):
+                    self._blobs.pop(ref.key, None)
         return [c.checkpoint_id for c in dropped]
 
     def discard(self, lease: CoordinatorLease, checkpoint_ids: Iterable[int]) -> None:

@@ -340,11 +340,15 @@ def sealed_transactions(
 ) -> list[Transaction]:
     """The sink transactions recorded in *checkpoint* by the subtasks of *vertex*."""
     txns: dict[str, Transaction] = {}
-    for ref in checkpoint.operator_blobs(task_state_uid(vertex)):
-        if ref.state_name == SINK_TRANSACTIONS:
-            for text in store.read_blob(ref).column("transaction").to_pylist():
-                txn = Transaction.from_json(text)
-                txns[txn.txn_id] = txn
+    refs = [
+        ref
+        for ref in checkpoint.operator_blobs(task_state_uid(vertex))
+        if ref.state_name == SINK_TRANSACTIONS
+    ]
+    for table in store.read_blobs(refs):  # one scan for every subtask's blob
+        for text in table.column("transaction").to_pylist():
+            txn = Transaction.from_json(text)
+            txns[txn.txn_id] = txn
     return sorted(txns.values(), key=lambda t: (t.checkpoint_id, t.subtask))
 
 

@@ -18,6 +18,7 @@ from spark_ckpt.coordinator import (
     RequestStatus,
 )
 from spark_ckpt.errors import (
+    CheckpointError,
     CoordinatorShutdownError,
     FencedError,
     StoreError,
@@ -313,6 +314,44 @@ def test_retention_keeps_newest_and_savepoints() -> None:
         ack_all(coord, store, r.checkpoint_id)
         done.append(r.checkpoint_id)
     assert [c.checkpoint_id for c in store.list_completed()] == [sp.checkpoint_id, *done[-2:]]
+
+
+def test_garbage_blobs_are_collected_every_nth_retention_and_after_the_final() -> None:
+    store = InMemoryCheckpointStore()
+    coord = CheckpointCoordinator(
+        CheckpointConfig(interval_ms=None, retained_checkpoints=1),
+        store,
+        RecordingGateway(),
+        tasks_to_trigger=[SRC],
+        tasks_to_ack=[SRC, OP],
+        clock=ManualClock(0),
+        garbage_every=3,
+    )
+    coord.start()
+    ids: list[int] = []
+    blob_ids: list[set[int]] = []  # checkpoints whose blobs are stored, after each completion
+    for final in [False] * 7 + [True]:
+        r = coord.trigger_checkpoint(final=final)
+        assert r.checkpoint_id is not None
+        ack_all(coord, store, r.checkpoint_id)
+        ids.append(r.checkpoint_id)
+        blob_ids.append({b.checkpoint_id for b in store.stored_blobs()})
+        assert [c.checkpoint_id for c in store.list_completed()] == [r.checkpoint_id]
+    # retention runs at every completion (the first drops nothing); blobs are collected at
+    # every 3rd one (completions 3 and 6) and after the final checkpoint (completion 8)
+    collected = [i for i, alive in enumerate(blob_ids) if alive == {ids[i]}]
+    assert collected == [0, 2, 5, 7]
+    for i, alive in enumerate(blob_ids):
+        assert alive >= {ids[i]} and alive <= set(ids[: i + 1])
+    with pytest.raises(CheckpointError):
+        CheckpointCoordinator(
+            CheckpointConfig(),
+            store,
+            RecordingGateway(),
+            tasks_to_trigger=[SRC],
+            tasks_to_ack=[SRC],
+            garbage_every=0,
+        )
 
 
 def test_retention_keeps_the_checkpoints_tasks_still_build_on() -> None:

@@ -346,6 +346,27 @@ def test_retention_keeps_incremental_chains_savepoints_and_pending_state(backend
     assert ids(store) == [sp, c3]
 
 
+def test_retain_without_garbage_collection_leaves_blobs_for_a_later_one(
+    backend: Backend,
+) -> None:
+    store = backend.open()
+    lease = store.acquire()
+    c1, c2, c3 = lease.first_id, lease.first_id + 1, lease.first_id + 2
+    cps = [
+        write_and_commit(store, lease, c, blob(BlobKind.OPERATOR, kv((f"o{c}", c))))
+        for c in (c1, c2, c3)
+    ]
+    keys = [{r.key for r in cp.blobs()} for cp in cps]
+    assert store.retain(lease, 2, collect_garbage=False) == [c1]
+    assert ids(backend.open()) == [c2, c3]
+    alive = {r.key for r in store.stored_blobs()}
+    assert keys[0] <= alive  # dropped, not yet collected
+    assert store.retain(lease, 1) == [c2]
+    alive = {r.key for r in store.stored_blobs()}
+    assert alive == keys[2]  # both dropped checkpoints' blobs collected now
+    assert store.read_blob(next(iter(cps[2].blobs()))).equals(kv((f"o{c3}", c3)))
+
+
 def test_retain_rejects_zero(backend: Backend) -> None:
     store = backend.open()
     lease = store.acquire()
