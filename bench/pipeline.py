@@ -10,16 +10,27 @@ mailbox, Spark checkpoint location, output table).
 
 A calibration query runs first (it also absorbs the Python workers' start-up): a backlog
 without checkpoints; its rows per busy second is the capacity. The throughput and latency
-queries are offered ``utilization`` (50%) of it as a *rate*, with no backlog: ``ckpt-source``
-places barriers at every channel's head, so a backlog would delay every barrier until it is
-drained.
+queries are offered ``utilization`` (50%) of it as a *rate*, with no backlog.
 
 Measurements, all in one run:
 
+0. **The production path** — the aligner as :meth:`Pipeline.aligner` builds it (pipelined),
+   checkpoints every ``interval_ms`` against checkpointing off, rows per wall-clock second
+   of a window of back-to-back batches (:func:`_pipelined_window`), repetitions in ABBA order
+   after an unmeasured warm-up query:
+
+   a. ``sustained`` — offered ``sustained_rate`` rows/s, no read limit (what a job that
+      keeps up does);
+   b. ``saturated`` — a backlog on every channel, batches of ``saturated_batch_rows``
+      (``maxRowsPerTrigger``), barriers at the read position (the default placement): both
+      configurations read identical batches as fast as they can, so the ratio is what
+      checkpointing costs a job without spare capacity.
+
 1. **Throughput with checkpoints vs without** (``throughput``): exactly-once aligned
    checkpoints every ``interval_ms`` (1 s) vs ``CheckpointConfig(interval_ms=None)`` (no
-   checkpoint at all; the 2PC sink then never stages nor commits, its output stays
-   buffered), with a processing-time trigger so that every batch holds the same rows in both.
+   checkpoint at all; the 2PC sink still encodes its output into in-progress Parquet files
+   but never commits them, like Flink's file sink without checkpoints), with a
+   processing-time trigger so that every batch holds the same rows in both.
    Repetitions are interleaved (each runs both configurations, in shuffled order); the ratio
    is the median of per-repetition ratios. **What is measured**: data rows handed to
    ``BatchAligner.process`` in the measured batches ÷ the sum of their Spark
@@ -38,12 +49,13 @@ Measurements, all in one run:
    warm-up, next to the micro-batch durations (``triggerExecution``).
 4. **Lagging channel, aligned vs unaligned** (``lag``): channel 0 has a backlog of ``lag``
    times its per-channel share of ``maxRowsPerTrigger``, the other channels a small one, all
-   at a low rate. After ``lag_warmup`` batches the benchmark requests one checkpoint (no
-   periodic checkpoints); its barrier is placed at every channel's head, so channel 0 delivers
-   it ``lag`` micro-batches after the others. Reported per mode and lag: end-to-end duration,
-   alignment time, channel-state bytes, and the lag observed in the batches.
+   at a low rate, with ``barrierPlacement=head``. After ``lag_warmup`` batches the benchmark
+   requests one checkpoint (no periodic checkpoints); its barrier is placed at every
+   channel's head, so channel 0 delivers it ``lag`` micro-batches after the others.
+   Reported per mode and lag: end-to-end duration, alignment time, channel-state bytes, and
+   the lag observed in the batches.
 
-Run ``python bench/pipeline.py`` (full, ~5.5 min) or ``--quick`` (smoke, < 90 s). Writes JSON to
+Run ``python bench/pipeline.py`` (full, ~8 min) or ``--quick`` (smoke, ~2 min). Writes JSON to
 ``bench/results/pipeline.json`` unless ``--out`` says otherwise. See ``bench/README.md``.
 """
 
@@ -110,7 +122,9 @@ class Settings:
     sustained_rate: float  # sustained: rows/s offered (all channels), no read limit
     sustained_warmup: int  # sustained: batches before the measured window
     sustained_measured: int  # sustained: batches processed in the measured window
-    sustained_reps: int  # sustained: repetitions (each runs both configurations)
+    sustained_reps: int  # sustained/saturated: repetitions (each runs both configurations)
+    saturated_batch_rows: int  # saturated: maxRowsPerTrigger over a backlog (same window)
+    pipelined_warmup_batches: int  # sustained/saturated: batches of an unmeasured first query
     query_timeout_s: float
 
     @property
@@ -147,8 +161,10 @@ FULL = Settings(
     lag_reps=2,
     sustained_rate=1_200_000.0,
     sustained_warmup=3,
-    sustained_measured=8,
-    sustained_reps=3,
+    sustained_measured=12,
+    sustained_reps=4,
+    saturated_batch_rows=600_000,
+    pipelined_warmup_batches=30,
     query_timeout_s=180.0,
 )
 QUICK = replace(
@@ -166,6 +182,8 @@ QUICK = replace(
     sustained_warmup=2,
     sustained_measured=3,
     sustained_reps=1,
+    saturated_batch_rows=300_000,
+    pipelined_warmup_batches=4,
     query_timeout_s=60.0,
 )
 
@@ -254,9 +272,9 @@ PHASES = (
     "notify_other",  # rest of _notify_completed (incremental base bookkeeping)
     "route",  # BatchAligner._route: rows to subtasks by key group
     "operator",  # RunningCount.process_batch (keyed state get/put)
-    "sink_write",  # DeltaSink.write: buffering (and staging past the target file size)
+    "sink_write",  # DeltaSink.write: encoding into the in-progress Parquet file
     "snapshot_sync",  # OperatorTask._snapshot minus pre_commit: state backend snapshot
-    "sink_pre_commit",  # DeltaSink.pre_commit: staging buffered output as Parquet
+    "sink_pre_commit",  # DeltaSink.pre_commit: closing the in-progress file, sealing
     "snapshot_async",  # OperatorTask._complete: state + channel state into the Delta store, ack
     "mailbox",  # BatchAligner._flush: acks posted as files
     "aligner_other",  # the rest of BatchAligner.process (barrier alignment, filtering, tick)
@@ -716,71 +734,80 @@ def bench_throughput(spark: Any, s: Settings, log: Callable[[str], None]) -> dic
     }
 
 
-def bench_sustained(spark: Any, s: Settings, log: Callable[[str], None]) -> dict[str, Any]:
-    """Measurement 0, the headline: end-to-end throughput of the production path — the
-    aligner as :meth:`Pipeline.aligner` builds it (pipelined: Spark reads batch *b + 1* while
-    the operators process *b*; asynchronous snapshots) — offered ``sustained_rate`` rows/s,
-    with checkpoints every ``interval_ms`` against checkpointing off, repetitions interleaved.
+def _pipelined_window(run: QueryRun, warmup: int, measured: int) -> dict[str, Any]:
+    """The measured window of a pipelined query: from the end of the *warmup*-th
+    ``foreachBatch`` call with data to the end of the call *measured* later. Each call first
+    waits until the previous batch was processed, so the window holds the processing of
+    exactly those *measured* batches: their rows per wall-clock second, and the checkpoints
+    triggered inside the window."""
+    data = [b for b in run.probe.batches if b.data_rows]
+    before, last = data[warmup - 1], data[warmup + measured - 1]
+    window = data[warmup - 1 : warmup + measured - 1]
+    rows = sum(b.data_rows for b in window)
+    wall = last.end - before.end
+    start_ms, end_ms = before.wall_end_ms, last.wall_end_ms
+    cps = [
+        c for c in run.completed if start_ms <= c.stats.trigger_ms <= end_ms and not c.is_savepoint
+    ]
+    return {
+        "rows": rows,
+        "wall_s": wall,
+        "rows_per_s": rows / wall,
+        "batch_rows": [b.data_rows for b in window],
+        "checkpoints": [_checkpoint_dict(c) for c in cps],
+        "loadavg_start": run.loadavg_start,
+    }
 
-    Batches run back to back without a read limit, so each reads everything produced while
-    the previous one ran, and every barrier (placed at the produced head) is delivered by the
-    batch planned after its trigger. A pipeline that keeps up processes the offered rate with
-    bounded batches; one that does not falls behind and its batches grow. The window runs from
-    the end of the ``sustained_warmup``-th ``foreachBatch`` call (counting calls with data)
-    to the end of the call ``sustained_measured`` later; each call first waits until the
-    previous batch was processed, so the window holds the processing of exactly those
-    batches. Reported: their rows per wall-clock second, and the produced-but-unread rows
-    (``behind``) at the end of the window."""
+
+def _pipelined_pairs(
+    spark: Any,
+    s: Settings,
+    label: str,
+    source: dict[str, object],
+    warmup: int,
+    measured: int,
+    reps: int,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Both configurations on the production path (``pipelined=True``), *reps* interleaved
+    repetitions in ABBA order (the JVM's JIT keeps speeding Spark up over the first minutes
+    of a session, so a fixed order would favour the later configuration); the ratio is the
+    median of the per-repetition ratios. One unmeasured query of ``pipelined_warmup_batches``
+    runs first."""
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
-    need = s.sustained_warmup + s.sustained_measured
-    rng = random.Random(2)
-    for rep in range(s.sustained_reps):
-        order = list(CONFIGS)
-        rng.shuffle(order)
-        for name in order:
-            run = run_query(
-                spark,
-                f"{name}-sustained",
-                checkpoint_config(s, name),
-                source_options(s, [0] * s.channels, s.sustained_rate / s.channels, None),
-                done=lambda p: sum(1 for b in p.batches if b.data_rows) >= need,
-                timeout_s=s.query_timeout_s,
-                parallelism=s.parallelism,
-                pipelined=True,
-            )
-            data = [b for b in run.probe.batches if b.data_rows]
-            before, last = data[s.sustained_warmup - 1], data[need - 1]
-            window = data[s.sustained_warmup - 1 : need - 1]
-            rows = sum(b.data_rows for b in window)
-            wall = last.end - before.end
-            start_ms, end_ms = before.wall_end_ms, last.wall_end_ms
-            cps = [
-                c
-                for c in run.completed
-                if start_ms <= c.stats.trigger_ms <= end_ms and not c.is_savepoint
-            ]
-            sizes = [b.data_rows for b in window]
-            summary: dict[str, Any] = {
-                "rows": rows,
-                "wall_s": wall,
-                "rows_per_s": rows / wall,
-                "batch_rows": sizes,
-                "checkpoints": [_checkpoint_dict(c) for c in cps],
-                "loadavg_start": run.loadavg_start,
-            }
+    need = warmup + measured
+
+    def query(name: str, batches: int) -> QueryRun:
+        return run_query(
+            spark,
+            f"{name}-{label}",
+            checkpoint_config(s, name),
+            source,
+            done=lambda p: sum(1 for b in p.batches if b.data_rows) >= batches,
+            timeout_s=s.query_timeout_s,
+            parallelism=s.parallelism,
+            pipelined=True,
+        )
+
+    query("checkpoints", s.pipelined_warmup_batches)
+    for rep in range(reps):
+        for name in CONFIGS if rep % 2 == 0 else reversed(CONFIGS):
+            run = query(name, need)
+            summary = _pipelined_window(run, warmup, measured)
             runs[name].append(summary)
+            sizes = summary["batch_rows"]
             log(
-                f"  rep {rep + 1}/{s.sustained_reps} {name:<11} {summary['rows_per_s']:>12,.0f} "
-                f"rows/s ({len(window)} batches of {min(sizes):,}-{max(sizes):,} rows in "
-                f"{wall:.2f} s, {len(cps)} checkpoints, load {run.loadavg_start[0]:.1f})"
+                f"  rep {rep + 1}/{reps} {name:<11} {summary['rows_per_s']:>12,.0f} "
+                f"rows/s ({len(sizes)} batches of {min(sizes):,}-{max(sizes):,} rows in "
+                f"{summary['wall_s']:.2f} s, {len(summary['checkpoints'])} checkpoints, load "
+                f"{run.loadavg_start[0]:.1f})"
             )
     pairs = list(zip(runs["checkpoints"], runs["off"], strict=True))
     ratios = [c["rows_per_s"] / o["rows_per_s"] for c, o in pairs]
     e2e = [c["end_to_end_ms"] for r in runs["checkpoints"] for c in r["checkpoints"]]
     return {
-        "offered_rows_per_s": s.sustained_rate,
-        "measured_batches": s.sustained_measured,
-        "reps": s.sustained_reps,
+        "measured_batches": measured,
+        "reps": reps,
         "rows_per_s": {c: _median([r["rows_per_s"] for r in runs[c]]) for c in CONFIGS},
         "ratio": _median(ratios),
         "ratio_min": min(ratios),
@@ -793,6 +820,52 @@ def bench_sustained(spark: Any, s: Settings, log: Callable[[str], None]) -> dict
         },
         "runs": runs,
     }
+
+
+def bench_sustained(spark: Any, s: Settings, log: Callable[[str], None]) -> dict[str, Any]:
+    """Measurement 0a: end-to-end throughput of the production path — the aligner as
+    :meth:`Pipeline.aligner` builds it (pipelined: Spark reads batch *b + 1* while the
+    operators process *b*; asynchronous snapshots) — offered ``sustained_rate`` rows/s, with
+    checkpoints every ``interval_ms`` against checkpointing off.
+
+    Batches run back to back without a read limit, so each reads everything produced while
+    the previous one ran. A pipeline that keeps up processes the offered rate with bounded
+    batches; one that does not falls behind and its batches grow (:func:`_pipelined_window`
+    defines the measured window)."""
+    result = _pipelined_pairs(
+        spark,
+        s,
+        "sustained",
+        source_options(s, [0] * s.channels, s.sustained_rate / s.channels, None),
+        s.sustained_warmup,
+        s.sustained_measured,
+        s.sustained_reps,
+        log,
+    )
+    return {"offered_rows_per_s": s.sustained_rate, **result}
+
+
+def bench_saturated(spark: Any, s: Settings, log: Callable[[str], None]) -> dict[str, Any]:
+    """Measurement 0b: the production path saturated. Every channel starts with a backlog
+    longer than the query reads, batches of ``saturated_batch_rows`` (``maxRowsPerTrigger``)
+    run back to back, and barriers go at the read position (``barrierPlacement=read``, the
+    default), so each checkpoint's barriers are in the batch that takes its trigger. Both
+    configurations read identical batches as fast as they can: the ratio of their rows per
+    wall-clock second is what checkpointing costs a job that has no spare capacity."""
+    share = s.saturated_batch_rows // s.channels
+    need = max(s.sustained_warmup + s.sustained_measured, s.pipelined_warmup_batches)
+    backlog = share * (need + 8)
+    result = _pipelined_pairs(
+        spark,
+        s,
+        "saturated",
+        source_options(s, [backlog] * s.channels, 0.0, s.saturated_batch_rows),
+        s.sustained_warmup,
+        s.sustained_measured,
+        s.sustained_reps,
+        log,
+    )
+    return {"batch_rows": s.saturated_batch_rows, "backlog_per_channel": backlog, **result}
 
 
 def bench_latency(spark: Any, s: Settings, log: Callable[[str], None]) -> dict[str, Any]:
@@ -898,7 +971,12 @@ def lag_query(spark: Any, s: Settings, mode: str, lag: int) -> dict[str, Any]:
         spark,
         f"lag-{mode}-{lag}",
         config,
-        source_options(s, [backlog0] + [others] * (s.channels - 1), s.lag_rate, s.lag_batch_rows),
+        {
+            **source_options(
+                s, [backlog0] + [others] * (s.channels - 1), s.lag_rate, s.lag_batch_rows
+            ),
+            "barrierPlacement": "head",  # channel 0's backlog plays in-flight data
+        },
         done=done,
         timeout_s=s.query_timeout_s,
         parallelism=s.parallelism,
@@ -1043,13 +1121,25 @@ def render(result: dict[str, Any]) -> str:
         f"parallelism {s['parallelism']} -> Delta (2PC), local[2]; load average "
         f"{result['loadavg_start'][0]:.1f} at start, {result['loadavg_end'][0]:.1f} at end",
     ]
-    su = result.get("sustained")
-    if su:
-        lines.append(
-            f"End to end (the production path: pipelined aligner, back-to-back batches, no read "
-            f"limit), {su['offered_rows_per_s']:,.0f} rows/s offered, {su['measured_batches']} "
+    def title(section: str, su: dict[str, Any]) -> str:
+        if section == "sustained":
+            return (
+                f"End to end (the production path: pipelined aligner, back-to-back batches, no "
+                f"read limit), {su['offered_rows_per_s']:,.0f} rows/s offered, "
+                f"{su['measured_batches']} batches measured, median of {su['reps']} "
+                f"interleaved reps"
+            )
+        return (
+            f"Saturated (the production path over a backlog: batches of {su['batch_rows']:,} "
+            f"rows back to back, barriers at the read position), {su['measured_batches']} "
             f"batches measured, median of {su['reps']} interleaved reps"
         )
+
+    for section in ("sustained", "saturated"):
+        su = result.get(section)
+        if not su:
+            continue
+        lines.append(title(section, su))
         for c in CONFIGS:
             lines.append(
                 f"  {c:<12} {su['rows_per_s'][c]:>12,.0f} rows/s processed  (batch rows "
@@ -1145,7 +1235,7 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-SECTIONS = ("sustained", "throughput", "latency", "lag")
+SECTIONS = ("sustained", "saturated", "throughput", "latency", "lag")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1192,6 +1282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "sustained" in sections:
             log("sustained throughput, pipelined, back to back (checkpoints every 1 s vs off) ...")
             result["sustained"] = bench_sustained(spark, s, log)
+        if "saturated" in sections:
+            log("saturated throughput, pipelined, backlog (checkpoints every 1 s vs off) ...")
+            result["saturated"] = bench_saturated(spark, s, log)
         if "throughput" in sections:
             log("throughput (checkpoints every 1 s vs off) ...")
             result["throughput"] = bench_throughput(spark, s, log)
