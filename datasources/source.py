@@ -155,7 +155,11 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         self._target = self.source.heads()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        offset = StreamOffset.from_dict(start)
+        """Source runner. Places the barriers the coordinator triggered and returns the next
+        end offset; returns *start* itself when the batch would carry nothing (no micro-batch
+        runs, see :meth:`StreamOffset.is_idle_after`)."""
+        begin = StreamOffset.from_dict(start)
+        offset = begin
         if self._target is not None:
             heads = [max(t, p) for t, p in zip(self._target, offset.positions, strict=True)]
         else:
@@ -172,7 +176,8 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             heads = [min(h, s) for h, s in zip(heads, self._stop_at, strict=True)]
         if self._target is not None:
             offset = self._available_now(offset, heads)
-        return offset.advance(fair_limits(offset.positions, heads, max_rows)).to_dict()
+        end = offset.advance(fair_limits(offset.positions, heads, max_rows))
+        return start if end.is_idle_after(begin) else end.to_dict()
 
     def _available_now(self, offset: StreamOffset, heads: Sequence[int]) -> StreamOffset:
         """Trigger.AvailableNow ends with a final checkpoint at the target positions: once all

@@ -195,6 +195,18 @@ class StreamOffset:
         kept = tuple(b for b in self.barriers if b.checkpoint_id > floor)
         return StreamOffset(positions, tuple(emitted), kept)
 
+    def is_idle_after(self, start: StreamOffset) -> bool:
+        """Whether the micro-batch ``(start, self]`` would read no row and emit no barrier,
+        and *self* places no barrier *start* lacks — so it differs from *start* at most by
+        barriers it dropped as emitted everywhere. ``latestOffset`` then returns *start*
+        unchanged: Spark runs a micro-batch for any changed offset, even an empty one."""
+        return (
+            self.positions == start.positions
+            and self.emitted == start.emitted
+            and {b.checkpoint_id for b in self.barriers}
+            <= {b.checkpoint_id for b in start.barriers}
+        )
+
     def plan(self, end: StreamOffset) -> list[ChannelSlice]:
         """The micro-batch from this offset (exclusive) to *end* (inclusive), per channel."""
         if end.channels != self.channels:

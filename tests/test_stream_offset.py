@@ -121,6 +121,22 @@ def test_barrier_at_read_position_is_emitted_by_the_batch_that_places_it() -> No
     assert BarrierPlacement.HEAD.positions([0, 0], heads, 200) == [300, 10]
 
 
+def test_an_offset_that_only_drops_emitted_barriers_is_idle() -> None:
+    start = StreamOffset.initial([0, 0]).place(CheckpointBarrier(1, 0), [5, 5])
+    batch = start.advance([5, 5])  # reads the rows and emits barrier 1 on both channels
+    assert not batch.is_idle_after(start)
+    after = batch.advance([5, 5])  # nothing new: only drops barrier 1 (emitted everywhere)
+    assert after.barriers == () and after != batch
+    assert after.is_idle_after(batch)
+    # a new barrier placed at the current position is emitted by an otherwise empty batch
+    placed = batch.place(CheckpointBarrier(2, 0), [5, 5])
+    assert not placed.advance([5, 5]).is_idle_after(batch)
+    # one placed beyond the current position must be kept in the offset, though not emitted
+    ahead = batch.place(CheckpointBarrier(2, 0), [9, 9])
+    assert not ahead.advance([5, 5]).is_idle_after(batch)
+    assert not batch.advance([6, 5]).is_idle_after(batch)
+
+
 def test_restored_offset_does_not_reemit_completed_barriers() -> None:
     o = StreamOffset.initial([5, 7], last_checkpoint_id=4)
     with pytest.raises(ProtocolError):
