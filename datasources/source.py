@@ -211,9 +211,10 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
                     )
             for barrier in self.host.poll_now():
                 offset = offset.place(barrier, heads)
-            final_id = (self._final.checkpoint_id if self._final is not None else None) or 0
-            if any(b.checkpoint_id >= final_id for b in offset.barriers):
-                return offset  # the next batch carries the final barriers
+            if any(b.checkpoint_id > e for b in offset.barriers for e in offset.emitted):
+                # the next batch emits them: the final barrier, or a periodic one the (queued)
+                # final checkpoint waits for; barriers emitted already need no batch
+                return offset
             if time.monotonic() > deadline:
                 raise CheckpointError(
                     "the final checkpoint of Trigger.AvailableNow did not complete"
