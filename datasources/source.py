@@ -190,7 +190,10 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         while True:
             final = self._final
             if final is not None and final.status is RequestStatus.COMPLETED:
-                # done: emit nothing more (Spark ends the query on an unchanged offset)
+                # done: emit nothing more (Spark ends the query on an unchanged offset) once
+                # the completion's sink commit, which may still run on the host thread (the
+                # status is set before it), has finished: the query must not end before it
+                self.host.sync()
                 return StreamOffset(
                     offset.positions,
                     offset.emitted,

@@ -325,6 +325,14 @@ class HostThread:
         with self._host_lock:
             return fn(self.host)
 
+    def sync(self) -> None:
+        """Wait until a poll in progress has finished — a completion with its global sink
+        commit runs inside one — and raise what stopped the polling thread, if anything did."""
+        with self._host_lock:
+            pass
+        if self._error is not None:
+            raise self._error
+
     def take_barriers(self) -> list[CheckpointBarrier]:
         """The barriers triggered since the last call, oldest first; raises what stopped the
         polling thread, if anything did. Starts the thread on first use."""
