@@ -1121,6 +1121,7 @@ def render(result: dict[str, Any]) -> str:
         f"parallelism {s['parallelism']} -> Delta (2PC), local[2]; load average "
         f"{result['loadavg_start'][0]:.1f} at start, {result['loadavg_end'][0]:.1f} at end",
     ]
+
     def title(section: str, su: dict[str, Any]) -> str:
         if section == "sustained":
             return (
@@ -1235,7 +1236,21 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-SECTIONS = ("sustained", "saturated", "throughput", "latency", "lag")
+#: Section name -> (what the log says, the measurement), in the order they run.
+SECTION_RUNS: dict[str, tuple[str, Callable[[Any, Settings, Callable[[str], None]], Any]]] = {
+    "sustained": (
+        "sustained throughput, pipelined, back to back (checkpoints every 1 s vs off)",
+        bench_sustained,
+    ),
+    "saturated": (
+        "saturated throughput, pipelined, backlog (checkpoints every 1 s vs off)",
+        bench_saturated,
+    ),
+    "throughput": ("throughput (checkpoints every 1 s vs off)", bench_throughput),
+    "latency": ("checkpoint duration", bench_latency),
+    "lag": ("lagging channel, aligned vs unaligned", bench_lag),
+}
+SECTIONS = tuple(SECTION_RUNS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1252,7 +1267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = QUICK if args.quick else FULL
     if args.reps:
         s = replace(s, reps=args.reps)
-    sections = args.only or list(SECTIONS)
+    sections = [n for n in SECTIONS if n in (args.only or SECTIONS)]
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -1279,21 +1294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate = args.rate or round(s.utilization * result["calibration"]["capacity_rows_per_s"], -4)
         s = replace(s, rate=max(rate, 20_000.0), latency_rate=max(rate, 20_000.0))
         result["settings"] = {**asdict(s), "batch_rows": s.batch_rows}
-        if "sustained" in sections:
-            log("sustained throughput, pipelined, back to back (checkpoints every 1 s vs off) ...")
-            result["sustained"] = bench_sustained(spark, s, log)
-        if "saturated" in sections:
-            log("saturated throughput, pipelined, backlog (checkpoints every 1 s vs off) ...")
-            result["saturated"] = bench_saturated(spark, s, log)
-        if "throughput" in sections:
-            log("throughput (checkpoints every 1 s vs off) ...")
-            result["throughput"] = bench_throughput(spark, s, log)
-        if "latency" in sections:
-            log("checkpoint duration ...")
-            result["latency"] = bench_latency(spark, s, log)
-        if "lag" in sections:
-            log("lagging channel, aligned vs unaligned ...")
-            result["lag"] = bench_lag(spark, s, log)
+        for name in sections:
+            title, bench = SECTION_RUNS[name]
+            log(f"{title} ...")
+            result[name] = bench(spark, s, log)
         if args.profile:
             log("cProfile of foreachBatch ...")
             result["profile"] = profile_foreach_batch(spark, s)

@@ -382,7 +382,8 @@ class DeltaCheckpointStore(CheckpointStore):
         put-if-absent commit then wrote; anything else is left to a scan."""
         if dt.version() != view.version + 1:
             return
-        done = {k: v for k, v in view.completed.items() if k not in set(removed)}
+        gone = set(removed)
+        done = {k: v for k, v in view.completed.items() if k not in gone}
         if completed is not None:
             done[completed[0]] = completed[1]
         after = _LogView(

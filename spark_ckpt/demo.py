@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from .checkpoint import CompletedCheckpoint
 from .config import CheckpointConfig
 from .operator import RunningCount
+from .stream_offset import BarrierPlacement
 
 MODES = ("aligned", "unaligned", "at-least-once", "aligned-timeout")
 
@@ -82,8 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-rows-per-trigger", type=int, default=None)
     p.add_argument(
         "--barrier-placement",
-        choices=("read", "head"),
-        default="read",
+        choices=[p.value for p in BarrierPlacement],
+        default=BarrierPlacement.READ.value,
         help="where barriers go under a read limit: the batch's end, or each channel's head",
     )
     p.add_argument("--parallelism", type=int, default=2)

@@ -56,9 +56,7 @@ class BarrierPlacement(Enum):
         channels' *heads* and the batch's read limit: the batch's end (:func:`fair_limits`)
         for ``READ``, the heads for ``HEAD``. A barrier at position *p* sits before data row
         *p*, so one at the batch's end is emitted by that batch, after its last row."""
-        if self is BarrierPlacement.HEAD:
-            return [max(h, p) for p, h in zip(positions, heads, strict=True)]
-        return fair_limits(positions, heads, max_rows)
+        return fair_limits(positions, heads, None if self is BarrierPlacement.HEAD else max_rows)
 
 
 @dataclass(frozen=True)
