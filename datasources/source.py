@@ -48,6 +48,7 @@ from spark_ckpt.errors import CheckpointError, ProtocolError
 from spark_ckpt.host import SOURCE_TASK, CoordinatorHost, HostThread
 from spark_ckpt.source_options import SourceOptions
 from spark_ckpt.stream_offset import StreamOffset, fair_limits
+from spark_ckpt.testing import faults
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +75,10 @@ def open_host(options: SourceOptions) -> CoordinatorHost:
     return CoordinatorHost(
         options.root,
         options.config,
-        DeltaCheckpointStore(options.root),
+        faults.faulty_store(DeltaCheckpointStore(options.root), options.root),
         sink_factory=lambda spec: sink_from_spec(spec, pipeline=options.pipeline),
         defer_after_completion=True,  # run by a HostThread
+        run_id=options.run_id,
     )
 
 
@@ -102,6 +104,7 @@ class ChannelPartition(InputPartition):  # type: ignore[misc]
     marks: tuple[tuple[int, CheckpointBarrier], ...]
     schema: pa.Schema
     channels: int
+    root: str
 
 
 class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
@@ -131,7 +134,9 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
 
     # -- offsets -----------------------------------------------------------------------------
     def initialOffset(self) -> dict[str, Any]:
-        latest = self.host.call(CoordinatorHost.latest_completed)
+        """Source runner; deterministic (Spark calls it twice). The positions of the
+        checkpoint the run restores from (:meth:`CoordinatorHost.start_run`)."""
+        latest = self.host.call(CoordinatorHost.start_run)
         channels = self.source.channels
         if latest is None:
             return StreamOffset.initial([0] * channels).to_dict()
@@ -158,6 +163,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         """Source runner. Places the barriers the coordinator triggered and returns the next
         end offset; returns *start* itself when the batch would carry nothing (no micro-batch
         runs, see :meth:`StreamOffset.is_idle_after`)."""
+        faults.hit(self.options.root, faults.Fault.SOURCE_RUNNER)
         begin = StreamOffset.from_dict(start)
         offset = begin
         if self._target is not None:
@@ -234,6 +240,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
                 s.barriers,
                 self.schema,
                 len(slices),
+                self.options.root,
             )
             for s in slices
         ]
@@ -241,6 +248,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, ChannelPartition):
             raise ProtocolError(f"not a ckpt-source partition: {partition!r}")
+        faults.hit(partition.root, faults.Fault.SOURCE_READ, lambda: {"channel": partition.channel})
         table = channel_rows(
             partition.plan.read(),
             partition.schema,

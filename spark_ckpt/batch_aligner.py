@@ -50,7 +50,6 @@ with the lag.
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Sequence
 
 import numpy as np
@@ -75,8 +74,9 @@ from .clock import Clock, SystemClock
 from .handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
 from .host import SOURCE_TASK
 from .keygroup import subtasks_for_keys
-from .mailbox import Mailbox, SinkSpec, Topology, write_topology
+from .mailbox import Mailbox
 from .operator import KeyedOperator
+from .run import RunFiles
 from .sink import TwoPhaseCommitSink
 from .snapshot_worker import SnapshotWorker
 from .store import CheckpointStore
@@ -84,9 +84,11 @@ from .task import OperatorTask, Response
 
 
 class BatchAligner:
-    """See the module docstring. Construct it before the query starts: it publishes the
-    topology (so the coordinator knows whom to wait for) and restores state from the latest
-    completed checkpoint."""
+    """See the module docstring. The runtime of one run (:mod:`spark_ckpt.run`): it restores
+    state from *restore_from* — the checkpoint the run's coordinator chose — at construction,
+    and is never reused by another run (:class:`~spark_ckpt.foreach_batch.ForeachBatchFunction`
+    builds one per run, lazily, in the process that calls it). The run's topology is
+    published by its driver, not here."""
 
     def __init__(
         self,
@@ -100,12 +102,15 @@ class BatchAligner:
         aligned_timeout_ms: int = 0,
         max_parallelism: int = 128,
         sink: TwoPhaseCommitSink | None = None,
-        sink_spec: SinkSpec | None = None,
         vertex: str | None = None,
         clock: Clock | None = None,
         async_snapshots: bool = False,
         pipelined: bool = False,
+        restore_from: CompletedCheckpoint | None = None,
+        run_id: str | None = None,
     ) -> None:
+        """*run_id*: acknowledgements go to the run's mailbox box and abort notifications
+        are read from the run's files (see :mod:`spark_ckpt.run`)."""
         self.root = root
         self.store = store
         self.operators = tuple(operators)
@@ -113,7 +118,9 @@ class BatchAligner:
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self.key_column = self.operators[0].key_column
-        self.mailbox = Mailbox(root)
+        self.mailbox = Mailbox(root, run_id)
+        self.run = RunFiles(root, run_id) if run_id else None
+        self._aborted_seen: set[int] = set()
         self.clock: Clock = clock or SystemClock()
         self._outbox: list[AcknowledgeCheckpoint | DeclineCheckpoint] = []
         self.sink = sink
@@ -138,13 +145,14 @@ class BatchAligner:
             )
             for s in range(parallelism)
         ]
-        latest = store.latest_completed()
+        latest = restore_from
         self.restored_from: CompletedCheckpoint | None = latest
         for t in self.tasks:
             t.restore(latest)
         self._completed_seen = latest.checkpoint_id if latest else 0
         # filled by the worker's completion polls, applied by the batch's thread
         self._completions: list[tuple[int, int | None]] = []
+        self._aborts: list[int] = []
         self._completions_lock = threading.Lock()
         self._polling = False
         self.mode = mode
@@ -154,8 +162,8 @@ class BatchAligner:
         self._positions = [offsets.get((SOURCE_TASK.vertex, c), 0) for c in range(channels)]
         self._arrived: dict[int, tuple[CheckpointBarrier, set[int]]] = {}
         self._cut: dict[int, set[int]] = {}
-        write_topology(root, Topology(self.vertex, parallelism, sink_spec, uuid.uuid4().hex))
         self.rows_processed = 0
+        self.aborts_received = 0
 
     def __call__(self, df: object, batch_id: int) -> None:
         """``foreachBatch`` entry point (driver, the user's process): collects the micro-batch
@@ -273,22 +281,39 @@ class BatchAligner:
 
     def _notify_completed(self) -> None:
         if self.worker is None:
+            aborts = self._poll_aborts()
             found = self._poll_completions()
         else:
             with self._completions_lock:
                 found, self._completions = self._completions, []
+                aborts, self._aborts = self._aborts, []
                 polling, self._polling = self._polling, True
             if not polling:
                 self.worker.submit(self._poll_in_worker)
+        for cid in aborts:
+            self.aborts_received += 1
+            self._arrived.pop(cid, None)
+            for task in self.tasks:
+                task.notify_aborted(cid, "aborted by the coordinator")
         for cid, committed in found:
             for task in self.tasks:
                 task.notify_complete(cid, committed)
 
     def _poll_in_worker(self) -> None:
+        aborts = self._poll_aborts()
         found = self._poll_completions()
         with self._completions_lock:
+            self._aborts.extend(aborts)
             self._completions.extend(found)
             self._polling = False
+
+    def _poll_aborts(self) -> list[int]:
+        """Checkpoints the run's coordinator aborted since the last call (oldest first)."""
+        if self.run is None:
+            return []
+        new = [c for c in self.run.aborted() if c not in self._aborted_seen]
+        self._aborted_seen.update(new)
+        return new
 
     def _poll_completions(self) -> list[tuple[int, int | None]]:
         """(checkpoint id, the sink's committed checkpoint) of each checkpoint completed since

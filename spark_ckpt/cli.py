@@ -44,42 +44,62 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 
 def cmd_request(args: argparse.Namespace) -> int:
+    """Post a checkpoint/savepoint/stop request and wait for its answer. ``stop`` waits until
+    the running pipeline has stopped (its final checkpoint completed, its output committed,
+    its query ended). The request expires with ``--timeout``: a pipeline started later never
+    acts on it."""
     import uuid
 
+    from .clock import SystemClock
     from .host import REQUEST_ID
     from .mailbox import Mailbox, Request, RequestKind
+    from .run import Runs, RunState
 
     kind = RequestKind(args.command)
     request_id = uuid.uuid4().hex
-    Mailbox(args.root).post(
+    mailbox = Mailbox(args.root)
+    name = mailbox.post(
         Request(
             request_id,
             kind,
             getattr(args, "target", None),
             args.command == "stop" and args.savepoint,
+            SystemClock().now_ms() + int(args.timeout * 1000),
         )
     )
     deadline = time.monotonic() + args.timeout
     store = _store(args.root)
+    answer = None
     while time.monotonic() < deadline:
-        for cp in store.list_completed():
-            if cp.properties.get(REQUEST_ID) == request_id:
-                print(
-                    json.dumps(
-                        {
-                            "id": cp.checkpoint_id,
-                            "type": cp.snapshot_type.value,
-                            **dict(cp.properties),
-                        }
-                    )
-                )
-                return 0
+        if answer is None:
+            answer = next(
+                (c for c in store.list_completed() if c.properties.get(REQUEST_ID) == request_id),
+                None,
+            )
+        if answer is not None and kind is not RequestKind.STOP:
+            break
+        if answer is not None and any(
+            s.stop_request == request_id and s.state is RunState.STOPPED
+            for s in Runs(args.root).statuses()
+        ):
+            break
         time.sleep(0.2)
+    else:
+        mailbox.delete([name])  # not acted on yet: take it back
+        what = "no answer" if answer is None else "the pipeline did not stop"
+        print(
+            f"error: {what} to the {kind.value} request within {args.timeout} s "
+            f"(is the pipeline under {args.root} running?)",
+            file=sys.stderr,
+        )
+        return 1
+    assert answer is not None
     print(
-        f"no answer to {kind.value} request within {args.timeout} s (is the pipeline running?)",
-        file=sys.stderr,
+        json.dumps(
+            {"id": answer.checkpoint_id, "type": answer.snapshot_type.value, **answer.properties}
+        )
     )
-    return 1
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -97,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, text in (
         ("checkpoint", "trigger a checkpoint"),
         ("savepoint", "trigger a savepoint"),
-        ("stop", "final checkpoint, then stop"),
+        ("stop", "stop the running pipeline with a final checkpoint (or --savepoint)"),
     ):
         r = sub.add_parser(name, help=text)
         r.add_argument("--root", required=True)

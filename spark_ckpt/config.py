@@ -49,8 +49,8 @@ Key (Flink aliases)                   Value                                     
 (``execution.checkpointing.aligned-checkpoint-timeout``)
 ``checkpoint.retained``               integer >= 1                                ``1``
 (``execution.checkpointing.num-retained``, ``state.checkpoints.num-retained``)
-``checkpoint.externalized-retention`` ``no_externalized_checkpoints`` |           ``no_exter…``
-(``execution.checkpointing.           ``delete_on_cancellation`` |
+``checkpoint.externalized-retention`` ``no_externalized_checkpoints`` |           ``retain_o…``
+(``execution.checkpointing.           ``delete_on_cancellation`` |                (see below)
 externalized-checkpoint-retention``)  ``retain_on_cancellation``
 ``checkpoint.storage``                path or URI of the checkpoint store root    unset
 (``execution.checkpointing.dir``, ``state.checkpoints.dir``)
@@ -489,8 +489,11 @@ class CheckpointConfig:
     unaligned: bool = False
     aligned_checkpoint_timeout_ms: int = 0
     retained_checkpoints: int = 1
+    #: Unlike Flink (``NO_EXTERNALIZED_CHECKPOINTS``), checkpoints outlive a stopped job by
+    #: default: a Spark user expects a restarted query to resume where it stopped, and a
+    #: stop that deleted the checkpoints would make the next run re-emit committed output.
     externalized_retention: ExternalizedCheckpointRetention = (
-        ExternalizedCheckpointRetention.NO_EXTERNALIZED_CHECKPOINTS
+        ExternalizedCheckpointRetention.RETAIN_ON_CANCELLATION
     )
     checkpoint_storage: str | None = None
     savepoint_dir: str | None = None

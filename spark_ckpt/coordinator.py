@@ -131,6 +131,13 @@ _DISCARD_ON: dict[ExternalizedCheckpointRetention, frozenset[JobStatus]] = {
 }
 
 
+def discards_checkpoints(retention: ExternalizedCheckpointRetention, status: JobStatus) -> bool:
+    """Whether a job ending with *status* discards its retained checkpoints (never its
+    savepoints) under *retention*. Unlike Flink, RETAIN_ON_CANCELLATION keeps them even when
+    the job finished."""
+    return status in _DISCARD_ON[retention]
+
+
 _DECLINE_REASONS = frozenset(
     {
         CheckpointFailureReason.DECLINED,
@@ -221,6 +228,14 @@ class CheckpointCoordinator:
     def epoch(self) -> int:
         return self._lease.epoch
 
+    def restored_from(self, checkpoint: CompletedCheckpoint | None) -> None:
+        """The job restored from *checkpoint* (by default assumed to be the latest completed
+        one): until a task reports its own incremental base, retention keeps everything
+        from there. Call before :meth:`start`."""
+        self._bases = (
+            {t: checkpoint.checkpoint_id for t in self.tasks_to_ack} if checkpoint else {}
+        )
+
     def start(self) -> None:
         """Start periodic triggering (if an interval is configured)."""
         self._ensure_running(allow_created=True)
@@ -255,7 +270,7 @@ class CheckpointCoordinator:
         self._queue.clear()
         if fenced:
             return
-        if job_status in _DISCARD_ON[self.config.externalized_retention]:
+        if discards_checkpoints(self.config.externalized_retention, job_status):
             ids = [c.checkpoint_id for c in self.store.list_completed() if not c.is_savepoint]
             if ids:
                 self.store.discard(self._lease, ids)

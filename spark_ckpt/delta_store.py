@@ -54,6 +54,12 @@ How the contract of :mod:`spark_ckpt.store` is kept:
   referenced blob whose row is missing, or an unreadable data file, raises
   :class:`CorruptCheckpointError`. Errors of delta-rs, Arrow and the file system are
   translated into :class:`StoreError` subclasses here; none escapes raw.
+  :meth:`~spark_ckpt.store.CheckpointStore.verify` reads a checkpoint's blobs with one scan
+  per state table; if that fails it reads the candidate data files one by one and decodes
+  each in memory, which separates damage (a file that is gone or does not decode, a row
+  that is missing or fails its checksum: :class:`CorruptCheckpointError`) from a store
+  that cannot be read (any other I/O error: :class:`StoreError`) — pyarrow reports a
+  damaged Parquet footer and an I/O failure alike as ``OSError``.
 
 Threading: an instance may be shared by the coordinator thread and task threads; every call
 is an independent transaction on freshly loaded tables (the instance lock only guards the
@@ -67,7 +73,7 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -76,6 +82,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
@@ -99,7 +106,15 @@ from .handle import (
     encode_table,
     make_ref,
 )
-from .store import ID_BLOCK, CheckpointStore, CoordinatorLease, garbage_blobs, retention_plan
+from .store import (
+    ID_BLOCK,
+    CheckpointStore,
+    CoordinatorLease,
+    describe_blob,
+    garbage_blobs,
+    parse_completed,
+    retention_plan,
+)
 
 _T = TypeVar("_T")
 
@@ -223,10 +238,20 @@ def _chunks(values: Sequence[_T], size: int = _PREDICATE_CHUNK) -> Iterator[Sequ
         yield values[i : i + size]
 
 
-def _boundary(what: str, *, reading: bool = False) -> AbstractContextManager[None]:
+@contextmanager
+def _boundary(what: str, *, reading: bool = False) -> Iterator[None]:
     """:func:`~spark_ckpt.delta_errors.delta_boundary` into :class:`StoreError`; on read paths
-    an unreadable data file is :class:`CorruptCheckpointError`."""
-    return delta_boundary(what, StoreError, unreadable=CorruptCheckpointError if reading else None)
+    an unreadable data file is :class:`CorruptCheckpointError`. Also catches the
+    ``UnicodeDecodeError`` of a damaged string column: pyarrow does not validate UTF-8 when
+    it decodes Parquet, so such damage only surfaces when values are converted."""
+    with delta_boundary(
+        what, StoreError, unreadable=CorruptCheckpointError if reading else None
+    ):
+        try:
+            yield
+        except UnicodeDecodeError as e:
+            error = CorruptCheckpointError if reading else StoreError
+            raise error(f"{what}: undecodable string data: {e}") from e
 
 
 class DeltaCheckpointStore(CheckpointStore):
@@ -252,8 +277,10 @@ class DeltaCheckpointStore(CheckpointStore):
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._max_attempts = max_attempts
         self._lock = threading.Lock()
-        # (version, parsed completed checkpoints) of the last list_completed.
-        self._completed_cache: tuple[int, list[CompletedCheckpoint]] | None = None
+        # (version, parsed completed checkpoints, damaged ones) of the last listing.
+        self._completed_cache: (
+            tuple[int, list[CompletedCheckpoint], list[CorruptCheckpointError]] | None
+        ) = None
         self._view_cache: _LogView | None = None
         self._tables: dict[StoreTable, DeltaTable] = {}
 
@@ -618,7 +645,7 @@ class DeltaCheckpointStore(CheckpointStore):
         groups is not many scans). Results are in the order of *refs*. A blob missing from
         the store raises :class:`CorruptCheckpointError` if a completed checkpoint references
         it, else :class:`CheckpointNotFoundError`."""
-        found: dict[str, list[tuple[str, bytes]]] = {}
+        found: dict[str, list[tuple[str | None, bytes | None]]] = {}
         with _boundary("reading blobs", reading=True):
             for table in (StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE):
                 mine = [r for r in refs if blob_table(r.kind) is table]
@@ -647,17 +674,82 @@ class DeltaCheckpointStore(CheckpointStore):
             rows = found.get(blob_id(ref))
             if not rows:
                 raise self._missing(ref)
-            # Prefer the row whose checksum matches; any other one fails verification.
-            payload = next((p for d, p in rows if d == ref.checksum), rows[0][1])
-            out.append(decode_table(payload, ref))
+            out.append(_verified_payload(rows, ref))
         return out
 
     def _missing(self, ref: BlobRef) -> StoreError:
-        referenced = any(ref.key == b.key for c in self.list_completed() for b in c.blobs())
+        completed, _ = self.list_completed_lenient()
+        referenced = any(ref.key == b.key for c in completed for b in c.blobs())
         where = f"blob {ref.key}"
         if referenced:
             return CorruptCheckpointError(f"{where} of a completed checkpoint is missing")
         return CheckpointNotFoundError(f"{where} is not in the store")
+
+    # -- verification ----------------------------------------------------------------------
+    def describe_blob(self, ref: BlobRef) -> str:
+        """The base description plus where the row lives: table and ``blob_id``."""
+        return f"{describe_blob(ref)} [{blob_table(ref.kind).value} blob_id {blob_id(ref)}]"
+
+    def _find_damage(
+        self, refs: Sequence[BlobRef]
+    ) -> tuple[BlobRef | None, StoreError] | None:
+        """One :meth:`read_blobs` (one scan per table); if it fails in any way — damage or
+        an I/O error, which pyarrow does not tell apart — :meth:`_examine_files` decides."""
+        try:
+            self.read_blobs(refs)
+            return None
+        except StoreError:
+            return self._examine_files(refs)
+
+    def _examine_files(
+        self, refs: Sequence[BlobRef]
+    ) -> tuple[BlobRef | None, StoreError] | None:
+        """Verify *refs* reading the data files that may hold them (pruned by checkpoint id,
+        as :meth:`read_blobs` does) one at a time: the bytes are read first — an I/O error
+        there propagates as :class:`StoreError`, a file that is gone is damage — and then
+        decoded in memory, where any failure is damage of that file. Rows are then selected
+        and checked exactly as :meth:`read_blobs` does, so a checkpoint passes here iff a
+        restore can read it. Returns the first damaged blob of *refs* and why, or ``None``."""
+        found: dict[str, list[tuple[str | None, bytes | None]]] = {}
+        damaged_files: dict[StoreTable, list[str]] = {}
+        with _boundary("verifying blobs"):
+            for table in (StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE):
+                mine = [r for r in refs if blob_table(r.kind) is table]
+                dt = self._load(table) if mine else None
+                if dt is None:
+                    continue
+                ids = sorted({r.checkpoint_id for r in mine})
+                wanted = {blob_id(r) for r in mine}
+                dataset = dt.to_pyarrow_dataset(
+                    filesystem=self._arrow_fs(dt),
+                    file_pruning_predicate=[("checkpoint_id", "in", ids)],
+                )
+                bad = damaged_files.setdefault(table, [])
+                for path in dataset.files:
+                    try:
+                        with dataset.filesystem.open_input_file(path) as f:
+                            data = f.read()
+                    except FileNotFoundError as e:
+                        bad.append(f"data file {path} is gone ({e})")
+                        continue
+                    try:
+                        rows = _decode_blob_rows(data, set(ids), wanted)
+                    except (pa.ArrowException, OSError, ValueError) as e:
+                        bad.append(f"data file {path} does not decode ({type(e).__name__}: {e})")
+                        continue
+                    for bid, digest, payload in rows:
+                        found.setdefault(bid, []).append((digest, payload))
+        for ref in refs:
+            rows_of = found.get(blob_id(ref))
+            if not rows_of:
+                files = damaged_files.get(blob_table(ref.kind), [])
+                why = f"; {'; '.join(files)}" if files else ""
+                return ref, CorruptCheckpointError(f"its row is missing{why}")
+            try:
+                _verified_payload(rows_of, ref)
+            except CorruptCheckpointError as e:
+                return ref, e
+        return None
 
     # -- completion ------------------------------------------------------------------------
     def commit(self, lease: CoordinatorLease, checkpoint: CompletedCheckpoint) -> None:
@@ -713,27 +805,32 @@ class DeltaCheckpointStore(CheckpointStore):
 
     def list_completed(self) -> list[CompletedCheckpoint]:
         """Every committed checkpoint, oldest first, each verified against its checksum
-        (parsed results are cached per table version)."""
+        (parsed results are cached per table version); the first damaged one raises
+        :class:`CorruptCheckpointError`."""
+        good, bad = self.list_completed_lenient()
+        if bad:
+            raise bad[0]
+        return good
+
+    def list_completed_lenient(
+        self,
+    ) -> tuple[list[CompletedCheckpoint], list[CorruptCheckpointError]]:
+        """Every committed checkpoint whose metadata verifies, and an error per completed row
+        whose metadata does not (see the base class). A log that cannot be read at all (a
+        lost data file, a row without metadata) still raises."""
         with _boundary("listing completed checkpoints", reading=True):
             dt = self._load(StoreTable.CHECKPOINTS)
             if dt is None:
-                return []
+                return [], []
             with self._lock:
                 cached = self._completed_cache
             if cached is not None and cached[0] == dt.version():
-                return list(cached[1])
+                return list(cached[1]), list(cached[2])
             view = self._view(dt)
-        out: list[CompletedCheckpoint] = []
-        for cid, (text, digest) in sorted(view.completed.items()):
-            c = CompletedCheckpoint.from_json(text, digest)
-            if c.checkpoint_id != cid:
-                raise CorruptCheckpointError(
-                    f"row of checkpoint {cid} holds checkpoint {c.checkpoint_id}"
-                )
-            out.append(c)
+        good, bad = parse_completed(view.completed.items())
         with self._lock:
-            self._completed_cache = (view.version, out)
-        return list(out)
+            self._completed_cache = (view.version, good, bad)
+        return list(good), list(bad)
 
     # -- retention -------------------------------------------------------------------------
     def retain(
@@ -862,6 +959,42 @@ class DeltaCheckpointStore(CheckpointStore):
 def _no_rebase() -> CommitProperties:
     """Commit exactly on the snapshot read: a concurrent commit makes ours fail."""
     return CommitProperties(max_commit_retries=0)
+
+
+def _verified_payload(rows: Sequence[tuple[str | None, bytes | None]], ref: BlobRef) -> pa.Table:
+    """The blob *ref* decoded from the stored (checksum, payload) rows of its blob id (at
+    least one): the row whose stored checksum matches is preferred; any other one fails
+    verification. Raises :class:`CorruptCheckpointError`."""
+    payload = next((p for d, p in rows if d == ref.checksum), rows[0][1])
+    if payload is None:  # a damaged file can decode a non-nullable column as null
+        raise CorruptCheckpointError(
+            f"blob {ref.key} of checkpoint {ref.checkpoint_id} has a null payload"
+        )
+    return decode_table(payload, ref)
+
+
+def _decode_blob_rows(
+    data: bytes, ids: set[int], wanted: set[str]
+) -> list[tuple[str, str | None, bytes | None]]:
+    """(blob_id, checksum, payload) of the rows of the Parquet file *data* whose checkpoint
+    id is in *ids* and blob id in *wanted* — the rows :meth:`DeltaCheckpointStore.read_blobs`
+    would select. Raises what pyarrow raises for undecodable bytes (``ArrowException``,
+    ``OSError``, ``ValueError``; full validation catches invalid UTF-8 too)."""
+    table = pq.read_table(
+        pa.BufferReader(data), columns=["blob_id", "checkpoint_id", "checksum", "payload"]
+    )
+    table.validate(full=True)
+    out: list[tuple[str, str | None, bytes | None]] = []
+    for bid, cid, digest, payload in zip(
+        table["blob_id"].to_pylist(),
+        table["checkpoint_id"].to_pylist(),
+        table["checksum"].to_pylist(),
+        table["payload"].to_pylist(),
+        strict=True,
+    ):
+        if cid in ids and bid in wanted:
+            out.append((bid, digest, payload))
+    return out
 
 
 def _parse(view: _LogView) -> list[CompletedCheckpoint]:

@@ -1,4 +1,5 @@
-"""The main job: generator → keyed running count (with keyed state) → Delta, exactly-once.
+"""The main job: generator (or a Delta table) → keyed running count (keyed state) → Delta,
+exactly-once.
 
 Runs on the embedded default: local Spark (``local[2]``) and a Delta checkpoint store in a
 local folder. Prints each completed checkpoint (id, duration, state bytes, alignment time)
@@ -20,8 +21,10 @@ from collections.abc import Sequence
 
 from .checkpoint import CompletedCheckpoint
 from .config import CheckpointConfig
-from .operator import RunningCount
+from .errors import PipelineFailedError
+from .operator import KeyedOperator, RunningCount
 from .stream_offset import BarrierPlacement
+from .testing import faults
 
 MODES = ("aligned", "unaligned", "at-least-once", "aligned-timeout")
 
@@ -34,12 +37,12 @@ def build_config(args: argparse.Namespace) -> CheckpointConfig:
         "checkpoint.aligned-timeout": args.aligned_timeout
         if args.mode == "aligned-timeout"
         else "0",
-        "checkpoint.externalized-retention": "RETAIN_ON_CANCELLATION",
-        "checkpoint.retained": "2",
-        "checkpoint.tolerable-failures": "3",
+        "checkpoint.externalized-retention": args.retention,
+        "checkpoint.retained": str(args.retained),
+        "checkpoint.tolerable-failures": str(args.tolerable_failures),
         "restart-strategy": "fixed-delay",
-        "restart-strategy.fixed-delay.attempts": "3",
-        "restart-strategy.fixed-delay.delay": "1s",
+        "restart-strategy.fixed-delay.attempts": str(args.restarts),
+        "restart-strategy.fixed-delay.delay": args.restart_delay,
     }
     return CheckpointConfig.from_options(options)
 
@@ -80,7 +83,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--backlog", default="0", help="initial rows per channel (one value or a list)")
     p.add_argument("--keys", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--input",
+        default=None,
+        help="tail this append-only Delta table (user_id int64 column) instead of the generator",
+    )
     p.add_argument("--max-rows-per-trigger", type=int, default=None)
+    p.add_argument(
+        "--restarts", type=int, default=3, help="restart attempts after a failure (fixed delay)"
+    )
+    p.add_argument("--restart-delay", default="1s")
+    p.add_argument("--retained", type=int, default=2, help="checkpoints to retain")
+    p.add_argument("--tolerable-failures", type=int, default=3)
+    p.add_argument(
+        "--retention",
+        default="RETAIN_ON_CANCELLATION",
+        help="externalized checkpoint retention on stop",
+    )
     p.add_argument(
         "--barrier-placement",
         choices=[p.value for p in BarrierPlacement],
@@ -103,29 +122,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = local_session(f"spark-ckpt-{args.pipeline}")
     spark.sparkContext.setLogLevel("ERROR")
     pipeline = Pipeline(spark, args.pipeline, config=build_config(args), root=root)
-    source: dict[str, object] = {
-        "source": "generator",
-        "channels": args.channels,
-        "rate": args.rate,
-        "backlog": args.backlog,
-        "keys": args.keys,
-        "seed": args.seed,
-    }
+    source: dict[str, object]
+    if args.input:
+        source = {"source": "delta", "path": os.path.abspath(args.input), "channels": args.channels}
+    else:
+        source = {
+            "source": "generator",
+            "channels": args.channels,
+            "rate": args.rate,
+            "backlog": args.backlog,
+            "keys": args.keys,
+            "seed": args.seed,
+        }
     if args.max_rows_per_trigger:
         source["maxRowsPerTrigger"] = args.max_rows_per_trigger
         source["barrierPlacement"] = args.barrier_placement
-    events = pipeline.read(**source)
-    counts = pipeline.aligner(
-        RunningCount("counter", "user_id"), output=output, parallelism=args.parallelism
-    )
-    restored = counts.restored_from
 
     def say(text: str) -> None:
         if not args.quiet:
             print(text, flush=True)
 
     say(f"pipeline {args.pipeline!r}: root {root}, output {output}")
-    say(f"restored from checkpoint {restored.checkpoint_id}" if restored else "starting fresh")
     started = time.monotonic()
 
     def progress(cp: CompletedCheckpoint) -> None:
@@ -137,15 +154,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"rows committed {committed_rows(output):>10}  t={time.monotonic() - started:.1f}s"
         )
 
-    result = pipeline.run(
-        lambda: pipeline.start(events, counts, available_now=args.available_now),
-        duration_s=None if args.available_now or args.seconds <= 0 else args.seconds,
-        on_checkpoint=progress,
-    )
+    operator: KeyedOperator = RunningCount("counter", "user_id")
+    if faults.enabled():  # crash and chaos tests arm fail points in the operator
+        operator = faults.FaultyOperator(operator, root)
+    try:
+        result = pipeline.run(
+            source,
+            operator,
+            output=output,
+            parallelism=args.parallelism,
+            available_now=args.available_now,
+            duration_s=None if args.available_now or args.seconds <= 0 else args.seconds,
+            on_checkpoint=progress,
+        )
+    except PipelineFailedError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        spark.stop()
+        return 1
     last = result.last_checkpoint
+    restored = ", ".join("fresh" if r is None else str(r) for r in result.restored_from)
     say(
-        f"stopped ({result.stopped_by}) after {time.monotonic() - started:.1f}s, "
-        f"{result.restarts} restarts; last checkpoint "
+        f"stopped ({result.stopped_by.value}) after {time.monotonic() - started:.1f}s, "
+        f"{result.restarts} restarts (restored from: {restored}); last checkpoint "
         f"{last.checkpoint_id if last else None}; rows committed {committed_rows(output)}"
     )
     spark.stop()

@@ -50,7 +50,26 @@ class StoreError(SparkCkptError):
 
 class CorruptCheckpointError(StoreError):
     """Checkpoint data failed verification (checksum, missing rows, wrong schema). It is
-    reported, never loaded."""
+    reported, never loaded.
+
+    ``checkpoint_id``: the completed checkpoint found damaged, when the error is about one
+    (:meth:`~spark_ckpt.store.CheckpointStore.verify` and the listing of damaged metadata
+    always set it); ``None`` when the error concerns data not attributed to a checkpoint
+    (for example one blob read on its own)."""
+
+    def __init__(self, message: str, *, checkpoint_id: int | None = None) -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # keyword-only state survives pickling (Exception's default would drop it)
+        return (_rebuild_corrupt, (type(self), str(self), self.checkpoint_id))
+
+
+def _rebuild_corrupt(
+    cls: type[CorruptCheckpointError], message: str, checkpoint_id: int | None
+) -> CorruptCheckpointError:
+    return cls(message, checkpoint_id=checkpoint_id)
 
 
 class FencedError(StoreError):
@@ -74,3 +93,9 @@ class ProtocolError(SparkCkptError):
 class PipelineFailedError(SparkCkptError):
     """A streaming query failed and the restart strategy allows no further restart. The
     message carries the strategy's reason and the query's error."""
+
+
+class PipelineFencedError(PipelineFailedError):
+    """The pipeline cannot go on in this driver whatever the restart strategy says: another
+    driver's coordinator took the pipeline root over (its lease fences this one), or no
+    retained checkpoint can be restored. Never restarted."""

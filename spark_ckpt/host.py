@@ -15,26 +15,15 @@ It is also the *global committer*: when a checkpoint completes it commits the si
 transactions recorded in it, in one step (see :mod:`spark_ckpt.sink`). Without a topology it
 triggers nothing: a checkpoint needs someone to acknowledge it.
 
-Fail points (crash tests)
--------------------------
-:func:`failpoint` kills the process at a named place, once, when a marker file
-``<root>/_failpoints/<name>`` exists (local roots only; a no-op otherwise, costing one
-``stat``). Tests create the marker, run the job, and find the marker renamed to
-``<name>.hit`` holding a JSON record of the situation at the crash. Named places:
-
-* ``before-sink-commit`` (:data:`BEFORE_SINK_COMMIT`) — in :meth:`CoordinatorHost.notify_complete`,
-  after the completed checkpoint is visible in the store and before its sink transactions
-  are committed; the record holds ``checkpoint_id`` and ``sink_committed`` (the sink's
-  committed checkpoint at that moment). Recovery must commit them (recover-and-commit).
+Fail points (:mod:`spark_ckpt.testing.faults`): ``before-sink-commit`` and ``sink-commit`` in
+:meth:`CoordinatorHost.notify_complete`, between a completion and its global sink commit.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TypeVar
 
 from .barrier import CheckpointBarrier
@@ -42,11 +31,14 @@ from .checkpoint import CompletedCheckpoint
 from .clock import Clock, SystemClock
 from .config import CheckpointConfig
 from .coordinator import CheckpointCoordinator, CheckpointRequest, CoordinatorStatus, JobStatus
+from .errors import CorruptCheckpointError, FencedError, ProtocolError
 from .handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
 from .mailbox import Mailbox, Request, RequestKind, SinkSpec, Topology, read_topology
+from .run import RestorePoint, RunFiles, SkippedCheckpoint
 from .sink import TwoPhaseCommitSink
 from .store import CheckpointStore
 from .task import commit_checkpoint, recover_sink
+from .testing import faults
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +49,8 @@ SOURCE_TASK = TaskId("source", 0)
 REQUEST_ID = "request_id"
 #: Completed-checkpoint property set on the final checkpoint before a stop.
 STOP = "stop"
+#: Completed-checkpoint property naming the run whose coordinator took it.
+RUN = "run"
 
 SinkFactory = Callable[[SinkSpec], TwoPhaseCommitSink]
 
@@ -64,41 +58,6 @@ SinkFactory = Callable[[SinkSpec], TwoPhaseCommitSink]
 #: less this margin for clock skew between executors and the driver. Files of the starting run
 #: (a ``ckpt-sink`` query stages its first micro-batch before the coordinator hears of it) stay.
 STAGING_CLOCK_SKEW_MS = 10_000
-
-#: Directory under the pipeline root holding fail-point markers.
-FAILPOINT_DIR = "_failpoints"
-#: Fail point: checkpoint completed in the store, its sink output not yet committed.
-BEFORE_SINK_COMMIT = "before-sink-commit"
-#: Exit status of a process killed by a fail point (as if by SIGKILL).
-FAILPOINT_EXIT_CODE = 137
-
-
-def failpoint(
-    root: str, name: str, record: Callable[[], Mapping[str, object]] | None = None
-) -> None:
-    """Crash here, once, if the marker ``<root>/_failpoints/<name>`` exists: rename it to
-    ``<name>.hit`` (so the next run passes), write ``{"name", "pid", **record()}`` as JSON
-    into it, and end the process with :func:`os._exit` (no cleanup, no ``finally``) and
-    status :data:`FAILPOINT_EXIT_CODE`. A no-op when the marker is absent or *root* is a URI.
-    For crash tests only; see the module docstring for the named places."""
-    if "://" in root:
-        return
-    marker = os.path.join(root, FAILPOINT_DIR, name)
-    if not os.path.exists(marker):
-        return
-    hit = f"{marker}.hit"
-    try:
-        os.replace(marker, hit)
-    except FileNotFoundError:
-        return  # consumed by a concurrent process
-    details = {"name": name, "pid": os.getpid(), **(record() if record else {})}
-    with open(hit, "w") as f:
-        json.dump(details, f)
-        f.flush()
-        os.fsync(f.fileno())
-    log.warning("fail point %s hit: %s", name, details)
-    os._exit(FAILPOINT_EXIT_CODE)
-
 
 class CoordinatorHost:
     """See the module docstring. Single-threaded: call :meth:`poll` from one place."""
@@ -111,8 +70,15 @@ class CoordinatorHost:
         sink_factory: SinkFactory,
         clock: Clock | None = None,
         defer_after_completion: bool = False,
+        run_id: str | None = None,
     ) -> None:
+        """*run_id*: the run (see :mod:`spark_ckpt.run`) this host coordinates. Its topology
+        is the run's own, read once by :meth:`start_run`; its tasks answer in the run's
+        mailbox box. Without it (a ``ckpt-sink`` query) the host follows the root's shared
+        topology, re-read on every poll."""
         self.root = root
+        self.run_id = run_id
+        self.run = RunFiles(root, run_id) if run_id else None
         self.defer_after_completion = defer_after_completion
         self.config = config
         self.store = store
@@ -120,7 +86,11 @@ class CoordinatorHost:
         self.clock: Clock = clock or SystemClock()
         self._started_ms = self.clock.now_ms()
         self.mailbox = Mailbox(root)
+        self.run_mailbox = Mailbox(root, run_id) if run_id else None
         self.topology: Topology | None = None
+        self.restore_point: RestorePoint | None = None
+        self._restored: CompletedCheckpoint | None = None
+        self._aborted: list[int] = []
         self.coordinator: CheckpointCoordinator | None = None
         self.sink: TwoPhaseCommitSink | None = None
         self.stopping: CheckpointRequest | None = None
@@ -136,16 +106,18 @@ class CoordinatorHost:
             return
         self._committed.add(checkpoint_id)
         cp = self.store.get(checkpoint_id)
+        cp_id = cp.checkpoint_id
         sink = self.sink
-        failpoint(
+        faults.hit(
             self.root,
-            BEFORE_SINK_COMMIT,
+            faults.Fault.BEFORE_SINK_COMMIT,
             lambda: {
                 "checkpoint_id": checkpoint_id,
                 "sink_committed": sink.committed_checkpoint() if sink is not None else None,
             },
         )
         if self.sink is not None and self.topology is not None:
+            faults.hit(self.root, faults.Fault.SINK_COMMIT, lambda: {"checkpoint_id": cp_id})
             commit_checkpoint(self.sink, cp, self.store, self.topology.vertex)
         log.info(
             "completed %s %d in %d ms (%d bytes)",
@@ -156,7 +128,59 @@ class CoordinatorHost:
         )
 
     def notify_aborted(self, task: TaskId, checkpoint_id: int, reason: str) -> None:
-        """Remote tasks learn of aborts lazily (a newer barrier subsumes the older one)."""
+        """Publish the abort to the run's tasks (``aborted.json``, read with their completion
+        polls): they stop aligning on the checkpoint and drop its snapshot. Without a run,
+        tasks learn of aborts lazily (a newer barrier subsumes the older one)."""
+        if checkpoint_id in self._aborted:
+            return
+        self._aborted.append(checkpoint_id)
+        if self.run is not None:
+            self.run.write_aborted(self._aborted)
+
+    # -- start -------------------------------------------------------------------------------
+    def start_run(self) -> CompletedCheckpoint | None:
+        """The checkpoint this run restores from (``initialOffset``; idempotent). With a run
+        id: take the coordinator lease, then choose the restore point (so that no other
+        coordinator can complete a newer checkpoint after the choice), recover the sink to
+        it and publish it for the run's tasks (:meth:`RunFiles.restore_point`). The restore
+        point is the newest completed checkpoint whose data verifies; newer damaged ones are
+        reported and skipped, as Flink falls back to an older retained checkpoint. Raises
+        :class:`~spark_ckpt.errors.CorruptCheckpointError` when checkpoints exist but none
+        is restorable (starting empty would duplicate committed output)."""
+        if self.run is None:
+            return self._choose_restore_point()
+        if self.coordinator is None:
+            topology = read_topology(self.root, self.run_id)
+            if topology is None:
+                raise ProtocolError(
+                    f"run {self.run_id} of {self.root} has no topology: start runs through "
+                    "Pipeline.run"
+                )
+            try:
+                self._install(topology)
+            except (CorruptCheckpointError, FencedError) as e:
+                self.run.write_fatal(f"{type(e).__name__}: {e}")
+                raise
+        return self._restored
+
+    def _choose_restore_point(self) -> CompletedCheckpoint | None:
+        if self.restore_point is not None:
+            return self._restored
+        restored, damaged = self.store.latest_restorable()
+        for error in damaged:
+            log.warning("restore skips damaged checkpoint: %s", error)
+        if restored is None and damaged:
+            raise CorruptCheckpointError(
+                f"no restorable checkpoint under {self.root}: every retained checkpoint is "
+                "damaged (" + "; ".join(str(e) for e in damaged) + ")",
+                checkpoint_id=damaged[0].checkpoint_id,
+            )
+        self._restored = restored
+        self.restore_point = RestorePoint(
+            restored.checkpoint_id if restored else None,
+            tuple(SkippedCheckpoint(e.checkpoint_id or 0, str(e)) for e in damaged),
+        )
+        return restored
 
     # -- polling ---------------------------------------------------------------------------
     def poll(self, tick: bool = True) -> list[CheckpointBarrier]:
@@ -164,21 +188,25 @@ class CoordinatorHost:
         Without *tick* the coordinator is not ticked (no periodic trigger, no timeouts): see
         :meth:`tick`. Raises :class:`~spark_ckpt.errors.TolerableFailuresExceededError` to
         fail the query."""
-        topology = read_topology(self.root)
-        if topology is not None and topology != self.topology:
-            self._install(topology)
+        if self.run is None:
+            topology = read_topology(self.root)
+            if topology is not None and topology != self.topology:
+                self._install(topology)
         coordinator = self.coordinator
         if coordinator is None:
             return []
-        received = self.mailbox.receive()
-        for _, message in received:
-            if isinstance(message, AcknowledgeCheckpoint):
-                coordinator.receive_acknowledge(message)
-            elif isinstance(message, DeclineCheckpoint):
-                coordinator.receive_decline(message)
-            elif isinstance(message, Request):
-                self._on_request(coordinator, message)
-        self.mailbox.delete([name for name, _ in received])
+        for mailbox in (self.mailbox, self.run_mailbox):
+            if mailbox is None:
+                continue
+            received = mailbox.receive()
+            for _, message in received:
+                if isinstance(message, AcknowledgeCheckpoint):
+                    coordinator.receive_acknowledge(message)
+                elif isinstance(message, DeclineCheckpoint):
+                    coordinator.receive_decline(message)
+                elif isinstance(message, Request):
+                    self._on_request(coordinator, message)
+            mailbox.delete([name for name, _ in received])
         if tick:
             return self.tick()
         barriers, self._barriers = self._barriers, []
@@ -207,7 +235,14 @@ class CoordinatorHost:
         return self.coordinator.trigger_checkpoint({STOP: "available-now"}, final=True)
 
     def _on_request(self, coordinator: CheckpointCoordinator, request: Request) -> None:
+        if request.expired(self.clock.now_ms()):
+            # its client gave up waiting (e.g. a ``stop`` whose CLI timed out before this
+            # run started): acting on it now would surprise whoever runs the pipeline now
+            log.warning("ignoring expired %s request %s", request.kind.value, request.request_id)
+            return
         props = {REQUEST_ID: request.request_id}
+        if self.run_id is not None:
+            props[RUN] = self.run_id
         if request.kind is RequestKind.CHECKPOINT:
             coordinator.trigger_checkpoint(props)
         elif request.kind is RequestKind.SAVEPOINT:
@@ -226,7 +261,21 @@ class CoordinatorHost:
             self.coordinator.shutdown(JobStatus.SUSPENDED)
         self.topology = topology
         self.sink = self.sink_factory(topology.sink) if topology.sink else None
-        latest = self.store.latest_completed()
+        if self.run is None:
+            self.restore_point = None  # a new shared topology restores anew
+        coordinator = CheckpointCoordinator(  # takes the lease: fences older coordinators
+            self.config,
+            self.store,
+            self,
+            tasks_to_trigger=[SOURCE_TASK],
+            tasks_to_ack=[TaskId(topology.vertex, s) for s in range(topology.parallelism)],
+            clock=self.clock,
+            defer_after_completion=self.defer_after_completion,
+        )
+        if self.run is not None:
+            self.run.write_lease(coordinator.epoch)
+        latest = self._choose_restore_point()
+        coordinator.restored_from(latest)
         if self.sink is not None:
             recover_sink(
                 self.sink,
@@ -237,15 +286,9 @@ class CoordinatorHost:
             )
             if latest is not None:
                 self._committed.add(latest.checkpoint_id)
-        self.coordinator = CheckpointCoordinator(
-            self.config,
-            self.store,
-            self,
-            tasks_to_trigger=[SOURCE_TASK],
-            tasks_to_ack=[TaskId(topology.vertex, s) for s in range(topology.parallelism)],
-            clock=self.clock,
-            defer_after_completion=self.defer_after_completion,
-        )
+        if self.run is not None and self.restore_point is not None:
+            self.run.write_restore_point(self.restore_point)
+        self.coordinator = coordinator
         self.coordinator.start()
         log.info("coordinator epoch %d for %s", self.coordinator.epoch, topology)
 
@@ -304,6 +347,9 @@ class HostThread:
             except BaseException as e:  # handed to Spark's thread (take_barriers)
                 log.error("coordinator thread stopped: %s", e)
                 self._error = e
+                run = self.host.run
+                if run is not None and isinstance(e, FencedError):
+                    run.write_fatal(f"{type(e).__name__}: {e}")
                 return
             self._stop.wait(self.interval_s)
 

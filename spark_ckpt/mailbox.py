@@ -11,9 +11,17 @@ root, which works the same on a laptop and on a cluster's shared storage:
   renamed into place, so readers never see half a message. Names sort by posting time.
   Delivery is at-least-once: the coordinator deletes a message after acting on it, and acting
   twice is harmless (a duplicate ack is answered ``DUPLICATE``, a request carries an id).
+  A run of a pipeline (one attempt of :meth:`Pipeline.run <spark_ckpt.pipeline.Pipeline.run>`)
+  has a box of its own, ``_mailbox/<run id>/``, for its tasks' acks and declines, so that a
+  second driver on the same root never consumes them. Requests from clients go to the shared
+  box; every request carries an expiry (a client that gave up waiting does not leave a
+  ``stop`` for a later run), and a malformed file is moved to ``_mailbox/_rejected/`` with a
+  warning instead of failing every poll.
 * ``_topology.json`` — who acknowledges checkpoints (:class:`Topology`): the consumer vertex
   and its parallelism, and the sink whose transactions the coordinator commits. The consumer
-  overwrites it when it starts; the coordinator re-reads it on every poll.
+  overwrites it when it starts; the coordinator re-reads it on every poll. A run's topology is
+  ``_runs/<run id>/topology.json``, written before its query starts and read by that run's
+  coordinator only.
 
 Completion is not messaged back: tasks read completed checkpoints from the checkpoint store.
 """
@@ -21,6 +29,7 @@ Completion is not messaged back: tasks read completed checkpoints from the check
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
@@ -33,8 +42,14 @@ import pyarrow.fs as pafs
 from .errors import ProtocolError, StoreError
 from .handle import AcknowledgeCheckpoint, DeclineCheckpoint
 
+log = logging.getLogger(__name__)
+
 MAILBOX_DIR = "_mailbox"
+#: Where malformed mailbox files are set aside (under the mailbox directory).
+REJECTED_DIR = "_rejected"
 TOPOLOGY_FILE = "_topology.json"
+#: Per-run files of a pipeline root: ``_runs/<run id>/...``.
+RUNS_DIR = "_runs"
 
 
 class RequestKind(StrEnum):
@@ -51,6 +66,12 @@ class Request:
     kind: RequestKind
     target: str | None = None  # savepoint directory
     savepoint: bool = False  # for STOP: stop with a savepoint instead of a checkpoint
+    #: Wall-clock time (epoch ms) after which the request must not be acted on: the client
+    #: stopped waiting for it. None: never expires.
+    expires_ms: int | None = None
+
+    def expired(self, now_ms: int) -> bool:
+        return self.expires_ms is not None and now_ms > self.expires_ms
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,15 +80,18 @@ class Request:
             "kind": self.kind.value,
             "target": self.target,
             "savepoint": self.savepoint,
+            "expires_ms": self.expires_ms,
         }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Request:
+        expires = d.get("expires_ms")
         return Request(
             str(d["request_id"]),
             RequestKind(d["kind"]),
             d.get("target"),
             bool(d.get("savepoint", False)),
+            None if expires is None else int(expires),
         )
 
 
@@ -83,8 +107,8 @@ def decode_message(d: dict[str, Any]) -> Message:
             return DeclineCheckpoint.from_dict(d)
         if kind == "request":
             return Request.from_dict(d)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ProtocolError(f"malformed message: {e}") from e
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ProtocolError(f"malformed message: {e!r}") from e
     raise ProtocolError(f"unknown message type {kind!r}")
 
 
@@ -171,11 +195,13 @@ _LIST_ATTEMPTS = 5
 
 
 class Mailbox:
-    """The coordinator's inbox under *root* (the pipeline root)."""
+    """The coordinator's inbox under *root* (the pipeline root): the shared box, or the box
+    of run *box* (``_mailbox/<box>/``)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, box: str | None = None) -> None:
         self._fs, base = _filesystem(root)
-        self._dir = f"{base.rstrip('/')}/{MAILBOX_DIR}"
+        self._dir = f"{base.rstrip('/')}/{MAILBOX_DIR}" + (f"/{box}" if box else "")
+        self._rejected = f"{base.rstrip('/')}/{MAILBOX_DIR}/{REJECTED_DIR}"
 
     def post(self, message: Message) -> str:
         """Post *message*; returns its name. Safe from any process."""
@@ -184,7 +210,9 @@ class Mailbox:
         return name
 
     def receive(self) -> list[tuple[str, Message]]:
-        """Every message present, oldest first. Unreadable messages raise ProtocolError."""
+        """Every well-formed message present, oldest first. A file that is not a message
+        (unparsable JSON, unknown type, missing fields) is set aside under
+        ``_mailbox/_rejected/`` with a warning naming it, never returned again."""
         for attempt in range(_LIST_ATTEMPTS):
             try:
                 infos = self._fs.get_file_info(pafs.FileSelector(self._dir, allow_not_found=True))
@@ -196,18 +224,43 @@ class Mailbox:
                     raise StoreError(f"cannot list {self._dir}: {e}") from e
             except OSError as e:
                 raise StoreError(f"cannot list {self._dir}: {e}") from e
-        names = sorted(i.base_name for i in infos if i.base_name.endswith(".json"))
+        names = sorted(
+            i.base_name
+            for i in infos
+            if i.base_name.endswith(".json") and i.type is pafs.FileType.File
+        )
         out: list[tuple[str, Message]] = []
         for name in names:
             try:
                 with self._fs.open_input_stream(f"{self._dir}/{name}") as f:
-                    data = json.loads(f.read())
+                    raw = f.read()
             except FileNotFoundError:
                 continue  # taken by a concurrent reader
-            except (OSError, json.JSONDecodeError) as e:
-                raise ProtocolError(f"unreadable message {name}: {e}") from e
-            out.append((name, decode_message(data)))
+            except OSError as e:
+                raise StoreError(f"cannot read message {name}: {e}") from e
+            try:
+                data = json.loads(raw)
+                if not isinstance(data, dict):
+                    raise ProtocolError(f"not a JSON object: {type(data).__name__}")
+                out.append((name, decode_message(data)))
+            except (ProtocolError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
+                self._reject(name, str(e))
         return out
+
+    def _reject(self, name: str, reason: str) -> None:
+        log.warning("mailbox: set aside malformed message %s/%s: %s", self._dir, name, reason)
+        try:
+            self._fs.create_dir(self._rejected, recursive=True)
+            self._fs.move(f"{self._dir}/{name}", f"{self._rejected}/{name}")
+        except FileNotFoundError:
+            pass  # taken by a concurrent reader
+        except OSError as e:
+            raise StoreError(f"cannot set aside malformed message {name}: {e}") from e
+
+    def rejected(self) -> list[str]:
+        """Names of the files set aside as malformed, oldest first."""
+        infos = self._fs.get_file_info(pafs.FileSelector(self._rejected, allow_not_found=True))
+        return sorted(i.base_name for i in infos)
 
     def delete(self, names: list[str]) -> None:
         for name in names:
@@ -218,18 +271,32 @@ class Mailbox:
             except OSError as e:
                 raise StoreError(f"cannot delete message {name}: {e}") from e
 
+    def remove_box(self) -> None:
+        """Delete this box with what it holds (a run's box once the run ended). Idempotent."""
+        try:
+            self._fs.delete_dir(self._dir)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise StoreError(f"cannot remove {self._dir}: {e}") from e
 
-def write_topology(root: str, topology: Topology) -> None:
+
+def _topology_path(base: str, run_id: str | None) -> str:
+    base = base.rstrip("/")
+    return f"{base}/{RUNS_DIR}/{run_id}/topology.json" if run_id else f"{base}/{TOPOLOGY_FILE}"
+
+
+def write_topology(root: str, topology: Topology, run_id: str | None = None) -> None:
+    """Publish *topology*: the root's shared one, or that of run *run_id*."""
     fs, base = _filesystem(root)
-    _write_atomically(
-        fs, f"{base.rstrip('/')}/{TOPOLOGY_FILE}", json.dumps(topology.to_dict()).encode()
-    )
+    _write_atomically(fs, _topology_path(base, run_id), json.dumps(topology.to_dict()).encode())
 
 
-def read_topology(root: str) -> Topology | None:
+def read_topology(root: str, run_id: str | None = None) -> Topology | None:
+    """The root's shared topology, or that of run *run_id*; None when absent."""
     fs, base = _filesystem(root)
     try:
-        with fs.open_input_stream(f"{base.rstrip('/')}/{TOPOLOGY_FILE}") as f:
+        with fs.open_input_stream(_topology_path(base, run_id)) as f:
             return Topology.from_dict(json.loads(f.read()))
     except FileNotFoundError:
         return None

@@ -6,19 +6,30 @@
     from spark_ckpt.operator import RunningCount
 
     pipeline = Pipeline(spark, "orders", config=CheckpointConfig(interval_ms=1000))
-    events = pipeline.read(source="generator", channels=4, rate=10_000)
-    counts = pipeline.aligner(RunningCount("counter", "user_id"), output="/lake/counts")
-    pipeline.run(lambda: pipeline.start(events, counts), duration_s=60)
+    pipeline.run(
+        {"source": "generator", "channels": 4, "rate": 10_000},   # ckpt-source options
+        RunningCount("counter", "user_id"),                       # operators
+        output="/lake/counts",                                    # exactly-once Delta output
+        duration_s=60,
+    )
 
     # stateless, straight into Delta with two-phase commit:
-    events.writeStream.format("ckpt-sink").option("pipeline", "orders") \\
-        .option("path", "/lake/orders_out").start()
+    pipeline.read(source="generator", channels=4).writeStream.format("ckpt-sink") \\
+        .option("pipeline", "orders").option("path", "/lake/orders_out").start()
 
-Everything of a pipeline lives under one root (default ``./spark-ckpt-data/<name>``): the Delta
-checkpoint store, the coordinator's mailbox, the topology, and the Spark checkpoint locations
-of its query runs. Each run gets a fresh Spark checkpoint location: the truth is the
-spark-ckpt checkpoint store, from which every run restores (rewinding the source channels to
-their barrier positions), as a Flink job restores from its latest checkpoint.
+:meth:`Pipeline.run` takes the *description* of the job — source options, operators, output —
+never a prebuilt stateful object: every attempt (the first, and each restart the restart
+strategy allows) is a new *run* (:mod:`spark_ckpt.run`) that builds its own foreachBatch
+function, coordinator and sink recovery, all restoring from the same checkpoint: the latest
+completed one whose data verifies. :meth:`Pipeline.start` starts one run and hands back its
+:class:`PipelineRun` (the query, stop).
+
+Everything of a pipeline lives under one root (default ``checkpoint.storage`` when set,
+else ``./spark-ckpt-data/<name>``): the Delta checkpoint store, the coordinator's mailbox, the
+runs' files, and the Spark checkpoint locations of its query runs. Each run gets a fresh
+Spark checkpoint location: the truth is the spark-ckpt checkpoint store, from which every run
+restores (rewinding the source channels to their barrier positions), as a Flink job restores
+from its latest checkpoint.
 
 Runs in the user's driver process. Imports pyspark lazily.
 """
@@ -27,22 +38,32 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from .aligner import AlignmentMode
-from .batch_aligner import BatchAligner
 from .checkpoint import CompletedCheckpoint
 from .clock import SystemClock
 from .config import CheckpointConfig, CheckpointingMode
-from .errors import CheckpointError, PipelineFailedError, SparkCkptError
-from .host import REQUEST_ID
-from .mailbox import Mailbox, Request, RequestKind, SinkSpec
+from .coordinator import JobStatus, discards_checkpoints
+from .errors import (
+    CheckpointError,
+    ConfigError,
+    PipelineFailedError,
+    PipelineFencedError,
+    SparkCkptError,
+)
+from .foreach_batch import AlignerSpec, ForeachBatchFunction
+from .host import REQUEST_ID, RUN, STOP
+from .mailbox import Mailbox, Request, RequestKind, SinkSpec, Topology, write_topology
 from .operator import KeyedOperator
 from .restart import RestartTracker
+from .run import RunFiles, Runs, RunState, RunStatus, new_run_id
 from .source_options import SourceOptions, default_root
 
 if TYPE_CHECKING:
@@ -50,6 +71,9 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
     from .delta_store import DeltaCheckpointStore
+
+Source = Mapping[str, object]
+Operators = KeyedOperator | Sequence[KeyedOperator]
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +99,84 @@ def alignment_mode(config: CheckpointConfig) -> tuple[AlignmentMode, int]:
     return AlignmentMode.ALIGNED, 0
 
 
+#: How long a graceful stop waits for a micro-batch in progress before stopping anyway.
+STOP_GRACE_S = 30.0
+
+
+class StopReason(StrEnum):
+    FINISHED = "finished"  # the query ended by itself (Trigger.AvailableNow)
+    DURATION = "duration"
+    INTERRUPT = "interrupt"  # Ctrl-C
+    STOP = "stop"  # a stop request (CLI, another notebook) or PipelineRun.stop()
+
+
 @dataclass(frozen=True)
 class RunResult:
     restarts: int
     last_checkpoint: CompletedCheckpoint | None
-    stopped_by: str  # "finished" | "duration" | "interrupt" | "stop"
+    stopped_by: StopReason
+    #: The checkpoint each attempt restored from (None: started empty), in order.
+    restored_from: tuple[int | None, ...] = ()
+    #: The failures that caused restarts, in order.
+    failures: tuple[str, ...] = field(default=())
+
+
+@dataclass
+class PipelineRun:
+    """One run of a pipeline (see :mod:`spark_ckpt.run`): its Spark query and its
+    foreachBatch function. Made by :meth:`Pipeline.start`."""
+
+    pipeline: Pipeline
+    run_id: str
+    attempt: int
+    query: StreamingQuery
+    function: ForeachBatchFunction
+    files: RunFiles
+
+    @property
+    def restored_from(self) -> int | None:
+        point = self.files.restore_point()
+        return None if point is None else point.checkpoint_id
+
+    def stop(
+        self, *, savepoint: bool = False, timeout_s: float = 120.0
+    ) -> CompletedCheckpoint | None:
+        """Stop with a final checkpoint (or savepoint); see :meth:`Pipeline.stop`."""
+        return self.pipeline.stop(self, savepoint=savepoint, timeout_s=timeout_s)
+
+    def await_termination(self, timeout_s: float | None = None) -> bool:
+        """Wait for the query to end; raises Spark's ``StreamingQueryException`` if it
+        failed. Returns whether it ended."""
+        if timeout_s is None:
+            self.query.awaitTermination()
+            return True
+        return bool(self.query.awaitTermination(timeout_s))  # type: ignore[arg-type]
+
+    def report(self, state: RunState, **fields: object) -> None:
+        self.files.write_status(
+            RunStatus(
+                self.run_id,
+                self.pipeline.driver_id,
+                state,
+                self.attempt,
+                SystemClock().now_ms(),
+                **fields,  # type: ignore[arg-type]
+            )
+        )
+
+    def retire(self) -> None:
+        """After the query ended: end the function's runtime and remove the run's mailbox
+        box. Idempotent."""
+        self.function.retire()
+        try:
+            Mailbox(self.pipeline.root, self.run_id).remove_box()
+        except SparkCkptError as e:
+            log.debug("removing the mailbox of run %s: %s", self.run_id, e)
 
 
 class Pipeline:
-    """One checkpointed pipeline: a name, a root, a checkpoint configuration."""
+    """One checkpointed pipeline: a name, a root, a checkpoint configuration. Runs in the
+    user's driver process."""
 
     def __init__(
         self,
@@ -93,16 +186,17 @@ class Pipeline:
         config: CheckpointConfig | None = None,
         root: str | None = None,
     ) -> None:
+        """*root*: the pipeline root (checkpoint store, mailbox, runs); by default the
+        configuration's ``checkpoint.storage``, else ``./spark-ckpt-data/<name>``."""
         self.spark = spark
         self.name = name
         self.config = config or CheckpointConfig(interval_ms=1000)
-        self.root = (
-            os.path.abspath(root) if root and "://" not in root else (root or default_root(name))
-        )
+        root = root or self.config.checkpoint_storage or default_root(name)
+        self.root = root if "://" in root else os.path.abspath(root)
         self.mailbox = Mailbox(self.root)
+        self.driver_id = uuid.uuid4().hex
+        self._run_ids: set[str] = set()
         self._store: DeltaCheckpointStore | None = None
-        self._source: SourceOptions | None = None
-        self._aligner: BatchAligner | None = None  # the latest aligner(): drained by stop()
         register_data_sources(spark)
 
     @property
@@ -121,75 +215,74 @@ class Pipeline:
         return opts
 
     def read(self, **options: object) -> DataFrame:
-        """``spark.readStream.format("ckpt-source")`` for this pipeline; options are validated
-        here, raising :class:`~spark_ckpt.errors.ConfigError` naming a bad option."""
+        """``spark.readStream.format("ckpt-source")`` for this pipeline (for ``ckpt-sink``
+        queries); options are validated here, raising
+        :class:`~spark_ckpt.errors.ConfigError` naming a bad option."""
         opts = self.source_options(**options)
-        self._source = SourceOptions.parse(opts)
+        SourceOptions.parse(opts)
         return self.spark.readStream.format("ckpt-source").options(**opts).load()
 
-    def channels(self) -> int:
-        if self._source is None:
-            raise SparkCkptError("call read() before building the consumer")
-        from datasources.source import open_channel_source
-
-        return open_channel_source(self._source).channels
-
-    def aligner(
+    def start(
         self,
-        operators: KeyedOperator | Sequence[KeyedOperator],
+        source: Source,
+        operators: Operators,
         *,
         output: str,
         parallelism: int = 2,
         vertex: str | None = None,
         pipelined: bool = True,
-    ) -> BatchAligner:
-        """The foreachBatch aligner running *operators* (keyed state, aligned as configured),
-        writing their output exactly-once into the Delta table *output*. *pipelined*: process
-        a micro-batch while Spark reads the next (see :class:`BatchAligner`); ``False``
-        processes each batch inside its ``foreachBatch`` call."""
-        from .delta_sink import DeltaSink
-        from .delta_store import DeltaCheckpointStore
+        available_now: bool = False,
+        trigger_s: float | None = None,
+        attempt: int = 1,
+    ) -> PipelineRun:
+        """Start one run: *source* (``ckpt-source`` options) through *operators* (keyed
+        state, aligned as configured) into the Delta table *output*, exactly-once. The run
+        restores from the latest completed checkpoint whose data verifies (chosen by its
+        coordinator when the query starts). *pipelined*: process a micro-batch while Spark
+        reads the next (see :class:`~spark_ckpt.batch_aligner.BatchAligner`). A failed run
+        is not restarted: :meth:`run` does that."""
+        ops = (operators,) if isinstance(operators, KeyedOperator) else tuple(operators)
+        if not ops:
+            raise ConfigError("operators", (), "at least one KeyedOperator")
+        run_id = new_run_id()
+        opts = self.source_options(**source)
+        opts["run"] = run_id
+        parsed = SourceOptions.parse(opts)
+        from datasources.source import open_channel_source
 
-        self._retire_aligner()
-        ops = [operators] if isinstance(operators, KeyedOperator) else list(operators)
-        vertex = vertex or ops[0].uid
         mode, timeout = alignment_mode(self.config)
-        out = os.path.abspath(output) if "://" not in output else output
-        aligner = BatchAligner(
-            self.root,
-            DeltaCheckpointStore(self.root),  # its own: the aligner's worker thread uses it
+        out = output if "://" in output else os.path.abspath(output)
+        spec = AlignerSpec(
+            root=self.root,
+            pipeline=self.name,
+            run_id=run_id,
             operators=ops,
-            channels=self.channels(),
+            channels=open_channel_source(parsed).channels,
+            output=out,
             parallelism=parallelism,
             mode=mode,
             aligned_timeout_ms=timeout,
             max_parallelism=self.config.max_parallelism,
-            sink=DeltaSink(out, pipeline=self.name, sink_uid=vertex),
-            sink_spec=SinkSpec("delta", out, vertex),
-            vertex=vertex,
-            async_snapshots=True,
+            vertex=vertex or "",
             pipelined=pipelined,
         )
-        self._aligner = aligner
-        return aligner
-
-    def start(
-        self,
-        df: DataFrame,
-        aligner: BatchAligner,
-        *,
-        available_now: bool = False,
-        trigger_s: float | None = None,
-    ) -> StreamingQuery:
-        """Start *df* through *aligner* with a fresh Spark checkpoint location."""
-        writer = df.writeStream.foreachBatch(aligner).option(
+        sink = SinkSpec("delta", out, spec.vertex_name)
+        write_topology(self.root, Topology(spec.vertex_name, parallelism, sink, run_id), run_id)
+        function = ForeachBatchFunction(spec)
+        df = self.spark.readStream.format("ckpt-source").options(**opts).load()
+        writer = df.writeStream.foreachBatch(function).option(
             "checkpointLocation", self.spark_checkpoint_location()
         )
         if available_now:
             writer = writer.trigger(availableNow=True)
         elif trigger_s is not None:
             writer = writer.trigger(processingTime=f"{trigger_s} seconds")
-        return writer.queryName(f"{self.name}-{uuid.uuid4().hex[:6]}").start()
+        self._run_ids.add(run_id)
+        files = RunFiles(self.root, run_id)
+        query = writer.queryName(f"{self.name}-{run_id[:6]}").start()
+        run = PipelineRun(self, run_id, attempt, query, function, files)
+        run.report(RunState.RUNNING)
+        return run
 
     def spark_checkpoint_location(self) -> str:
         return os.path.join(self.root, "_spark", uuid.uuid4().hex)
@@ -197,69 +290,157 @@ class Pipeline:
     # -- running ------------------------------------------------------------------------------
     def run(
         self,
-        start_query: Callable[[], StreamingQuery],
+        source: Source,
+        operators: Operators,
         *,
+        output: str,
+        parallelism: int = 2,
+        vertex: str | None = None,
+        pipelined: bool = True,
+        available_now: bool = False,
+        trigger_s: float | None = None,
         duration_s: float | None = None,
         on_checkpoint: Callable[[CompletedCheckpoint], None] | None = None,
         poll_s: float = 0.5,
     ) -> RunResult:
-        """Run until the query finishes, *duration_s* passes, or Ctrl-C — the last two stop
-        with a final checkpoint. A failed query is restarted (restoring from the latest
-        checkpoint) as the restart strategy allows; beyond it :class:`PipelineFailedError`."""
+        """Run the pipeline (see :meth:`start` for the job's arguments) until the query
+        finishes (``available_now``), *duration_s* passes, Ctrl-C, or a stop request (CLI
+        ``spark-ckpt stop``, :meth:`request`) — the last three stop with a final checkpoint.
+        A failed run is followed by a new run, restoring from the latest completed
+        checkpoint, as the restart strategy allows; beyond it
+        :class:`~spark_ckpt.errors.PipelineFailedError` carrying the strategy's reason and
+        the last failure. A pipeline taken over by another driver raises
+        :class:`~spark_ckpt.errors.PipelineFencedError` at once (no restart)."""
         from pyspark.errors import StreamingQueryException
 
         tracker = RestartTracker(self.config.restart_strategy, SystemClock())
         deadline = None if duration_s is None else time.monotonic() + duration_s
         seen = max((c.checkpoint_id for c in self.store.list_completed()), default=0)
-        restarts = 0
+        restored: list[int | None] = []
+        failures: list[str] = []
+        attempt = 0
         while True:
-            query = start_query()
+            attempt += 1
+            run = self.start(
+                source,
+                operators,
+                output=output,
+                parallelism=parallelism,
+                vertex=vertex,
+                pipelined=pipelined,
+                available_now=available_now,
+                trigger_s=trigger_s,
+                attempt=attempt,
+            )
             try:
-                while query.isActive:
-                    query.awaitTermination(poll_s)  # type: ignore[arg-type]  # float seconds work
-                    seen = self._report(seen, on_checkpoint)
-                    if deadline is not None and time.monotonic() >= deadline:
-                        last = self.stop(query)
-                        return RunResult(restarts, last, "duration")
-                query.awaitTermination()  # raises if it failed
-                self._drain_aligner()
-                seen = self._report(seen, on_checkpoint)
-                return RunResult(restarts, self.store.latest_completed(), "finished")
+                reason, last, seen = self._supervise(run, deadline, seen, on_checkpoint, poll_s)
             except KeyboardInterrupt:
-                last = self.stop(query)
-                return RunResult(restarts, last, "interrupt")
+                last = self._stop_quietly(run)
+                reason = StopReason.INTERRUPT
             except StreamingQueryException as e:
-                decision = tracker.record_failure(str(e).splitlines()[0] if str(e) else repr(e))
+                failure = _failure_summary(e)
+                restored.append(run.restored_from)
+                run.retire()
+                fatal = self._fatal(run)
+                if fatal is not None:
+                    run.report(RunState.FENCED, error=fatal)
+                    raise PipelineFencedError(
+                        f"pipeline {self.name!r} was taken over by another driver, or cannot "
+                        f"restore: {fatal}"
+                    ) from None
+                run.report(RunState.FAILED, error=failure)
+                failures.append(failure)
+                decision = tracker.record_failure(failure)
                 if not decision.restart:
-                    raise PipelineFailedError(f"{decision.reason}\n{e}") from e
-                restarts += 1
+                    self._end_job(JobStatus.FAILED)
+                    raise PipelineFailedError(
+                        f"pipeline {self.name!r} failed: {decision.reason}"
+                    ) from None
                 log.warning(
-                    "query failed; restart %d in %d ms: %s",
-                    restarts,
+                    "run %d failed, next run in %d ms: %s",
+                    attempt,
                     decision.delay_ms,
                     decision.reason,
                 )
                 time.sleep(decision.delay_ms / 1000)
+                continue
+            restored.append(run.restored_from)
+            run.retire()
+            self._report(seen, on_checkpoint)
+            return RunResult(attempt - 1, last, reason, tuple(restored), tuple(failures))
+
+    def _supervise(
+        self,
+        run: PipelineRun,
+        deadline: float | None,
+        seen: int,
+        on_checkpoint: Callable[[CompletedCheckpoint], None] | None,
+        poll_s: float,
+    ) -> tuple[StopReason, CompletedCheckpoint | None, int]:
+        """Watch one run until it ends or is stopped; raises what failed its query."""
+        query = run.query
+        while query.isActive:
+            query.awaitTermination(poll_s)  # type: ignore[arg-type]  # float seconds work
+            for cp in self._new_checkpoints(seen):
+                seen = cp.checkpoint_id
+                if on_checkpoint is not None:
+                    on_checkpoint(cp)
+                if STOP in cp.properties and cp.properties.get(RUN) == run.run_id:
+                    # a stop request from outside (CLI): its final checkpoint completed
+                    self._finish_stop(run, cp, str(cp.properties.get(REQUEST_ID)))
+                    return StopReason.STOP, cp, seen
+            if deadline is not None and time.monotonic() >= deadline:
+                return StopReason.DURATION, self._stop_quietly(run), seen
+        query.awaitTermination()  # raises if it failed
+        run.function.drain()
+        run.report(RunState.FINISHED, restored_from=run.restored_from)
+        return StopReason.FINISHED, self.store.latest_completed(), seen
+
+    def _new_checkpoints(self, seen: int) -> list[CompletedCheckpoint]:
+        return [c for c in self.store.list_completed() if c.checkpoint_id > seen]
 
     def _report(
         self, seen: int, on_checkpoint: Callable[[CompletedCheckpoint], None] | None
     ) -> int:
-        for cp in self.store.list_completed():
-            if cp.checkpoint_id > seen:
-                seen = cp.checkpoint_id
-                if on_checkpoint is not None:
-                    on_checkpoint(cp)
+        for cp in self._new_checkpoints(seen):
+            seen = cp.checkpoint_id
+            if on_checkpoint is not None:
+                on_checkpoint(cp)
         return seen
 
+    def _fatal(self, run: PipelineRun) -> str | None:
+        """Why *run* failed beyond what a restart can mend: its coordinator said so
+        (fenced, no restorable checkpoint), or a coordinator of another driver holds a newer
+        lease than any run of this driver."""
+        fatal = run.files.fatal()
+        if fatal is not None:
+            return fatal
+        newest = Runs(self.root).newest_lease()
+        if newest is not None and newest.run_id not in self._run_ids:
+            return (
+                f"FencedError: run {newest.run_id} of another driver holds the coordinator "
+                f"lease (epoch {newest.epoch})"
+            )
+        return None
+
     # -- requests (from a notebook, the CLI, or run()) ------------------------------------
-    def request(self, kind: RequestKind, target: str | None = None, savepoint: bool = False) -> str:
+    def request(
+        self,
+        kind: RequestKind,
+        target: str | None = None,
+        savepoint: bool = False,
+        timeout_s: float = 120.0,
+    ) -> str:
+        """Post a request to the running coordinator; it expires after *timeout_s* (a
+        client that stopped waiting leaves nothing for a later run)."""
         request_id = uuid.uuid4().hex
-        self.mailbox.post(Request(request_id, kind, target, savepoint))
+        expires = SystemClock().now_ms() + int(timeout_s * 1000)
+        self.mailbox.post(Request(request_id, kind, target, savepoint, expires))
         return request_id
 
     def wait_for(self, request_id: str, timeout_s: float = 120.0) -> CompletedCheckpoint:
-        """Wait until the checkpoint answering *request_id* completed (and its output is
-        committed). Raises :class:`CheckpointError` on timeout."""
+        """Wait until the checkpoint answering *request_id* completed. Raises
+        :class:`CheckpointError` on timeout."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for cp in self.store.list_completed():
@@ -269,48 +450,70 @@ class Pipeline:
         raise CheckpointError(f"no checkpoint answered request {request_id} within {timeout_s} s")
 
     def checkpoint(self, timeout_s: float = 120.0) -> CompletedCheckpoint:
-        return self.wait_for(self.request(RequestKind.CHECKPOINT), timeout_s)
+        return self.wait_for(self.request(RequestKind.CHECKPOINT, timeout_s=timeout_s), timeout_s)
 
     def savepoint(self, target: str | None = None, timeout_s: float = 120.0) -> CompletedCheckpoint:
-        return self.wait_for(self.request(RequestKind.SAVEPOINT, target), timeout_s)
+        return self.wait_for(
+            self.request(RequestKind.SAVEPOINT, target, timeout_s=timeout_s), timeout_s
+        )
 
     def stop(
-        self, query: StreamingQuery, *, savepoint: bool = False, timeout_s: float = 120.0
+        self, run: PipelineRun, *, savepoint: bool = False, timeout_s: float = 120.0
     ) -> CompletedCheckpoint | None:
-        """Stop with a final checkpoint (or savepoint): request it, wait until it completed,
-        then stop the query. Returns it (None if the query was no longer running)."""
-        if not query.isActive:
+        """Stop *run* with a final checkpoint (or savepoint): request it, wait until it
+        completed and its output is committed, then stop the query without interrupting a
+        micro-batch. Returns it (the latest completed checkpoint if the query had ended)."""
+        if not run.query.isActive:
+            run.retire()
             return self.store.latest_completed()
-        final = self.wait_for(self.request(RequestKind.STOP, savepoint=savepoint), timeout_s)
-        self._wait_committed(final)
-        query.stop()
-        self._drain_aligner()
+        request_id = self.request(RequestKind.STOP, savepoint=savepoint, timeout_s=timeout_s)
+        final = self.wait_for(request_id, timeout_s)
+        self._finish_stop(run, final, request_id)
         return final
 
-    def _retire_aligner(self) -> None:
-        """Before a new aligner restores state (a restart within this process): end the
-        previous one, dropping a batch still in flight — the new run restores the latest
-        completed checkpoint and reads it again — so no old thread writes after the restore."""
-        old, self._aligner = self._aligner, None
-        if old is None:
-            return
-        old.abandon()
+    def _stop_quietly(self, run: PipelineRun) -> CompletedCheckpoint | None:
+        """A stop on the user's behalf (duration, Ctrl-C): with a final checkpoint when the
+        query still runs; never a stack trace."""
         try:
-            old.close()
-        except Exception as e:  # the failure that caused the restart, already reported
-            log.debug("retired aligner: %s", e)
+            return self.stop(run)
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now, without a final checkpoint
+            _stop_query(run.query)
+            run.retire()
+            run.report(RunState.STOPPED, restored_from=run.restored_from)
+            return self.store.latest_completed()
 
-    def _drain_aligner(self) -> None:
-        """Wait for what the aligner still processes (a pipelined batch, snapshot writes);
-        raises what failed it."""
-        if self._aligner is not None:
-            self._aligner.drain()
+    def _finish_stop(self, run: PipelineRun, final: CompletedCheckpoint, request_id: str) -> None:
+        """The final checkpoint of a stop completed: wait for its sink commit, let the
+        micro-batch in progress end (the source emits nothing after the final barrier), stop
+        the query, end the runtime, apply externalized retention."""
+        run.report(RunState.STOPPING, restored_from=run.restored_from, stop_request=request_id)
+        self._wait_committed(final)
+        run.function.drain()
+        _stop_query(run.query)
+        run.retire()
+        self._end_job(JobStatus.FINISHED if final.is_savepoint else JobStatus.CANCELED)
+        run.report(RunState.STOPPED, restored_from=run.restored_from, stop_request=request_id)
+
+    def _end_job(self, status: JobStatus) -> None:
+        """Externalized-checkpoint retention for a job that ended with *status* (no run of
+        it is active): discard its checkpoints (never savepoints) where configured. A stop
+        without savepoint is CANCELED, a stop with savepoint FINISHED (it resumes from the
+        savepoint), a failure beyond the restart strategy FAILED. The end of a
+        ``Trigger.AvailableNow`` run is no end of the job (the next run resumes from its
+        final checkpoint): nothing is discarded then."""
+        if not discards_checkpoints(self.config.externalized_retention, status):
+            return
+        ids = [c.checkpoint_id for c in self.store.list_completed() if not c.is_savepoint]
+        if ids:
+            self.store.discard(self.store.acquire(), ids)
+            log.info("discarded checkpoints %s (%s)", ids, self.config.externalized_retention)
 
     def _wait_committed(self, checkpoint: CompletedCheckpoint, timeout_s: float = 60.0) -> None:
         """The coordinator commits sink output right after completion; wait for it."""
         from .mailbox import read_topology
 
-        topology = read_topology(self.root)
+        run_id = checkpoint.properties.get(RUN)
+        topology = read_topology(self.root, str(run_id) if run_id else None)
         if topology is None or topology.sink is None:
             return
         from datasources.sink import sink_from_spec
@@ -326,3 +529,36 @@ class Pipeline:
 
     def checkpoints(self) -> list[CompletedCheckpoint]:
         return self.store.list_completed()
+
+
+_PYTHON_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception|Exit)): (.*)$")
+
+
+def _failure_summary(error: BaseException, limit: int = 500) -> str:
+    """The user-facing cause of a failed query: the last Python exception line in Spark's
+    message (a foreachBatch or data source error carries the Python traceback), else its
+    first line."""
+    text = str(error)
+    causes = [m for line in text.splitlines() if (m := _PYTHON_ERROR.match(line))]
+    python = [m for m in causes if m.group(1) not in ("StreamingQueryException",)]
+    summary = (
+        f"{python[-1].group(1)}: {python[-1].group(2)}"
+        if python
+        else (text.splitlines()[0] if text else repr(error))
+    )
+    return summary[:limit]
+
+
+def _stop_query(query: StreamingQuery) -> None:
+    """Stop *query* without interrupting a micro-batch in progress where possible: the
+    source emits nothing after a stop's final barrier, so wait (bounded) until no trigger is
+    active, then stop."""
+    deadline = time.monotonic() + STOP_GRACE_S
+    while query.isActive and time.monotonic() < deadline:
+        try:
+            if not query.status.get("isTriggerActive", False):
+                break
+        except Exception:
+            break
+        time.sleep(0.05)
+    query.stop()

@@ -18,6 +18,8 @@ option                      meaning
                             :class:`~spark_ckpt.stream_offset.BarrierPlacement`
 generator: ``seed``, ``channels``, ``rate``, ``backlog``, ``keys``, ``skew``
 delta: ``path``, ``channels``, ``startingVersion``
+``run``                     set by :meth:`Pipeline.run <spark_ckpt.pipeline.Pipeline.run>`
+                            for each attempt (see :mod:`spark_ckpt.run`); not for users
 ``checkpoint.*``, ``execution.checkpointing.*``, ``restart-strategy*``, ``state.*``,
 ``savepoint.*``             checkpoint configuration (:class:`~spark_ckpt.config.CheckpointConfig`)
 ==========================  =========================================================
@@ -37,7 +39,7 @@ from .stream_offset import BarrierPlacement
 
 SOURCE_KINDS: Final = ("generator", "delta")
 _OWN_KEYS: Final = frozenset(
-    {"pipeline", "store", "source", "maxrowspertrigger", "barrierplacement"}
+    {"pipeline", "store", "source", "maxrowspertrigger", "barrierplacement", "run"}
 )
 _DELTA_KEYS: Final = frozenset({"path", "channels", "startingversion"})
 _GENERATOR_KEYS: Final = frozenset(k.lower() for k in GeneratorSpec.OPTION_KEYS)
@@ -59,6 +61,7 @@ class SourceOptions:
     generator: GeneratorSpec | None = None
     delta: dict[str, str] = field(default_factory=dict)
     raw: dict[str, str] = field(default_factory=dict)
+    run_id: str | None = None
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SourceOptions:
@@ -107,4 +110,5 @@ class SourceOptions:
             generator=generator,
             delta=delta,
             raw=opts,
+            run_id=opts.get("run") or None,
         )

@@ -42,8 +42,9 @@ def test_defaults_are_flinks() -> None:
     assert c.unaligned is False
     assert c.aligned_checkpoint_timeout_ms == 0 and not c.aligned_timeout_active
     assert c.retained_checkpoints == 1
-    assert c.externalized_retention is ExternalizedCheckpointRetention.NO_EXTERNALIZED_CHECKPOINTS
-    assert not c.externalized
+    # deviates from Flink: checkpoints outlive a stopped job unless configured otherwise
+    assert c.externalized_retention is ExternalizedCheckpointRetention.RETAIN_ON_CANCELLATION
+    assert c.externalized
     assert c.checkpoint_storage is None and c.savepoint_dir is None
     assert c.restart_strategy == NoRestart()
     assert c.max_parallelism == 128

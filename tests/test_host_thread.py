@@ -12,13 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from spark_ckpt.batch_aligner import BatchAligner
 from spark_ckpt.clock import ManualClock
 from spark_ckpt.config import CheckpointConfig
 from spark_ckpt.errors import TolerableFailuresExceededError
 from spark_ckpt.host import CoordinatorHost, HostThread
-from spark_ckpt.mailbox import Mailbox, Request, RequestKind, SinkSpec
-from spark_ckpt.operator import RunningCount
+from spark_ckpt.mailbox import Mailbox, Request, RequestKind, SinkSpec, Topology, write_topology
 from spark_ckpt.sink import MemorySink
 from spark_ckpt.snapshot_worker import SnapshotWorker
 from spark_ckpt.store import InMemoryCheckpointStore
@@ -34,16 +32,8 @@ def wait_until(condition: Callable[[], bool], limit_s: float = 30.0) -> None:
 
 def hosted(root: Path) -> tuple[HostThread, ManualClock]:
     store, sink, clock = InMemoryCheckpointStore(), MemorySink(), ManualClock(1_000)
-    BatchAligner(  # publishes the topology the host needs before it triggers anything
-        str(root),
-        store,
-        operators=[RunningCount("counter", "user_id")],
-        channels=2,
-        parallelism=1,
-        sink=sink,
-        sink_spec=SinkSpec("memory", "-", "counter"),
-        clock=clock,
-    )
+    # the topology the host needs before it triggers anything
+    write_topology(str(root), Topology("counter", 1, SinkSpec("memory", "-", "counter")))
     config = CheckpointConfig(interval_ms=100)
     host = CoordinatorHost(
         str(root),

@@ -20,14 +20,16 @@ from hypothesis import strategies as st
 from spark_ckpt.aligner import AlignmentMode
 from spark_ckpt.batch_aligner import BatchAligner
 from spark_ckpt.channel_batch import channel_rows, stream_schema
+from spark_ckpt.checkpoint import CompletedCheckpoint
 from spark_ckpt.clock import ManualClock
 from spark_ckpt.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.coordinator import RequestStatus
 from spark_ckpt.failure import CheckpointFailureReason
 from spark_ckpt.generator import GENERATOR_SCHEMA, GeneratorSpec
 from spark_ckpt.host import SOURCE_TASK, CoordinatorHost
-from spark_ckpt.mailbox import Mailbox, Request, RequestKind, SinkSpec
+from spark_ckpt.mailbox import Mailbox, Request, RequestKind, SinkSpec, Topology, write_topology
 from spark_ckpt.operator import RunningCount
+from spark_ckpt.run import RunFiles, new_run_id
 from spark_ckpt.sink import MemorySink
 from spark_ckpt.store import InMemoryCheckpointStore
 from spark_ckpt.stream_offset import StreamOffset, fair_limits
@@ -38,6 +40,15 @@ SPEC = GeneratorSpec(
     seed=3, channels=CHANNELS, rows_per_second=0, backlog=BACKLOG, key_cardinality=12
 )
 SCHEMA = stream_schema(GENERATOR_SCHEMA)
+
+
+def restore_point(
+    root: str, run_id: str, store: InMemoryCheckpointStore
+) -> CompletedCheckpoint | None:
+    """What the run's foreachBatch function restores: the checkpoint its coordinator chose."""
+    point = RunFiles(root, run_id).restore_point()
+    assert point is not None
+    return None if point.checkpoint_id is None else store.get(point.checkpoint_id)
 
 
 class SparkLikeRun:
@@ -55,7 +66,15 @@ class SparkLikeRun:
         parallelism: int,
         threads: str = "sync",
     ) -> None:
-        self.aligner = BatchAligner(
+        run_id = new_run_id()  # every query run is a new run (Pipeline.start)
+        write_topology(
+            root, Topology("counter", parallelism, SinkSpec("memory", "-", "counter")), run_id
+        )
+        self.host = CoordinatorHost(
+            root, config, store, sink_factory=lambda spec: sink, clock=clock, run_id=run_id
+        )
+        latest = self.host.start_run()  # initialOffset
+        self.aligner = BatchAligner(  # built at the first foreachBatch call, from the run's files
             root,
             store,
             operators=[RunningCount("counter", "user_id")],
@@ -64,15 +83,12 @@ class SparkLikeRun:
             mode=mode,
             aligned_timeout_ms=timeout,
             sink=sink,
-            sink_spec=SinkSpec("memory", "-", "counter"),
             clock=clock,
             async_snapshots=threads != "sync",
             pipelined=threads == "pipelined",
+            restore_from=restore_point(root, run_id, store),
+            run_id=run_id,
         )
-        self.host = CoordinatorHost(
-            root, config, store, sink_factory=lambda spec: sink, clock=clock
-        )
-        latest = store.latest_completed()  # initialOffset
         if latest is None:
             self.offset = StreamOffset.initial([0] * CHANNELS)
         else:
@@ -154,9 +170,7 @@ def assert_no_failed_completion(run: SparkLikeRun) -> None:
         assert not failed, failed
 
 
-def drive(
-    root: Path, mode_name: str, script: list[tuple[Any, ...]], threads: str = "sync"
-) -> None:
+def drive(root: Path, mode_name: str, script: list[tuple[Any, ...]], threads: str = "sync") -> None:
     mode, timeout, ckpt_mode = MODES[mode_name]
     config = CheckpointConfig(
         interval_ms=50,
@@ -187,9 +201,7 @@ def drive(
             sink.crash()
             assert_no_failed_completion(run)
             run.aligner.close()  # what it had queued may still reach the mailbox, or not
-            run = SparkLikeRun(
-                str(root), store, sink, clock, config, mode, timeout, a[1], threads
-            )
+            run = SparkLikeRun(str(root), store, sink, clock, config, mode, timeout, a[1], threads)
         ids.extend(c.checkpoint_id for c in store.list_completed() if c.checkpoint_id not in ids)
     # Trigger.AvailableNow: all data, then a final checkpoint, then its commit
     for _ in range(40):
@@ -266,7 +278,7 @@ def test_unaligned_checkpoints_do_not_wait_for_the_lagging_channel(
     )
     store, sink, clock = InMemoryCheckpointStore(), MemorySink(), ManualClock(1_000)
     run = SparkLikeRun(str(tmp_path), store, sink, clock, config, mode, timeout, 2)
-    run.batch(90)  # the coordinator learns the topology
+    run.batch(90)
     Mailbox(str(tmp_path)).post(Request("r", RequestKind.CHECKPOINT))
     batches = 0
     while not store.list_completed():

@@ -13,17 +13,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,17 +26,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_ckpt.generator import GeneratorSpec
+from spark_ckpt.testing import faults
+from spark_ckpt.testing.jobs import (  # noqa: F401 - re-exported for the tests
+    FAST_JVM_OPTIONS,
+    DemoArgs,
+    DemoLauncher,
+    DemoRun,
+    kill_session,
+    session_processes,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-#: How long to wait for killed processes to disappear before declaring them orphaned.
-REAP_TIMEOUT_S = 60.0
-#: JVM flags of the jobs' Spark drivers: C1-only JIT and the serial collector start a local
-#: JVM markedly faster on a small machine (about 8 s less per run on 2 cores); no effect on
-#: what the job computes.
-FAST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
@@ -50,226 +45,11 @@ def spark() -> Iterator[SparkSession]:
     partitions, UI off); stopped at the end."""
     from spark_ckpt.session import local_session
 
+    os.environ[faults.ENV] = "1"  # before the JVM starts: its Python workers inherit it
     session = local_session("spark-ckpt-tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
-
-
-# -- the demo job in a subprocess ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DemoArgs:
-    """Command-line options of ``python -m spark_ckpt.demo`` (see :mod:`spark_ckpt.demo`)."""
-
-    root: Path
-    output: Path
-    mode: str = "aligned"
-    pipeline: str = "crash"
-    rate: float = 0.0
-    backlog: str = "1000"
-    channels: int = 3
-    keys: int = 50
-    seed: int = 7
-    interval: str = "300ms"
-    aligned_timeout: str = "200ms"
-    max_rows_per_trigger: int | None = None
-    barrier_placement: str = "read"
-    available_now: bool = False
-    seconds: float = 600.0
-
-    def argv(self) -> list[str]:
-        args = [
-            sys.executable,
-            "-m",
-            "spark_ckpt.demo",
-            "--pipeline",
-            self.pipeline,
-            "--root",
-            str(self.root),
-            "--output",
-            str(self.output),
-            "--mode",
-            self.mode,
-            "--rate",
-            repr(self.rate),
-            "--backlog",
-            self.backlog,
-            "--channels",
-            str(self.channels),
-            "--keys",
-            str(self.keys),
-            "--seed",
-            str(self.seed),
-            "--interval",
-            self.interval,
-            "--aligned-timeout",
-            self.aligned_timeout,
-        ]
-        if self.max_rows_per_trigger is not None:
-            args += ["--max-rows-per-trigger", str(self.max_rows_per_trigger)]
-            args += ["--barrier-placement", self.barrier_placement]
-        if self.available_now:
-            args.append("--available-now")
-        else:
-            args += ["--seconds", repr(self.seconds)]
-        return args
-
-    def spec(self) -> GeneratorSpec:
-        """The generator behind the job's input (same parsing rules as the job's options)."""
-        return GeneratorSpec.from_options(
-            {
-                "seed": str(self.seed),
-                "channels": str(self.channels),
-                "rate": repr(self.rate),
-                "backlog": self.backlog,
-                "keys": str(self.keys),
-            }
-        )
-
-
-def session_processes(sid: int) -> list[int]:
-    """Live (non-zombie) processes of session *sid*, from ``/proc``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # gone meanwhile
-        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)"
-        state, session = fields[0], int(fields[3])
-        if session == sid and state not in ("Z", "X"):
-            pids.append(int(entry))
-    return pids
-
-
-def processes_under(directory: Path) -> list[int]:
-    """Live processes whose working directory is *directory* or below it — catches a
-    process that left its session (the jobs and everything they spawn start there)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                cwd = Path(os.readlink(f"/proc/{entry}/cwd"))
-            except OSError:
-                continue  # gone, or not ours to inspect
-            if cwd == directory or directory in cwd.parents:
-                pids.append(int(entry))
-    return [p for p in pids if _state(p) not in ("Z", "X", "")]
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return ""
-
-
-def kill_session(sid: int) -> None:
-    """SIGKILL every process of session *sid* (the job, its JVM, the JVM's Python daemon —
-    which moves to a process group of its own — and workers) until none is left. Raises
-    AssertionError naming the survivors after :data:`REAP_TIMEOUT_S`."""
-    deadline = time.monotonic() + REAP_TIMEOUT_S
-    while pids := session_processes(sid):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"processes of session {sid} survive SIGKILL: {pids}")
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-
-
-@dataclass
-class DemoRun:
-    """One started job: its process (a session leader) and its combined output log."""
-
-    args: DemoArgs
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def sid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group at once (as a machine crash would), then sweep
-        the rest of the session; waits until all of it is gone."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.sid, signal.SIGKILL)
-        self.popen.wait()
-        kill_session(self.sid)
-
-    def wait(self, timeout_s: float) -> int:
-        """Wait for a normal exit; on timeout kill it and fail with the log's tail."""
-        try:
-            return self.popen.wait(timeout_s)
-        except subprocess.TimeoutExpired as e:
-            self.kill()
-            raise AssertionError(f"job did not finish within {timeout_s} s\n{self.tail()}") from e
-
-    def tail(self, lines: int = 40) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-
-@dataclass
-class DemoLauncher:
-    """Starts jobs under *workdir*; remembers every session for the teardown check."""
-
-    workdir: Path
-    runs: list[DemoRun] = field(default_factory=list)
-
-    def start(self, args: DemoArgs) -> DemoRun:
-        log = self.workdir / f"run-{len(self.runs)}.log"
-        with open(log, "wb") as out:
-            popen = subprocess.Popen(
-                args.argv(),
-                cwd=self.workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", "JAVA_TOOL_OPTIONS": FAST_JVM_OPTIONS},
-            )
-        run = DemoRun(args, popen, log)
-        self.runs.append(run)
-        return run
-
-    def wait_until(
-        self, run: DemoRun, predicate: Callable[[], bool], timeout_s: float, what: str
-    ) -> None:
-        """Poll *predicate* while *run* is alive; fail (with the log) if the run exits or
-        *timeout_s* passes first. A liveness bound, not a timing assertion."""
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            if not run.alive():
-                raise AssertionError(
-                    f"job exited ({run.popen.returncode}) before {what}\n{run.tail()}"
-                )
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} within {timeout_s} s\n{run.tail()}")
-            time.sleep(0.5)
-
-    def cleanup(self) -> list[int]:
-        """Kill what is still running; return the pids that survive (should be none)."""
-        for run in self.runs:
-            if run.alive():
-                run.kill()
-        survivors = []
-        for run in self.runs:
-            try:
-                kill_session(run.sid)
-            except AssertionError:
-                survivors.extend(session_processes(run.sid))
-        return survivors + [p for p in processes_under(self.workdir) if p not in survivors]
 
 
 @pytest.fixture

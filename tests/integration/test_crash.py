@@ -24,7 +24,6 @@ barriers lag while channel 0 still works off its backlog.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import time
@@ -47,7 +46,8 @@ from conftest import (
 
 from spark_ckpt.checkpoint import CompletedCheckpoint
 from spark_ckpt.delta_store import DeltaCheckpointStore
-from spark_ckpt.host import BEFORE_SINK_COMMIT, FAILPOINT_DIR, STOP
+from spark_ckpt.host import STOP
+from spark_ckpt.testing import faults
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -218,17 +218,14 @@ def test_crash_after_completion_before_sink_commit(demo: DemoLauncher, tmp_path:
         backlog=",".join(map(str, backlog)),
         available_now=True,
     )
-    failpoints = args.root / FAILPOINT_DIR
-    failpoints.mkdir(parents=True)
-    (failpoints / BEFORE_SINK_COMMIT).touch()
+    faults.arm(str(args.root), faults.Fault.BEFORE_SINK_COMMIT)
 
     run = demo.start(args)  # the demo's restart strategy restarts the failed query
     code = run.wait(FINAL_RUN_TIMEOUT_S)
     assert code == 0, f"run failed ({code})\n{run.tail()}"
 
     # the fail point fired: checkpoint n was complete, its output not committed
-    assert not (failpoints / BEFORE_SINK_COMMIT).exists(), "fail point never reached"
-    hit = json.loads((failpoints / f"{BEFORE_SINK_COMMIT}.hit").read_text())
+    [hit] = faults.hits(str(args.root), faults.Fault.BEFORE_SINK_COMMIT)
     crashed = int(hit["checkpoint_id"])
     assert hit["sink_committed"] < crashed
     restarts = re.search(r"(\d+) restarts", run.tail())

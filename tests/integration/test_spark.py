@@ -140,17 +140,21 @@ class Bounded:
     def ends(self) -> tuple[int, ...]:
         return self.spec.backlogs
 
-    def read(self, **extra: object) -> Any:
+    def source(self, **extra: object) -> dict[str, object]:
+        """The ``ckpt-source`` options of this pipeline's input."""
         s = self.spec
-        return self.pipeline.read(
-            source="generator",
-            seed=s.seed,
-            channels=s.channels,
-            rate=0,
-            backlog=",".join(str(b) for b in s.backlogs),
-            keys=s.key_cardinality,
+        return {
+            "source": "generator",
+            "seed": s.seed,
+            "channels": s.channels,
+            "rate": 0,
+            "backlog": ",".join(str(b) for b in s.backlogs),
+            "keys": s.key_cardinality,
             **extra,
-        )
+        }
+
+    def read(self, **extra: object) -> Any:
+        return self.pipeline.read(**self.source(**extra))
 
 
 def generator(
@@ -176,13 +180,16 @@ def finish(query: StreamingQuery) -> None:
 
 def run_counts(job: Bounded, parallelism: int = 2, **read_options: object) -> StreamingQuery:
     """generator -> RunningCount(user_id) -> Delta via the foreachBatch aligner, AvailableNow."""
-    events = job.read(**read_options)
-    counts = job.pipeline.aligner(
-        RunningCount("counter", "user_id"), output=str(job.output), parallelism=parallelism
+    run = job.pipeline.start(
+        job.source(**read_options),
+        RunningCount("counter", "user_id"),
+        output=str(job.output),
+        parallelism=parallelism,
+        available_now=True,
     )
-    query = job.pipeline.start(events, counts, available_now=True)
-    finish(query)
-    return query
+    finish(run.query)
+    run.retire()
+    return run.query
 
 
 def restored_counts(job: Bounded) -> dict[int, int]:
@@ -485,16 +492,20 @@ def test_savepoint_while_running_survives_retention_and_stop_takes_final_checkpo
         spark, "running", config=config(**{"checkpoint.retained": "1"}), root=str(tmp_path / "root")
     )
     spec = GeneratorSpec(5, 2, 200.0, 100, 20)
-    events = pipeline.read(source="generator", seed=5, channels=2, rate=200, backlog=100, keys=20)
-    counts = pipeline.aligner(RunningCount("counter", "user_id"), output=str(tmp_path / "out"))
-    query = pipeline.start(events, counts, trigger_s=0.5)
+    run = pipeline.start(
+        {"source": "generator", "seed": 5, "channels": 2, "rate": 200, "backlog": 100, "keys": 20},
+        RunningCount("counter", "user_id"),
+        output=str(tmp_path / "out"),
+        trigger_s=0.5,
+    )
+    query = run.query
     try:
         savepoint = pipeline.savepoint(timeout_s=RUN_TIMEOUT_S)
         assert savepoint.snapshot_type is SnapshotType.SAVEPOINT and savepoint.is_savepoint
         assert savepoint in pipeline.checkpoints()
         later = [pipeline.checkpoint(timeout_s=RUN_TIMEOUT_S) for _ in range(2)]
         assert all(c.checkpoint_id > savepoint.checkpoint_id for c in later)
-        final = pipeline.stop(query, timeout_s=RUN_TIMEOUT_S)
+        final = pipeline.stop(run, timeout_s=RUN_TIMEOUT_S)
     finally:
         if query.isActive:
             query.stop()

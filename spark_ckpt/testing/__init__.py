@@ -1,0 +1,1 @@
+"""Testing aids: fault injection for crash and chaos tests (:mod:`spark_ckpt.testing.faults`)."""

@@ -1,0 +1,252 @@
+"""Fault injection: the one place that lists every fail point, and how to switch them on.
+
+Fail points are **off** unless the environment variable ``SPARK_CKPT_FAULTS=1`` is set in
+the processes that should see them — for a Spark job, in the driver before its JVM starts
+(the source runner, executors and Python workers inherit it). Off, every fail point costs
+one environment lookup and does nothing.
+
+On, a fail point fires when it is *armed* for the pipeline root: :func:`arm` writes
+``<root>/_faults/<name>.json`` saying what to do and how often. Every hit claims one of the
+armed ``times`` by creating ``<name>.hit.<n>`` exclusively (atomic across processes), writes
+a JSON record of the situation into it, then acts:
+
+* ``kill`` — ends the process at once with :func:`os._exit` (status 137, as SIGKILL: no
+  cleanup, no ``finally``);
+* ``raise`` — raises the configured error: ``store`` a
+  :class:`~spark_ckpt.errors.StoreError`, ``enospc`` / ``eacces`` a ``StoreError`` caused by
+  ``OSError(ENOSPC / EACCES)`` (what the storage adapters make of a full disk or a denied
+  write), ``operator`` an :class:`InjectedFault`.
+
+``times=ALWAYS`` fires on every hit; :func:`disarm` removes the marker (storage "returns").
+:func:`hits` reads the records back.
+
+========================  =====================  ============================================
+name                      where                  what it simulates
+========================  =====================  ============================================
+``before-sink-commit``    coordinator, after a   the coordinator dies between completing a
+                          checkpoint completed   checkpoint and committing its output
+``sink-commit``           coordinator, the       the global committer's Delta commit fails
+                          global sink commit     (the coordinator's thread stops)
+``store-commit``          coordinator, storing   the completed-checkpoint commit fails
+                          a completed checkpoint (checkpoint fails: FINALIZE_FAILED)
+``store-write``           task, writing its      checkpoint storage fails for the tasks (the
+                          state                  task declines the checkpoint)
+``source-runner``         source runner,         Spark's Python streaming source runner dies
+                          ``latestOffset``
+``source-read``           executor, ``read()``   a Python worker dies while reading
+``operator``              a user operator        the user's code raises (``error="operator"``)
+                          (:class:`FaultyOperator`)
+========================  =====================  ============================================
+
+The main job (:mod:`spark_ckpt.demo`) wraps its operator in :class:`FaultyOperator` when
+fail points are enabled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+from typing import Any, cast
+
+import pyarrow as pa
+
+from ..errors import SparkCkptError, StoreError
+from ..operator import KeyedOperator
+from ..state import KeyedStateBackend
+from ..store import CheckpointStore
+
+#: The environment variable that switches fail points on.
+ENV = "SPARK_CKPT_FAULTS"
+#: Directory under the pipeline root holding armed faults and their hit records.
+FAULTS_DIR = "_faults"
+#: Exit status of a process killed by a fail point (as if by SIGKILL).
+KILL_EXIT_CODE = 137
+#: ``times`` for a fault that fires on every hit.
+ALWAYS = -1
+
+
+class Fault(StrEnum):
+    BEFORE_SINK_COMMIT = "before-sink-commit"
+    SINK_COMMIT = "sink-commit"
+    STORE_COMMIT = "store-commit"
+    STORE_WRITE = "store-write"
+    SOURCE_RUNNER = "source-runner"
+    SOURCE_READ = "source-read"
+    OPERATOR = "operator"
+
+
+class Action(StrEnum):
+    KILL = "kill"
+    RAISE = "raise"
+
+
+class InjectedFault(SparkCkptError):
+    """The error an armed ``raise`` fail point with ``error="operator"`` raises."""
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV) == "1"
+
+
+def _dir(root: str) -> str | None:
+    return None if "://" in root else os.path.join(root, FAULTS_DIR)
+
+
+def arm(
+    root: str,
+    fault: Fault,
+    action: Action = Action.KILL,
+    *,
+    times: int = 1,
+    error: str = "store",
+) -> None:
+    """Arm *fault* for the pipeline root *root* (local roots only): it fires on its next
+    *times* hits (:data:`ALWAYS`: every hit). Re-arming resets the count."""
+    directory = _dir(root)
+    if directory is None:
+        raise SparkCkptError("fail points need a local pipeline root")
+    os.makedirs(directory, exist_ok=True)
+    disarm(root, fault)
+    tmp = os.path.join(directory, f".{fault.value}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"action": action.value, "times": times, "error": error}, f)
+    os.replace(tmp, os.path.join(directory, f"{fault.value}.json"))
+
+
+def disarm(root: str, fault: Fault) -> None:
+    """Remove the marker and the hit records of *fault* (idempotent)."""
+    directory = _dir(root)
+    if directory is None or not os.path.isdir(directory):
+        return
+    for name in os.listdir(directory):
+        if name == f"{fault.value}.json" or name.startswith(f"{fault.value}.hit."):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(directory, name))
+
+
+def hits(root: str, fault: Fault) -> list[dict[str, Any]]:
+    """The records of the hits of *fault* so far, in claim order."""
+    directory = _dir(root)
+    if directory is None or not os.path.isdir(directory):
+        return []
+    prefix = f"{fault.value}.hit."
+    numbered = sorted(
+        (int(n[len(prefix) :]), n) for n in os.listdir(directory) if n.startswith(prefix)
+    )
+    out = []
+    for _, name in numbered:
+        try:
+            with open(os.path.join(directory, name)) as f:
+                out.append(json.load(f))
+        except (OSError, ValueError):
+            out.append({})  # claimed, record not written yet (or the process died first)
+    return out
+
+
+def _claim(directory: str, fault: Fault, times: int) -> str | None:
+    n = 0
+    while times == ALWAYS or n < times:
+        path = os.path.join(directory, f"{fault.value}.hit.{n}")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            n += 1
+            continue
+        os.close(fd)
+        return path
+    return None
+
+
+def _error(kind: str, fault: Fault) -> BaseException:
+    message = f"injected fault {fault.value}"
+    if kind in ("enospc", "eacces"):
+        code = errno.ENOSPC if kind == "enospc" else errno.EACCES
+        cause = OSError(code, f"{os.strerror(code)} ({message})")
+        error = StoreError(f"{message}: {cause}")
+        error.__cause__ = cause
+        return error
+    if kind == "operator":
+        return InjectedFault(message)
+    return StoreError(message)
+
+
+def hit(root: str, fault: Fault, record: Callable[[], Mapping[str, object]] | None = None) -> None:
+    """A fail point: does nothing unless fail points are enabled (:data:`ENV`) and *fault*
+    is armed for *root* with hits left; then records the hit and acts (module docstring)."""
+    if not enabled():
+        return
+    directory = _dir(root)
+    if directory is None:
+        return
+    try:
+        with open(os.path.join(directory, f"{fault.value}.json")) as f:
+            spec = json.load(f)
+    except (OSError, ValueError):
+        return
+    claimed = _claim(directory, fault, int(spec.get("times", 1)))
+    if claimed is None:
+        return
+    details = {
+        "name": fault.value,
+        "pid": os.getpid(),
+        "time_ms": time.time_ns() // 1_000_000,
+        **(record() if record else {}),
+    }
+    with open(claimed, "w") as f:
+        json.dump(details, f)
+        f.flush()
+        os.fsync(f.fileno())
+    if spec.get("action") == Action.KILL.value:
+        os._exit(KILL_EXIT_CODE)
+    raise _error(str(spec.get("error", "store")), fault)
+
+
+class _FaultyStore:
+    """A checkpoint store whose completion commits and task-state writes pass fail points."""
+
+    def __init__(self, store: CheckpointStore, root: str) -> None:
+        self._store = store
+        self._root = root
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        hit(self._root, Fault.STORE_COMMIT)
+        return self._store.commit(*args, **kwargs)
+
+    def write_task_state(self, *args: Any, **kwargs: Any) -> Any:
+        hit(self._root, Fault.STORE_WRITE)
+        return self._store.write_task_state(*args, **kwargs)
+
+
+def faulty_store(store: CheckpointStore, root: str) -> CheckpointStore:
+    """*store* itself, or — fail points enabled — a proxy passing the ``store-commit`` and
+    ``store-write`` fail points."""
+    return cast(CheckpointStore, _FaultyStore(store, root)) if enabled() else store
+
+
+class FaultyOperator(KeyedOperator):
+    """*inner* with the ``operator`` fail point before each batch it processes (same uid,
+    key and state: a job restores it like *inner*)."""
+
+    def __init__(self, inner: KeyedOperator, root: str) -> None:
+        super().__init__(inner.uid, inner.key_column, inner.key_type)
+        self.inner = inner
+        self.root = root
+
+    @property
+    def output_schema(self) -> pa.Schema | None:
+        return self.inner.output_schema
+
+    def open(self, state: KeyedStateBackend) -> None:
+        self.inner.open(state)
+
+    def process_batch(self, batch: pa.Table, state: KeyedStateBackend) -> pa.Table | None:
+        hit(self.root, Fault.OPERATOR, lambda: {"rows": batch.num_rows})
+        return self.inner.process_batch(batch, state)

@@ -1,0 +1,397 @@
+"""The fault matrix: every kind of failure keeps the output exactly-once, on real Spark and
+real Delta, with faults that land after rows were processed past the last completed
+checkpoint.
+
+Every test runs the main job (``python -m spark_ckpt.demo``: Delta input table → keyed
+running count → Delta output) in a subprocess, on an input table that the test itself writes
+while the job runs, with a checkpoint interval of seconds: before a fault is injected the test
+waits until the job has staged output that no completed checkpoint covers yet (uncommitted
+part files in the output table), i.e. until rows were processed past the last checkpoint.
+Faults come from the fail points of :mod:`spark_ckpt.testing.faults` (armed for the job's
+root) or from outside (SIGKILL, a second driver, damaged files). Every test ends the job with
+``spark-ckpt stop`` and drains the rest with an ``--available-now`` run, then compares the
+output with the oracle: for a key with *n* input rows — rows the test wrote — the rows
+``(key, 1) .. (key, n)``, each exactly once (a plain fold over the input).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from conftest import output_rows, read_delta, running_count_rows
+from deltalake import write_deltalake
+
+from spark_ckpt.delta_store import DeltaCheckpointStore
+from spark_ckpt.testing import faults
+from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher, DemoRun
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+KEYS = 40
+#: Liveness bounds (never assertions about speed).
+STEP_TIMEOUT_S = 240.0
+FINAL_RUN_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Feed:
+    """The job's input table, written by the test: the oracle's only source."""
+
+    path: Path
+    rng: random.Random
+    written: Counter[int] = field(default_factory=Counter)
+
+    def append(self, rows: int) -> None:
+        keys = [self.rng.randrange(KEYS) for _ in range(rows)]
+        write_deltalake(
+            str(self.path), pa.table({"user_id": pa.array(keys, pa.int64())}), mode="append"
+        )
+        self.written.update(keys)
+
+    def expected(self) -> Counter[tuple[int, int]]:
+        return running_count_rows(self.written)
+
+
+@dataclass
+class Job:
+    """One scenario: the job's options, its input, and the launcher."""
+
+    demo: DemoLauncher
+    args: DemoArgs
+    feed: Feed
+
+    @property
+    def root(self) -> str:
+        return str(self.args.root)
+
+    def start(self, **overrides: object) -> DemoRun:
+        return self.demo.start(replace(self.args, **overrides))  # type: ignore[arg-type]
+
+    def latest_id(self) -> int:
+        if not (self.args.root / "checkpoints").exists():
+            return 0
+        latest = DeltaCheckpointStore(self.root).latest_completed()
+        return latest.checkpoint_id if latest else 0
+
+    def wait(self, run: DemoRun, what: str, predicate: object) -> None:
+        self.demo.wait_until(run, predicate, STEP_TIMEOUT_S, what)  # type: ignore[arg-type]
+
+    def wait_checkpoint_after(self, run: DemoRun, checkpoint_id: int) -> None:
+        self.wait(
+            run, f"a checkpoint after {checkpoint_id}", lambda: self.latest_id() > checkpoint_id
+        )
+
+    def wait_processed_past_checkpoint(self, run: DemoRun) -> int:
+        """Feed rows until the job staged output no completed checkpoint covers; returns the
+        latest completed checkpoint id at that moment."""
+        self.wait_checkpoint_after(run, 0)
+        deadline = time.monotonic() + STEP_TIMEOUT_S
+        while not uncommitted_output(self.args.output):
+            assert run.alive(), run.tail()
+            assert time.monotonic() < deadline, "no output staged past the last checkpoint"
+            self.feed.append(200)
+            time.sleep(0.5)
+        return self.latest_id()
+
+    def wait_hits(self, run: DemoRun, fault: faults.Fault, n: int = 1) -> None:
+        """Feed input until *fault* was hit *n* times (a fault in the data path needs data)."""
+        deadline = time.monotonic() + STEP_TIMEOUT_S
+        while len(faults.hits(self.root, fault)) < n:
+            assert run.alive(), f"job exited before {fault} was hit {n} times\n{run.tail()}"
+            assert time.monotonic() < deadline, f"{fault} not hit {n} times\n{run.tail()}"
+            self.feed.append(50)
+            time.sleep(0.5)
+
+    def feed_until_exit(self, run: DemoRun) -> int:
+        """Feed input until the job exits on its own; returns its exit status."""
+        deadline = time.monotonic() + STEP_TIMEOUT_S
+        while run.alive():
+            assert time.monotonic() < deadline, f"job did not exit\n{run.tail()}"
+            self.feed.append(50)
+            time.sleep(0.5)
+        return run.wait(10)
+
+    def stop(self, run: DemoRun) -> subprocess.CompletedProcess[str]:
+        """``spark-ckpt stop`` through the installed console script; the job must exit."""
+        done = cli("stop", "--root", self.root, "--timeout", "180")
+        assert done.returncode == 0, done.stderr + run.tail()
+        assert run.wait(120) == 0, run.tail()
+        assert "stopped (stop)" in run.tail(), run.tail()
+        return done
+
+    def drain_and_check(self) -> None:
+        """An ``--available-now`` run reads the rest; then the output must be exactly the
+        running count over every row the test wrote."""
+        final = self.start(available_now=True)
+        assert final.wait(FINAL_RUN_TIMEOUT_S) == 0, final.tail()
+        actual = output_rows(read_delta(self.args.output))
+        expected = self.feed.expected()
+        assert actual == expected, diff(actual, expected)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).parent / "spark-ckpt"
+    return subprocess.run(
+        [str(script), *args], capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+def uncommitted_output(output: Path) -> list[str]:
+    """Staged part files of the sink that the output table's log does not reference."""
+    if not output.exists():
+        return []
+    committed = set()
+    for commit in sorted((output / "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            if '"add"' in line:
+                committed.add(line.split('"path":"', 1)[1].split('"', 1)[0])
+    return [p.name for p in output.glob("part-*-ckpt-*.parquet") if p.name not in committed]
+
+
+def diff(actual: Counter[tuple[int, int]], expected: Counter[tuple[int, int]]) -> str:
+    missing, extra = expected - actual, actual - expected
+    return (
+        f"{sum(actual.values())} rows, expected {sum(expected.values())}; "
+        f"missing {sorted(missing.items())[:8]} ({sum(missing.values())}), "
+        f"extra {sorted(extra.items())[:8]} ({sum(extra.values())})"
+    )
+
+
+@pytest.fixture
+def job(demo: DemoLauncher, tmp_path: Path) -> Job:
+    feed = Feed(tmp_path / "input", random.Random(tmp_path.name))
+    feed.append(300)  # the table must exist before the job starts
+    args = DemoArgs(
+        root=tmp_path / "root",
+        output=tmp_path / "out",
+        input=feed.path,
+        channels=3,
+        interval="4s",  # long: faults land after rows were processed past a checkpoint
+        restarts=3,
+        restart_delay="500ms",
+        retained=3,
+        tolerable_failures=3,
+        seconds=900.0,
+    )
+    return Job(demo, args, feed)
+
+
+def restarts_of(run: DemoRun) -> int:
+    line = next(line for line in run.tail(5).splitlines() if "restarts" in line)
+    return int(line.split(" restarts")[0].rsplit(" ", 1)[1])
+
+
+# -- processes dying -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", [faults.Fault.SOURCE_RUNNER, faults.Fault.SOURCE_READ])
+def test_killed_source_runner_or_python_worker_restarts_from_the_checkpoint(
+    job: Job, fault: faults.Fault
+) -> None:
+    """The Python streaming source runner (``latestOffset``) or a Python worker running
+    ``read()`` dies: the query fails, the pipeline restarts it in-process from the latest
+    completed checkpoint — operator state, channel positions, sink — although the dead run
+    had processed rows past it."""
+    run = job.start()
+    before = job.wait_processed_past_checkpoint(run)
+    faults.arm(job.root, fault, faults.Action.KILL)
+    job.wait_hits(run, fault, 1)
+    job.feed.append(300)
+    job.wait_checkpoint_after(run, before)
+    job.feed.append(300)
+    job.stop(run)
+    assert restarts_of(run) == 1, run.tail()
+    job.drain_and_check()
+
+
+# -- failures raised in the job ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [(faults.Fault.OPERATOR, "operator"), (faults.Fault.SINK_COMMIT, "store")],
+)
+def test_a_failure_once_is_mended_by_one_restart(job: Job, fault: faults.Fault, error: str) -> None:
+    """A user operator raises once, or the coordinator's thread fails once (its global Delta
+    commit raises after the checkpoint completed): one restart, exactly-once output."""
+    run = job.start()
+    before = job.wait_processed_past_checkpoint(run)
+    faults.arm(job.root, fault, faults.Action.RAISE, error=error)
+    job.wait_hits(run, fault, 1)
+    job.feed.append(300)
+    job.wait_checkpoint_after(run, before)
+    job.stop(run)
+    assert restarts_of(run) == 1, run.tail()
+    job.drain_and_check()
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "named"),
+    [
+        (faults.Fault.OPERATOR, "operator", "InjectedFault: injected fault operator"),
+        (faults.Fault.SINK_COMMIT, "store", "StoreError: injected fault sink-commit"),
+    ],
+)
+def test_a_failure_always_exhausts_the_restart_strategy(
+    job: Job, fault: faults.Fault, error: str, named: str
+) -> None:
+    """The same failure on every attempt: the strategy's 3 restarts are used up, the job
+    fails with ``PipelineFailedError`` naming the cause, and nothing of the failed attempts
+    is visible in the output: the drain run afterwards, which restores the latest completed
+    checkpoint, must end with every row exactly once."""
+    run = job.start()
+    job.wait_processed_past_checkpoint(run)
+    faults.arm(job.root, fault, faults.Action.RAISE, times=faults.ALWAYS, error=error)
+    assert job.feed_until_exit(run) == 1, run.tail()
+    log = run.tail(60)
+    assert "PipelineFailedError" not in log  # no traceback: one clear line
+    assert "error: pipeline 'crash' failed: " in log and named in log, log
+    assert len(faults.hits(job.root, fault)) >= 4  # the first attempt and 3 restarts
+    faults.disarm(job.root, fault)
+    job.drain_and_check()
+
+
+def test_storage_failing_for_a_while_is_tolerated(job: Job) -> None:
+    """Checkpoint storage refuses writes (ENOSPC) for two checkpoints: they are declined and
+    counted against the 3 tolerable failures; storage returns, checkpoints complete again,
+    with no restart."""
+    run = job.start()
+    before = job.wait_processed_past_checkpoint(run)
+    faults.arm(job.root, faults.Fault.STORE_WRITE, faults.Action.RAISE, times=2, error="enospc")
+    job.wait_hits(run, faults.Fault.STORE_WRITE, 2)
+    refused = job.latest_id()
+    job.feed.append(300)
+    job.wait_checkpoint_after(run, max(before, refused))
+    job.stop(run)
+    assert restarts_of(run) == 0, run.tail()
+    job.drain_and_check()
+
+
+def test_storage_failing_beyond_tolerance_fails_the_job_with_the_reason(job: Job) -> None:
+    run = job.start(tolerable_failures=1, restarts=1)
+    job.wait_processed_past_checkpoint(run)
+    faults.arm(
+        job.root,
+        faults.Fault.STORE_WRITE,
+        faults.Action.RAISE,
+        times=faults.ALWAYS,
+        error="enospc",
+    )
+    assert job.feed_until_exit(run) == 1, run.tail()
+    log = run.tail(60)
+    assert "error: pipeline 'crash' failed" in log and "No space left on device" in log, log
+    faults.disarm(job.root, faults.Fault.STORE_WRITE)
+    job.drain_and_check()
+
+
+# -- the mailbox -------------------------------------------------------------------------------
+
+
+def test_malformed_mailbox_files_are_set_aside_and_never_fail_a_restart(job: Job) -> None:
+    """Garbage in the mailbox (not JSON, an unknown message type, a request without its
+    fields) is reported and moved aside; the job goes on, and so does a restarted run."""
+    run = job.start()
+    before = job.wait_processed_past_checkpoint(run)
+    mailbox = job.args.root / "_mailbox"
+    (mailbox / "00000000000000000001-garbage.json").write_text("{not json")
+    (mailbox / "00000000000000000002-unknown.json").write_text('{"type": "hello"}')
+    (mailbox / "00000000000000000003-request.json").write_text('{"type": "request"}')
+    job.wait_checkpoint_after(run, before)
+    rejected = sorted(p.name for p in (mailbox / "_rejected").iterdir())
+    assert rejected == [
+        "00000000000000000001-garbage.json",
+        "00000000000000000002-unknown.json",
+        "00000000000000000003-request.json",
+    ]
+    (mailbox / "00000000000000000004-again.json").write_text("[1, 2")
+    faults.arm(job.root, faults.Fault.SOURCE_RUNNER, faults.Action.KILL)  # a restart
+    job.wait_hits(run, faults.Fault.SOURCE_RUNNER)
+    job.wait_checkpoint_after(run, job.latest_id())
+    assert "00000000000000000004-again.json" in {p.name for p in (mailbox / "_rejected").iterdir()}
+    job.stop(run)
+    assert restarts_of(run) == 1, run.tail()
+    assert "set aside malformed message" in run.log.read_text()
+    job.drain_and_check()
+
+
+def test_a_stop_whose_client_gave_up_is_not_executed_by_a_later_run(job: Job) -> None:
+    """``spark-ckpt stop`` while no pipeline runs times out with one clear line and takes its
+    request back; a request left behind anyway (its client was killed) has expired: a run
+    started later does not act on it."""
+    gave_up = cli("stop", "--root", job.root, "--timeout", "2")
+    assert gave_up.returncode == 1 and gave_up.stderr.count("\n") == 1, gave_up.stderr
+    assert "error: no answer to the stop request" in gave_up.stderr
+    from spark_ckpt.mailbox import Mailbox, Request, RequestKind
+
+    Mailbox(job.root).post(Request("left-behind", RequestKind.STOP, expires_ms=1))
+    run = job.start()
+    first = job.wait_processed_past_checkpoint(run)
+    job.wait_checkpoint_after(run, first + 2)  # several checkpoints later: still running
+    assert run.alive()
+    job.stop(run)
+    assert not list((job.args.root / "_mailbox").glob("*.json"))
+    job.drain_and_check()
+
+
+# -- a second driver ---------------------------------------------------------------------------
+
+
+def test_a_second_driver_fences_the_first_and_output_stays_exactly_once(job: Job) -> None:
+    """A second driver starts on the same pipeline root while the first runs: its coordinator
+    takes the lease, the first fails with a clear error (no restart, which would fence the
+    second in turn), and the second goes on exactly-once."""
+    first = job.start()
+    job.wait_processed_past_checkpoint(first)
+    second = job.start()
+    assert job.feed_until_exit(first) == 1, first.tail()
+    last = first.tail(1)
+    assert last.startswith("error: ") and "taken over by another driver" in last, first.tail()
+    job.wait_checkpoint_after(second, job.latest_id())
+    job.feed.append(300)
+    job.wait_checkpoint_after(second, job.latest_id())
+    job.stop(second)
+    job.drain_and_check()
+
+
+# -- stopping ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("retention", "savepoint", "kept"),
+    [
+        ("RETAIN_ON_CANCELLATION", False, True),
+        ("DELETE_ON_CANCELLATION", False, False),
+        ("DELETE_ON_CANCELLATION", True, False),
+    ],
+)
+def test_cli_stop_ends_the_job_and_applies_externalized_retention(
+    job: Job, retention: str, savepoint: bool, kept: bool
+) -> None:
+    """``spark-ckpt stop [--savepoint]`` stops the running pipeline (the job exits) with a
+    final checkpoint or savepoint; externalized retention then keeps or discards the
+    checkpoints (never a savepoint)."""
+    run = job.start(retention=retention)
+    job.wait_processed_past_checkpoint(run)
+    done = cli(
+        "stop", "--root", job.root, "--timeout", "180", *(["--savepoint"] if savepoint else [])
+    )
+    assert done.returncode == 0, done.stderr + run.tail()
+    assert run.wait(120) == 0 and "stopped (stop)" in run.tail(), run.tail()
+    answer = json.loads(done.stdout)
+    assert answer["type"] == ("savepoint" if savepoint else "checkpoint"), answer
+    left = DeltaCheckpointStore(job.root).list_completed()
+    checkpoints = [c for c in left if not c.is_savepoint]
+    assert bool(checkpoints) is kept, [c.checkpoint_id for c in left]
+    if savepoint:
+        assert [c.checkpoint_id for c in left if c.is_savepoint] == [answer["id"]]
+    if kept or savepoint:  # a restart resumes from what is left, exactly-once
+        job.drain_and_check()
