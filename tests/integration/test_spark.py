@@ -28,12 +28,14 @@ import pytest
 
 from spark_ckpt.barrier import BARRIER_COLUMNS, SnapshotType
 from spark_ckpt.config import CheckpointConfig
+from spark_ckpt.delta_store import DeltaCheckpointStore
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.generator import GeneratorSpec
 from spark_ckpt.host import STOP
 from spark_ckpt.operator import RunningCount
 from spark_ckpt.pipeline import Pipeline
 from spark_ckpt.state import restore_backends
+from spark_ckpt.testing import faults
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -523,3 +525,50 @@ def test_savepoint_while_running_survives_retention_and_stop_takes_final_checkpo
     assert all(e > 100 for e in ends)  # the query went on producing past the backlog
     output = read_table(tmp_path / "out")
     assert count_rows(output) == running_counts(key_counts(spec, ends))
+
+
+# -- options that take effect under Spark ------------------------------------------------------
+
+
+def test_checkpoint_storage_decides_where_the_store_is(spark: SparkSession, tmp_path: Path) -> None:
+    """``checkpoint.storage`` is the pipeline root when none is given: the checkpoint tables
+    are written there, and a second pipeline object configured the same way resumes there."""
+    storage = tmp_path / "storage"
+    cfg = config(**{"checkpoint.storage": str(storage)})
+    spec = GeneratorSpec(3, 2, 0.0, (200, 100), 10)
+    job = Bounded(Pipeline(spark, "stored", config=cfg), spec, tmp_path / "out")
+    assert job.pipeline.root == str(storage)
+    run_counts(job)
+    assert (storage / "checkpoints" / "_delta_log").is_dir()
+    assert (storage / "operator_state" / "_delta_log").is_dir()
+    assert not (Path.cwd() / "spark-ckpt-data" / "stored").exists()
+    latest = DeltaCheckpointStore(str(storage)).latest_completed()
+    assert latest is not None and latest.offsets() == at(spec.backlogs)
+
+
+def test_abort_notifications_reach_the_tasks(spark: SparkSession, tmp_path: Path) -> None:
+    """A checkpoint the coordinator aborts (a task's state write is refused, so the task
+    declines it) is announced to every task of the run: the aligner's tasks receive it, and
+    the job goes on to complete later checkpoints exactly-once."""
+    job = generator(
+        spark,
+        tmp_path,
+        "aborting",
+        (600, 600),
+        cfg=config(**{"checkpoint.tolerable-failures": "5"}),
+    )
+    faults.arm(job.pipeline.root, faults.Fault.STORE_WRITE, faults.Action.RAISE, times=1)
+    run = job.pipeline.start(
+        job.source(maxRowsPerTrigger=100),
+        RunningCount("counter", "user_id"),
+        output=str(job.output),
+        available_now=True,
+    )
+    finish(run.query)
+    aligner = run.function.aligner
+    assert aligner is not None and aligner.aborts_received >= 1
+    run.retire()
+    [hit] = faults.hits(job.pipeline.root, faults.Fault.STORE_WRITE)
+    assert hit
+    folded = key_counts(job.spec, job.ends)
+    assert count_rows(read_table(job.output)) == running_counts(folded)
