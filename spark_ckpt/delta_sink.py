@@ -35,8 +35,13 @@ Invariants and why they give exactly-once output:
   CREATE TABLE with its add actions was rebased to version 1, duplicating the data.)
   Every commit also carries the sink's app transaction, so delta-rs' own conflict check
   agrees.
-* **The app version is monotone and means "every transaction sealed at a checkpoint <=
-  version is in the table".** :meth:`~DeltaSink.commit_checkpoint` for *n* is a no-op once
+* **The app version means "every transaction sealed at a checkpoint <= version is in the
+  table", and only a restore lowers it.** :meth:`~DeltaSink.roll_back_to` *r*, run when a
+  job restores checkpoint *r* while the table already holds output of later checkpoints (a
+  damaged newest checkpoint made the restore fall back), removes the files this sink's
+  commits added after its version was last <= *r* and sets the version to *r*, in one
+  commit; checkpoint ids are never reused, so later checkpoints commit normally.
+  :meth:`~DeltaSink.commit_checkpoint` for *n* is a no-op once
   the version is >= *n* (delta-rs itself would accept a *lower* version — verified — so the
   check is ours; it is race free because commits are never rebased). This is sound because
   the state of checkpoint *n'* records every sealed, uncommitted transaction <= *n'* of
@@ -71,6 +76,7 @@ import json
 import math
 import os
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, suppress
@@ -86,7 +92,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake import Schema as DeltaSchema
 from deltalake import Transaction as AppTransaction
 from deltalake.exceptions import CommitFailedError, DeltaError
-from deltalake.transaction import AddAction, create_table_with_add_actions
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from .barrier import BARRIER_COLUMNS
 from .delta_errors import delta_boundary
@@ -672,6 +678,65 @@ class DeltaSink:
             raise StoreError(
                 f"staged file {f.path} is gone: it cannot be committed (was it aborted?)"
             ) from e
+
+    def roll_back_to(self, checkpoint_id: int) -> list[str]:
+        """Make the table hold exactly this sink's output of checkpoints <= *checkpoint_id*
+        again (driver side, at a restore from *checkpoint_id*, before :meth:`recover`): when
+        the app version is above it, remove — Delta ``remove`` actions, files stay on disk —
+        every file of this sink that the table gained since its newest version whose app
+        version was <= *checkpoint_id*, and set the app version to *checkpoint_id*, in one
+        commit. Files of other writers are never removed; output of this sink that another
+        writer rewrote (OPTIMIZE) cannot be rolled back. Returns the paths removed;
+        idempotent (a no-op once the version is <= *checkpoint_id*). Needs the log's JSON
+        commits since that version."""
+        what = f"rolling {self.app_id} back to checkpoint {checkpoint_id}"
+        with _boundary(what):
+            for _ in range(self.max_attempts):
+                dt = self._load()
+                if dt is None or (dt.transaction_version(self.app_id) or 0) <= checkpoint_id:
+                    return []
+                base = self._last_version_at_or_below(dt, checkpoint_id)
+                before: set[str] = set()
+                if base is not None:
+                    old = DeltaTable(
+                        self.table_uri, version=base, storage_options=self.storage_options
+                    )
+                    before = self._table_paths(old)
+                actions = pa.table(dt.get_add_actions(flatten=True))
+                now_ms = time.time_ns() // 1_000_000
+                doomed = [
+                    (path, size)
+                    for path, size in zip(
+                        actions.column("path").to_pylist(),
+                        actions.column("size_bytes").to_pylist(),
+                        strict=True,
+                    )
+                    if path not in before and self.is_staged_name(path)
+                ]
+                removes: list[AddAction | RemoveAction] = [
+                    RemoveAction(path, True, now_ms, size) for path, size in doomed
+                ]
+                props = CommitProperties(
+                    app_transactions=[AppTransaction(self.app_id, checkpoint_id)],
+                    max_commit_retries=0,
+                    custom_metadata={"spark-ckpt.sink": self.app_id, "spark-ckpt.rollback": "1"},
+                )
+                try:
+                    dt.create_write_transaction(
+                        removes, "append", dt.schema(), commit_properties=props
+                    )
+                except CommitFailedError:
+                    continue  # a concurrent commit: re-check on a fresh snapshot
+                return [path for path, _ in doomed]
+        raise StoreError(f"{what}: lost {self.max_attempts} commit races in a row")
+
+    def _last_version_at_or_below(self, dt: DeltaTable, checkpoint_id: int) -> int | None:
+        """The newest table version whose app version is <= *checkpoint_id* (None: none)."""
+        for version in range(dt.version() - 1, -1, -1):
+            old = DeltaTable(self.table_uri, version=version, storage_options=self.storage_options)
+            if (old.transaction_version(self.app_id) or 0) <= checkpoint_id:
+                return version
+        return None
 
     # -- aborting and recovery -------------------------------------------------------------
     def abort(self, txn: Transaction) -> None:

@@ -104,6 +104,12 @@ class TwoPhaseCommitSink(Protocol):
         before *staged_before_ms*, when given)."""
         ...
 
+    def roll_back_to(self, checkpoint_id: int) -> list[str]:
+        """At a restore from *checkpoint_id*: withdraw committed output of later checkpoints
+        (the committed checkpoint becomes *checkpoint_id*); returns what was withdrawn.
+        Idempotent; a no-op when nothing later was committed."""
+        ...
+
 
 class MemorySink:
     """A 2PC sink in memory, for simulations and tests. Its staged and committed areas play the
@@ -116,6 +122,7 @@ class MemorySink:
         self.committed: dict[str, list[pa.Table]] = {}
         self.commit_calls = 0
         self._committed_checkpoint = 0
+        self._committed_at: dict[str, int] = {}  # txn id -> the checkpoint that committed it
 
     def write(self, operator_uid: str, subtask: int, table: pa.Table) -> None:
         with self._lock:
@@ -136,14 +143,26 @@ class MemorySink:
             if staged is None:
                 raise ProtocolError(f"transaction {txn.txn_id} was never staged")
             self.committed[txn.txn_id] = staged
+            self._committed_at[txn.txn_id] = max(txn.checkpoint_id, self._committed_checkpoint)
 
     def commit_checkpoint(self, checkpoint_id: int, txns: Sequence[Transaction]) -> bool:
         if checkpoint_id <= self._committed_checkpoint:
             return False
+        self._committed_checkpoint = checkpoint_id
         for txn in txns:
             self.commit(txn)
-        self._committed_checkpoint = checkpoint_id
         return True
+
+    def roll_back_to(self, checkpoint_id: int) -> list[str]:
+        with self._lock:
+            if self._committed_checkpoint <= checkpoint_id:
+                return []
+            gone = sorted(t for t, c in self._committed_at.items() if c > checkpoint_id)
+            for tid in gone:
+                self._staged[tid] = self.committed.pop(tid)  # staged again, as files stay
+                del self._committed_at[tid]
+            self._committed_checkpoint = checkpoint_id
+            return gone
 
     def committed_checkpoint(self) -> int:
         return self._committed_checkpoint

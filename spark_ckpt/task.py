@@ -21,6 +21,7 @@ scheduler in tests) and are single-threaded.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,8 @@ from .operator import KeyedOperator
 from .sink import TRANSACTION_STATE_SCHEMA, Transaction, TwoPhaseCommitSink
 from .state import KeyedStateBackend
 from .store import CheckpointStore
+
+log = logging.getLogger(__name__)
 
 #: State name under which a task keeps its sealed, uncommitted sink transactions.
 SINK_TRANSACTIONS = "_sink_transactions"
@@ -372,8 +375,19 @@ def recover_sink(
 ) -> list[Transaction]:
     """Flink's recover-and-commit: commit every transaction sealed in the restored (completed)
     checkpoint, and discard every other staged transaction of *vertex* (staged before
-    *staged_before_ms*, when given: later ones belong to the run that is starting).
-    Idempotent. Run once per job start."""
+    *staged_before_ms*, when given: later ones belong to the run that is starting). First
+    the sink is rolled back to the restored checkpoint: output of later checkpoints that it
+    committed (the restore fell back past a damaged newest checkpoint) is withdrawn, since the
+    job replays it. Idempotent. Run once per job start."""
+    if checkpoint is not None:
+        withdrawn = sink.roll_back_to(checkpoint.checkpoint_id)
+        if withdrawn:
+            log.warning(
+                "restoring checkpoint %d: withdrew %d committed output files of later "
+                "checkpoints from the sink",
+                checkpoint.checkpoint_id,
+                len(withdrawn),
+            )
     txns = sealed_transactions(checkpoint, store, vertex) if checkpoint is not None else []
     sink.recover(vertex, txns, staged_before_ms=staged_before_ms)
     return txns

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import output_rows, read_delta, running_count_rows
 from deltalake import write_deltalake
@@ -395,3 +396,70 @@ def test_cli_stop_ends_the_job_and_applies_externalized_retention(
         assert [c.checkpoint_id for c in left if c.is_savepoint] == [answer["id"]]
     if kept or savepoint:  # a restart resumes from what is left, exactly-once
         job.drain_and_check()
+
+
+# -- damaged checkpoint data -------------------------------------------------------------------
+
+
+def damage_blob_of(root: Path, checkpoint_id: int, how: str) -> str:
+    """Damage a state blob written by checkpoint *checkpoint_id* on disk: ``flip`` one byte
+    of its payload, or ``delete`` the data file holding it. Returns the file."""
+    table_dir = root / "operator_state"
+    for path in sorted(table_dir.glob("*.parquet")):
+        table = pq.read_table(path)
+        rows = [
+            i for i, c in enumerate(table.column("checkpoint_id").to_pylist()) if c == checkpoint_id
+        ]
+        if not rows:
+            continue
+        if how == "delete":
+            path.unlink()
+            return path.name
+        payloads = table.column("payload").to_pylist()
+        data = bytearray(payloads[rows[0]])
+        data[len(data) // 2] ^= 0x01
+        payloads[rows[0]] = bytes(data)
+        column = table.schema.get_field_index("payload")
+        table = table.set_column(
+            column, table.schema.field(column), pa.array(payloads, pa.binary())
+        )
+        pq.write_table(table, path)
+        return path.name
+    raise AssertionError(f"no blob of checkpoint {checkpoint_id} under {table_dir}")
+
+
+@pytest.mark.parametrize("how", ["flip", "delete"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(job: Job, how: str) -> None:
+    """The latest checkpoint's state is damaged after the job stopped: the next run reports
+    it by id, restores the previous retained checkpoint, rolls the output back to it (its
+    output was committed) and replays: exactly-once."""
+    run = job.start()
+    job.wait_processed_past_checkpoint(run)
+    job.wait_checkpoint_after(run, job.latest_id())
+    job.stop(run)
+    store = DeltaCheckpointStore(job.root)
+    *_, previous, latest = store.list_completed()
+    damage_blob_of(job.args.root, latest.checkpoint_id, how)
+    job.feed.append(300)
+    resumed = job.start(available_now=True)
+    assert resumed.wait(FINAL_RUN_TIMEOUT_S) == 0, resumed.tail()
+    log = resumed.log.read_text()
+    assert f"skipping damaged checkpoint {latest.checkpoint_id}" in log, log
+    assert f"restored from: {previous.checkpoint_id})" in resumed.tail(3), resumed.tail()
+    actual = output_rows(read_delta(job.args.output))
+    assert actual == job.feed.expected(), diff(actual, job.feed.expected())
+
+
+def test_no_intact_checkpoint_is_a_clear_error_and_changes_nothing(job: Job) -> None:
+    run = job.start(retained=1)
+    job.wait_processed_past_checkpoint(run)
+    job.stop(run)
+    [latest] = DeltaCheckpointStore(job.root).list_completed()
+    damage_blob_of(job.args.root, latest.checkpoint_id, "flip")
+    before = read_delta(job.args.output)
+    failed = job.start(available_now=True)
+    assert failed.wait(FINAL_RUN_TIMEOUT_S) == 1, failed.tail()
+    last = failed.tail(1)
+    assert last.startswith("error: ") and "no restorable checkpoint" in last, failed.tail()
+    assert f"checkpoint {latest.checkpoint_id}" in last
+    assert read_delta(job.args.output).equals(before)
