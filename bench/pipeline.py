@@ -1,8 +1,8 @@
 """Pipeline benchmark: what exactly-once checkpointing costs a real Spark job, side by side.
 
 The workload is the main job's (:mod:`spark_ckpt.demo`): the generator source (``ckpt-source``,
-4 channels, 100k uniform keys) → the foreachBatch aligner (:meth:`Pipeline.aligner
-<spark_ckpt.pipeline.Pipeline.aligner>`, parallelism 2) running
+4 channels, 100k uniform keys) → the foreachBatch aligner (:meth:`Pipeline.prepare
+<spark_ckpt.pipeline.Pipeline.prepare>`, parallelism 2) running
 :class:`~spark_ckpt.operator.RunningCount` → a Delta table with two-phase commit
 (:class:`~spark_ckpt.delta_sink.DeltaSink`), on ``local[2]``, built with the Pipeline API. One
 SparkSession serves every query; every query gets a fresh temporary root (checkpoint store,
@@ -14,7 +14,7 @@ queries are offered ``utilization`` (50%) of it as a *rate*, with no backlog.
 
 Measurements, all in one run:
 
-0. **The production path** — the aligner as :meth:`Pipeline.aligner` builds it (pipelined),
+0. **The production path** — the aligner as a pipeline run builds it (pipelined),
    checkpoints every ``interval_ms`` against checkpointing off, rows per wall-clock second
    of a window of back-to-back batches (:func:`_pipelined_window`), repetitions in ABBA order
    after an unmeasured warm-up query:
@@ -88,9 +88,11 @@ from spark_ckpt.barrier import CHANNEL, CHECKPOINT_ID
 from spark_ckpt.batch_aligner import BatchAligner
 from spark_ckpt.checkpoint import CompletedCheckpoint
 from spark_ckpt.config import CheckpointConfig
+from spark_ckpt.errors import SparkCkptError
+from spark_ckpt.foreach_batch import ForeachBatchFunction
 from spark_ckpt.mailbox import RequestKind
 from spark_ckpt.operator import RunningCount
-from spark_ckpt.pipeline import Pipeline
+from spark_ckpt.pipeline import Pipeline, PipelineRun
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "pipeline.json"
 PIPELINE = "bench"
@@ -298,7 +300,7 @@ class Probe:
 
     ``after_batch(index)`` (optional) runs at the end of the *index*-th call (0-based)."""
 
-    aligner: BatchAligner
+    function: ForeachBatchFunction
     after_batch: Callable[[int], None] | None = None
     profiler: cProfile.Profile | None = None
     batches: list[BatchRecord] = field(default_factory=list)
@@ -308,11 +310,11 @@ class Probe:
     data_rows: int = 0
     changed: threading.Event = field(default_factory=threading.Event)
 
-    def __post_init__(self) -> None:
-        self.instrument()
+    aligner: BatchAligner | None = None  # the run's runtime, instrumented at the first call
 
-    def instrument(self) -> None:
-        a, t = self.aligner, self.timer
+    def instrument(self) -> BatchAligner:
+        a, t = self.function.runtime(), self.timer
+        self.aligner = a
         store = a.store
         list_completed = store.list_completed
 
@@ -337,6 +339,7 @@ class Probe:
             t.wrap(sink, "write", "sink_write")
             t.wrap(sink, "pre_commit", "sink_pre_commit")
             t.wrap(sink, "committed_checkpoint", "committed_checkpoint")
+        return a
 
     def __call__(self, df: Any, batch_id: int) -> None:
         try:
@@ -350,11 +353,12 @@ class Probe:
         if self.profiler is not None:
             self.profiler.enable()
         self.timer.owner = threading.get_ident()
+        aligner = self.aligner or self.instrument()
         start = time.perf_counter()
         with self.timer.phase("toArrow"):
             table = df.toArrow()
         with self.timer.phase("aligner_other"):
-            self.aligner.submit(table)  # pipelined: waits for the previous batch, hands off
+            aligner.submit(table)  # pipelined: waits for the previous batch, hands off
         end = time.perf_counter()
         if self.profiler is not None:
             self.profiler.disable()
@@ -415,17 +419,23 @@ def run_query(
         gc.collect()
         load = os.getloadavg()
         pipeline = Pipeline(spark, PIPELINE, config=config, root=os.path.join(root, "pipeline"))
-        events = pipeline.read(**source)
-        aligner = pipeline.aligner(
+        prepared = pipeline.prepare(
+            source,
             RunningCount("counter", "user_id"),
             output=os.path.join(root, "out"),
             parallelism=parallelism,
             pipelined=pipelined,
         )
         hook = None if after_batch is None else (lambda i: after_batch(pipeline, i))
-        probe = Probe(aligner, after_batch=hook, profiler=profiler)
+        probe = Probe(prepared.function, after_batch=hook, profiler=profiler)
         started = time.perf_counter()
-        query = pipeline.start(events, probe, trigger_s=trigger_s)  # type: ignore[arg-type]
+        writer = prepared.dataframe.writeStream.foreachBatch(probe).option(
+            "checkpointLocation", pipeline.spark_checkpoint_location()
+        )
+        if trigger_s is not None:
+            writer = writer.trigger(processingTime=f"{trigger_s} seconds")
+        query = writer.start()
+        run = PipelineRun(pipeline, prepared.run_id, 1, query, prepared.function, prepared.files)
         try:
             deadline = time.monotonic() + timeout_s
             while not done(probe):
@@ -449,8 +459,7 @@ def run_query(
                     break
                 time.sleep(0.05)
         finally:
-            query.stop()
-            aligner.close()
+            stop_quietly(pipeline, run)
         del probe.batches[seen:]
         completed = {c.checkpoint_id: c for c in pipeline.store.list_completed()}
         completed.update(probe.completed)
@@ -464,6 +473,19 @@ def run_query(
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def stop_quietly(pipeline: Pipeline, run: PipelineRun) -> None:
+    """Stop the query the way users do, with a final checkpoint (no micro-batch is
+    interrupted, so nothing prints a trace); a query that already failed is just ended."""
+    if run.query.isActive and run.query.exception() is None:
+        try:
+            pipeline.stop(run, timeout_s=120)
+            return
+        except SparkCkptError as e:
+            print(f"  (stop with a final checkpoint failed: {e}; stopping at once)")
+    run.query.stop()
+    run.retire()
 
 
 def source_options(
@@ -824,7 +846,7 @@ def _pipelined_pairs(
 
 def bench_sustained(spark: Any, s: Settings, log: Callable[[str], None]) -> dict[str, Any]:
     """Measurement 0a: end-to-end throughput of the production path — the aligner as
-    :meth:`Pipeline.aligner` builds it (pipelined: Spark reads batch *b + 1* while the
+    a pipeline run builds it (pipelined: Spark reads batch *b + 1* while the
     operators process *b*; asynchronous snapshots) — offered ``sustained_rate`` rows/s, with
     checkpoints every ``interval_ms`` against checkpointing off.
 

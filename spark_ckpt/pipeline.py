@@ -121,6 +121,16 @@ class RunResult:
     failures: tuple[str, ...] = field(default=())
 
 
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run whose query is not started yet (see :meth:`Pipeline.prepare`)."""
+
+    run_id: str
+    dataframe: DataFrame
+    function: ForeachBatchFunction
+    files: RunFiles
+
+
 @dataclass
 class PipelineRun:
     """One run of a pipeline (see :mod:`spark_ckpt.run`): its Spark query and its
@@ -222,7 +232,7 @@ class Pipeline:
         SourceOptions.parse(opts)
         return self.spark.readStream.format("ckpt-source").options(**opts).load()
 
-    def start(
+    def prepare(
         self,
         source: Source,
         operators: Operators,
@@ -231,19 +241,16 @@ class Pipeline:
         parallelism: int = 2,
         vertex: str | None = None,
         pipelined: bool = True,
-        available_now: bool = False,
-        trigger_s: float | None = None,
-        attempt: int = 1,
-    ) -> PipelineRun:
-        """Start one run: *source* (``ckpt-source`` options) through *operators* (keyed
-        state, aligned as configured) into the Delta table *output*, exactly-once. The run
-        restores from the latest completed checkpoint whose data verifies (chosen by its
-        coordinator when the query starts). *pipelined*: process a micro-batch while Spark
-        reads the next (see :class:`~spark_ckpt.batch_aligner.BatchAligner`). A failed run
-        is not restarted: :meth:`run` does that."""
+    ) -> PreparedRun:
+        """Everything one run needs before its query starts: a run id, its topology (who
+        acknowledges, which sink the coordinator commits), the ``ckpt-source`` DataFrame
+        bound to the run, and the run's foreachBatch function. :meth:`start` starts it;
+        callers that drive the query themselves (benchmarks) start ``dataframe`` with
+        ``function`` (or a wrapper calling it) as the ``foreachBatch`` function."""
         ops = (operators,) if isinstance(operators, KeyedOperator) else tuple(operators)
         if not ops:
             raise ConfigError("operators", (), "at least one KeyedOperator")
+        Runs(self.root).prune()
         run_id = new_run_id()
         opts = self.source_options(**source)
         opts["run"] = run_id
@@ -268,19 +275,46 @@ class Pipeline:
         )
         sink = SinkSpec("delta", out, spec.vertex_name)
         write_topology(self.root, Topology(spec.vertex_name, parallelism, sink, run_id), run_id)
-        function = ForeachBatchFunction(spec)
+        self._run_ids.add(run_id)
         df = self.spark.readStream.format("ckpt-source").options(**opts).load()
-        writer = df.writeStream.foreachBatch(function).option(
+        return PreparedRun(run_id, df, ForeachBatchFunction(spec), RunFiles(self.root, run_id))
+
+    def start(
+        self,
+        source: Source,
+        operators: Operators,
+        *,
+        output: str,
+        parallelism: int = 2,
+        vertex: str | None = None,
+        pipelined: bool = True,
+        available_now: bool = False,
+        trigger_s: float | None = None,
+        attempt: int = 1,
+    ) -> PipelineRun:
+        """Start one run: *source* (``ckpt-source`` options) through *operators* (keyed
+        state, aligned as configured) into the Delta table *output*, exactly-once. The run
+        restores from the latest completed checkpoint whose data verifies (chosen by its
+        coordinator when the query starts). *pipelined*: process a micro-batch while Spark
+        reads the next (see :class:`~spark_ckpt.batch_aligner.BatchAligner`). A failed run
+        is not restarted: :meth:`run` does that."""
+        prepared = self.prepare(
+            source,
+            operators,
+            output=output,
+            parallelism=parallelism,
+            vertex=vertex,
+            pipelined=pipelined,
+        )
+        writer = prepared.dataframe.writeStream.foreachBatch(prepared.function).option(
             "checkpointLocation", self.spark_checkpoint_location()
         )
         if available_now:
             writer = writer.trigger(availableNow=True)
         elif trigger_s is not None:
             writer = writer.trigger(processingTime=f"{trigger_s} seconds")
-        self._run_ids.add(run_id)
-        files = RunFiles(self.root, run_id)
-        query = writer.queryName(f"{self.name}-{run_id[:6]}").start()
-        run = PipelineRun(self, run_id, attempt, query, function, files)
+        query = writer.queryName(f"{self.name}-{prepared.run_id[:6]}").start()
+        run = PipelineRun(self, prepared.run_id, attempt, query, prepared.function, prepared.files)
         run.report(RunState.RUNNING)
         return run
 

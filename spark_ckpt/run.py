@@ -46,6 +46,9 @@ STATUS_FILE = "status.json"
 FATAL_FILE = "fatal.json"
 #: How many aborted checkpoint ids ``aborted.json`` keeps (the newest).
 ABORTED_KEPT = 64
+#: How many ended runs a root keeps the files of (the newest), for the CLI and inspection.
+ENDED_RUNS_KEPT = 20
+_ENDED = frozenset({"stopped", "finished", "failed", "fenced"})
 
 
 def new_run_id() -> str:
@@ -280,3 +283,13 @@ class Runs:
             if status is not None:
                 out.append(status)
         return sorted(out, key=lambda s: s.updated_ms)
+
+    def prune(self, keep: int = ENDED_RUNS_KEPT) -> list[str]:
+        """Delete the files of ended runs (stopped, finished, failed, fenced) but the newest
+        *keep*; runs without a status or still running are never touched. Returns the ids
+        removed."""
+        ended = [s for s in self.statuses() if s.state.value in _ENDED]
+        doomed = [s.run_id for s in ended[: max(0, len(ended) - keep)]]
+        for run_id in doomed:
+            RunFiles(self.root, run_id).remove()
+        return doomed

@@ -58,3 +58,13 @@ def test_the_foreach_batch_function_pickles_without_its_runtime(tmp_path: Path) 
     )
     with pytest.raises(ProtocolError, match="no restore point"):
         copy.runtime()  # the run's coordinator has not published where to restore from
+
+
+def test_prune_keeps_the_newest_ended_runs_and_every_live_one(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    states = [RunState.STOPPED, RunState.RUNNING, RunState.FAILED, RunState.FINISHED]
+    for i, state in enumerate(states):
+        RunFiles(root, f"r{i}").write_status(RunStatus(f"r{i}", "d", state, 1, 100 + i))
+    RunFiles(root, "no-status").write_lease(1)
+    assert Runs(root).prune(keep=1) == ["r0", "r2"]
+    assert Runs(root).ids() == ["no-status", "r1", "r3"]
