@@ -511,7 +511,13 @@ class CheckpointCoordinator:
         """Apply retention if a completion made it due (see ``defer_after_completion``):
         keeps the configured number of checkpoints, and every checkpoint from the oldest
         base a task's incremental snapshots may still build on; collects garbage blobs every
-        ``garbage_every``-th time."""
+        ``garbage_every``-th time.
+
+        Retention is housekeeping: a :class:`StoreError` from the store (other than
+        :class:`FencedError`) is logged as a WARNING and retention stays due — garbage
+        collection too, if it was — so the next call retries it (after the next completion,
+        or the next deferred call). Checkpoints are never lost by this; old ones only stay
+        longer. A :class:`FencedError` fails the coordinator and propagates."""
         if not self._retention_due or self.status is not CoordinatorStatus.RUNNING:
             return
         self._retention_due = False
@@ -519,14 +525,21 @@ class CheckpointCoordinator:
         collect = self._collect_now or self._retentions % self.garbage_every == 0
         self._collect_now = False
         keep_from = min(self._bases.values(), default=None)
-        self._fenced(
-            lambda: self.store.retain(
-                self._lease,
-                self.config.retained_checkpoints,
-                keep_from,
-                collect_garbage=collect,
+        try:
+            self._fenced(
+                lambda: self.store.retain(
+                    self._lease,
+                    self.config.retained_checkpoints,
+                    keep_from,
+                    collect_garbage=collect,
+                )
             )
-        )
+        except FencedError:
+            raise
+        except StoreError as e:
+            log.warning("retention failed, will retry: %s", e)
+            self._retention_due = True
+            self._collect_now = self._collect_now or collect
 
     def _abort(
         self, pending: PendingCheckpoint, failure: CheckpointFailure, count: bool = True

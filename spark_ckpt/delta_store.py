@@ -244,9 +244,7 @@ def _boundary(what: str, *, reading: bool = False) -> Iterator[None]:
     an unreadable data file is :class:`CorruptCheckpointError`. Also catches the
     ``UnicodeDecodeError`` of a damaged string column: pyarrow does not validate UTF-8 when
     it decodes Parquet, so such damage only surfaces when values are converted."""
-    with delta_boundary(
-        what, StoreError, unreadable=CorruptCheckpointError if reading else None
-    ):
+    with delta_boundary(what, StoreError, unreadable=CorruptCheckpointError if reading else None):
         try:
             yield
         except UnicodeDecodeError as e:
@@ -690,9 +688,7 @@ class DeltaCheckpointStore(CheckpointStore):
         """The base description plus where the row lives: table and ``blob_id``."""
         return f"{describe_blob(ref)} [{blob_table(ref.kind).value} blob_id {blob_id(ref)}]"
 
-    def _find_damage(
-        self, refs: Sequence[BlobRef]
-    ) -> tuple[BlobRef | None, StoreError] | None:
+    def _find_damage(self, refs: Sequence[BlobRef]) -> tuple[BlobRef | None, StoreError] | None:
         """One :meth:`read_blobs` (one scan per table); if it fails in any way — damage or
         an I/O error, which pyarrow does not tell apart — :meth:`_examine_files` decides."""
         try:
@@ -701,9 +697,7 @@ class DeltaCheckpointStore(CheckpointStore):
         except StoreError:
             return self._examine_files(refs)
 
-    def _examine_files(
-        self, refs: Sequence[BlobRef]
-    ) -> tuple[BlobRef | None, StoreError] | None:
+    def _examine_files(self, refs: Sequence[BlobRef]) -> tuple[BlobRef | None, StoreError] | None:
         """Verify *refs* reading the data files that may hold them (pruned by checkpoint id,
         as :meth:`read_blobs` does) one at a time: the bytes are read first — an I/O error
         there propagates as :class:`StoreError`, a file that is gone is damage — and then
@@ -743,8 +737,10 @@ class DeltaCheckpointStore(CheckpointStore):
             rows_of = found.get(blob_id(ref))
             if not rows_of:
                 files = damaged_files.get(blob_table(ref.kind), [])
-                why = f"; {'; '.join(files)}" if files else ""
-                return ref, CorruptCheckpointError(f"its row is missing{why}")
+                why = (
+                    f"its row cannot be read: {'; '.join(files)}" if files else "its row is missing"
+                )
+                return ref, CorruptCheckpointError(why)
             try:
                 _verified_payload(rows_of, ref)
             except CorruptCheckpointError as e:
@@ -980,8 +976,12 @@ def _decode_blob_rows(
     id is in *ids* and blob id in *wanted* — the rows :meth:`DeltaCheckpointStore.read_blobs`
     would select. Raises what pyarrow raises for undecodable bytes (``ArrowException``,
     ``OSError``, ``ValueError``; full validation catches invalid UTF-8 too)."""
+    # the same checkpoint-id filter as the scan, so row groups are pruned by the file's own
+    # statistics exactly as there (damaged statistics hide rows from both alike)
     table = pq.read_table(
-        pa.BufferReader(data), columns=["blob_id", "checkpoint_id", "checksum", "payload"]
+        pa.BufferReader(data),
+        columns=["blob_id", "checkpoint_id", "checksum", "payload"],
+        filters=pc.field("checkpoint_id").isin(sorted(ids)),
     )
     table.validate(full=True)
     out: list[tuple[str, str | None, bytes | None]] = []

@@ -119,8 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     output = os.path.abspath(
         args.output or os.path.join(os.path.dirname(root), f"{args.pipeline}_counts")
     )
-    spark = local_session(f"spark-ckpt-{args.pipeline}")
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session(f"spark-ckpt-{args.pipeline}", log_level="ERROR")
     pipeline = Pipeline(spark, args.pipeline, config=build_config(args), root=root)
     source: dict[str, object]
     if args.input:
@@ -171,6 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         spark.stop()
         return 1
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping
+        print("interrupted", file=sys.stderr, flush=True)
+        return 130
     last = result.last_checkpoint
     restored = ", ".join("fresh" if r is None else str(r) for r in result.restored_from)
     say(

@@ -39,12 +39,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .aligner import AlignmentMode
 from .checkpoint import CompletedCheckpoint
@@ -345,6 +347,39 @@ class Pipeline:
         :class:`~spark_ckpt.errors.PipelineFailedError` carrying the strategy's reason and
         the last failure. A pipeline taken over by another driver raises
         :class:`~spark_ckpt.errors.PipelineFencedError` at once (no restart)."""
+
+        with _Interrupts() as interrupts:
+            return self._run(
+                interrupts,
+                source,
+                operators,
+                output=output,
+                parallelism=parallelism,
+                vertex=vertex,
+                pipelined=pipelined,
+                available_now=available_now,
+                trigger_s=trigger_s,
+                duration_s=duration_s,
+                on_checkpoint=on_checkpoint,
+                poll_s=poll_s,
+            )
+
+    def _run(
+        self,
+        interrupts: _Interrupts,
+        source: Source,
+        operators: Operators,
+        *,
+        output: str,
+        parallelism: int,
+        vertex: str | None,
+        pipelined: bool,
+        available_now: bool,
+        trigger_s: float | None,
+        duration_s: float | None,
+        on_checkpoint: Callable[[CompletedCheckpoint], None] | None,
+        poll_s: float,
+    ) -> RunResult:
         from pyspark.errors import StreamingQueryException
 
         tracker = RestartTracker(self.config.restart_strategy, SystemClock())
@@ -355,19 +390,27 @@ class Pipeline:
         attempt = 0
         while True:
             attempt += 1
-            run = self.start(
-                source,
-                operators,
-                output=output,
-                parallelism=parallelism,
-                vertex=vertex,
-                pipelined=pipelined,
-                available_now=available_now,
-                trigger_s=trigger_s,
-                attempt=attempt,
-            )
             try:
-                reason, last, seen = self._supervise(run, deadline, seen, on_checkpoint, poll_s)
+                run = self.start(
+                    source,
+                    operators,
+                    output=output,
+                    parallelism=parallelism,
+                    vertex=vertex,
+                    pipelined=pipelined,
+                    available_now=available_now,
+                    trigger_s=trigger_s,
+                    attempt=attempt,
+                )
+            except KeyboardInterrupt:  # Ctrl-C while a run starts: nothing runs yet
+                last = self.store.latest_completed()
+                return RunResult(
+                    attempt - 1, last, StopReason.INTERRUPT, tuple(restored), tuple(failures)
+                )
+            try:
+                reason, last, seen = self._supervise(
+                    run, deadline, seen, on_checkpoint, poll_s, interrupts.requested
+                )
             except KeyboardInterrupt:
                 last = self._stop_quietly(run)
                 reason = StopReason.INTERRUPT
@@ -410,10 +453,13 @@ class Pipeline:
         seen: int,
         on_checkpoint: Callable[[CompletedCheckpoint], None] | None,
         poll_s: float,
+        interrupted: threading.Event,
     ) -> tuple[StopReason, CompletedCheckpoint | None, int]:
         """Watch one run until it ends or is stopped; raises what failed its query."""
         query = run.query
         while query.isActive:
+            if interrupted.is_set():
+                return StopReason.INTERRUPT, self._stop_quietly(run), seen
             query.awaitTermination(poll_s)  # type: ignore[arg-type]  # float seconds work
             for cp in self._new_checkpoints(seen):
                 seen = cp.checkpoint_id
@@ -581,6 +627,32 @@ def _failure_summary(error: BaseException, limit: int = 500) -> str:
         else (text.splitlines()[0] if text else repr(error))
     )
     return summary[:limit]
+
+
+class _Interrupts:
+    """Ctrl-C while :meth:`Pipeline.run` supervises (main thread only): the first one is
+    noted, and the supervising loop stops the run with a final checkpoint at its next poll;
+    a second one raises ``KeyboardInterrupt`` (stop at once). Nothing is interrupted in
+    between: PySpark's own SIGINT handler cancels every Spark job (failing the micro-batch
+    in progress), and a ``KeyboardInterrupt`` raised inside a Py4J call is logged by Py4J
+    with its traceback."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self._previous: Any = None
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        self.requested.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one is forceful
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def _stop_query(query: StreamingQuery) -> None:

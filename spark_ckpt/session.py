@@ -15,9 +15,14 @@ if TYPE_CHECKING:
 
 
 def local_session(
-    app_name: str = "spark-ckpt", master: str = "local[2]", shuffle_partitions: int = 2
+    app_name: str = "spark-ckpt",
+    master: str = "local[2]",
+    shuffle_partitions: int = 2,
+    log_level: str = "WARN",
 ) -> SparkSession:
-    """Get or create a local SparkSession suitable for spark-ckpt pipelines and tests."""
+    """Get or create a local SparkSession suitable for spark-ckpt pipelines and tests: no
+    console progress bars (a pipeline reports its checkpoints itself), Spark's log at
+    *log_level* from the start (``spark.log.level``)."""
     ensure_pyspark_python()
     ensure_java()
     from pyspark.sql import SparkSession
@@ -27,6 +32,8 @@ def local_session(
         .appName(app_name)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.log.level", log_level)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .getOrCreate()

@@ -240,9 +240,7 @@ class CheckpointStore(ABC):
         """How messages name the blob *ref* (see :func:`describe_blob`)."""
         return describe_blob(ref)
 
-    def _find_damage(
-        self, refs: Sequence[BlobRef]
-    ) -> tuple[BlobRef | None, StoreError] | None:
+    def _find_damage(self, refs: Sequence[BlobRef]) -> tuple[BlobRef | None, StoreError] | None:
         """The first of *refs* that is missing or fails verification, with the error that
         says why (the blob is ``None`` when damage was seen but cannot be attributed to one
         blob); ``None`` if all verify. Errors that are not about damage propagate.
@@ -257,8 +255,12 @@ class CheckpointStore(ABC):
         for ref in refs:
             try:
                 self.read_blob(ref)
-            except (CorruptCheckpointError, CheckpointNotFoundError) as e:
+            except CorruptCheckpointError as e:
                 return ref, e
+            except CheckpointNotFoundError as e:
+                missing = CorruptCheckpointError(f"the blob is missing ({e})")
+                missing.__cause__ = e
+                return ref, missing
         # each blob verifies alone (the store changed in between): report what the bulk
         # read saw, unattributed, rather than call the checkpoint intact
         return None, bulk

@@ -17,7 +17,9 @@ output with the oracle: for a key with *n* input rows â€” rows the test wrote â€
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -127,6 +129,7 @@ class Job:
         assert done.returncode == 0, done.stderr + run.tail()
         assert run.wait(120) == 0, run.tail()
         assert "stopped (stop)" in run.tail(), run.tail()
+        assert_no_trace(run)
         return done
 
     def drain_and_check(self) -> None:
@@ -137,6 +140,21 @@ class Job:
         actual = output_rows(read_delta(self.args.output))
         expected = self.feed.expected()
         assert actual == expected, diff(actual, expected)
+
+
+#: What a stack trace of the JVM or of Python leaves in a console.
+TRACE_MARKERS = (
+    "Traceback (most recent call last)",
+    "Exception in thread",
+    "\tat org.apache",
+    "Error:",
+)
+
+
+def assert_no_trace(run: DemoRun) -> None:
+    text = run.log.read_text(errors="replace")
+    found = [m for m in TRACE_MARKERS if m in text]
+    assert not found, f"{found} in the job's console:\n{run.tail(80)}"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -463,3 +481,22 @@ def test_no_intact_checkpoint_is_a_clear_error_and_changes_nothing(job: Job) -> 
     assert last.startswith("error: ") and "no restorable checkpoint" in last, failed.tail()
     assert f"checkpoint {latest.checkpoint_id}" in last
     assert read_delta(job.args.output).equals(before)
+
+
+@pytest.mark.parametrize("how", ["sigint", "duration"])
+def test_stopping_prints_no_stack_trace(job: Job, how: str) -> None:
+    """Ctrl-C, or the end of ``--seconds``, while micro-batches run: the job stops with a
+    final checkpoint and its console shows no Java or Python stack trace."""
+    run = job.start(seconds=40.0 if how == "duration" else 900.0)
+    job.wait_processed_past_checkpoint(run)
+    if how == "sigint":
+        job.feed.append(2000)
+        os.kill(run.popen.pid, signal.SIGINT)
+    else:
+        while run.alive():
+            job.feed.append(200)
+            time.sleep(0.3)
+    assert run.wait(180) == 0, run.tail()
+    assert f"stopped ({'interrupt' if how == 'sigint' else 'duration'})" in run.tail(3)
+    assert_no_trace(run)
+    job.drain_and_check()
