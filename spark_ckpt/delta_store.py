@@ -82,7 +82,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
@@ -727,7 +726,7 @@ class DeltaCheckpointStore(CheckpointStore):
                         bad.append(f"data file {path} is gone ({e})")
                         continue
                     try:
-                        rows = _decode_blob_rows(data, set(ids), wanted)
+                        rows = _decode_blob_rows(data, dataset, set(ids), wanted)
                     except (pa.ArrowException, OSError, ValueError) as e:
                         bad.append(f"data file {path} does not decode ({type(e).__name__}: {e})")
                         continue
@@ -970,18 +969,21 @@ def _verified_payload(rows: Sequence[tuple[str | None, bytes | None]], ref: Blob
 
 
 def _decode_blob_rows(
-    data: bytes, ids: set[int], wanted: set[str]
+    data: bytes, dataset: ds.FileSystemDataset, ids: set[int], wanted: set[str]
 ) -> list[tuple[str, str | None, bytes | None]]:
-    """(blob_id, checksum, payload) of the rows of the Parquet file *data* whose checkpoint
-    id is in *ids* and blob id in *wanted* — the rows :meth:`DeltaCheckpointStore.read_blobs`
-    would select. Raises what pyarrow raises for undecodable bytes (``ArrowException``,
-    ``OSError``, ``ValueError``; full validation catches invalid UTF-8 too)."""
-    # the same checkpoint-id filter as the scan, so row groups are pruned by the file's own
-    # statistics exactly as there (damaged statistics hide rows from both alike)
-    table = pq.read_table(
-        pa.BufferReader(data),
+    """(blob_id, checksum, payload) of the rows of the Parquet file *data* (one file of
+    *dataset*) whose checkpoint id is in *ids* and blob id in *wanted* — the rows
+    :meth:`DeltaCheckpointStore.read_blobs` would select. The file is read as the scan reads
+    it: with *dataset*'s format and schema (files that delta-rs rewrote carry ``string_view``,
+    which the table schema reads as ``string``) and the same checkpoint-id filter, so row
+    groups are pruned by the file's own statistics exactly as there. Raises what pyarrow
+    raises for undecodable bytes (``ArrowException``, ``OSError``, ``ValueError``; full
+    validation catches invalid UTF-8 too)."""
+    fragment = dataset.format.make_fragment(pa.py_buffer(data))
+    table = fragment.to_table(
+        schema=dataset.schema,
         columns=["blob_id", "checkpoint_id", "checksum", "payload"],
-        filters=pc.field("checkpoint_id").isin(sorted(ids)),
+        filter=pc.field("checkpoint_id").isin(sorted(ids)),
     )
     table.validate(full=True)
     out: list[tuple[str, str | None, bytes | None]] = []

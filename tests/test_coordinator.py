@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -502,3 +503,98 @@ def test_failed_completion_commit_aborts_and_counts() -> None:
     assert coord.history[-1].failure is not None
     assert coord.history[-1].failure.reason is CheckpointFailureReason.FINALIZE_FAILED
     assert gw.completed == []
+
+
+class FlakyRetainStore(InMemoryCheckpointStore):
+    """``retain`` raises *error* while ``failing`` is set; records every call's
+    ``collect_garbage``."""
+
+    def __init__(self, error: StoreError) -> None:
+        super().__init__()
+        self.error = error
+        self.failing = True
+        self.calls: list[bool] = []
+
+    def retain(
+        self,
+        lease: CoordinatorLease,
+        retained: int,
+        keep_from: int | None = None,
+        *,
+        collect_garbage: bool = True,
+    ) -> list[int]:
+        self.calls.append(collect_garbage)
+        if self.failing:
+            raise self.error
+        return super().retain(lease, retained, keep_from, collect_garbage=collect_garbage)
+
+
+def _complete_one(coord: CheckpointCoordinator, store: InMemoryCheckpointStore) -> int:
+    r = coord.trigger_checkpoint()
+    assert r.checkpoint_id is not None
+    ack_all(coord, store, r.checkpoint_id)
+    return r.checkpoint_id
+
+
+def test_retention_store_error_is_tolerated_and_retried_after_the_next_completion(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = FlakyRetainStore(StoreError("object store unavailable"))
+    coord, _gw, _clock, _ = make(store=store, retained_checkpoints=1, interval_ms=None)
+    with caplog.at_level(logging.WARNING, logger="spark_ckpt.coordinator"):
+        first = _complete_one(coord, store)
+        second = _complete_one(coord, store)
+    assert coord.status is CoordinatorStatus.RUNNING
+    assert [h.checkpoint_id for h in coord.completed_history()] == [first, second]
+    assert [c.checkpoint_id for c in store.list_completed()] == [first, second]  # nothing lost
+    assert len(store.calls) == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and all("object store unavailable" in w for w in warnings)
+    store.failing = False
+    third = _complete_one(coord, store)
+    assert [c.checkpoint_id for c in store.list_completed()] == [third]
+    assert coord.status is CoordinatorStatus.RUNNING
+
+
+def test_failed_deferred_retention_stays_due_with_its_garbage_collection() -> None:
+    """Deferred mode: a failed maintain() leaves retention due, so the next maintain()
+    retries it without a new completion — collecting garbage if the failed one was to."""
+    store = FlakyRetainStore(StoreError("throttled"))
+    store.failing = False
+    coord = CheckpointCoordinator(
+        CheckpointConfig(interval_ms=None, retained_checkpoints=1),
+        store,
+        RecordingGateway(),
+        tasks_to_trigger=[SRC],
+        tasks_to_ack=[SRC, OP],
+        clock=ManualClock(0),
+        defer_after_completion=True,
+        garbage_every=2,
+    )
+    coord.start()
+    first = _complete_one(coord, store)
+    coord.maintain()  # retention 1: nothing to drop, no garbage collection
+    second = _complete_one(coord, store)
+    store.failing = True
+    coord.maintain()  # retention 2 would collect garbage: fails, tolerated
+    assert store.calls == [False, True]
+    assert [c.checkpoint_id for c in store.list_completed()] == [first, second]
+    store.failing = False
+    coord.maintain()  # retried without a new completion, still collecting
+    assert store.calls == [False, True, True]
+    assert [c.checkpoint_id for c in store.list_completed()] == [second]
+    assert {b.checkpoint_id for b in store.stored_blobs()} == {second}
+    coord.maintain()  # no longer due: nothing happens
+    assert len(store.calls) == 3
+
+
+def test_retention_fenced_error_still_fails_the_coordinator() -> None:
+    store = FlakyRetainStore(FencedError("coordinator epoch 1 was superseded by epoch 2"))
+    coord, _gw, _clock, _ = make(store=store, retained_checkpoints=1, interval_ms=None)
+    r = coord.trigger_checkpoint()
+    assert r.checkpoint_id is not None
+    assert ack(coord, store, r.checkpoint_id, SRC) is AckResult.SUCCESS
+    with pytest.raises(FencedError):
+        ack(coord, store, r.checkpoint_id, OP)
+    assert coord.status is CoordinatorStatus.FAILED
+    assert isinstance(coord.failure_cause, FencedError)

@@ -18,7 +18,17 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
+from damage import (
+    column_chunk_span,
+    delete_blob_file,
+    files_of_checkpoint,
+    flip_byte_in_blob,
+    flip_byte_in_file,
+    set_blob_value,
+    tamper_metadata,
+)
 from deltalake import DeltaTable, write_deltalake
 
 from spark_ckpt.barrier import SnapshotType
@@ -521,3 +531,199 @@ def test_reads_and_commits_after_retention_rewrote_files(tmp_path: Path) -> None
     assert latest is not None
     tables = store.read_blobs(sorted(latest.blobs(), key=lambda b: b.key_group_start))
     assert [t.column("v").to_pylist() for t in tables] == [[0, 0], [3, 1], [3, 2]]
+
+
+# ------------------------------------------------------------------ verification of damaged files
+
+
+def _two_checkpoints(root: Path) -> tuple[CompletedCheckpoint, CompletedCheckpoint]:
+    """Two checkpoints, each with two keyed blobs and a channel blob; each task write is its
+    own commit, so each checkpoint's rows are in their own data files."""
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    out = []
+    for i in range(2):
+        out.append(
+            commit_one(
+                store,
+                lease,
+                lease.first_id + i,
+                keyed(0, pa.table({"k": [f"a{j}" for j in range(40)], "v": list(range(40))})),
+                keyed(1, kv("b", i)),
+                StateBlob("agg", 0, BlobKind.CHANNEL, "inflight", kv("r", i), channel=0),
+            )
+        )
+    return out[0], out[1]
+
+
+def _assert_damaged(root: Path, good: CompletedCheckpoint, bad: CompletedCheckpoint) -> str:
+    """*bad* fails verification naming its id, *good* verifies, and a restore falls back
+    from *bad* to *good*. Returns the error message."""
+    store = DeltaCheckpointStore(str(root))
+    with pytest.raises(CorruptCheckpointError) as info:
+        store.verify(bad)
+    assert info.value.checkpoint_id == bad.checkpoint_id
+    assert f"checkpoint {bad.checkpoint_id} is damaged" in str(info.value)
+    store.verify(good)
+    restorable, skipped = DeltaCheckpointStore(str(root)).latest_restorable()
+    assert restorable == good
+    assert [e.checkpoint_id for e in skipped] == [bad.checkpoint_id]
+    return str(info.value)
+
+
+def test_flipped_payload_byte_is_a_checksum_failure_naming_the_blob(root: Path) -> None:
+    good, bad = _two_checkpoints(root)
+    damage = flip_byte_in_blob(root, bad.checkpoint_id)
+    message = _assert_damaged(root, good, bad)
+    assert f"blob_id {damage.row}" in message
+    assert "fails its checksum" in message
+    # exactly one payload byte differs, everything else is as written
+    (ref,) = [r for r in bad.blobs() if blob_id(r) == damage.row]
+    rows = pq.read_table(damage.path).to_pylist()
+    [row] = [r for r in rows if r["blob_id"] == damage.row]
+    stored = DeltaCheckpointStore(str(root))
+    assert row["checksum"] == ref.checksum
+    assert len(row["payload"]) == ref.nbytes
+    other = [r for r in bad.blobs() if r != ref and r.kind is not BlobKind.CHANNEL]
+    for r in other:  # the other blobs of the file still read back
+        stored.read_blob(r)
+
+
+@pytest.mark.parametrize("where", ["footer magic", "footer length", "payload pages", "blob ids"])
+def test_flipped_byte_in_parquet_file_is_corrupt(root: Path, where: str) -> None:
+    """A flipped byte anywhere a read depends on — the footer (pyarrow reports it as an
+    OSError, like an I/O failure), the compressed pages of the payloads or of the blob ids
+    (the row is not found) — is damage."""
+    good, bad = _two_checkpoints(root)
+    [path] = files_of_checkpoint(root, bad.checkpoint_id)
+    payload = column_chunk_span(path, "payload")
+    ids = column_chunk_span(path, "blob_id")
+    offset = {
+        "footer magic": -1,
+        "footer length": -5,
+        "payload pages": sum(payload) // 2,
+        "blob ids": sum(ids) // 2,
+    }[where]
+    flip_byte_in_file(path, offset)
+    _assert_damaged(root, good, bad)
+
+
+@pytest.mark.parametrize("table", [StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE])
+def test_deleted_data_file_is_corrupt(root: Path, table: StoreTable) -> None:
+    good, bad = _two_checkpoints(root)
+    path = delete_blob_file(root, bad.checkpoint_id, table)
+    assert not path.exists()
+    message = _assert_damaged(root, good, bad)
+    assert f"{table.value} blob_id" in message
+    assert f"data file {path.name} is gone" in message  # the lost file is named as the cause
+
+
+def test_damaged_metadata_row_on_disk_is_skipped(root: Path) -> None:
+    good, bad = _two_checkpoints(root)
+    tamper_metadata(root, bad.checkpoint_id)
+    store = DeltaCheckpointStore(str(root))
+    with pytest.raises(CorruptCheckpointError):
+        store.list_completed()
+    restorable, skipped = store.latest_restorable()
+    assert restorable == good
+    assert [e.checkpoint_id for e in skipped] == [bad.checkpoint_id]
+
+
+def test_verify_does_not_take_an_outage_for_damage(root: Path, monkeypatch) -> None:
+    """An I/O error that is not damage (the object store is unreachable) propagates as a
+    plain StoreError: a restore must not fall back to an older checkpoint because of it."""
+    _good, bad = _two_checkpoints(root)
+    store = DeltaCheckpointStore(str(root))
+    store.list_completed()  # metadata cached; only the blob reads fail below
+
+    def unreachable(self, *a, **kw):
+        raise OSError("connection reset by peer")
+
+    monkeypatch.setattr(DeltaTable, "to_pyarrow_dataset", unreachable)
+    with pytest.raises(StoreError) as info:
+        store.verify(bad)
+    assert not isinstance(info.value, CorruptCheckpointError)
+    with pytest.raises(StoreError) as info:
+        store.latest_restorable()
+    assert not isinstance(info.value, CorruptCheckpointError)
+
+
+def test_verify_reads_each_table_once_when_intact(root: Path, monkeypatch) -> None:
+    _good, bad = _two_checkpoints(root)
+    store = DeltaCheckpointStore(str(root))
+    store.list_completed()
+    scans = []
+    real = DeltaTable.to_pyarrow_dataset
+
+    def counting(self, *a, **kw):
+        scans.append(self.table_uri)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(DeltaTable, "to_pyarrow_dataset", counting)
+    store.verify(bad)
+    assert len(scans) == 2  # operator_state and channel_state, one scan each
+
+
+def test_file_by_file_check_accepts_intact_files_that_retention_rewrote(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """When the bulk read fails for a passing reason, verify examines the data files one by
+    one: files delta-rs rewrote (string_view in their schema) must read as intact there."""
+    store = DeltaCheckpointStore(str(tmp_path))
+    lease = store.acquire()
+    task = TaskId("op", 0)
+    reused: tuple[BlobRef, ...] = ()
+    for i in range(3):
+        fresh = tuple(
+            StateBlob(
+                "op",
+                0,
+                BlobKind.KEYED_FULL,
+                "s",
+                pa.table({"v": [i, kg]}),
+                key_group_start=kg,
+                key_group_end=kg,
+            )
+            for kg in range(2)
+            if i == 0 or kg > 0
+        )
+        handle = store.write_task_state(lease.first_id + i, TaskSnapshot(task, fresh, reused))
+        reused = tuple(b for b in handle.blobs if b.key_group_start == 0)
+        cp = CompletedCheckpoint(
+            lease.first_id + i, SnapshotType.CHECKPOINT, (handle,), CheckpointStats(0, 1)
+        )
+        store.commit(lease, cp)
+        store.retain(lease, 1)
+    ops = [h["operation"] for h in DeltaTable(store.table_uri(StoreTable.OPERATOR_STATE)).history()]
+    assert "DELETE" in ops
+    real = DeltaCheckpointStore.read_blobs
+    calls = []
+
+    def flaky(self, refs):
+        calls.append(len(refs))
+        if len(calls) == 1:
+            raise StoreError("reading blobs failed: OSError: connection reset")
+        return real(self, refs)
+
+    monkeypatch.setattr(DeltaCheckpointStore, "read_blobs", flaky)
+    reader = DeltaCheckpointStore(str(tmp_path))
+    reader.verify(cp)  # the bulk read failed, the file-by-file check passes
+    assert calls == [2]
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("payload", None), ("blob_id", b"\xff\xfe not utf-8"), ("checksum", b"\xc3\x28")],
+)
+def test_values_a_damaged_file_can_decode_to_are_corrupt_not_raw_errors(
+    root: Path, column: str, value: object
+) -> None:
+    """pyarrow decodes a damaged file to values the schema forbids — a null payload,
+    invalid UTF-8 — without complaint: reads and verify report them as corruption, never
+    as a raw TypeError or UnicodeDecodeError."""
+    good, bad = _two_checkpoints(root)
+    damage = set_blob_value(root, bad.checkpoint_id, column, value)
+    (ref,) = [r for r in bad.blobs() if blob_id(r) == damage.row]
+    with pytest.raises(CorruptCheckpointError):
+        DeltaCheckpointStore(str(root)).read_blob(ref)
+    _assert_damaged(root, good, bad)

@@ -9,19 +9,21 @@ a plain Python model, never computed by the store.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from damage import tamper_metadata
 from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_ckpt.barrier import SnapshotType
 from spark_ckpt.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.delta_store import DeltaCheckpointStore
+from spark_ckpt.delta_store import DeltaCheckpointStore, blob_id
 from spark_ckpt.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -46,12 +48,16 @@ from spark_ckpt.store import ID_BLOCK, CheckpointStore, InMemoryCheckpointStore
 class Backend:
     name: str
     open: Callable[[], CheckpointStore]
-    corrupt: Callable[[BlobRef], None]
+    corrupt: Callable[[BlobRef], None]  # flip a byte of the stored payload
+    lose: Callable[[BlobRef], None]  # remove the stored blob behind the store's back
+    corrupt_metadata: Callable[[int], None]  # make a completed checkpoint's metadata fail
 
 
 def _memory_backend(_: Path) -> Backend:
     store = InMemoryCheckpointStore()
-    return Backend("memory", lambda: store, store.corrupt_blob)
+    return Backend(
+        "memory", lambda: store, store.corrupt_blob, store.lose_blob, store.corrupt_metadata
+    )
 
 
 def _delta_backend(root: Path) -> Backend:
@@ -104,7 +110,16 @@ def _delta_backend(root: Path) -> Backend:
         dt.delete(f"blob_id = '{row['blob_id'][0].as_py()}'")
         write_deltalake(dt, row, mode="append")
 
-    return Backend("delta", lambda: DeltaCheckpointStore(str(root)), corrupt)
+    def lose(ref: BlobRef) -> None:
+        table = "channel_state" if ref.kind is BlobKind.CHANNEL else "operator_state"
+        DeltaTable(str(root / table)).delete(f"blob_id = '{blob_id(ref)}'")
+
+    def corrupt_metadata(checkpoint_id: int) -> None:
+        tamper_metadata(root, checkpoint_id)
+
+    return Backend(
+        "delta", lambda: DeltaCheckpointStore(str(root)), corrupt, lose, corrupt_metadata
+    )
 
 
 @pytest.fixture(params=["memory", "delta"])
@@ -421,6 +436,206 @@ def test_ref_with_wrong_checksum_is_corrupt(backend: Backend) -> None:
     forged = BlobRef(**{**ref.__dict__, "checksum": "0" * 64})
     with pytest.raises(CorruptCheckpointError):
         store.read_blob(forged)
+
+
+# ------------------------------------------------------------------ verification before restore
+
+
+def _chain(store: CheckpointStore, lease) -> list[CompletedCheckpoint]:
+    """Three checkpoints in an incremental chain: c1 writes every kind of blob; c2 writes a
+    delta of key group 0 and reuses c1's full blobs; c3 writes its own operator and channel
+    state and still reuses c1's key group 1."""
+    c1, c2, c3 = lease.first_id, lease.first_id + 1, lease.first_id + 2
+    cp1 = write_and_commit(
+        store,
+        lease,
+        c1,
+        blob(BlobKind.KEYED_FULL, kv(("a", 1)), key_group_start=0, key_group_end=0),
+        blob(BlobKind.KEYED_FULL, kv(("b", 1)), key_group_start=1, key_group_end=1),
+        blob(BlobKind.OPERATOR, kv(("sink-txn", 1)), state="pending_txn"),
+        blob(BlobKind.CHANNEL, pa.table({"r": [1, 2]}), state="in-flight", channel=0),
+    )
+    full = tuple(r for r in cp1.blobs() if r.kind is BlobKind.KEYED_FULL)
+    cp2 = write_and_commit(
+        store,
+        lease,
+        c2,
+        blob(BlobKind.KEYED_DELTA, kv(("a", 2)), key_group_start=0, key_group_end=0, seq=1),
+        blob(BlobKind.OPERATOR, kv(("sink-txn", 2)), state="pending_txn"),
+        reused=full,
+    )
+    kg1 = tuple(r for r in full if r.key_group_start == 1)
+    cp3 = write_and_commit(
+        store,
+        lease,
+        c3,
+        blob(BlobKind.KEYED_FULL, kv(("a", 3)), key_group_start=0, key_group_end=0),
+        blob(BlobKind.OPERATOR, kv(("sink-txn", 3)), state="pending_txn"),
+        blob(BlobKind.CHANNEL, pa.table({"r": [3]}), state="in-flight", channel=0),
+        reused=kg1,
+    )
+    return [cp1, cp2, cp3]
+
+
+def test_intact_checkpoints_verify_and_the_newest_is_restorable(backend: Backend) -> None:
+    store = backend.open()
+    lease = store.acquire()
+    assert store.latest_restorable() == (None, [])  # nothing committed yet
+    cps = _chain(store, lease)
+    reader = backend.open()
+    for cp in cps:
+        reader.verify(cp)  # returns normally
+    assert reader.latest_restorable() == (cps[-1], [])
+
+
+@pytest.mark.parametrize("how", ["flip", "lose"])
+def test_verify_names_the_checkpoint_and_the_damaged_blob(backend: Backend, how: str) -> None:
+    """A damaged blob of c1 that c2 reuses: verifying either names that checkpoint, the blob
+    (kind, operator, subtask, state, key groups, writer) and the cause; c3, which does not
+    reference it, still verifies."""
+    store = backend.open()
+    lease = store.acquire()
+    cp1, cp2, cp3 = _chain(store, lease)
+    victim = next(
+        r for r in cp1.blobs() if r.kind is BlobKind.KEYED_FULL and r.key_group_start == 0
+    )
+    (backend.corrupt if how == "flip" else backend.lose)(victim)
+    reader = backend.open()
+    for cp in (cp1, cp2):
+        with pytest.raises(CorruptCheckpointError) as info:
+            reader.verify(cp)
+        error = info.value
+        assert error.checkpoint_id == cp.checkpoint_id
+        message = str(error)
+        assert f"checkpoint {cp.checkpoint_id} is damaged" in message
+        assert (
+            "keyed_full blob of operator 'agg' subtask 0 state 'counts' key groups 0-0" in message
+        )
+        assert f"written by checkpoint {cp1.checkpoint_id}" in message
+        assert ("checksum" if how == "flip" else "missing") in message
+    reader.verify(cp3)
+
+
+@pytest.mark.parametrize("kind", [BlobKind.OPERATOR, BlobKind.CHANNEL])
+def test_damaged_newest_falls_back_to_the_previous_retained(
+    backend: Backend, kind: BlobKind, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = backend.open()
+    lease = store.acquire()
+    _cp1, cp2, cp3 = _chain(store, lease)
+    backend.corrupt(next(r for r in cp3.blobs() if r.kind is kind))
+    with caplog.at_level(logging.WARNING, logger="spark_ckpt.store"):
+        restorable, skipped = backend.open().latest_restorable()
+    assert restorable == cp2
+    assert [e.checkpoint_id for e in skipped] == [cp3.checkpoint_id]
+    assert f"checkpoint {cp3.checkpoint_id}" in str(skipped[0])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert f"skipping damaged checkpoint {cp3.checkpoint_id}:" in warnings[0]
+
+
+def test_savepoints_are_restorable_unless_excluded(backend: Backend) -> None:
+    store = backend.open()
+    lease = store.acquire()
+    _cp1, cp2, cp3 = _chain(store, lease)
+    sp = write_and_commit(
+        store, lease, lease.first_id + 3, blob(BlobKind.OPERATOR, kv(("s", 1))), savepoint=True
+    )
+    backend.corrupt(next(iter(r for r in cp3.blobs() if r.checkpoint_id == cp3.checkpoint_id)))
+    reader = backend.open()
+    assert reader.latest_restorable() == (sp, [])
+    restorable, skipped = reader.latest_restorable(include_savepoints=False)
+    assert restorable == cp2
+    assert [e.checkpoint_id for e in skipped] == [cp3.checkpoint_id]
+
+
+def test_all_damaged_gives_none_and_every_error(backend: Backend) -> None:
+    """c1's key group 1 blob is reused by every checkpoint of the chain: damaging it
+    damages all three."""
+    store = backend.open()
+    lease = store.acquire()
+    cps = _chain(store, lease)
+    shared = next(r for r in cps[0].blobs() if r.key_group_start == 1)
+    assert all(shared in cp.blobs() for cp in cps)
+    backend.corrupt(shared)
+    restorable, skipped = backend.open().latest_restorable()
+    assert restorable is None
+    assert [e.checkpoint_id for e in skipped] == [cp.checkpoint_id for cp in reversed(cps)]
+    for error, cp in zip(skipped, reversed(cps), strict=True):
+        assert isinstance(error, CorruptCheckpointError)
+        assert f"checkpoint {cp.checkpoint_id} is damaged" in str(error)
+
+
+def test_damaged_metadata_is_skipped_not_fatal(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = backend.open()
+    lease = store.acquire()
+    cp1, cp2, cp3 = _chain(store, lease)
+    backend.corrupt_metadata(cp3.checkpoint_id)
+    reader = backend.open()
+    with pytest.raises(CorruptCheckpointError):
+        reader.list_completed()  # the strict listing still refuses
+    good, bad = reader.list_completed_lenient()
+    assert good == [cp1, cp2]
+    assert [e.checkpoint_id for e in bad] == [cp3.checkpoint_id]
+    with caplog.at_level(logging.WARNING, logger="spark_ckpt.store"):
+        restorable, skipped = reader.latest_restorable(include_savepoints=False)
+    assert restorable == cp2
+    assert [e.checkpoint_id for e in skipped] == [cp3.checkpoint_id]
+    assert "metadata" in str(skipped[0]) and f"checkpoint {cp3.checkpoint_id}" in str(skipped[0])
+    assert any(
+        f"skipping damaged checkpoint {cp3.checkpoint_id}:" in r.getMessage()
+        for r in caplog.records
+    )
+    # damaged metadata older than the one restored is not reported as skipped
+    backend.corrupt_metadata(cp1.checkpoint_id)
+    restorable, skipped = backend.open().latest_restorable()
+    assert restorable == cp2
+    assert [e.checkpoint_id for e in skipped] == [cp3.checkpoint_id]
+
+
+def _restorable_model(be: Backend, n: int, damaged: set[int], bad_meta: set[int]) -> None:
+    """*n* checkpoints, each with its own operator blob; the blobs of the indices in
+    *damaged* and the metadata of those in *bad_meta* are damaged. Oracle: the newest
+    checkpoint damaged in neither way, and the damaged ones newer than it, newest first."""
+    store = be.open()
+    lease = store.acquire()
+    cps = [
+        write_and_commit(store, lease, lease.first_id + i, blob(BlobKind.OPERATOR, kv(("k", i))))
+        for i in range(n)
+    ]
+    for i in damaged:
+        be.corrupt(next(iter(cps[i].blobs())))
+    for i in bad_meta:
+        be.corrupt_metadata(cps[i].checkpoint_id)
+    intact = [i for i in range(n) if i not in damaged | bad_meta]
+    expected = cps[intact[-1]] if intact else None
+    newer = [i for i in range(n) if expected is None or i > intact[-1]]
+    restorable, skipped = be.open().latest_restorable()
+    assert restorable == expected
+    assert [e.checkpoint_id for e in skipped] == [cps[i].checkpoint_id for i in reversed(newer)]
+
+
+_DAMAGE = st.integers(1, 5).flatmap(
+    lambda n: st.tuples(st.just(n), st.sets(st.integers(0, n - 1)), st.sets(st.integers(0, n - 1)))
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=_DAMAGE)
+def test_latest_restorable_matches_model_memory(case: tuple[int, set[int], set[int]]) -> None:
+    n, damaged, bad_meta = case
+    _restorable_model(_memory_backend(Path("unused")), n, damaged, bad_meta)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_DAMAGE)
+def test_latest_restorable_matches_model_delta(
+    tmp_path_factory: pytest.TempPathFactory, case: tuple[int, set[int], set[int]]
+) -> None:
+    n, damaged, bad_meta = case
+    _restorable_model(_delta_backend(tmp_path_factory.mktemp("restorable")), n, damaged, bad_meta)
 
 
 # ------------------------------------------------------------------ randomized interleavings
