@@ -138,6 +138,9 @@ def discards_checkpoints(retention: ExternalizedCheckpointRetention, status: Job
     return status in _DISCARD_ON[retention]
 
 
+#: How long retention waits after a failed attempt before it tries again.
+RETENTION_RETRY_MS = 5_000
+
 _DECLINE_REASONS = frozenset(
     {
         CheckpointFailureReason.DECLINED,
@@ -207,6 +210,7 @@ class CheckpointCoordinator:
         self._last_completion_ms: int | None = None
         self.defer_after_completion = defer_after_completion
         self._retention_due = False
+        self._retention_retry_ms = 0  # no retention attempt before this time (backoff)
         self.garbage_every = garbage_every
         self._retentions = 0
         self._collect_now = False
@@ -515,11 +519,13 @@ class CheckpointCoordinator:
 
         Retention is housekeeping: a :class:`StoreError` from the store (other than
         :class:`FencedError`) is logged as a WARNING and retention stays due — garbage
-        collection too, if it was — so the next call retries it (after the next completion,
-        or the next deferred call). Checkpoints are never lost by this; old ones only stay
-        longer. A :class:`FencedError` fails the coordinator and propagates."""
+        collection too, if it was — so a later call retries it, no sooner than
+        :data:`RETENTION_RETRY_MS` after the failure. Checkpoints are never lost by this;
+        old ones only stay longer. A :class:`FencedError` fails the coordinator and propagates."""
         if not self._retention_due or self.status is not CoordinatorStatus.RUNNING:
             return
+        if self.clock.now_ms() < self._retention_retry_ms:
+            return  # backing off after a failure (a store outage must not flood the log)
         self._retention_due = False
         self._retentions += 1
         collect = self._collect_now or self._retentions % self.garbage_every == 0
@@ -537,8 +543,9 @@ class CheckpointCoordinator:
         except FencedError:
             raise
         except StoreError as e:
-            log.warning("retention failed, will retry: %s", e)
+            log.warning("retention failed, retrying in %d ms: %s", RETENTION_RETRY_MS, e)
             self._retention_due = True
+            self._retention_retry_ms = self.clock.now_ms() + RETENTION_RETRY_MS
             self._collect_now = self._collect_now or collect
 
     def _abort(

@@ -13,6 +13,7 @@ from spark_ckpt.checkpoint import CompletedCheckpoint
 from spark_ckpt.clock import ManualClock
 from spark_ckpt.config import CheckpointConfig, ExternalizedCheckpointRetention
 from spark_ckpt.coordinator import (
+    RETENTION_RETRY_MS,
     CheckpointCoordinator,
     CoordinatorStatus,
     JobStatus,
@@ -540,9 +541,10 @@ def test_retention_store_error_is_tolerated_and_retried_after_the_next_completio
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = FlakyRetainStore(StoreError("object store unavailable"))
-    coord, _gw, _clock, _ = make(store=store, retained_checkpoints=1, interval_ms=None)
+    coord, _gw, clock, _ = make(store=store, retained_checkpoints=1, interval_ms=None)
     with caplog.at_level(logging.WARNING, logger="spark_ckpt.coordinator"):
         first = _complete_one(coord, store)
+        clock.advance(RETENTION_RETRY_MS)  # past the backoff of the failed attempt
         second = _complete_one(coord, store)
     assert coord.status is CoordinatorStatus.RUNNING
     assert [h.checkpoint_id for h in coord.completed_history()] == [first, second]
@@ -551,6 +553,7 @@ def test_retention_store_error_is_tolerated_and_retried_after_the_next_completio
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2 and all("object store unavailable" in w for w in warnings)
     store.failing = False
+    clock.advance(RETENTION_RETRY_MS)
     third = _complete_one(coord, store)
     assert [c.checkpoint_id for c in store.list_completed()] == [third]
     assert coord.status is CoordinatorStatus.RUNNING
@@ -561,13 +564,14 @@ def test_failed_deferred_retention_stays_due_with_its_garbage_collection() -> No
     retries it without a new completion — collecting garbage if the failed one was to."""
     store = FlakyRetainStore(StoreError("throttled"))
     store.failing = False
+    clock = ManualClock(0)
     coord = CheckpointCoordinator(
         CheckpointConfig(interval_ms=None, retained_checkpoints=1),
         store,
         RecordingGateway(),
         tasks_to_trigger=[SRC],
         tasks_to_ack=[SRC, OP],
-        clock=ManualClock(0),
+        clock=clock,
         defer_after_completion=True,
         garbage_every=2,
     )
@@ -580,6 +584,9 @@ def test_failed_deferred_retention_stays_due_with_its_garbage_collection() -> No
     assert store.calls == [False, True]
     assert [c.checkpoint_id for c in store.list_completed()] == [first, second]
     store.failing = False
+    coord.maintain()  # backing off: a store outage must not be retried every poll
+    assert store.calls == [False, True]
+    clock.advance(RETENTION_RETRY_MS)
     coord.maintain()  # retried without a new completion, still collecting
     assert store.calls == [False, True, True]
     assert [c.checkpoint_id for c in store.list_completed()] == [second]
