@@ -22,6 +22,8 @@ The design follows Flink's ``TwoPhaseCommitSinkFunction`` (and Arroyo's Delta si
    <spark_ckpt.task.OperatorTask.notify_complete>` calls per subtask) adds one transaction's
    files and leaves the version where it is.
 4. **Abort / recover** delete staged files that never became part of the table.
+5. **Roll back** (at a restore, before recover) removes from the table this sink's output of
+   checkpoints after the restored one, which the job replays.
 
 Invariants and why they give exactly-once output:
 
@@ -36,19 +38,27 @@ Invariants and why they give exactly-once output:
   Every commit also carries the sink's app transaction, so delta-rs' own conflict check
   agrees.
 * **The app version means "every transaction sealed at a checkpoint <= version is in the
-  table", and only a restore lowers it.** :meth:`~DeltaSink.roll_back_to` *r*, run when a
-  job restores checkpoint *r* while the table already holds output of later checkpoints (a
-  damaged newest checkpoint made the restore fall back), removes the files this sink's
-  commits added after its version was last <= *r* and sets the version to *r*, in one
-  commit; checkpoint ids are never reused, so later checkpoints commit normally.
-  :meth:`~DeltaSink.commit_checkpoint` for *n* is a no-op once
-  the version is >= *n* (delta-rs itself would accept a *lower* version — verified — so the
-  check is ours; it is race free because commits are never rebased). This is sound because
-  the state of checkpoint *n'* records every sealed, uncommitted transaction <= *n'* of
-  every subtask (``OperatorTask._complete`` in :mod:`spark_ckpt.task`): if *n'* > *n* was
-  committed first, it contained the transactions of *n*. Consequently
-  ``commit_checkpoint`` must be given **all** transactions of the checkpoint in one call,
-  and one :class:`DeltaSink` (one ``sink_uid``) serves one sink vertex.
+  table".** :meth:`~DeltaSink.commit_checkpoint` for *n* is a no-op once the version is >= *n*
+  (delta-rs itself would accept a *lower* version — verified — so the check is ours; it is
+  race free because commits are never rebased). This is sound because the state of
+  checkpoint *n'* records every sealed, uncommitted transaction <= *n'* of every subtask
+  (``OperatorTask._complete`` in :mod:`spark_ckpt.task`): if *n'* > *n* was committed first,
+  it contained the transactions of *n*. Consequently ``commit_checkpoint`` must be given
+  **all** transactions of the checkpoint in one call, and one :class:`DeltaSink` (one
+  ``sink_uid``) serves one sink vertex.
+* **The app version is monotone except for a roll back at restore.** A job that restores
+  checkpoint *r* replays its input from *r*'s source positions, so the table must then hold
+  exactly the output of checkpoints <= *r* — also when it already holds output of later
+  ones (the newest checkpoint was damaged and the restore fell back, or an older one was
+  restored on purpose). :meth:`~DeltaSink.roll_back_to` *r* removes, in one commit that sets
+  the version to *r*, every file still in the table that this sink's commits with a version
+  above *r* added since its newest commit with a version <= *r* (found in the log's JSON
+  commits). Such a commit may also have carried transactions of checkpoints <= *r* (whose own
+  commit was lost in a crash); :meth:`~DeltaSink.recover`, which follows with *r*'s
+  transactions, adds their files again whatever the version, which restores the invariant
+  above. Checkpoint ids are never reused, so later checkpoints (> the damaged one > *r*)
+  commit normally. Output of this sink that another writer rewrote (OPTIMIZE) cannot be
+  rolled back.
 * **Nothing referenced is deleted.** :meth:`~DeltaSink.abort` and the orphan sweep of
   :meth:`~DeltaSink.recover` skip files that the current table version references.
   ``recover`` must not run concurrently with writers of the same sink (it would delete their
@@ -83,6 +93,7 @@ from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -681,45 +692,59 @@ class DeltaSink:
 
     def roll_back_to(self, checkpoint_id: int) -> list[str]:
         """Make the table hold exactly this sink's output of checkpoints <= *checkpoint_id*
-        again (driver side, at a restore from *checkpoint_id*, before :meth:`recover`): when
-        the app version is above it, remove — Delta ``remove`` actions, files stay on disk —
-        every file of this sink that the table gained since its newest version whose app
-        version was <= *checkpoint_id*, and set the app version to *checkpoint_id*, in one
-        commit. Files of other writers are never removed; output of this sink that another
-        writer rewrote (OPTIMIZE) cannot be rolled back. Returns the paths removed;
-        idempotent (a no-op once the version is <= *checkpoint_id*). Needs the log's JSON
-        commits since that version."""
+        again (driver side, at a restore from *checkpoint_id*, **before** :meth:`recover`).
+
+        When the app version is above *checkpoint_id*: remove (Delta ``remove`` actions with
+        ``dataChange=true``; the files stay on disk until the orphan sweep of
+        :meth:`recover`) every file still in the table that one of this sink's commits
+        added with an app version > *checkpoint_id* after the sink's newest commit at or
+        below it, and set the app version to *checkpoint_id* — one Delta commit, on exactly
+        the snapshot read (``max_commit_retries=0``; a concurrent commit makes it re-read
+        and redo, :class:`StoreError` after ``max_attempts`` lost races). Returns the paths
+        removed (sorted); a no-op returning ``[]`` when there is no table or the version is
+        already <= *checkpoint_id* (so it is idempotent).
+
+        Transactions of checkpoints <= *checkpoint_id* that a later checkpoint's commit
+        added (checkpoint *checkpoint_id*'s own commit was lost in a crash) are removed too:
+        :meth:`recover` with the restored checkpoint's transactions adds them back, which is
+        why it must follow.
+
+        Files of other writers (other app ids, plain appends) are never removed. Output of
+        this sink that another writer rewrote (OPTIMIZE, DELETE, ...) is no longer in the
+        table under its name and cannot be rolled back; its files are skipped. The commits
+        to undo are found in the log's JSON commits, newest first (see
+        :meth:`_added_after`); if one that is needed has been cleaned up (log retention),
+        :class:`StoreError` says so. Tables with ``delta.appendOnly=true`` refuse remove
+        actions (:class:`StoreError`)."""
+        if checkpoint_id < 0:
+            raise ProtocolError(f"checkpoint id {checkpoint_id} is negative")
         what = f"rolling {self.app_id} back to checkpoint {checkpoint_id}"
         with _boundary(what):
             for _ in range(self.max_attempts):
                 dt = self._load()
                 if dt is None or (dt.transaction_version(self.app_id) or 0) <= checkpoint_id:
                     return []
-                base = self._last_version_at_or_below(dt, checkpoint_id)
-                before: set[str] = set()
-                if base is not None:
-                    old = DeltaTable(
-                        self.table_uri, version=base, storage_options=self.storage_options
-                    )
-                    before = self._table_paths(old)
+                added = self._added_after(dt, checkpoint_id, what)
                 actions = pa.table(dt.get_add_actions(flatten=True))
-                now_ms = time.time_ns() // 1_000_000
-                doomed = [
-                    (path, size)
-                    for path, size in zip(
+                sizes = dict(
+                    zip(
                         actions.column("path").to_pylist(),
                         actions.column("size_bytes").to_pylist(),
                         strict=True,
                     )
-                    if path not in before and self.is_staged_name(path)
-                ]
+                )
+                doomed = sorted(p for p in added if p in sizes)
+                now_ms = time.time_ns() // 1_000_000
                 removes: list[AddAction | RemoveAction] = [
-                    RemoveAction(path, True, now_ms, size) for path, size in doomed
+                    RemoveAction(p, True, now_ms, sizes[p]) for p in doomed
                 ]
                 props = CommitProperties(
                     app_transactions=[AppTransaction(self.app_id, checkpoint_id)],
-                    max_commit_retries=0,
-                    custom_metadata={"spark-ckpt.sink": self.app_id, "spark-ckpt.rollback": "1"},
+                    max_commit_retries=0,  # never rebased by delta-rs: our loop re-checks
+                    custom_metadata={
+                        "spark-ckpt.sink": self.app_id,
+                        "spark-ckpt.rollback": str(checkpoint_id),
+                    },
                 )
                 try:
                     dt.create_write_transaction(
@@ -727,16 +752,74 @@ class DeltaSink:
                     )
                 except CommitFailedError:
                     continue  # a concurrent commit: re-check on a fresh snapshot
-                return [path for path, _ in doomed]
+                return doomed
         raise StoreError(f"{what}: lost {self.max_attempts} commit races in a row")
 
-    def _last_version_at_or_below(self, dt: DeltaTable, checkpoint_id: int) -> int | None:
-        """The newest table version whose app version is <= *checkpoint_id* (None: none)."""
-        for version in range(dt.version() - 1, -1, -1):
-            old = DeltaTable(self.table_uri, version=version, storage_options=self.storage_options)
-            if (old.transaction_version(self.app_id) or 0) <= checkpoint_id:
-                return version
-        return None
+    def _log_commit(self, version: int) -> list[dict[str, Any]] | None:
+        """The actions of the log's JSON commit *version* (``None`` if the file is gone)."""
+        try:
+            with self._fs.open_input_stream(f"_delta_log/{version:020d}.json") as src:
+                text = src.read().decode()
+        except FileNotFoundError:
+            return None
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def _added_after(self, dt: DeltaTable, checkpoint_id: int, what: str) -> set[str]:
+        """Paths (relative to the root, decoded) that this sink's commits with an app
+        version > *checkpoint_id* added after its newest commit whose app version is <=
+        *checkpoint_id* (since the table's first version if there is none), read from the
+        log's JSON commits from *dt*'s version down: normally a few recent commits.
+
+        Sound because the app version only falls by a roll back, which removes everything
+        above its target: at this sink's newest commit with an app version <= the target,
+        none of its files in the table came from a later checkpoint. When the walk reaches
+        a JSON commit that has been cleaned up (log retention), the snapshot just before
+        the oldest commit of this sink that the walk saw decides (it is readable from a log
+        checkpoint, and has the app version of the commit that is gone): with an app version
+        <= *checkpoint_id*, or none, the walk is complete; otherwise — or if that snapshot
+        cannot be loaded — the files to remove cannot be known: :class:`StoreError`."""
+        added: set[str] = set()
+        newest = dt.version()
+        oldest_mine = newest + 1  # the oldest commit of this sink the walk has seen
+        for version in range(newest, -1, -1):
+            actions = self._log_commit(version)
+            if actions is None:
+                self._check_cleaned_up(version, oldest_mine - 1, newest, checkpoint_id, what)
+                break
+            mine = [
+                int(a["txn"]["version"])
+                for a in actions
+                if "txn" in a and a["txn"].get("appId") == self.app_id
+            ]
+            if not mine:
+                continue  # another writer's commit
+            if mine[-1] <= checkpoint_id:
+                break
+            oldest_mine = version
+            added |= {unquote(a["add"]["path"]) for a in actions if "add" in a}
+        return added
+
+    def _check_cleaned_up(
+        self, gone: int, probe: int, newest: int, checkpoint_id: int, what: str
+    ) -> None:
+        """JSON commit *gone* is missing and no commit in (*gone*, *probe*] carries this
+        sink's app transaction, so the app version after *gone* is that of snapshot *probe*:
+        return if it is <= *checkpoint_id* (or absent), raise :class:`StoreError` if it is
+        above or cannot be read."""
+        lost = StoreError(
+            f"{what}: the Delta log's commit {gone} (_delta_log/{gone:020d}.json) has been "
+            f"cleaned up (log retention), so the files this sink committed after checkpoint "
+            f"{checkpoint_id} cannot be determined; restore a newer checkpoint or remove "
+            "them by hand"
+        )
+        if probe >= newest:
+            raise lost  # the newest snapshot's app version is above checkpoint_id
+        try:
+            before = DeltaTable(self.table_uri, version=probe, storage_options=self.storage_options)
+        except DeltaError as e:
+            raise lost from e
+        if (before.transaction_version(self.app_id) or 0) > checkpoint_id:
+            raise lost
 
     # -- aborting and recovery -------------------------------------------------------------
     def abort(self, txn: Transaction) -> None:

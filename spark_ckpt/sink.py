@@ -12,7 +12,11 @@ data (files, a staging table) but invisible to readers:
    from restored state), and a transaction may be included again by a later checkpoint;
 4. ``abort`` discards a sealed transaction whose checkpoint failed, and ``recover`` (on
    restart) commits the transactions of the restored checkpoint and discards every other
-   staged transaction — which never became part of a completed checkpoint.
+   staged transaction — which never became part of a completed checkpoint;
+5. ``roll_back_to`` (on restart, before ``recover``) withdraws committed output of
+   checkpoints after the restored one, which the job is about to replay: a restore that
+   fell back past a damaged newest checkpoint, or restored an older one on purpose, must
+   leave exactly the output of checkpoints <= the restored one.
 
 A task keeps a sealed transaction in its checkpointed state until the sink reports it committed
 (:meth:`committed_checkpoint`), not merely until it hears that the checkpoint completed: a crash
@@ -100,14 +104,21 @@ class TwoPhaseCommitSink(Protocol):
         *,
         staged_before_ms: int | None = None,
     ) -> None:
-        """Commit *to_commit* and discard other staged data of *operator_uid* (only data staged
-        before *staged_before_ms*, when given)."""
+        """Commit every transaction of *to_commit* not yet committed — even when the committed
+        checkpoint is already >= theirs (a preceding :meth:`roll_back_to` may have withdrawn
+        them) — and discard other staged data of *operator_uid* (only data staged before
+        *staged_before_ms*, when given)."""
         ...
 
     def roll_back_to(self, checkpoint_id: int) -> list[str]:
-        """At a restore from *checkpoint_id*: withdraw committed output of later checkpoints
-        (the committed checkpoint becomes *checkpoint_id*); returns what was withdrawn.
-        Idempotent; a no-op when nothing later was committed."""
+        """At a restore from *checkpoint_id*, before :meth:`recover`: if the committed
+        checkpoint is above *checkpoint_id*, withdraw in one atomic step the output that
+        commits at later checkpoints made visible (possibly including transactions of
+        checkpoints <= *checkpoint_id* that a later checkpoint committed: :meth:`recover`
+        with the restored checkpoint's transactions commits them again) and make the
+        committed checkpoint *checkpoint_id*. Output of other writers is never withdrawn.
+        Returns identifiers of what was withdrawn (sink-specific: file paths, transaction
+        ids). Idempotent; a no-op returning ``[]`` when nothing later was committed."""
         ...
 
 
@@ -154,6 +165,11 @@ class MemorySink:
         return True
 
     def roll_back_to(self, checkpoint_id: int) -> list[str]:
+        """Withdraw every committed transaction that a commit at a checkpoint >
+        *checkpoint_id* made visible (they become staged again, as a Delta sink's removed
+        files stay on disk until the orphan sweep) and set the committed checkpoint to
+        *checkpoint_id*; returns the withdrawn transaction ids (sorted). A no-op returning
+        ``[]`` when the committed checkpoint is <= *checkpoint_id*."""
         with self._lock:
             if self._committed_checkpoint <= checkpoint_id:
                 return []
@@ -178,9 +194,17 @@ class MemorySink:
         *,
         staged_before_ms: int | None = None,
     ) -> None:
-        """(Staging is in memory and synchronous here: *staged_before_ms* has no effect.)"""
+        """Commit every transaction of *to_commit* not yet committed — whatever the committed
+        checkpoint, like :meth:`DeltaSink.recover <spark_ckpt.delta_sink.DeltaSink.recover>`:
+        after :meth:`roll_back_to` it may already be the restored one while transactions of
+        it were withdrawn — raising the committed checkpoint to their largest id; then drop
+        the other staged transactions of *operator_uid*. (Staging is in memory and
+        synchronous here: *staged_before_ms* has no effect.)"""
         if to_commit:
-            self.commit_checkpoint(max(t.checkpoint_id for t in to_commit), to_commit)
+            target = max(t.checkpoint_id for t in to_commit)
+            self._committed_checkpoint = max(self._committed_checkpoint, target)
+            for txn in to_commit:
+                self.commit(txn)
         with self._lock:
             for tid in [t for t in self._staged if t.startswith(operator_uid + "/")]:
                 del self._staged[tid]

@@ -375,10 +375,19 @@ def recover_sink(
 ) -> list[Transaction]:
     """Flink's recover-and-commit: commit every transaction sealed in the restored (completed)
     checkpoint, and discard every other staged transaction of *vertex* (staged before
-    *staged_before_ms*, when given: later ones belong to the run that is starting). First
-    the sink is rolled back to the restored checkpoint: output of later checkpoints that it
-    committed (the restore fell back past a damaged newest checkpoint) is withdrawn, since the
-    job replays it. Idempotent. Run once per job start."""
+    *staged_before_ms*, when given: later ones belong to the run that is starting).
+
+    First the sink is rolled back to the restored checkpoint
+    (:meth:`~spark_ckpt.sink.TwoPhaseCommitSink.roll_back_to`): output of later checkpoints
+    that it committed (the restore fell back past a damaged newest checkpoint, or an older
+    checkpoint was restored on purpose) is withdrawn, since the job replays it — afterwards
+    the sink holds exactly the output of checkpoints <= the restored one. The roll back
+    comes *before* the commit of the restored transactions because it may withdraw some of
+    them too (a later checkpoint's commit carried them when the restored checkpoint's own
+    commit was lost in a crash); committing them afterwards puts them back, and the files
+    withdrawn become orphans the sink's recovery deletes. With no checkpoint (a fresh start)
+    nothing is rolled back: a pipeline starting on an existing table leaves it alone.
+    Idempotent. Run once per job start."""
     if checkpoint is not None:
         withdrawn = sink.roll_back_to(checkpoint.checkpoint_id)
         if withdrawn:

@@ -16,14 +16,16 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -598,3 +600,373 @@ def test_model(ops: list[Op], small_files: bool) -> None:
                 assert parquet_files(root) == (committed_paths(root) if root.exists() else set())
             assert content(replay(root) if root.exists() else pa.table({})) == sorted(committed)
         assert content(sink.read()) == sorted(committed)
+
+
+# ------------------------------------------------------------------------ roll back
+# After a restore from checkpoint r the table holds exactly the output of checkpoints <= r
+# (a restore that fell back past a damaged newest checkpoint replays the rest).
+
+APP = "spark-ckpt/pipe/sink"
+
+
+def foreign(rs: Sequence[Row]) -> pa.Table:
+    """Rows as another writer appends them (already in the table's types)."""
+    return pa.table(
+        {
+            "id": pa.array([r[0] for r in rs], pa.int64()),
+            "name": pa.array([r[1] for r in rs], pa.string()),
+            "ts": pa.array([r[2] for r in rs], pa.timestamp("us", "UTC")),
+        }
+    )
+
+
+def append_foreign(root: Path, rs: Sequence[Row]) -> None:
+    write_deltalake(str(root), foreign(rs), mode="append")  # a plain append, no app id
+
+
+def seal(sink: TwoPhaseCommitSink, cid: int, rs: Sequence[Row]) -> list[Transaction]:
+    """Stage *rs* split over two subtasks and seal both transactions of checkpoint *cid*."""
+    half = len(rs) // 2
+    for subtask, part in enumerate((rs[:half], rs[half:])):
+        sink.write(OP, subtask, batch(part))
+    return [sink.pre_commit(OP, s, cid) for s in (0, 1)]
+
+
+def polars_rows(root: Path) -> list[Row]:
+    df = pl.read_delta(str(root))
+    return sorted(zip(df["id"].to_list(), df["name"].to_list(), df["ts"].to_list(), strict=True))
+
+
+def deltalake_rows(root: Path) -> list[Row]:
+    fs = pafs.SubTreeFileSystem(str(root), pafs.LocalFileSystem())
+    return content(DeltaTable(str(root)).to_pyarrow_dataset(filesystem=fs).to_table())
+
+
+def assert_table(root: Path, expected: Sequence[Row], version: int) -> None:
+    """Three readers agree on the content; the app version and the protocol are right."""
+    want = sorted(expected)
+    assert content(replay(root)) == want  # our own log replay
+    assert polars_rows(root) == want
+    assert deltalake_rows(root) == want
+    table = DeltaTable(str(root))
+    assert (table.transaction_version(APP) or 0) == version
+    p = table.protocol()
+    assert (p.min_reader_version, p.min_writer_version) == (1, 2)
+    assert not p.reader_features and not p.writer_features
+    actions = [a for _, acts in log_actions(root) for a in acts]
+    assert all(
+        (a["protocol"]["minReaderVersion"], a["protocol"]["minWriterVersion"]) == (1, 2)
+        for a in actions
+        if "protocol" in a
+    )
+    assert "deletionVector" not in json.dumps(actions)
+
+
+def added_by_commit(root: Path) -> dict[int, set[str]]:
+    """Version -> the paths its commit added."""
+    return {v: {a["add"]["path"] for a in acts if "add" in a} for v, acts in log_actions(root)}
+
+
+def test_roll_back_removes_the_output_of_later_checkpoints_only(tmp_path: Path) -> None:
+    root = tmp_path / "t"
+    sink = make_sink(root)
+    out: dict[int, list[Row]] = {}
+    other = [(900 + i, f"other-{i}", T0) for i in range(2)]
+    for c in (1, 2, 3, 4):
+        out[c] = rows(100 * c, c + 1)
+        assert sink.commit_checkpoint(c, seal(sink, c, out[c]))
+        if c == 3:
+            append_foreign(root, other)  # another writer, between checkpoints 3 and 4
+    adds = added_by_commit(root)  # versions: 0..2 = checkpoints 1..3, 3 = other, 4 = ckpt 4
+    assert_table(root, [*out[1], *out[2], *out[3], *out[4], *other], 4)
+
+    removed = sink.roll_back_to(2)
+    assert sorted(removed) == sorted(adds[2] | adds[4])  # both files of checkpoints 3 and 4
+    assert_table(root, [*out[1], *out[2], *other], 2)
+    assert sink.committed_checkpoint() == 2
+    (version, last), *_ = reversed(log_actions(root))
+    assert version == 5  # one commit: the removes and the app transaction
+    assert sorted(a["remove"]["path"] for a in last if "remove" in a) == sorted(removed)
+    assert all(a["remove"]["dataChange"] is True for a in last if "remove" in a)
+    assert [a["txn"]["version"] for a in last if "txn" in a] == [2]
+    assert not [a for a in last if "add" in a]
+    assert all((root / p).exists() for p in removed)  # logically removed, still on disk
+
+    # Idempotent: no new commit.
+    assert sink.roll_back_to(2) == [] and sink.roll_back_to(3) == []
+    assert make_sink(root).roll_back_to(2) == []
+    assert len(log_actions(root)) == 6
+
+    # The next checkpoint (ids are never reused) commits normally and is visible.
+    out[5] = rows(500, 3)
+    assert sink.commit_checkpoint(5, seal(sink, 5, out[5])) is True
+    assert_table(root, [*out[1], *out[2], *out[5], *other], 5)
+
+    # Recovery's orphan sweep deletes the removed files; the table is unchanged.
+    make_sink(root).recover(OP, [])
+    assert not any((root / p).exists() for p in removed)
+    assert_table(root, [*out[1], *out[2], *out[5], *other], 5)
+
+
+def test_roll_back_is_a_no_op_without_a_table_or_later_output(tmp_path: Path) -> None:
+    root = tmp_path / "t"
+    sink = make_sink(root)
+    assert sink.roll_back_to(3) == []
+    assert not root.exists()
+    append_foreign(root, rows(0, 1))  # a table without this sink's app id
+    assert sink.roll_back_to(3) == [] and sink.roll_back_to(0) == []
+    assert sink.commit_checkpoint(3, seal(sink, 3, rows(10, 2)))
+    assert sink.roll_back_to(3) == [] and sink.roll_back_to(7) == []
+    assert len(log_actions(root)) == 2
+    assert_table(root, rows(0, 1) + rows(10, 2), 3)
+    with pytest.raises(ProtocolError):
+        sink.roll_back_to(-1)
+
+
+def test_roll_back_to_before_the_first_commit_removes_all_output(tmp_path: Path) -> None:
+    root = tmp_path / "t"
+    sink = make_sink(root)
+    append_foreign(root, rows(0, 1))
+    for c in (3, 4):
+        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+    assert len(sink.roll_back_to(2)) == 4
+    assert_table(root, rows(0, 1), 2)
+    assert len(sink.roll_back_to(0)) == 0  # version 2 -> 0: nothing left to remove
+    assert sink.committed_checkpoint() == 0
+
+
+def test_roll_back_then_recover_restores_a_checkpoint_whose_commit_was_lost(
+    tmp_path: Path,
+) -> None:
+    """Checkpoint 2 completed but its commit was lost; checkpoint 3's commit carried 2's
+    transactions. Restoring 2 (3 is damaged) removes both, and recovery with 2's
+    transactions — in that order, as ``recover_sink`` does — adds 2's back."""
+    root = tmp_path / "t"
+    sink = make_sink(root)
+    sink.commit_checkpoint(1, seal(sink, 1, rows(10, 2)))
+    t2 = seal(sink, 2, rows(20, 2))  # checkpoint 2's state: t2
+    t3 = seal(sink, 3, rows(30, 2))
+    sink.commit_checkpoint(3, [*t2, *t3])  # checkpoint 3's state: t2 + t3
+    assert_table(root, rows(10, 2) + rows(20, 2) + rows(30, 2), 3)
+
+    new = make_sink(root)  # the restarted job
+    assert len(new.roll_back_to(2)) == 4
+    new.recover(OP, t2)
+    assert_table(root, rows(10, 2) + rows(20, 2), 2)
+    active = pa.table(DeltaTable(str(root)).get_add_actions(flatten=True)).column("path")
+    assert parquet_files(root) == set(active.to_pylist())  # checkpoint 3's files were swept
+    new.recover(OP, t2)  # idempotent
+    assert new.roll_back_to(2) == []
+    assert new.commit_checkpoint(4, seal(new, 4, rows(40, 2)))
+    assert_table(root, rows(10, 2) + rows(20, 2) + rows(40, 2), 4)
+
+
+def test_roll_back_skips_output_that_another_writer_compacted(tmp_path: Path) -> None:
+    root = tmp_path / "t"
+    sink = make_sink(root)
+    for c in (1, 2):
+        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+    DeltaTable(str(root)).optimize.compact()  # rewrites 1 and 2: not ours any more
+    for c in (3, 4):
+        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+    assert len(sink.roll_back_to(2)) == 4
+    assert_table(root, rows(10, 2) + rows(20, 2), 2)
+
+    for c in (5, 6):
+        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+    DeltaTable(str(root)).optimize.compact()  # 6's output compacted: cannot be rolled back
+    assert sink.roll_back_to(5) == []
+    assert sink.committed_checkpoint() == 5
+    assert_table(root, rows(10, 2) + rows(20, 2) + rows(50, 2) + rows(60, 2), 5)
+
+
+def test_roll_back_redoes_its_work_after_losing_a_commit_race(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commits are never rebased: a commit landing between the roll back's read and its
+    commit makes it re-read the table and recompute what to remove."""
+    root = tmp_path / "t"
+    sink = make_sink(root)
+    for c in (1, 2, 3):
+        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+    racer = make_sink(root)  # another committer of the same sink (a late global committer)
+    staged = seal(racer, 4, rows(40, 2))
+    calls = []
+    real = sink._added_after
+
+    def interleaved(*args: Any) -> set[str]:
+        found = real(*args)
+        calls.append(len(found))
+        if len(calls) == 1:
+            racer.commit_checkpoint(4, staged)
+            append_foreign(root, rows(90, 1))
+        return found
+
+    monkeypatch.setattr(sink, "_added_after", interleaved)
+    assert len(sink.roll_back_to(1)) == 6  # checkpoints 2, 3 and the racing 4
+    assert calls == [4, 6]
+    assert_table(root, rows(10, 2) + rows(90, 1), 1)
+    assert len(log_actions(root)) == 6  # 3 + racer + foreign + one roll back
+
+
+def test_roll_back_gives_up_after_max_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "t"
+    sink = make_sink(root, max_attempts=3)
+    for c in (1, 2):
+        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+    real = sink._added_after
+    n = iter(range(100))
+
+    def always_beaten(*args: Any) -> set[str]:
+        found = real(*args)
+        append_foreign(root, rows(90 + next(n), 1))
+        return found
+
+    monkeypatch.setattr(sink, "_added_after", always_beaten)
+    with pytest.raises(StoreError, match="lost 3 commit races"):
+        sink.roll_back_to(1)
+    assert_table(root, rows(10, 2) + rows(20, 2) + rows(90, 3), 2)
+
+
+def test_roll_back_reads_past_a_cleaned_up_log_only_when_it_can(tmp_path: Path) -> None:
+    def clean_up_log(root: Path) -> None:
+        DeltaTable(str(root)).create_checkpoint()  # at the current version
+        *old, _ = sorted((root / "_delta_log").glob("*.json"))
+        for f in old:
+            f.unlink()
+
+    # Another writer's history was cleaned up before this sink's first commit: fine.
+    a = tmp_path / "a"
+    for i in range(3):
+        append_foreign(a, rows(1000 + i, 1))
+    clean_up_log(a)
+    sink = make_sink(a)
+    for c in (3, 4):
+        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+    assert len(sink.roll_back_to(2)) == 4
+    assert polars_rows(a) == sorted(rows(1000, 1) + rows(1001, 1) + rows(1002, 1))
+    assert deltalake_rows(a) == polars_rows(a)
+    assert sink.committed_checkpoint() == 2
+
+    # The commit that says where to stop has been cleaned up: a clear StoreError.
+    b = tmp_path / "b"
+    sink = make_sink(b)
+    for c in (1, 2, 3):
+        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+    clean_up_log(b)  # keeps only commit 2 (checkpoint 3) and its log checkpoint
+    sink.commit_checkpoint(4, seal(sink, 4, rows(40, 2)))
+    for back in (1, 2):
+        with pytest.raises(StoreError, match=r"commit 1 .* has been cleaned up"):
+            make_sink(b).roll_back_to(back)
+    assert make_sink(b).committed_checkpoint() == 4
+    assert len(make_sink(b).roll_back_to(3)) == 2  # only needs commits 2 and 3
+    assert polars_rows(b) == sorted(rows(10, 2) + rows(20, 2) + rows(30, 2))
+
+    # Every commit of this sink has been cleaned up, only another writer's is left.
+    c = tmp_path / "c"
+    sink = make_sink(c)
+    for cid in (1, 2):
+        sink.commit_checkpoint(cid, seal(sink, cid, rows(10 * cid, 2)))
+    append_foreign(c, rows(90, 1))
+    clean_up_log(c)
+    with pytest.raises(StoreError, match=r"commit 1 .* has been cleaned up"):
+        make_sink(c).roll_back_to(1)
+    assert polars_rows(c) == sorted(rows(10, 2) + rows(20, 2) + rows(90, 1))
+    assert make_sink(c).committed_checkpoint() == 2
+
+
+# A model of restores: each step is a checkpoint (committed, or its commit lost in a crash),
+# a plain append by another writer, or a restore of a retained checkpoint of the current
+# lineage (roll back, then recover with the checkpoint's transactions, as recover_sink does).
+Step = tuple[str, int]
+restore_steps = st.lists(
+    st.tuples(
+        st.sampled_from(["checkpoint"] * 3 + ["lost", "foreign"] + ["restore"] * 2),
+        st.integers(0, 4),  # rows, or which retained checkpoint to restore
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+def run_restore_model(
+    steps: Sequence[Step],
+    new_sink: Callable[[], TwoPhaseCommitSink],
+    read_ids: Callable[[], list[int]],
+    append: Callable[[list[Row]], None] | None,
+    *,
+    lazy_table: bool,
+) -> None:
+    """Drive a sink through *steps*, comparing after each step the ids *read_ids* returns
+    and the committed checkpoint with a plain model: the rows of the committed checkpoints
+    of the current lineage plus the other writer's. *lazy_table*: the sink makes no commit
+    (keeps version 0) until there is a table or a file to create it from."""
+    sink = new_sink()
+    sealed: dict[int, list[Row]] = {}  # checkpoint id -> its rows, on the current lineage
+    committed: set[int] = set()  # checkpoints whose rows are in the table
+    states: dict[int, list[Transaction]] = {}  # checkpoint id -> transactions in its state
+    pending: list[Transaction] = []  # sealed, not committed: the next checkpoint records them
+    other: list[Row] = []
+    exists = not lazy_table
+    version = last = next_row = 0
+    for kind, a in steps:
+        if kind in ("checkpoint", "lost"):
+            last += 1
+            rs = rows(next_row, a)
+            next_row += a
+            pending += seal(sink, last, rs)
+            sealed[last] = rs
+            states[last] = list(pending)
+            if kind == "checkpoint":
+                exists |= any(sealed[t.checkpoint_id] for t in pending)
+                assert sink.commit_checkpoint(last, pending) is exists
+                committed |= {t.checkpoint_id for t in pending}
+                pending = []
+                version = last if exists else version
+        elif kind == "foreign" and append is not None:
+            rs = [(10_000 + next_row, "other", T0)]
+            next_row += 1
+            append(rs)
+            other += rs
+            exists = True
+        elif kind == "restore" and sealed:
+            r = sorted(sealed)[a % len(sealed)]
+            sink = new_sink()  # the restarted job
+            sink.roll_back_to(r)
+            sink.recover(OP, states[r])
+            sealed = {c: rs for c, rs in sealed.items() if c <= r}
+            states = {c: t for c, t in states.items() if c <= r}
+            committed = set(sealed)  # what r's commits and r's state hold
+            pending = []
+            exists |= any(sealed[t.checkpoint_id] for t in states[r])
+            version = r if exists else version
+        assert sink.committed_checkpoint() == version
+        want = [r[0] for c in committed for r in sealed[c]] + [r[0] for r in other]
+        assert read_ids() == sorted(want)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=restore_steps)
+def test_restores_match_a_plain_model(steps: list[Step]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "t"
+
+        def read_ids() -> list[int]:
+            if not (root / "_delta_log").exists():
+                return []
+            ids = sorted(r[0] for r in content(replay(root)))
+            assert sorted(r[0] for r in polars_rows(root)) == ids  # a second reader agrees
+            return ids
+
+        run_restore_model(
+            steps,
+            lambda: make_sink(root),
+            read_ids,
+            lambda rs: append_foreign(root, rs),
+            lazy_table=True,
+        )
+        if (root / "_delta_log").exists():
+            p = DeltaTable(str(root)).protocol()
+            assert (p.min_reader_version, p.min_writer_version) == (1, 2)
