@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(VENV)/bin/spark-ckpt demo --seconds 60
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check spark_ckpt datasources tests bench

@@ -85,7 +85,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from spark_ckpt.barrier import CHANNEL, CHECKPOINT_ID
-from spark_ckpt.batch_aligner import BatchAligner
+from spark_ckpt.batch_aligner import BatchAligner, collect_arrow
 from spark_ckpt.checkpoint import CompletedCheckpoint
 from spark_ckpt.config import CheckpointConfig
 from spark_ckpt.errors import SparkCkptError
@@ -356,7 +356,7 @@ class Probe:
         aligner = self.aligner or self.instrument()
         start = time.perf_counter()
         with self.timer.phase("toArrow"):
-            table = df.toArrow()
+            table = collect_arrow(df)  # a stop interrupting it ends the query quietly
         with self.timer.phase("aligner_other"):
             aligner.submit(table)  # pipelined: waits for the previous batch, hands off
         end = time.perf_counter()

@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 
 from .aligner import AlignmentMode
-from .batch_aligner import BatchAligner
+from .batch_aligner import BatchAligner, collect_arrow
 from .errors import ProtocolError
 from .operator import KeyedOperator
 from .run import RunFiles
@@ -118,7 +118,7 @@ class ForeachBatchFunction:
     def __call__(self, df: Any, batch_id: int) -> None:
         """``foreachBatch`` entry point: collect the micro-batch as Arrow and hand it to the
         run's aligner (see :meth:`BatchAligner.submit`)."""
-        self.submit(df.toArrow())
+        self.submit(collect_arrow(df))
 
     def submit(self, table: pa.Table) -> None:
         self.runtime().submit(table)

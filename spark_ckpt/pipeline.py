@@ -635,7 +635,7 @@ class _Interrupts:
     a second one raises ``KeyboardInterrupt`` (stop at once). Nothing is interrupted in
     between: PySpark's own SIGINT handler cancels every Spark job (failing the micro-batch
     in progress), and a ``KeyboardInterrupt`` raised inside a Py4J call is logged by Py4J
-    with its traceback."""
+    with its traceback — dropped meanwhile (:func:`_py4j_interrupt_log`), for the second."""
 
     def __init__(self) -> None:
         self.requested = threading.Event()
@@ -648,11 +648,28 @@ class _Interrupts:
     def __enter__(self) -> _Interrupts:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            for name in _PY4J_INTERRUPT_LOGGERS:
+                logging.getLogger(name).addFilter(_py4j_interrupt_log)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+        for name in _PY4J_INTERRUPT_LOGGERS:
+            logging.getLogger(name).removeFilter(_py4j_interrupt_log)
+
+
+#: Where Py4J logs a KeyboardInterrupt in a call (``logging.exception`` on the root logger)
+#: and its failed clean-up of the interrupted connection.
+_PY4J_INTERRUPT_LOGGERS = ("", "py4j.clientserver")
+
+
+def _py4j_interrupt_log(record: logging.LogRecord) -> bool:
+    """Logger filter: drops Py4J's logs of a KeyboardInterrupt inside a Py4J call."""
+    return record.getMessage() not in (
+        "KeyboardInterrupt while sending command.",
+        "Exception occurred while shutting down connection",
+    )
 
 
 def _stop_query(query: StreamingQuery) -> None:

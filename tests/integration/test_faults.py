@@ -124,12 +124,14 @@ class Job:
         return run.wait(10)
 
     def stop(self, run: DemoRun) -> subprocess.CompletedProcess[str]:
-        """``spark-ckpt stop`` through the installed console script; the job must exit."""
+        """``spark-ckpt stop`` through the installed console script; the job must exit, and
+        stopping must print no stack trace (failures before it may have)."""
+        since = run.log.stat().st_size
         done = cli("stop", "--root", self.root, "--timeout", "180")
         assert done.returncode == 0, done.stderr + run.tail()
         assert run.wait(120) == 0, run.tail()
         assert "stopped (stop)" in run.tail(), run.tail()
-        assert_no_trace(run)
+        assert_no_trace(run, since)
         return done
 
     def drain_and_check(self) -> None:
@@ -151,8 +153,9 @@ TRACE_MARKERS = (
 )
 
 
-def assert_no_trace(run: DemoRun) -> None:
-    text = run.log.read_text(errors="replace")
+def assert_no_trace(run: DemoRun, since: int = 0) -> None:
+    """No stack trace in the job's console from byte *since* on."""
+    text = run.log.read_bytes()[since:].decode(errors="replace")
     found = [m for m in TRACE_MARKERS if m in text]
     assert not found, f"{found} in the job's console:\n{run.tail(80)}"
 
@@ -212,44 +215,41 @@ def restarts_of(run: DemoRun) -> int:
 # -- processes dying -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fault", [faults.Fault.SOURCE_RUNNER, faults.Fault.SOURCE_READ])
-def test_killed_source_runner_or_python_worker_restarts_from_the_checkpoint(
-    job: Job, fault: faults.Fault
-) -> None:
-    """The Python streaming source runner (``latestOffset``) or a Python worker running
-    ``read()`` dies: the query fails, the pipeline restarts it in-process from the latest
-    completed checkpoint — operator state, channel positions, sink — although the dead run
-    had processed rows past it."""
+def test_killed_source_runner_and_python_worker_restart_from_the_checkpoint(job: Job) -> None:
+    """The Python streaming source runner (``latestOffset``) dies, and later a Python worker
+    running ``read()``: each time the query fails and the pipeline restarts it in-process
+    from the latest completed checkpoint — operator state, channel positions, sink —
+    although the dead run had processed rows past it."""
     run = job.start()
-    before = job.wait_processed_past_checkpoint(run)
-    faults.arm(job.root, fault, faults.Action.KILL)
-    job.wait_hits(run, fault, 1)
-    job.feed.append(300)
-    job.wait_checkpoint_after(run, before)
+    kills = (faults.Fault.SOURCE_RUNNER, faults.Fault.SOURCE_READ)
+    for fault in kills:
+        before = job.wait_processed_past_checkpoint(run)
+        faults.arm(job.root, fault, faults.Action.KILL)
+        job.wait_hits(run, fault, 1)
+        job.feed.append(300)
+        job.wait_checkpoint_after(run, before)
     job.feed.append(300)
     job.stop(run)
-    assert restarts_of(run) == 1, run.tail()
+    assert restarts_of(run) == len(kills), run.tail()
     job.drain_and_check()
 
 
 # -- failures raised in the job ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("fault", "error"),
-    [(faults.Fault.OPERATOR, "operator"), (faults.Fault.SINK_COMMIT, "store")],
-)
-def test_a_failure_once_is_mended_by_one_restart(job: Job, fault: faults.Fault, error: str) -> None:
-    """A user operator raises once, or the coordinator's thread fails once (its global Delta
-    commit raises after the checkpoint completed): one restart, exactly-once output."""
+def test_a_failure_once_is_mended_by_one_restart(job: Job) -> None:
+    """A user operator raises once, and later the coordinator's thread fails once (its global
+    Delta commit raises after the checkpoint completed): one restart each, exactly-once."""
     run = job.start()
-    before = job.wait_processed_past_checkpoint(run)
-    faults.arm(job.root, fault, faults.Action.RAISE, error=error)
-    job.wait_hits(run, fault, 1)
-    job.feed.append(300)
-    job.wait_checkpoint_after(run, before)
+    cases = ((faults.Fault.OPERATOR, "operator"), (faults.Fault.SINK_COMMIT, "store"))
+    for fault, error in cases:
+        before = job.wait_processed_past_checkpoint(run)
+        faults.arm(job.root, fault, faults.Action.RAISE, error=error)
+        job.wait_hits(run, fault, 1)
+        job.feed.append(300)
+        job.wait_checkpoint_after(run, before)
     job.stop(run)
-    assert restarts_of(run) == 1, run.tail()
+    assert restarts_of(run) == len(cases), run.tail()
     job.drain_and_check()
 
 
@@ -386,11 +386,7 @@ def test_a_second_driver_fences_the_first_and_output_stays_exactly_once(job: Job
 
 @pytest.mark.parametrize(
     ("retention", "savepoint", "kept"),
-    [
-        ("RETAIN_ON_CANCELLATION", False, True),
-        ("DELETE_ON_CANCELLATION", False, False),
-        ("DELETE_ON_CANCELLATION", True, False),
-    ],
+    [("RETAIN_ON_CANCELLATION", False, True), ("DELETE_ON_CANCELLATION", True, False)],
 )
 def test_cli_stop_ends_the_job_and_applies_externalized_retention(
     job: Job, retention: str, savepoint: bool, kept: bool
@@ -446,8 +442,7 @@ def damage_blob_of(root: Path, checkpoint_id: int, how: str) -> str:
     raise AssertionError(f"no blob of checkpoint {checkpoint_id} under {table_dir}")
 
 
-@pytest.mark.parametrize("how", ["flip", "delete"])
-def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(job: Job, how: str) -> None:
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(job: Job) -> None:
     """The latest checkpoint's state is damaged after the job stopped: the next run reports
     it by id, restores the previous retained checkpoint, rolls the output back to it (its
     output was committed) and replays: exactly-once."""
@@ -457,7 +452,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(job: Job, ho
     job.stop(run)
     store = DeltaCheckpointStore(job.root)
     *_, previous, latest = store.list_completed()
-    damage_blob_of(job.args.root, latest.checkpoint_id, how)
+    damage_blob_of(job.args.root, latest.checkpoint_id, "flip")  # a missing file: store tests
     job.feed.append(300)
     resumed = job.start(available_now=True)
     assert resumed.wait(FINAL_RUN_TIMEOUT_S) == 0, resumed.tail()
