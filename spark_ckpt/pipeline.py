@@ -611,22 +611,23 @@ class Pipeline:
         return self.store.list_completed()
 
 
-_PYTHON_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception|Exit)): (.*)$")
+#: The last line of a Python traceback: ``module.path.ErrorName: message``.
+_PYTHON_ERROR = re.compile(r"^((?:[a-z_]\w*\.)*)([A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*): (.*)$")
 
 
 def _failure_summary(error: BaseException, limit: int = 500) -> str:
-    """The user-facing cause of a failed query: the last Python exception line in Spark's
-    message (a foreachBatch or data source error carries the Python traceback), else its
-    first line."""
+    """The user-facing cause of a failed query, from Spark's message (a foreachBatch or
+    data source error carries the Python traceback): the last error of spark-ckpt's own
+    (``spark_ckpt.*``: what a user operator's failure or an injected fault is wrapped in is
+    not, so the last Python error line otherwise), else the message's first line."""
     text = str(error)
-    causes = [m for line in text.splitlines() if (m := _PYTHON_ERROR.match(line))]
-    python = [m for m in causes if m.group(1) not in ("StreamingQueryException",)]
-    summary = (
-        f"{python[-1].group(1)}: {python[-1].group(2)}"
-        if python
-        else (text.splitlines()[0] if text else repr(error))
-    )
-    return summary[:limit]
+    lines = [m for line in text.splitlines() if (m := _PYTHON_ERROR.match(line))]
+    ours = [m for m in lines if m.group(1).startswith("spark_ckpt.")]
+    python = [m for m in lines if not m.group(1).startswith(("org.", "java.", "scala."))]
+    candidates = ours or python
+    if not candidates:
+        return (text.splitlines()[0] if text else repr(error))[:limit]
+    return f"{candidates[-1].group(2)}: {candidates[-1].group(3)}"[:limit]
 
 
 class _Interrupts:
