@@ -384,7 +384,7 @@ class Pipeline:
 
         tracker = RestartTracker(self.config.restart_strategy, SystemClock())
         deadline = None if duration_s is None else time.monotonic() + duration_s
-        seen = max((c.checkpoint_id for c in self.store.list_completed()), default=0)
+        reporter = _Reporter(self, on_checkpoint)
         restored: list[int | None] = []
         failures: list[str] = []
         attempt = 0
@@ -408,8 +408,8 @@ class Pipeline:
                     attempt - 1, last, StopReason.INTERRUPT, tuple(restored), tuple(failures)
                 )
             try:
-                reason, last, seen = self._supervise(
-                    run, deadline, seen, on_checkpoint, poll_s, interrupts.requested
+                reason, last = self._supervise(
+                    run, deadline, reporter, poll_s, interrupts.requested
                 )
             except KeyboardInterrupt:
                 last = self._stop_quietly(run)
@@ -443,50 +443,34 @@ class Pipeline:
                 continue
             restored.append(run.restored_from)
             run.retire()
-            self._report(seen, on_checkpoint)
+            reporter.report()
             return RunResult(attempt - 1, last, reason, tuple(restored), tuple(failures))
 
     def _supervise(
         self,
         run: PipelineRun,
         deadline: float | None,
-        seen: int,
-        on_checkpoint: Callable[[CompletedCheckpoint], None] | None,
+        reporter: _Reporter,
         poll_s: float,
         interrupted: threading.Event,
-    ) -> tuple[StopReason, CompletedCheckpoint | None, int]:
+    ) -> tuple[StopReason, CompletedCheckpoint | None]:
         """Watch one run until it ends or is stopped; raises what failed its query."""
         query = run.query
         while query.isActive:
             if interrupted.is_set():
-                return StopReason.INTERRUPT, self._stop_quietly(run), seen
+                return StopReason.INTERRUPT, self._stop_quietly(run)
             query.awaitTermination(poll_s)  # type: ignore[arg-type]  # float seconds work
-            for cp in self._new_checkpoints(seen):
-                seen = cp.checkpoint_id
-                if on_checkpoint is not None:
-                    on_checkpoint(cp)
+            for cp in reporter.report():
                 if STOP in cp.properties and cp.properties.get(RUN) == run.run_id:
                     # a stop request from outside (CLI): its final checkpoint completed
                     self._finish_stop(run, cp, str(cp.properties.get(REQUEST_ID)))
-                    return StopReason.STOP, cp, seen
+                    return StopReason.STOP, cp
             if deadline is not None and time.monotonic() >= deadline:
-                return StopReason.DURATION, self._stop_quietly(run), seen
+                return StopReason.DURATION, self._stop_quietly(run)
         query.awaitTermination()  # raises if it failed
         run.function.drain()
         run.report(RunState.FINISHED, restored_from=run.restored_from)
-        return StopReason.FINISHED, self.store.latest_completed(), seen
-
-    def _new_checkpoints(self, seen: int) -> list[CompletedCheckpoint]:
-        return [c for c in self.store.list_completed() if c.checkpoint_id > seen]
-
-    def _report(
-        self, seen: int, on_checkpoint: Callable[[CompletedCheckpoint], None] | None
-    ) -> int:
-        for cp in self._new_checkpoints(seen):
-            seen = cp.checkpoint_id
-            if on_checkpoint is not None:
-                on_checkpoint(cp)
-        return seen
+        return StopReason.FINISHED, self.store.latest_completed()
 
     def _fatal(self, run: PipelineRun) -> str | None:
         """Why *run* failed beyond what a restart can mend: its coordinator said so
@@ -628,6 +612,28 @@ def _failure_summary(error: BaseException, limit: int = 500) -> str:
     if not candidates:
         return (text.splitlines()[0] if text else repr(error))[:limit]
     return f"{candidates[-1].group(2)}: {candidates[-1].group(3)}"[:limit]
+
+
+class _Reporter:
+    """Hands each newly completed checkpoint to ``on_checkpoint`` once, across runs."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        on_checkpoint: Callable[[CompletedCheckpoint], None] | None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.on_checkpoint = on_checkpoint
+        self.seen = max((c.checkpoint_id for c in pipeline.store.list_completed()), default=0)
+
+    def report(self) -> list[CompletedCheckpoint]:
+        """The checkpoints completed since the last call (oldest first), reported."""
+        new = [c for c in self.pipeline.store.list_completed() if c.checkpoint_id > self.seen]
+        for cp in new:
+            self.seen = cp.checkpoint_id
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(cp)
+        return new
 
 
 class _Interrupts:

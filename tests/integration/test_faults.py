@@ -114,6 +114,12 @@ class Job:
             self.feed.append(50)
             time.sleep(0.5)
 
+    def wait_restarted(self, run: DemoRun, restarts: int) -> None:
+        """Wait until the job reported its *restarts*-th failed run and a checkpoint of the
+        next run completed: the fault's consequences are over."""
+        self.wait(run, f"failed run {restarts}", lambda: f"run {restarts} failed" in run.tail(400))
+        self.wait_checkpoint_after(run, self.latest_id())
+
     def feed_until_exit(self, run: DemoRun) -> int:
         """Feed input until the job exits on its own; returns its exit status."""
         deadline = time.monotonic() + STEP_TIMEOUT_S
@@ -222,12 +228,12 @@ def test_killed_source_runner_and_python_worker_restart_from_the_checkpoint(job:
     although the dead run had processed rows past it."""
     run = job.start()
     kills = (faults.Fault.SOURCE_RUNNER, faults.Fault.SOURCE_READ)
-    for fault in kills:
-        before = job.wait_processed_past_checkpoint(run)
+    for restarts, fault in enumerate(kills, 1):
+        job.wait_processed_past_checkpoint(run)
         faults.arm(job.root, fault, faults.Action.KILL)
         job.wait_hits(run, fault, 1)
         job.feed.append(300)
-        job.wait_checkpoint_after(run, before)
+        job.wait_restarted(run, restarts)
     job.feed.append(300)
     job.stop(run)
     assert restarts_of(run) == len(kills), run.tail()
@@ -242,12 +248,12 @@ def test_a_failure_once_is_mended_by_one_restart(job: Job) -> None:
     Delta commit raises after the checkpoint completed): one restart each, exactly-once."""
     run = job.start()
     cases = ((faults.Fault.OPERATOR, "operator"), (faults.Fault.SINK_COMMIT, "store"))
-    for fault, error in cases:
-        before = job.wait_processed_past_checkpoint(run)
+    for restarts, (fault, error) in enumerate(cases, 1):
+        job.wait_processed_past_checkpoint(run)
         faults.arm(job.root, fault, faults.Action.RAISE, error=error)
         job.wait_hits(run, fault, 1)
         job.feed.append(300)
-        job.wait_checkpoint_after(run, before)
+        job.wait_restarted(run, restarts)
     job.stop(run)
     assert restarts_of(run) == len(cases), run.tail()
     job.drain_and_check()
@@ -334,7 +340,7 @@ def test_malformed_mailbox_files_are_set_aside_and_never_fail_a_restart(job: Job
     (mailbox / "00000000000000000004-again.json").write_text("[1, 2")
     faults.arm(job.root, faults.Fault.SOURCE_RUNNER, faults.Action.KILL)  # a restart
     job.wait_hits(run, faults.Fault.SOURCE_RUNNER)
-    job.wait_checkpoint_after(run, job.latest_id())
+    job.wait_restarted(run, 1)
     assert "00000000000000000004-again.json" in {p.name for p in (mailbox / "_rejected").iterdir()}
     job.stop(run)
     assert restarts_of(run) == 1, run.tail()
