@@ -47,6 +47,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -636,13 +637,22 @@ def run_mode(
 
 
 def run_chaos(
-    s: Settings, launcher: DemoLauncher, log: Callable[[str], None] = print
+    s: Settings,
+    launcher: DemoLauncher,
+    log: Callable[[str], None] = print,
+    after_mode: Callable[[ChaosResult], object] | None = None,
 ) -> ChaosResult:
     """The chaos run: every mode of *s* in turn, jobs started by *launcher* (whose workdir
-    holds the tables and the jobs' logs). The caller cleans the launcher up."""
+    holds the tables and the jobs' logs); *after_mode* sees the result so far after each
+    mode. The caller cleans the launcher up."""
     rng = random.Random(s.seed)
     plan = schedule(s, rng)
-    return ChaosResult(s, [run_mode(m, plan[m], s, launcher, rng, log) for m in s.modes])
+    result = ChaosResult(s, [])
+    for mode in s.modes:
+        result.modes.append(run_mode(mode, plan[mode], s, launcher, rng, log))
+        if after_mode is not None:
+            after_mode(result)
+    return result
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -784,24 +794,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.monotonic()
     loadavg_start = os.getloadavg()
+
+    def write(result: ChaosResult, complete: bool, survivors: Sequence[int] = ()) -> dict[str, Any]:
+        """The JSON report, rewritten after every mode (a cut-short run keeps its modes)."""
+        rep: dict[str, Any] = {
+            "complete": complete,
+            "machine": machine_info(),
+            "loadavg_start": loadavg_start,
+            "loadavg_end": os.getloadavg(),
+            "elapsed_s": round(time.monotonic() - started, 1),
+            "workdir": str(workdir),
+            **report(result),
+        }
+        if survivors:
+            rep["misses"].append(f"processes outlived their jobs: {list(survivors)}")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rep, indent=2) + "\n")
+        return rep
+
+    # SIGTERM ends the run through the finally below: no job outlives it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     launcher = DemoLauncher(workdir.resolve())
     try:
-        result = run_chaos(s, launcher, log)
+        result = run_chaos(s, launcher, log, after_mode=lambda r: write(r, complete=False))
     finally:
         survivors = launcher.cleanup()
-    rep = {
-        "machine": machine_info(),
-        "loadavg_start": loadavg_start,
-        "loadavg_end": os.getloadavg(),
-        "elapsed_s": round(time.monotonic() - started, 1),
-        "workdir": str(workdir),
-        **report(result),
-    }
-    if survivors:
-        rep["misses"].append(f"processes outlived their jobs: {survivors}")
+    rep = write(result, complete=True, survivors=survivors)
     print(render(rep))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rep, indent=2) + "\n")
     print(f"wrote {args.out} in {rep['elapsed_s']:.0f} s")
     if rep["misses"] or args.keep:
         print(f"job logs and tables kept in {workdir}")

@@ -106,12 +106,14 @@ def arm(
     error: str = "store",
 ) -> None:
     """Arm *fault* for the pipeline root *root* (local roots only): it fires on its next
-    *times* hits (:data:`ALWAYS`: every hit). Re-arming resets the count."""
+    *times* hits (:data:`ALWAYS`: every hit). Re-arming resets the count and forgets earlier
+    hit records."""
     directory = _dir(root)
     if directory is None:
         raise SparkCkptError("fail points need a local pipeline root")
     os.makedirs(directory, exist_ok=True)
     disarm(root, fault)
+    _forget_hits(directory, fault)
     tmp = os.path.join(directory, f".{fault.value}.tmp")
     with open(tmp, "w") as f:
         json.dump({"action": action.value, "times": times, "error": error}, f)
@@ -119,12 +121,18 @@ def arm(
 
 
 def disarm(root: str, fault: Fault) -> None:
-    """Remove the marker and the hit records of *fault* (idempotent)."""
+    """Remove the marker of *fault* (idempotent); its hit records stay readable. Records
+    stay so that a process that read the marker just before cannot claim the fault again."""
     directory = _dir(root)
-    if directory is None or not os.path.isdir(directory):
+    if directory is None:
         return
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(directory, f"{fault.value}.json"))
+
+
+def _forget_hits(directory: str, fault: Fault) -> None:
     for name in os.listdir(directory):
-        if name == f"{fault.value}.json" or name.startswith(f"{fault.value}.hit."):
+        if name.startswith(f"{fault.value}.hit."):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(directory, name))
 
