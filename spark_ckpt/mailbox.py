@@ -273,12 +273,17 @@ class Mailbox:
 
     def remove_box(self) -> None:
         """Delete this box with what it holds (a run's box once the run ended). Idempotent."""
-        try:
-            self._fs.delete_dir(self._dir)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise StoreError(f"cannot remove {self._dir}: {e}") from e
+        _remove_dir(self._fs, self._dir)
+
+
+def _remove_dir(fs: pafs.FileSystem, path: str) -> None:
+    """Delete the directory *path* with what it holds; a missing one is fine."""
+    try:
+        fs.delete_dir(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise StoreError(f"cannot remove {path}: {e}") from e
 
 
 def _topology_path(base: str, run_id: str | None) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from .errors import ProtocolError, StoreError
-from .mailbox import RUNS_DIR, _filesystem, _write_atomically
+from .mailbox import RUNS_DIR, _filesystem, _remove_dir, _write_atomically
 
 RESTORE_FILE = "restore.json"
 LEASE_FILE = "lease.json"
@@ -233,12 +233,7 @@ class RunFiles:
 
     def remove(self) -> None:
         """Delete the run's files (idempotent)."""
-        try:
-            self._fs.delete_dir(self._dir)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise StoreError(f"cannot remove {self._dir}: {e}") from e
+        _remove_dir(self._fs, self._dir)
 
 
 
