@@ -798,15 +798,6 @@ class DeltaCheckpointStore(CheckpointStore):
                     "that was never written"
                 )
 
-    def list_completed(self) -> list[CompletedCheckpoint]:
-        """Every committed checkpoint, oldest first, each verified against its checksum
-        (parsed results are cached per table version); the first damaged one raises
-        :class:`CorruptCheckpointError`."""
-        good, bad = self.list_completed_lenient()
-        if bad:
-            raise bad[0]
-        return good
-
     def list_completed_lenient(
         self,
     ) -> tuple[list[CompletedCheckpoint], list[CorruptCheckpointError]]:

@@ -169,26 +169,23 @@ class CheckpointStore(ABC):
     def commit(self, lease: CoordinatorLease, checkpoint: CompletedCheckpoint) -> None:
         """The completion commit. Idempotent per checkpoint id; fenced."""
 
-    @abstractmethod
     def list_completed(self) -> list[CompletedCheckpoint]:
         """Every visible completed checkpoint and savepoint, oldest first. Raises
         :class:`CorruptCheckpointError` if the metadata of any of them fails verification
         (see :meth:`list_completed_lenient` to get the others anyway)."""
+        good, bad = self.list_completed_lenient()
+        if bad:
+            raise bad[0]
+        return good
 
+    @abstractmethod
     def list_completed_lenient(
         self,
     ) -> tuple[list[CompletedCheckpoint], list[CorruptCheckpointError]]:
         """Like :meth:`list_completed`, but a completed checkpoint whose metadata fails
         verification does not hide the others: returns the checkpoints whose metadata
         verifies (oldest first) and one :class:`CorruptCheckpointError` per damaged one
-        (with its ``checkpoint_id``, oldest first). Other store errors propagate.
-
-        This default can only report all-or-nothing (the id of the damaged checkpoint is
-        unknown then); both stores of this package override it."""
-        try:
-            return self.list_completed(), []
-        except CorruptCheckpointError as e:
-            return [], [e]
+        (with its ``checkpoint_id``, oldest first). Other store errors propagate."""
 
     @abstractmethod
     def retain(
@@ -371,12 +368,6 @@ class InMemoryCheckpointStore(CheckpointStore):
                     )
             text = checkpoint.to_json()
             self._completed[checkpoint.checkpoint_id] = (text, checkpoint.checksum())
-
-    def list_completed(self) -> list[CompletedCheckpoint]:
-        good, bad = self.list_completed_lenient()
-        if bad:
-            raise bad[0]
-        return good
 
     def list_completed_lenient(
         self,
