@@ -348,9 +348,8 @@ class Pipeline:
         the last failure. A pipeline taken over by another driver raises
         :class:`~spark_ckpt.errors.PipelineFencedError` at once (no restart)."""
 
-        with _Interrupts() as interrupts:
-            return self._run(
-                interrupts,
+        def start(attempt: int) -> PipelineRun:
+            return self.start(
                 source,
                 operators,
                 output=output,
@@ -359,27 +358,21 @@ class Pipeline:
                 pipelined=pipelined,
                 available_now=available_now,
                 trigger_s=trigger_s,
-                duration_s=duration_s,
-                on_checkpoint=on_checkpoint,
-                poll_s=poll_s,
+                attempt=attempt,
             )
+
+        with _Interrupts() as interrupts:
+            return self._run(start, interrupts, duration_s, on_checkpoint, poll_s)
 
     def _run(
         self,
+        start: Callable[[int], PipelineRun],
         interrupts: _Interrupts,
-        source: Source,
-        operators: Operators,
-        *,
-        output: str,
-        parallelism: int,
-        vertex: str | None,
-        pipelined: bool,
-        available_now: bool,
-        trigger_s: float | None,
         duration_s: float | None,
         on_checkpoint: Callable[[CompletedCheckpoint], None] | None,
         poll_s: float,
     ) -> RunResult:
+        """:meth:`run`'s loop: *start* starts attempt *n* as a new run."""
         from pyspark.errors import StreamingQueryException
 
         tracker = RestartTracker(self.config.restart_strategy, SystemClock())
@@ -391,17 +384,7 @@ class Pipeline:
         while True:
             attempt += 1
             try:
-                run = self.start(
-                    source,
-                    operators,
-                    output=output,
-                    parallelism=parallelism,
-                    vertex=vertex,
-                    pipelined=pipelined,
-                    available_now=available_now,
-                    trigger_s=trigger_s,
-                    attempt=attempt,
-                )
+                run = start(attempt)
             except KeyboardInterrupt:  # Ctrl-C while a run starts: nothing runs yet
                 last = self.store.latest_completed()
                 return RunResult(
