@@ -9,13 +9,16 @@ figure is the median over the repetitions):
    checkpoint every *K* rows, in ``ALIGNED`` and ``UNALIGNED`` mode, versus the same pipeline
    fed the same data rows without barriers. Variants:
 
-   * ``aligner``  — :class:`~spark_ckpt.aligner.BarrierAligner` alone (no operator): the pure
+   * ``aligner``  — :class:`~spark_ckpt.runtime.aligner.BarrierAligner` alone (no operator): the
+   pure
      cost of alignment, a diagnostic (its baseline does almost nothing);
-   * ``pipeline`` — aligner + :class:`~spark_ckpt.operator.RunningCount` on a
-     :class:`~spark_ckpt.state.KeyedStateBackend`; ``Snapshot``/``Complete`` steps are ignored
+   * ``pipeline`` — aligner + :class:`~spark_ckpt.runtime.operator.RunningCount` on a
+     :class:`~spark_ckpt.state.backend.KeyedStateBackend`; ``Snapshot``/``Complete`` steps are
+     ignored
      (alignment overhead only, no state snapshot);
-   * ``task``     — :class:`~spark_ckpt.task.OperatorTask` end to end: synchronous snapshot,
-     state + channel state written into an :class:`~spark_ckpt.store.InMemoryCheckpointStore`
+   * ``task``     — :class:`~spark_ckpt.runtime.task.OperatorTask` end to end: synchronous snapshot,
+     state + channel state written into an
+     :class:`~spark_ckpt.storage.store.InMemoryCheckpointStore`
      (Arrow IPC + SHA-256), acknowledgement, and ``notify_complete`` right after the ack (so
      snapshots are incremental against the previous checkpoint).
 
@@ -52,17 +55,22 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from spark_ckpt.aligner import AlignmentMode, BarrierAligner, Records
-from spark_ckpt.barrier import CheckpointBarrier, SnapshotType
-from spark_ckpt.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.clock import ManualClock
-from spark_ckpt.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId, TaskStateHandle
-from spark_ckpt.keygroup import KeyGroupRange
-from spark_ckpt.operator import RunningCount
-from spark_ckpt.simulation import barrier_table, stream_rows
-from spark_ckpt.state import KeyedStateBackend, ValueStateDescriptor
-from spark_ckpt.store import CheckpointStore, InMemoryCheckpointStore
-from spark_ckpt.task import OperatorTask
+from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
+from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
+from spark_ckpt.protocol.clock import ManualClock
+from spark_ckpt.protocol.handle import (
+    AcknowledgeCheckpoint,
+    DeclineCheckpoint,
+    TaskId,
+    TaskStateHandle,
+)
+from spark_ckpt.runtime.aligner import AlignmentMode, BarrierAligner, Records
+from spark_ckpt.runtime.operator import RunningCount
+from spark_ckpt.runtime.task import OperatorTask
+from spark_ckpt.state.backend import KeyedStateBackend, ValueStateDescriptor
+from spark_ckpt.state.keygroup import KeyGroupRange
+from spark_ckpt.storage.store import CheckpointStore, InMemoryCheckpointStore
+from spark_ckpt.testing.simulation import barrier_table, stream_rows
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "engine.json"
 CHANNELS = 4
@@ -387,7 +395,7 @@ def bench_delta(s: Settings, log: Callable[[str], None]) -> dict[str, Any]:
     """Measurement 3: consecutive checkpoints of one task into a DeltaCheckpointStore: the
     task writes an incremental snapshot (1% churn of ``delta_state_keys`` keys; the first
     checkpoint writes the full state and is not sampled), the coordinator commits it."""
-    from spark_ckpt.delta_store import DeltaCheckpointStore
+    from spark_ckpt.delta.store import DeltaCheckpointStore
 
     writes: list[float] = []
     commits: list[float] = []

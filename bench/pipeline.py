@@ -2,9 +2,9 @@
 
 The workload is the main job's (:mod:`spark_ckpt.demo`): the generator source (``ckpt-source``,
 4 channels, 100k uniform keys) → the foreachBatch aligner (:meth:`Pipeline.prepare
-<spark_ckpt.pipeline.Pipeline.prepare>`, parallelism 2) running
-:class:`~spark_ckpt.operator.RunningCount` → a Delta table with two-phase commit
-(:class:`~spark_ckpt.delta_sink.DeltaSink`), on ``local[2]``, built with the Pipeline API. One
+<spark_ckpt.spark.pipeline.Pipeline.prepare>`, parallelism 2) running
+:class:`~spark_ckpt.runtime.operator.RunningCount` → a Delta table with two-phase commit
+(:class:`~spark_ckpt.delta.sink.DeltaSink`), on ``local[2]``, built with the Pipeline API. One
 SparkSession serves every query; every query gets a fresh temporary root (checkpoint store,
 mailbox, Spark checkpoint location, output table).
 
@@ -84,15 +84,15 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from spark_ckpt.barrier import CHANNEL, CHECKPOINT_ID
-from spark_ckpt.batch_aligner import BatchAligner, collect_arrow
-from spark_ckpt.checkpoint import CompletedCheckpoint
-from spark_ckpt.config import CheckpointConfig
 from spark_ckpt.errors import SparkCkptError
-from spark_ckpt.foreach_batch import ForeachBatchFunction
-from spark_ckpt.mailbox import RequestKind
-from spark_ckpt.operator import RunningCount
-from spark_ckpt.pipeline import Pipeline, PipelineRun
+from spark_ckpt.protocol.barrier import CHANNEL, CHECKPOINT_ID
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.runtime.config import CheckpointConfig
+from spark_ckpt.runtime.operator import RunningCount
+from spark_ckpt.spark.batch_aligner import BatchAligner, collect_arrow
+from spark_ckpt.spark.foreach_batch import ForeachBatchFunction
+from spark_ckpt.spark.mailbox import RequestKind
+from spark_ckpt.spark.pipeline import Pipeline, PipelineRun
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "pipeline.json"
 PIPELINE = "bench"
@@ -1086,11 +1086,12 @@ def bench_lag(spark: Any, s: Settings, log: Callable[[str], None]) -> dict[str, 
 
 def source_cost(s: Settings, rows: int = 400_000, reps: int = 3) -> dict[str, float]:
     """What the source's ``read()`` costs per row without Spark: the generator's rows plus
-    the barrier columns (:func:`~spark_ckpt.channel_batch.channel_rows`), one channel's share
+    the barrier columns (:func:`~spark_ckpt.sources.channel_batch.channel_rows`), one channel's
+    share
     at a time, in this process. Compared with ``toArrow`` it shows how much of that phase is
     generating rows and how much is Spark moving them (executor → JVM → driver)."""
-    from spark_ckpt.channel_batch import channel_rows, stream_schema
-    from spark_ckpt.generator import GENERATOR_SCHEMA, GeneratorSpec
+    from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
+    from spark_ckpt.sources.generator import GENERATOR_SCHEMA, GeneratorSpec
 
     spec = GeneratorSpec(7, s.channels, 0.0, rows, key_cardinality=s.keys)
     schema = stream_schema(GENERATOR_SCHEMA)
@@ -1294,7 +1295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    from spark_ckpt.session import local_session
+    from spark_ckpt.spark.session import local_session
 
     # no progress bars on stderr (read when the JVM starts)
     os.environ.setdefault(

@@ -8,7 +8,7 @@ Data rows before barrier *n* become visible in the table only when checkpoint *n
   Parquet file under the table root (invisible to readers); the commit message lists the
   staged files and the barriers, per channel, in order;
 * ``commit`` (a fresh driver-side process every micro-batch): folds them into the sink's
-  ledger (:mod:`spark_ckpt.sink_ledger`); when every channel delivered barrier *n*, writes the
+  ledger (:mod:`spark_ckpt.sinks.ledger`); when every channel delivered barrier *n*, writes the
   transaction into the checkpoint store and acknowledges *n* to the coordinator (mailbox);
 * the coordinator commits the transaction into the table when *n* completes, in one Delta
   commit with an app transaction (``txn`` appId/version): a replay is a no-op. On restart,
@@ -30,9 +30,9 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from spark_ckpt.barrier import BARRIER_COLUMNS
 from spark_ckpt.errors import ConfigError, ProtocolError
-from spark_ckpt.handle import (
+from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
+from spark_ckpt.protocol.handle import (
     AcknowledgeCheckpoint,
     BlobKind,
     SourceOffset,
@@ -40,12 +40,12 @@ from spark_ckpt.handle import (
     TaskId,
     TaskSnapshot,
 )
-from spark_ckpt.host import SOURCE_TASK
-from spark_ckpt.mailbox import Mailbox, SinkSpec, Topology, read_topology, write_topology
-from spark_ckpt.sink import TRANSACTION_STATE_SCHEMA, Transaction
-from spark_ckpt.sink_ledger import SinkEvent, SinkLedger, split_at_barriers
-from spark_ckpt.source_options import default_root
-from spark_ckpt.task import SINK_TRANSACTIONS, task_state_uid
+from spark_ckpt.runtime.task import SINK_TRANSACTIONS, task_state_uid
+from spark_ckpt.sinks.ledger import SinkEvent, SinkLedger, split_at_barriers
+from spark_ckpt.sinks.sink import TRANSACTION_STATE_SCHEMA, Transaction
+from spark_ckpt.spark.host import SOURCE_TASK
+from spark_ckpt.spark.mailbox import Mailbox, SinkSpec, Topology, read_topology, write_topology
+from spark_ckpt.spark.source_options import default_root
 
 FORMAT = "ckpt-sink"
 _KEYS = frozenset({"pipeline", "path", "store", "uid", "checkpointlocation"})
@@ -98,7 +98,7 @@ class CkptSinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         self.options = options
 
     def _sink(self) -> Any:
-        from spark_ckpt.delta_sink import DeltaSink
+        from spark_ckpt.delta.sink import DeltaSink
 
         return DeltaSink(
             self.options.path, pipeline=self.options.pipeline, sink_uid=self.options.uid
@@ -126,7 +126,7 @@ class CkptSinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Driver, fresh process per batch: fold the batch in; acknowledge ready checkpoints."""
-        from spark_ckpt.delta_store import DeltaCheckpointStore
+        from spark_ckpt.delta.store import DeltaCheckpointStore
 
         path = self._ledger_path()
         ledger = SinkLedger()
@@ -195,11 +195,11 @@ class CkptSink(DataSource):  # type: ignore[misc]
 
 def sink_from_spec(spec: SinkSpec, *, pipeline: str) -> Any:
     """The committer-side sink for a topology's :class:`SinkSpec`: a
-    :class:`~spark_ckpt.delta_sink.DeltaSink` for kind ``delta`` (the foreachBatch aligner's
+    :class:`~spark_ckpt.delta.sink.DeltaSink` for kind ``delta`` (the foreachBatch aligner's
     output) and ``ckpt-sink``."""
     if spec.kind not in ("delta", FORMAT):
         raise ConfigError("sink", spec.kind, f"delta or {FORMAT}")
-    from spark_ckpt.delta_sink import DeltaSink
+    from spark_ckpt.delta.sink import DeltaSink
 
     return DeltaSink(
         spec.path, pipeline=pipeline, sink_uid=spec.sink_uid, storage_options=spec.options or None

@@ -1,8 +1,9 @@
 """``ckpt-source``: a Python streaming DataSource whose rows carry checkpoint barriers.
 
-Every row has the user's columns plus the barrier columns of :mod:`spark_ckpt.barrier`; one
+Every row has the user's columns plus the barrier columns of :mod:`spark_ckpt.protocol.barrier`; one
 input partition per channel, rows in channel order, barrier rows between data rows where the
-source took a trigger. The offsets Spark logs (:class:`~spark_ckpt.stream_offset.StreamOffset`)
+source took a trigger. The offsets Spark logs
+(:class:`~spark_ckpt.sources.stream_offset.StreamOffset`)
 contain the barrier positions, so a replayed micro-batch re-emits identical barriers.
 
 Where the hooks run (see ``docs/spark-notes.md``):
@@ -11,8 +12,8 @@ Where the hooks run (see ``docs/spark-notes.md``):
   here (a :class:`~spark_ckpt.errors.ConfigError` surfaces as an ``AnalysisException``);
 * ``initialOffset``/``latestOffset``/``partitions``/``commit`` — the *source runner*, one
   long-lived driver-side process per query run. The checkpoint coordinator lives here
-  (:class:`~spark_ckpt.host.CoordinatorHost`) on its own thread
-  (:class:`~spark_ckpt.host.HostThread`); ``latestOffset`` takes the barriers it triggered;
+  (:class:`~spark_ckpt.spark.host.CoordinatorHost`) on its own thread
+  (:class:`~spark_ckpt.spark.host.HostThread`); ``latestOffset`` takes the barriers it triggered;
 * ``read`` — executors: regenerates the planned rows and inserts the barrier rows.
 
 ``initialOffset`` (called twice at start; deterministic) rewinds every channel to its barrier
@@ -39,15 +40,15 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_ckpt.barrier import CheckpointBarrier
-from spark_ckpt.channel_batch import channel_rows, stream_schema
-from spark_ckpt.channel_source import ChannelSource, ReadPlan
-from spark_ckpt.clock import SystemClock
-from spark_ckpt.coordinator import CheckpointRequest, RequestStatus
 from spark_ckpt.errors import CheckpointError, ProtocolError
-from spark_ckpt.host import SOURCE_TASK, CoordinatorHost, HostThread
-from spark_ckpt.source_options import SourceOptions
-from spark_ckpt.stream_offset import StreamOffset, fair_limits
+from spark_ckpt.protocol.barrier import CheckpointBarrier
+from spark_ckpt.protocol.clock import SystemClock
+from spark_ckpt.runtime.coordinator import CheckpointRequest, RequestStatus
+from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
+from spark_ckpt.sources.channel_source import ChannelSource, ReadPlan
+from spark_ckpt.sources.stream_offset import StreamOffset, fair_limits
+from spark_ckpt.spark.host import SOURCE_TASK, CoordinatorHost, HostThread
+from spark_ckpt.spark.source_options import SourceOptions
 from spark_ckpt.testing import faults
 
 log = logging.getLogger(__name__)
@@ -58,17 +59,17 @@ FORMAT = "ckpt-source"
 def open_channel_source(options: SourceOptions) -> ChannelSource:
     """The inner source named by the options (driver side)."""
     if options.source == "delta":
-        from spark_ckpt.delta_tail import DeltaTailSource
+        from spark_ckpt.delta.tail import DeltaTailSource
 
         return DeltaTailSource.from_options(options.delta)
-    from spark_ckpt.generator import GeneratorSource
+    from spark_ckpt.sources.generator import GeneratorSource
 
     assert options.generator is not None
     return GeneratorSource(options.generator, SystemClock().now_ms)
 
 
 def open_host(options: SourceOptions) -> CoordinatorHost:
-    from spark_ckpt.delta_store import DeltaCheckpointStore
+    from spark_ckpt.delta.store import DeltaCheckpointStore
 
     from .sink import sink_from_spec
 
@@ -271,7 +272,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
 
 class CkptSource(DataSource):  # type: ignore[misc]
     """``spark.readStream.format("ckpt-source")``; see the module docstring and
-    :mod:`spark_ckpt.source_options` for the options."""
+    :mod:`spark_ckpt.spark.source_options` for the options."""
 
     @classmethod
     def name(cls) -> str:

@@ -14,11 +14,11 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .errors import SparkCkptError
+from spark_ckpt.errors import SparkCkptError
 
 
 def _store(root: str):  # type: ignore[no-untyped-def]
-    from .delta_store import DeltaCheckpointStore
+    from spark_ckpt.delta.store import DeltaCheckpointStore
 
     return DeltaCheckpointStore(root)
 
@@ -50,10 +50,10 @@ def cmd_request(args: argparse.Namespace) -> int:
     acts on it."""
     import uuid
 
-    from .clock import SystemClock
-    from .host import REQUEST_ID
-    from .mailbox import Mailbox, Request, RequestKind
-    from .run import Runs, RunState
+    from spark_ckpt.protocol.clock import SystemClock
+    from spark_ckpt.spark.host import REQUEST_ID
+    from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
+    from spark_ckpt.spark.run import Runs, RunState
 
     kind = RequestKind(args.command)
     request_id = uuid.uuid4().hex
@@ -105,7 +105,7 @@ def cmd_request(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
-        from .demo import main as demo
+        from spark_ckpt.demo import main as demo
 
         return demo(argv[1:])
     p = argparse.ArgumentParser(prog="spark-ckpt", description="Flink-style checkpoints for Spark")

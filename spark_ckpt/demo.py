@@ -19,12 +19,12 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .checkpoint import CompletedCheckpoint
-from .config import CheckpointConfig
-from .errors import PipelineFailedError
-from .operator import KeyedOperator, RunningCount
-from .stream_offset import BarrierPlacement
-from .testing import faults
+from spark_ckpt.errors import PipelineFailedError
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.runtime.config import CheckpointConfig
+from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
+from spark_ckpt.sources.stream_offset import BarrierPlacement
+from spark_ckpt.testing import faults
 
 MODES = ("aligned", "unaligned", "at-least-once", "aligned-timeout")
 
@@ -111,9 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from .pipeline import Pipeline
-    from .session import local_session
-    from .source_options import default_root
+    from spark_ckpt.spark.pipeline import Pipeline
+    from spark_ckpt.spark.session import local_session
+    from spark_ckpt.spark.source_options import default_root
 
     root = os.path.abspath(args.root or default_root(args.pipeline))
     output = os.path.abspath(

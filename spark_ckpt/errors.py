@@ -53,7 +53,7 @@ class CorruptCheckpointError(StoreError):
     reported, never loaded.
 
     ``checkpoint_id``: the completed checkpoint found damaged, when the error is about one
-    (:meth:`~spark_ckpt.store.CheckpointStore.verify` and the listing of damaged metadata
+    (:meth:`~spark_ckpt.storage.store.CheckpointStore.verify` and the listing of damaged metadata
     always set it); ``None`` when the error concerns data not attributed to a checkpoint
     (for example one blob read on its own)."""
 

@@ -55,10 +55,10 @@ from typing import Any, cast
 
 import pyarrow as pa
 
-from ..errors import SparkCkptError, StoreError
-from ..operator import KeyedOperator
-from ..state import KeyedStateBackend
-from ..store import CheckpointStore
+from spark_ckpt.errors import SparkCkptError, StoreError
+from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.storage.store import CheckpointStore
 
 #: The environment variable that switches fail points on.
 ENV = "SPARK_CKPT_FAULTS"

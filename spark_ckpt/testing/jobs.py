@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..generator import GeneratorSpec
-from . import faults
+from spark_ckpt.sources.generator import GeneratorSpec
+from spark_ckpt.testing import faults
 
 #: How long to wait for killed processes to disappear before declaring them orphaned.
 REAP_TIMEOUT_S = 60.0

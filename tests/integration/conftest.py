@@ -1,12 +1,12 @@
 """Shared fixtures and helpers of the Spark integration tests.
 
 * ``spark`` — one local SparkSession for the whole test session
-  (:func:`spark_ckpt.session.local_session`: ``local[2]``, 2 shuffle partitions, UI off).
+  (:func:`spark_ckpt.spark.session.local_session`: ``local[2]``, 2 shuffle partitions, UI off).
 * ``demo`` — runs the main job (``python -m spark_ckpt.demo``) in subprocesses, each in a
   session of its own so that a kill takes its JVM and Spark's Python workers along; at
   teardown every such process must be gone (no orphaned JVMs).
 * Oracles independent of the code under test: :func:`generated_keys` (the generator's input,
-  re-read from :class:`~spark_ckpt.generator.GeneratorSpec`), :func:`running_count_rows` (a
+  re-read from :class:`~spark_ckpt.sources.generator.GeneratorSpec`), :func:`running_count_rows` (a
   plain fold), and :func:`read_delta` (a second Delta reader: a replay of ``_delta_log``
   with pyarrow, neither deltalake nor spark-ckpt).
 """
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_ckpt.generator import GeneratorSpec
+from spark_ckpt.sources.generator import GeneratorSpec
 from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import (  # noqa: F401 - re-exported for the tests
     FAST_JVM_OPTIONS,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 def spark() -> Iterator[SparkSession]:
     """A local SparkSession shared by the whole test session (``local[2]``, 2 shuffle
     partitions, UI off); stopped at the end."""
-    from spark_ckpt.session import local_session
+    from spark_ckpt.spark.session import local_session
 
     os.environ[faults.ENV] = "1"  # before the JVM starts: its Python workers inherit it
     session = local_session("spark-ckpt-tests")

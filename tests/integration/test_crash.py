@@ -44,9 +44,9 @@ from conftest import (
     running_count_rows,
 )
 
-from spark_ckpt.checkpoint import CompletedCheckpoint
-from spark_ckpt.delta_store import DeltaCheckpointStore
-from spark_ckpt.host import STOP
+from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.spark.host import STOP
 from spark_ckpt.testing import faults
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -250,11 +250,11 @@ def test_available_now_after_restore_requests_final_checkpoint(tmp_path: Path) -
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
     from datasources.source import CkptSource, CkptStreamReader
-    from spark_ckpt.barrier import SnapshotType
-    from spark_ckpt.checkpoint import CheckpointStats
-    from spark_ckpt.handle import SourceOffset, TaskId, TaskSnapshot
-    from spark_ckpt.mailbox import Topology, write_topology
-    from spark_ckpt.stream_offset import StreamOffset
+    from spark_ckpt.protocol.barrier import SnapshotType
+    from spark_ckpt.protocol.checkpoint import CheckpointStats
+    from spark_ckpt.protocol.handle import SourceOffset, TaskId, TaskSnapshot
+    from spark_ckpt.sources.stream_offset import StreamOffset
+    from spark_ckpt.spark.mailbox import Topology, write_topology
 
     root = str(tmp_path / "root")
     store = DeltaCheckpointStore(root)

@@ -33,7 +33,7 @@ import pytest
 from conftest import output_rows, read_delta, running_count_rows
 from deltalake import write_deltalake
 
-from spark_ckpt.delta_store import DeltaCheckpointStore
+from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher, DemoRun
 
@@ -355,7 +355,7 @@ def test_a_stop_whose_client_gave_up_is_not_executed_by_a_later_run(job: Job) ->
     gave_up = cli("stop", "--root", job.root, "--timeout", "2")
     assert gave_up.returncode == 1 and gave_up.stderr.count("\n") == 1, gave_up.stderr
     assert "error: no answer to the stop request" in gave_up.stderr
-    from spark_ckpt.mailbox import Mailbox, Request, RequestKind
+    from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
 
     Mailbox(job.root).post(Request("left-behind", RequestKind.STOP, expires_ms=1))
     run = job.start()

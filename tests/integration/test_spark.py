@@ -26,15 +26,15 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from spark_ckpt.barrier import BARRIER_COLUMNS, SnapshotType
-from spark_ckpt.config import CheckpointConfig
-from spark_ckpt.delta_store import DeltaCheckpointStore
+from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.errors import ConfigError
-from spark_ckpt.generator import GeneratorSpec
-from spark_ckpt.host import STOP
-from spark_ckpt.operator import RunningCount
-from spark_ckpt.pipeline import Pipeline
-from spark_ckpt.state import restore_backends
+from spark_ckpt.protocol.barrier import BARRIER_COLUMNS, SnapshotType
+from spark_ckpt.runtime.config import CheckpointConfig
+from spark_ckpt.runtime.operator import RunningCount
+from spark_ckpt.sources.generator import GeneratorSpec
+from spark_ckpt.spark.host import STOP
+from spark_ckpt.spark.pipeline import Pipeline
+from spark_ckpt.state.backend import restore_backends
 from spark_ckpt.testing import faults
 
 if TYPE_CHECKING:

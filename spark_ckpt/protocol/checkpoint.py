@@ -1,0 +1,144 @@
+"""Completed checkpoints: the metadata a checkpoint store commits and restore reads.
+
+Pending checkpoints (still collecting acknowledgements) live in the coordinator
+(:mod:`spark_ckpt.runtime.coordinator`); a :class:`CompletedCheckpoint` is immutable and has an
+explicit, canonical JSON encoding, which is what the store persists and checksums.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_ckpt.errors import CorruptCheckpointError
+from spark_ckpt.protocol.barrier import SnapshotType
+from spark_ckpt.protocol.handle import (
+    BlobRef,
+    CheckpointMetrics,
+    SourceOffset,
+    TaskId,
+    TaskStateHandle,
+)
+
+
+@dataclass(frozen=True)
+class CheckpointStats:
+    """Statistics of one completed checkpoint (ms / bytes)."""
+
+    trigger_ms: int
+    completed_ms: int
+    state_bytes: int = 0
+    bytes_written: int = 0
+    channel_state_bytes: int = 0
+    task_metrics: Mapping[str, CheckpointMetrics] = field(default_factory=dict)
+
+    @property
+    def end_to_end_ms(self) -> int:
+        return self.completed_ms - self.trigger_ms
+
+    @property
+    def max_alignment_ms(self) -> int:
+        return max((m.alignment_ms for m in self.task_metrics.values()), default=0)
+
+    @property
+    def max_start_delay_ms(self) -> int:
+        return max((m.start_delay_ms for m in self.task_metrics.values()), default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trigger_ms": self.trigger_ms,
+            "completed_ms": self.completed_ms,
+            "state_bytes": self.state_bytes,
+            "bytes_written": self.bytes_written,
+            "channel_state_bytes": self.channel_state_bytes,
+            "task_metrics": {k: v.to_dict() for k, v in sorted(self.task_metrics.items())},
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> CheckpointStats:
+        return CheckpointStats(
+            trigger_ms=int(d["trigger_ms"]),
+            completed_ms=int(d["completed_ms"]),
+            state_bytes=int(d.get("state_bytes", 0)),
+            bytes_written=int(d.get("bytes_written", 0)),
+            channel_state_bytes=int(d.get("channel_state_bytes", 0)),
+            task_metrics={
+                k: CheckpointMetrics.from_dict(v) for k, v in d.get("task_metrics", {}).items()
+            },
+        )
+
+
+@dataclass(frozen=True)
+class CompletedCheckpoint:
+    """A checkpoint every task acknowledged. ``tasks`` is sorted by task id."""
+
+    checkpoint_id: int
+    snapshot_type: SnapshotType
+    tasks: tuple[TaskStateHandle, ...]
+    stats: CheckpointStats
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def is_savepoint(self) -> bool:
+        return self.snapshot_type is SnapshotType.SAVEPOINT
+
+    def blobs(self) -> Iterator[BlobRef]:
+        for t in self.tasks:
+            yield from t.blobs
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        """(source, channel) -> offset of the first data record after the barrier."""
+        out: dict[tuple[str, int], int] = {}
+        for t in self.tasks:
+            for o in t.offsets:
+                out[(o.source, o.channel)] = o.offset
+        return out
+
+    def source_offsets(self) -> list[SourceOffset]:
+        return [SourceOffset(s, c, o) for (s, c), o in sorted(self.offsets().items())]
+
+    def handle(self, task: TaskId) -> TaskStateHandle | None:
+        for t in self.tasks:
+            if t.task == task:
+                return t
+        return None
+
+    def operator_blobs(self, operator_uid: str) -> list[BlobRef]:
+        return [b for b in self.blobs() if b.operator_uid == operator_uid]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "checkpoint_id": self.checkpoint_id,
+            "type": self.snapshot_type.value,
+            "tasks": [t.to_dict() for t in self.tasks],
+            "stats": self.stats.to_dict(),
+            "properties": dict(sorted(self.properties.items())),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def checksum(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    @staticmethod
+    def from_json(text: str, expected_checksum: str | None = None) -> CompletedCheckpoint:
+        """Decode metadata; with *expected_checksum*, verify it first."""
+        if expected_checksum is not None:
+            actual = hashlib.sha256(text.encode()).hexdigest()
+            if actual != expected_checksum:
+                raise CorruptCheckpointError("checkpoint metadata fails its checksum")
+        try:
+            d = json.loads(text)
+            return CompletedCheckpoint(
+                checkpoint_id=int(d["checkpoint_id"]),
+                snapshot_type=SnapshotType(d["type"]),
+                tasks=tuple(TaskStateHandle.from_dict(t) for t in d["tasks"]),
+                stats=CheckpointStats.from_dict(d["stats"]),
+                properties={str(k): str(v) for k, v in d.get("properties", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptCheckpointError(f"checkpoint metadata is malformed: {e}") from e

@@ -1,0 +1,629 @@
+"""The checkpoint coordinator: triggers checkpoints, collects acknowledgements, completes or
+aborts them, and commits completed ones into the checkpoint store.
+
+It runs on the driver, single-threaded: every entry point (:meth:`tick`, :meth:`trigger_checkpoint`,
+:meth:`trigger_savepoint`, :meth:`receive_acknowledge`, :meth:`receive_decline`,
+:meth:`shutdown`) is called by one driver loop, and time comes from an injected
+:class:`~spark_ckpt.protocol.clock.Clock` — nothing here sleeps or starts threads. Tasks are reached
+through a :class:`TaskGateway` (in-process in the simulation; through the checkpoint store in
+Spark).
+
+Trigger rules (Flink's ``CheckpointRequestDecider``):
+
+* periodic: due every ``interval_ms`` from :meth:`start`; a due trigger waits while
+  ``max_concurrent`` checkpoints are pending, and — when ``min_pause_ms > 0`` — while any
+  checkpoint is pending or less than ``min_pause_ms`` passed since the last completion; after
+  it fires at *t* the next one is due at *t + interval*;
+* manual checkpoints (:meth:`trigger_checkpoint`) obey the same limits but not the interval;
+  they queue until allowed;
+* savepoints are forced: they ignore min pause and max concurrent, are always aligned and full,
+  and are never subsumed or removed by retention;
+* nothing is triggered after :meth:`shutdown` (:class:`CoordinatorShutdownError`).
+
+Completion: all tasks acknowledged → finalize → commit into the store (fenced) → drop
+subsumed pending checkpoints → retention → notify-complete to every task. Failures (decline,
+timeout, failed commit) abort the checkpoint, notify every task, and count towards
+``tolerable_failed_checkpoints``; exceeding it raises :class:`TolerableFailuresExceededError`.
+Checkpoint ids come from store leases: strictly increasing, never reused, across restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, TypeVar
+
+from spark_ckpt.errors import (
+    CheckpointError,
+    CoordinatorShutdownError,
+    FencedError,
+    StoreError,
+    TolerableFailuresExceededError,
+)
+from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.clock import Clock, SystemClock
+from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
+from spark_ckpt.runtime.config import (
+    CheckpointConfig,
+    CheckpointingMode,
+    ExternalizedCheckpointRetention,
+)
+from spark_ckpt.runtime.failure import CheckpointFailure, CheckpointFailureReason, FailureCounter
+from spark_ckpt.runtime.pending import AckResult, PendingCheckpoint
+from spark_ckpt.storage.store import CheckpointStore, CoordinatorLease
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+class TaskGateway(Protocol):
+    """How the coordinator reaches tasks. Implementations must not call back into the
+    coordinator synchronously."""
+
+    def trigger(self, task: TaskId, barrier: CheckpointBarrier) -> None: ...
+
+    def notify_complete(self, task: TaskId, checkpoint_id: int) -> None: ...
+
+    def notify_aborted(self, task: TaskId, checkpoint_id: int, reason: str) -> None: ...
+
+
+class JobStatus(StrEnum):
+    """How the job ended, for externalized-checkpoint retention on :meth:`shutdown`."""
+
+    FINISHED = "finished"
+    CANCELED = "canceled"
+    FAILED = "failed"
+    SUSPENDED = "suspended"
+
+
+class CoordinatorStatus(StrEnum):
+    CREATED = "created"
+    RUNNING = "running"
+    SHUT_DOWN = "shut_down"
+    FAILED = "failed"  # tolerable failures exceeded, or fenced out
+
+
+class RequestStatus(StrEnum):
+    QUEUED = "queued"
+    TRIGGERED = "triggered"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+@dataclass
+class CheckpointRequest:
+    """A manual checkpoint or savepoint request; its fields fill in as it progresses."""
+
+    snapshot_type: SnapshotType
+    forced: bool
+    properties: dict[str, str] = field(default_factory=dict)
+    final: bool = False
+    status: RequestStatus = RequestStatus.QUEUED
+    checkpoint_id: int | None = None
+    completed: CompletedCheckpoint | None = None
+    failure: CheckpointFailure | None = None
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One finished checkpoint, for statistics and progress reporting."""
+
+    checkpoint_id: int
+    snapshot_type: SnapshotType
+    trigger_ms: int
+    end_ms: int
+    completed: CompletedCheckpoint | None = None
+    failure: CheckpointFailure | None = None
+
+    @property
+    def duration_ms(self) -> int:
+        return self.end_ms - self.trigger_ms
+
+
+# Which job end discards retained checkpoints, per externalized retention (Flink's
+# CheckpointProperties: discardFinished / discardCancelled / discardFailed / discardSuspended).
+_DISCARD_ON: dict[ExternalizedCheckpointRetention, frozenset[JobStatus]] = {
+    ExternalizedCheckpointRetention.NO_EXTERNALIZED_CHECKPOINTS: frozenset(JobStatus),
+    ExternalizedCheckpointRetention.DELETE_ON_CANCELLATION: frozenset(
+        {JobStatus.FINISHED, JobStatus.CANCELED}
+    ),
+    ExternalizedCheckpointRetention.RETAIN_ON_CANCELLATION: frozenset(),
+}
+
+
+def discards_checkpoints(retention: ExternalizedCheckpointRetention, status: JobStatus) -> bool:
+    """Whether a job ending with *status* discards its retained checkpoints (never its
+    savepoints) under *retention*. Unlike Flink, RETAIN_ON_CANCELLATION keeps them even when
+    the job finished."""
+    return status in _DISCARD_ON[retention]
+
+
+#: How long retention waits after a failed attempt before it tries again.
+RETENTION_RETRY_MS = 5_000
+
+_DECLINE_REASONS = frozenset(
+    {
+        CheckpointFailureReason.DECLINED,
+        CheckpointFailureReason.SUBSUMED,
+        CheckpointFailureReason.CANCELLED,
+    }
+)
+
+
+#: Default of ``CheckpointCoordinator(garbage_every=...)``: unreferenced blobs are collected
+#: at every 8th retention (about every 8 s with checkpoints every second).
+DEFAULT_GARBAGE_EVERY = 8
+
+
+class CheckpointCoordinator:
+    """See the module docstring. Not thread-safe: drive it from one loop."""
+
+    HISTORY_SIZE = 100
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        store: CheckpointStore,
+        gateway: TaskGateway,
+        *,
+        tasks_to_trigger: Sequence[TaskId],
+        tasks_to_ack: Sequence[TaskId],
+        tasks_to_commit: Sequence[TaskId] | None = None,
+        clock: Clock | None = None,
+        defer_after_completion: bool = False,
+        garbage_every: int = DEFAULT_GARBAGE_EVERY,
+    ) -> None:
+        """*defer_after_completion*: a completion only commits the checkpoint and notifies
+        the tasks; the next periodic trigger waits for :meth:`tick` and retention for
+        :meth:`maintain`. For a host whose triggers must coincide with barrier injection and
+        whose retention must not delay it (:class:`~spark_ckpt.spark.host.HostThread`).
+
+        *garbage_every*: retention removes subsumed checkpoints at every completion but
+        collects the blobs no kept checkpoint references only every *garbage_every*-th time
+        (and after a final checkpoint): on a durable store each collection is a scan and a
+        copy-on-write delete per state table, a fixed cost that need not be paid every
+        second. Unreferenced blobs are invisible; they only occupy storage meanwhile."""
+        if garbage_every < 1:
+            raise CheckpointError(f"garbage_every must be >= 1, got {garbage_every}")
+        if not tasks_to_trigger or not tasks_to_ack:
+            raise CheckpointError("a checkpointed job needs tasks to trigger and to acknowledge")
+        self.config = config
+        self.store = store
+        self.gateway = gateway
+        self.clock: Clock = clock or SystemClock()
+        self.tasks_to_trigger = tuple(tasks_to_trigger)
+        self.tasks_to_ack = frozenset(tasks_to_ack)
+        self.tasks_to_commit = tuple(
+            tasks_to_commit
+            if tasks_to_commit is not None
+            else sorted(set(tasks_to_trigger) | set(tasks_to_ack))
+        )
+        self.status = CoordinatorStatus.CREATED
+        self._lease: CoordinatorLease = store.acquire()
+        self._next_id = self._lease.first_id
+        self._pending: dict[int, PendingCheckpoint] = {}
+        self._requests_by_id: dict[int, CheckpointRequest] = {}
+        self._queue: deque[CheckpointRequest] = deque()
+        self._finished_ids: set[int] = set()
+        self._failures = FailureCounter(config.tolerable_failed_checkpoints)
+        self._next_periodic_ms: int | None = None
+        self._last_completion_ms: int | None = None
+        self.defer_after_completion = defer_after_completion
+        self._retention_due = False
+        self._retention_retry_ms = 0  # no retention attempt before this time (backoff)
+        self.garbage_every = garbage_every
+        self._retentions = 0
+        self._collect_now = False
+        # per task: the oldest checkpoint its incremental snapshots may still build on
+        # (AcknowledgeCheckpoint.base_checkpoint_id); until a task reports, the checkpoint
+        # it restored from
+        restored = store.latest_completed()
+        self._bases: dict[TaskId, int] = (
+            {t: restored.checkpoint_id for t in self.tasks_to_ack} if restored else {}
+        )
+        self.history: deque[HistoryEntry] = deque(maxlen=self.HISTORY_SIZE)
+        self.num_triggered = 0
+        self.num_completed = 0
+        self.num_failed = 0
+        self.failure_cause: Exception | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._lease.epoch
+
+    def restored_from(self, checkpoint: CompletedCheckpoint | None) -> None:
+        """The job restored from *checkpoint* (by default assumed to be the latest completed
+        one): until a task reports its own incremental base, retention keeps everything
+        from there. Call before :meth:`start`."""
+        self._bases = (
+            {t: checkpoint.checkpoint_id for t in self.tasks_to_ack} if checkpoint else {}
+        )
+
+    def start(self) -> None:
+        """Start periodic triggering (if an interval is configured)."""
+        self._ensure_running(allow_created=True)
+        self.status = CoordinatorStatus.RUNNING
+        if self.config.interval_ms is not None:
+            self._next_periodic_ms = self.clock.now_ms() + self.config.interval_ms
+
+    def stop_periodic_trigger(self) -> None:
+        """No more periodic checkpoints (before a final checkpoint or stop); manual requests,
+        savepoints and pending checkpoints proceed."""
+        self._next_periodic_ms = None
+
+    def shutdown(self, job_status: JobStatus = JobStatus.SUSPENDED) -> None:
+        """Abort pending checkpoints (not counted as failures) and apply externalized
+        retention for *job_status*. Savepoints are never discarded. Idempotent."""
+        if self.status in (CoordinatorStatus.SHUT_DOWN,):
+            return
+        fenced = self.status is CoordinatorStatus.FAILED and isinstance(
+            self.failure_cause, FencedError
+        )
+        self.status = CoordinatorStatus.SHUT_DOWN
+        self._next_periodic_ms = None
+        for p in list(self._pending.values()):
+            self._abort(
+                p,
+                CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.COORDINATOR_SHUTDOWN),
+                count=False,
+            )
+        for r in self._queue:
+            r.status = RequestStatus.FAILED
+            r.failure = CheckpointFailure(0, CheckpointFailureReason.COORDINATOR_SHUTDOWN)
+        self._queue.clear()
+        if fenced:
+            return
+        if discards_checkpoints(self.config.externalized_retention, job_status):
+            ids = [c.checkpoint_id for c in self.store.list_completed() if not c.is_savepoint]
+            if ids:
+                self.store.discard(self._lease, ids)
+
+    # -- triggering ------------------------------------------------------------------------
+    def tick(self) -> list[CheckpointBarrier]:
+        """Expire timed-out checkpoints, then trigger what is due and allowed. Returns the
+        barriers sent. Call it regularly from the driver loop."""
+        self._ensure_running()
+        now = self.clock.now_ms()
+        for p in sorted(self._pending.values(), key=lambda p: p.checkpoint_id):
+            if now >= p.deadline_ms:
+                self._abort(
+                    p,
+                    CheckpointFailure(
+                        p.checkpoint_id,
+                        CheckpointFailureReason.EXPIRED,
+                        f"not acknowledged within {self.config.timeout_ms} ms by "
+                        f"{sorted(map(str, p.not_yet_acknowledged))}",
+                    ),
+                )
+        return self._trigger_what_is_allowed()
+
+    def trigger_checkpoint(
+        self, properties: Mapping[str, str] | None = None, *, final: bool = False
+    ) -> CheckpointRequest:
+        """Request a checkpoint now (subject to max concurrent and min pause). *properties*
+        are recorded in the completed checkpoint (e.g. the id of a client's request). A
+        *final* checkpoint (end of input, stop) is always aligned, so it leaves no channel
+        state and commits every output of the input it covers."""
+        return self._request(
+            CheckpointRequest(
+                SnapshotType.CHECKPOINT,
+                forced=False,
+                properties=dict(properties or {}),
+                final=final,
+            )
+        )
+
+    def trigger_savepoint(
+        self, target: str | None = None, properties: Mapping[str, str] | None = None
+    ) -> CheckpointRequest:
+        """Request a savepoint: forced (ignores min pause and max concurrent), aligned, full."""
+        props = dict(properties or {})
+        directory = target or self.config.savepoint_dir
+        if directory:
+            props["savepoint_dir"] = directory
+        return self._request(
+            CheckpointRequest(SnapshotType.SAVEPOINT, forced=True, properties=props)
+        )
+
+    def _request(self, req: CheckpointRequest) -> CheckpointRequest:
+        self._ensure_running()
+        self._queue.append(req)
+        self._trigger_what_is_allowed()
+        return req
+
+    def _may_trigger(self, now: int, forced: bool) -> bool:
+        if forced:
+            return True
+        if len(self._pending) >= self.config.max_concurrent:
+            return False
+        if self.config.min_pause_ms > 0:
+            if self._pending:
+                return False
+            if (
+                self._last_completion_ms is not None
+                and now < self._last_completion_ms + self.config.min_pause_ms
+            ):
+                return False
+        return True
+
+    def _trigger_what_is_allowed(self) -> list[CheckpointBarrier]:
+        sent: list[CheckpointBarrier] = []
+        while self.status is CoordinatorStatus.RUNNING:
+            now = self.clock.now_ms()
+            if self._queue and self._may_trigger(now, self._queue[0].forced):
+                req = self._queue.popleft()
+                sent.append(self._trigger(req.snapshot_type, req))
+                continue
+            due = self._next_periodic_ms is not None and now >= self._next_periodic_ms
+            if due and not self._queue and self._may_trigger(now, False):
+                assert self._next_periodic_ms is not None and self.config.interval_ms is not None
+                self._next_periodic_ms = now + self.config.interval_ms
+                sent.append(self._trigger(SnapshotType.CHECKPOINT, None))
+                continue
+            break
+        return sent
+
+    def _allocate_id(self) -> int:
+        if self._next_id >= self._lease.end_id:
+            self._lease = self._fenced(lambda: self.store.allocate_ids(self._lease))
+            self._next_id = self._lease.first_id
+        cid = self._next_id
+        self._next_id += 1
+        return cid
+
+    def _trigger(
+        self, snapshot_type: SnapshotType, req: CheckpointRequest | None
+    ) -> CheckpointBarrier:
+        now = self.clock.now_ms()
+        cid = self._allocate_id()
+        # with an aligned-checkpoint timeout, checkpoints start aligned and the aligner switches
+        # them after the timeout; without one, unaligned checkpoints are unaligned from the start
+        final = req is not None and req.final
+        unaligned = (
+            self.config.unaligned
+            and self.config.aligned_checkpoint_timeout_ms == 0
+            and self.config.mode is CheckpointingMode.EXACTLY_ONCE
+            and snapshot_type is SnapshotType.CHECKPOINT
+            and not final
+        )
+        barrier = CheckpointBarrier(cid, now, snapshot_type, unaligned, final)
+        pending = PendingCheckpoint(
+            barrier=barrier,
+            tasks_to_ack=self.tasks_to_ack,
+            deadline_ms=now + self.config.timeout_ms,
+            properties=dict(req.properties) if req else {},
+        )
+        self._pending[cid] = pending
+        self.num_triggered += 1
+        if req is not None:
+            req.status = RequestStatus.TRIGGERED
+            req.checkpoint_id = cid
+            self._requests_by_id[cid] = req
+        log.debug("triggering %s %d", snapshot_type.value, cid)
+        for task in self.tasks_to_trigger:
+            self.gateway.trigger(task, barrier)
+        return barrier
+
+    # -- acknowledgements --------------------------------------------------------------------
+    def receive_acknowledge(self, ack: AcknowledgeCheckpoint) -> AckResult:
+        """Record a task's acknowledgement; completes the checkpoint when it is the last one.
+        Acks after shutdown are answered DISCARDED."""
+        pending = self._pending.get(ack.checkpoint_id)
+        if pending is None:
+            return (
+                AckResult.DISCARDED
+                if ack.checkpoint_id in self._finished_ids
+                else AckResult.UNKNOWN
+            )
+        if self.status is not CoordinatorStatus.RUNNING:
+            return AckResult.DISCARDED
+        if ack.base_checkpoint_id is None:
+            self._bases.pop(ack.task, None)  # reuses nothing
+        else:
+            self._bases[ack.task] = max(self._bases.get(ack.task, 0), ack.base_checkpoint_id)
+        result = pending.acknowledge(ack)
+        if result is AckResult.SUCCESS and pending.fully_acknowledged:
+            self._complete(pending)
+        return result
+
+    def receive_decline(self, decline: DeclineCheckpoint) -> None:
+        """A task declined: abort the checkpoint. Counts as a failure unless the task gave it
+        up for a newer checkpoint or a cancel marker (``code`` subsumed/cancelled)."""
+        pending = self._pending.get(decline.checkpoint_id)
+        if pending is None or self.status is not CoordinatorStatus.RUNNING:
+            return
+        try:
+            reason = CheckpointFailureReason(decline.code)
+        except ValueError:
+            reason = CheckpointFailureReason.DECLINED
+        if reason not in _DECLINE_REASONS:
+            reason = CheckpointFailureReason.DECLINED
+        self._abort(
+            pending,
+            CheckpointFailure(
+                decline.checkpoint_id, reason, f"declined by {decline.task}: {decline.reason}"
+            ),
+        )
+
+    def fail_pending(self, reason: str) -> None:
+        """A task failed: abort every pending checkpoint (TASK_FAILURE)."""
+        for p in sorted(self._pending.values(), key=lambda p: p.checkpoint_id):
+            if self.status is CoordinatorStatus.RUNNING:
+                self._abort(
+                    p,
+                    CheckpointFailure(
+                        p.checkpoint_id, CheckpointFailureReason.TASK_FAILURE, reason
+                    ),
+                )
+
+    # -- completion and abort ------------------------------------------------------------------
+    def _complete(self, pending: PendingCheckpoint) -> None:
+        cid = pending.checkpoint_id
+        now = self.clock.now_ms()
+        completed = pending.finalize(now)
+        try:
+            self._fenced(lambda: self.store.commit(self._lease, completed))
+        except FencedError:
+            raise
+        except StoreError as e:
+            self._abort(
+                pending, CheckpointFailure(cid, CheckpointFailureReason.FINALIZE_FAILED, str(e))
+            )
+            return
+        pending.mark_completed()
+        del self._pending[cid]
+        self._finished_ids.add(cid)
+        self._last_completion_ms = now
+        self.num_completed += 1
+        self._failures.on_success()
+        self.history.append(
+            HistoryEntry(cid, completed.snapshot_type, pending.trigger_ms, now, completed=completed)
+        )
+        req = self._requests_by_id.pop(cid, None)
+        if req is not None:
+            req.status = RequestStatus.COMPLETED
+            req.completed = completed
+        if not completed.is_savepoint:
+            for p in sorted(self._pending.values(), key=lambda p: p.checkpoint_id):
+                if p.checkpoint_id < cid and p.snapshot_type is SnapshotType.CHECKPOINT:
+                    self._abort(
+                        p,
+                        CheckpointFailure(
+                            p.checkpoint_id,
+                            CheckpointFailureReason.SUBSUMED,
+                            f"subsumed by checkpoint {cid}",
+                        ),
+                        count=False,
+                    )
+            self._retention_due = True
+            if pending.barrier.final:
+                # the job's last checkpoint: no task snapshots again in this run, so nothing
+                # builds on older checkpoints any more; retain now, before the sink commit
+                # that ends a stop
+                self._bases.clear()
+                self._collect_now = True
+                self.maintain()
+            elif not self.defer_after_completion:
+                self.maintain()
+        for task in self.tasks_to_commit:
+            self.gateway.notify_complete(task, cid)
+        if not self.defer_after_completion:
+            self._trigger_what_is_allowed()
+
+    def maintain(self) -> None:
+        """Apply retention if a completion made it due (see ``defer_after_completion``):
+        keeps the configured number of checkpoints, and every checkpoint from the oldest
+        base a task's incremental snapshots may still build on; collects garbage blobs every
+        ``garbage_every``-th time.
+
+        Retention is housekeeping: a :class:`StoreError` from the store (other than
+        :class:`FencedError`) is logged as a WARNING and retention stays due — garbage
+        collection too, if it was — so a later call retries it, no sooner than
+        :data:`RETENTION_RETRY_MS` after the failure. Checkpoints are never lost by this;
+        old ones only stay longer. A :class:`FencedError` fails the coordinator and propagates."""
+        if not self._retention_due or self.status is not CoordinatorStatus.RUNNING:
+            return
+        if self.clock.now_ms() < self._retention_retry_ms:
+            return  # backing off after a failure (a store outage must not flood the log)
+        self._retention_due = False
+        self._retentions += 1
+        collect = self._collect_now or self._retentions % self.garbage_every == 0
+        self._collect_now = False
+        keep_from = min(self._bases.values(), default=None)
+        try:
+            self._fenced(
+                lambda: self.store.retain(
+                    self._lease,
+                    self.config.retained_checkpoints,
+                    keep_from,
+                    collect_garbage=collect,
+                )
+            )
+        except FencedError:
+            raise
+        except StoreError as e:
+            log.warning("retention failed, retrying in %d ms: %s", RETENTION_RETRY_MS, e)
+            self._retention_due = True
+            self._retention_retry_ms = self.clock.now_ms() + RETENTION_RETRY_MS
+            self._collect_now = self._collect_now or collect
+
+    def _abort(
+        self, pending: PendingCheckpoint, failure: CheckpointFailure, count: bool = True
+    ) -> None:
+        cid = pending.checkpoint_id
+        pending.abort(failure)
+        self._pending.pop(cid, None)
+        self._finished_ids.add(cid)
+        self.num_failed += 1
+        now = self.clock.now_ms()
+        self.history.append(
+            HistoryEntry(cid, pending.snapshot_type, pending.trigger_ms, now, failure=failure)
+        )
+        req = self._requests_by_id.pop(cid, None)
+        if req is not None:
+            req.status = RequestStatus.FAILED
+            req.failure = failure
+        log.info("%s", failure)
+        for task in self.tasks_to_commit:
+            self.gateway.notify_aborted(task, cid, failure.reason.value)
+        if count and pending.snapshot_type is SnapshotType.CHECKPOINT:
+            try:
+                self._failures.on_failure(failure)
+            except TolerableFailuresExceededError as e:
+                self._fail(e)
+                raise
+
+    def _fail(self, cause: Exception) -> None:
+        self.failure_cause = cause
+        self.status = CoordinatorStatus.FAILED
+        self._next_periodic_ms = None
+        for p in list(self._pending.values()):
+            self._abort(
+                p,
+                CheckpointFailure(
+                    p.checkpoint_id, CheckpointFailureReason.COORDINATOR_SHUTDOWN, str(cause)
+                ),
+                count=False,
+            )
+
+    def _fenced(self, op: Callable[[], _T]) -> _T:
+        try:
+            return op()
+        except FencedError as e:
+            if self.status is CoordinatorStatus.RUNNING:
+                self._fail(e)
+            raise
+
+    def _ensure_running(self, allow_created: bool = False) -> None:
+        if self.status is CoordinatorStatus.RUNNING:
+            return
+        if allow_created and self.status is CoordinatorStatus.CREATED:
+            return
+        if self.status is CoordinatorStatus.CREATED:
+            raise CheckpointError("the coordinator was not started")
+        if self.failure_cause is not None:
+            raise CoordinatorShutdownError(
+                f"the coordinator failed: {self.failure_cause}"
+            ) from self.failure_cause
+        raise CoordinatorShutdownError("the coordinator is shut down")
+
+    # -- inspection ------------------------------------------------------------------------
+    @property
+    def pending(self) -> list[PendingCheckpoint]:
+        return sorted(self._pending.values(), key=lambda p: p.checkpoint_id)
+
+    @property
+    def next_periodic_ms(self) -> int | None:
+        return self._next_periodic_ms
+
+    def latest_completed(self) -> CompletedCheckpoint | None:
+        """The checkpoint (or savepoint) a restart restores from."""
+        return self.store.latest_completed()
+
+    def completed_history(self) -> Iterable[HistoryEntry]:
+        return (h for h in self.history if h.completed is not None)

@@ -1,0 +1,402 @@
+"""One parallel instance (subtask) of an operator chain behind a barrier aligner.
+
+The task turns the aligner's steps into work:
+
+* ``Records`` → every operator of the chain in order, output staged into the sink's open
+  transaction;
+* ``Snapshot`` → synchronous phase: each operator's state backend takes its consistent copy,
+  the sink seals the open transaction (``pre_commit``);
+* ``Complete`` → asynchronous phase: state, channel state (unaligned) and the sealed
+  transactions are written to the checkpoint store, then the acknowledgement is sent;
+* ``Abort`` → the snapshot in progress is dropped. Its sealed transaction stays pending and is
+  committed with the next completed checkpoint (nothing is lost).
+
+``notify_complete(n)`` makes *n* the base of the next incremental snapshot and forgets the
+sealed transactions the sink reports committed (the job's global committer commits them; see
+:mod:`spark_ckpt.sinks.sink`). Until then they stay in every checkpoint the task takes.
+
+Tasks run wherever the caller runs them (the driver in the foreachBatch aligner, a simulated
+scheduler in tests) and are single-threaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_ckpt.errors import SparkCkptError
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.clock import Clock
+from spark_ckpt.protocol.handle import (
+    AcknowledgeCheckpoint,
+    BlobKind,
+    BlobRef,
+    CheckpointMetrics,
+    DeclineCheckpoint,
+    SourceOffset,
+    StateBlob,
+    TaskId,
+    TaskSnapshot,
+    TaskStateHandle,
+)
+from spark_ckpt.runtime.aligner import (
+    Abort,
+    AbortReason,
+    AlignmentMode,
+    BarrierAligner,
+    Complete,
+    Records,
+    Snapshot,
+    Step,
+)
+from spark_ckpt.runtime.failure import CheckpointFailureReason
+from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.sinks.sink import TRANSACTION_STATE_SCHEMA, Transaction, TwoPhaseCommitSink
+from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.keygroup import key_groups, range_for_subtask
+from spark_ckpt.storage.store import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+#: State name under which a task keeps its sealed, uncommitted sink transactions.
+SINK_TRANSACTIONS = "_sink_transactions"
+
+
+def task_state_uid(vertex: str) -> str:
+    """The operator uid under which a task's own state (channel state, sink transactions) is
+    stored, kept apart from the uids of its operators."""
+    return f"_task:{vertex}"
+
+
+Response = AcknowledgeCheckpoint | DeclineCheckpoint
+
+
+@dataclass
+class _SnapshotInProgress:
+    snapshots: list[TaskSnapshot]
+    step: Snapshot
+    sync_ms: int
+    base_checkpoint_id: int  # the oldest base the snapshots build on (0: none yet)
+
+
+class OperatorTask:
+    """See the module docstring. ``respond`` receives the task's acks and declines (the
+    coordinator's inbox); it must not call back into the task synchronously.
+
+    *run_async* runs the asynchronous phase of a checkpoint (writing the state, then
+    acknowledging): by default inline, on the task's thread; a
+    :class:`~spark_ckpt.runtime.snapshot_worker.SnapshotWorker`'s ``submit`` moves it to another
+    thread, in which case ``respond`` is called from that thread too."""
+
+    def __init__(
+        self,
+        task_id: TaskId,
+        *,
+        channels: Sequence[int],
+        operators: Sequence[KeyedOperator],
+        parallelism: int,
+        store: CheckpointStore,
+        respond: Callable[[Response], None],
+        clock: Clock,
+        mode: AlignmentMode = AlignmentMode.ALIGNED,
+        aligned_timeout_ms: int = 0,
+        max_parallelism: int = 128,
+        sink: TwoPhaseCommitSink | None = None,
+        source_vertex: str | None = None,
+        run_async: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
+        """*source_vertex*: when the task reads source channels directly (the foreachBatch
+        aligner), its acknowledgements also carry the source positions — each channel's
+        barrier offset — under that vertex name, since the source itself does not ack."""
+        if not operators:
+            raise SparkCkptError("an operator task needs at least one operator")
+        self.task_id = task_id
+        self.operators = tuple(operators)
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.key_group_range = range_for_subtask(max_parallelism, parallelism, task_id.subtask)
+        self.store = store
+        self.sink = sink
+        self.respond = respond
+        self.clock = clock
+        self.aligner = BarrierAligner(channels, mode, clock, aligned_timeout_ms=aligned_timeout_ms)
+        self.backends: dict[str, KeyedStateBackend] = {}
+        for op in self.operators:
+            backend = KeyedStateBackend(
+                op.uid,
+                task_id.subtask,
+                op.key_type,
+                self.key_group_range,
+                max_parallelism,
+                parallelism=parallelism,
+            )
+            op.open(backend)
+            self.backends[op.uid] = backend
+        self._in_progress: dict[int, _SnapshotInProgress] = {}
+        self._sealed: dict[int, Transaction] = {}
+        self._acked: dict[int, TaskStateHandle] = {}
+        self._acked_lock = threading.Lock()  # _acked is written by the asynchronous phase
+        self._run_async = run_async or _run_inline
+        self.rows_processed = 0
+        self.source_vertex = source_vertex
+
+    @property
+    def sink_uid(self) -> str:
+        return self.task_id.vertex
+
+    @property
+    def state_uid(self) -> str:
+        return task_state_uid(self.task_id.vertex)
+
+    # -- restore -----------------------------------------------------------------------------
+    def restore(self, checkpoint: CompletedCheckpoint | None) -> None:
+        """Load this subtask's key groups of every operator's state from *checkpoint* (taken
+        at any parallelism), then replay the in-flight records (unaligned channel state) of
+        those key groups. Sink transactions are recovered by the job, not here
+        (:func:`recover_sink`). Call before the first input."""
+        if checkpoint is None:
+            return
+        for op in self.operators:
+            self.backends[op.uid].restore(checkpoint.operator_blobs(op.uid), self.store.read_blob)
+        channel_refs = sorted(
+            (b for b in checkpoint.operator_blobs(self.state_uid) if b.kind is BlobKind.CHANNEL),
+            key=lambda b: (b.channel, b.subtask),
+        )
+        if channel_refs:
+            first = self.operators[0]
+            tables = self.store.read_blobs(channel_refs)
+            table = pa.concat_tables(tables, promote_options="default")
+            kg = key_groups(table.column(first.key_column), self.max_parallelism)
+            mine = pc.and_(
+                pc.greater_equal(kg, self.key_group_range.start),
+                pc.less_equal(kg, self.key_group_range.end),
+            )
+            self._process_records(table.filter(mine))
+
+    # -- input -------------------------------------------------------------------------------
+    def process(self, batch: pa.Table | pa.RecordBatch) -> None:
+        """Feed one input batch (data and barrier rows of any of the task's channels)."""
+        self._run(self.aligner.process(batch))
+
+    def tick(self) -> None:
+        """Let time-based transitions happen (aligned-checkpoint timeout)."""
+        self._run(self.aligner.tick())
+
+    def end_of_input(self, channel: int, end_offset: int) -> None:
+        self._run(self.aligner.end_of_input(channel, end_offset))
+
+    def _run(self, steps: list[Step]) -> None:
+        for step in steps:
+            if isinstance(step, Records):
+                self._process_records(step.table)
+            elif isinstance(step, Snapshot):
+                self._snapshot(step)
+            elif isinstance(step, Complete):
+                self._complete(step)
+            elif isinstance(step, Abort):
+                self._in_progress.pop(step.checkpoint_id, None)
+                for backend in self.backends.values():
+                    backend.notify_checkpoint_aborted(step.checkpoint_id)
+                if step.reason is not AbortReason.COORDINATOR:
+                    # tell the coordinator at once (Flink's decline on subsumption), instead of
+                    # leaving the checkpoint pending until it times out
+                    code = (
+                        CheckpointFailureReason.SUBSUMED
+                        if step.reason is AbortReason.SUBSUMED
+                        else CheckpointFailureReason.CANCELLED
+                    )
+                    self.respond(
+                        DeclineCheckpoint(
+                            step.checkpoint_id,
+                            self.task_id,
+                            step.message or step.reason.value,
+                            code.value,
+                        )
+                    )
+
+    def _process_records(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        self.rows_processed += table.num_rows
+        out: pa.Table | None = table
+        for op in self.operators:
+            if out is None or out.num_rows == 0:
+                return
+            out = op.process_batch(out, self.backends[op.uid])
+        if out is not None and out.num_rows and self.sink is not None:
+            self.sink.write(self.sink_uid, self.task_id.subtask, out)
+
+    # -- checkpointing -------------------------------------------------------------------------
+    def _snapshot(self, step: Snapshot) -> None:
+        cid = step.checkpoint_id
+        start = self.clock.now_ms()
+        full = step.barrier.is_savepoint
+        # the oldest checkpoint whose blobs this and later snapshots may reuse: bases only
+        # move forward (0: a backend without a base yet, which may adopt any completed one)
+        base = min(self.backends[op.uid].base_checkpoint_id for op in self.operators)
+        snaps = [self.backends[op.uid].snapshot(cid, full=full) for op in self.operators]
+        if self.sink is not None:
+            self._sealed[cid] = self.sink.pre_commit(self.sink_uid, self.task_id.subtask, cid)
+        self._in_progress[cid] = _SnapshotInProgress(snaps, step, self.clock.now_ms() - start, base)
+
+    def _complete(self, step: Complete) -> None:
+        cid = step.checkpoint_id
+        progress = self._in_progress.pop(cid, None)
+        if progress is None:
+            return
+        start = self.clock.now_ms()
+        vertex, subtask = self.state_uid, self.task_id.subtask
+        blobs: list[StateBlob] = []
+        reused: list[BlobRef] = []
+        for snap in progress.snapshots:
+            blobs.extend(snap.new_blobs)
+            reused.extend(snap.reused)
+        for channel, rows in sorted(step.channel_state.items()):
+            if rows.num_rows:
+                blobs.append(
+                    StateBlob(vertex, subtask, BlobKind.CHANNEL, "in_flight", rows, channel=channel)
+                )
+        if self.sink is not None:
+            txns = [t.to_json() for c, t in sorted(self._sealed.items()) if c <= cid]
+            blobs.append(
+                StateBlob(
+                    vertex,
+                    subtask,
+                    BlobKind.OPERATOR,
+                    SINK_TRANSACTIONS,
+                    pa.table({"transaction": txns}, schema=TRANSACTION_STATE_SCHEMA),
+                )
+            )
+        offsets: tuple[SourceOffset, ...] = ()
+        if self.source_vertex is not None:
+            offsets = tuple(
+                SourceOffset(self.source_vertex, c, o)
+                for c, o in sorted(step.barrier_offsets.items())
+            )
+        snapshot = TaskSnapshot(self.task_id, tuple(blobs), tuple(reused), offsets)
+        sync_ms = progress.sync_ms + self.clock.now_ms() - start
+
+        def write_and_acknowledge() -> None:
+            async_start = self.clock.now_ms()
+            try:
+                handle = self.store.write_task_state(cid, snapshot)
+            except SparkCkptError as e:
+                self.respond(DeclineCheckpoint(cid, self.task_id, f"writing state failed: {e}"))
+                return
+            with self._acked_lock:
+                self._acked[cid] = handle
+            metrics = CheckpointMetrics(
+                sync_ms=sync_ms,
+                async_ms=self.clock.now_ms() - async_start,
+                alignment_ms=progress.step.alignment_ms,
+                start_delay_ms=progress.step.start_delay_ms,
+                state_bytes=handle.state_bytes(),
+                channel_state_bytes=handle.channel_state_bytes(),
+            )
+            self.respond(
+                AcknowledgeCheckpoint(
+                    cid, self.task_id, handle, metrics, progress.base_checkpoint_id
+                )
+            )
+
+        self._run_async(write_and_acknowledge)
+
+    def notify_complete(self, checkpoint_id: int, sink_committed: int | None = None) -> None:
+        """Checkpoint *checkpoint_id* completed: update the incremental base, and forget the
+        sealed transactions the sink has committed (*sink_committed*, the sink's committed
+        checkpoint, is read from the sink when not given)."""
+        if self.sink is not None:
+            if sink_committed is None:
+                sink_committed = self.sink.committed_checkpoint()
+            committed = min(checkpoint_id, sink_committed)
+            for cid in [c for c in self._sealed if c <= committed]:
+                del self._sealed[cid]
+        with self._acked_lock:
+            handle = self._acked.pop(checkpoint_id, None)
+            for c in [c for c in self._acked if c < checkpoint_id]:
+                del self._acked[c]
+        if handle is not None:
+            for uid, backend in self.backends.items():
+                mine = tuple(b for b in handle.blobs if b.operator_uid == uid)
+                backend.notify_checkpoint_complete(
+                    checkpoint_id, TaskStateHandle(backend.task_id, mine)
+                )
+
+    def notify_aborted(self, checkpoint_id: int, reason: str) -> None:
+        """The coordinator aborted *checkpoint_id*: stop aligning on it."""
+        with self._acked_lock:
+            self._acked.pop(checkpoint_id, None)
+        self._run(self.aligner.abort(checkpoint_id))
+
+
+def _run_inline(job: Callable[[], None]) -> None:
+    job()
+
+
+def sealed_transactions(
+    checkpoint: CompletedCheckpoint, store: CheckpointStore, vertex: str
+) -> list[Transaction]:
+    """The sink transactions recorded in *checkpoint* by the subtasks of *vertex*."""
+    txns: dict[str, Transaction] = {}
+    refs = [
+        ref
+        for ref in checkpoint.operator_blobs(task_state_uid(vertex))
+        if ref.state_name == SINK_TRANSACTIONS
+    ]
+    for table in store.read_blobs(refs):  # one scan for every subtask's blob
+        for text in table.column("transaction").to_pylist():
+            txn = Transaction.from_json(text)
+            txns[txn.txn_id] = txn
+    return sorted(txns.values(), key=lambda t: (t.checkpoint_id, t.subtask))
+
+
+def commit_checkpoint(
+    sink: TwoPhaseCommitSink, checkpoint: CompletedCheckpoint, store: CheckpointStore, vertex: str
+) -> bool:
+    """The global committer's step after *checkpoint* completed: commit every transaction it
+    records, at once. Idempotent; returns False when it was already committed."""
+    return sink.commit_checkpoint(
+        checkpoint.checkpoint_id, sealed_transactions(checkpoint, store, vertex)
+    )
+
+
+def recover_sink(
+    sink: TwoPhaseCommitSink,
+    checkpoint: CompletedCheckpoint | None,
+    store: CheckpointStore,
+    vertex: str,
+    *,
+    staged_before_ms: int | None = None,
+) -> list[Transaction]:
+    """Flink's recover-and-commit: commit every transaction sealed in the restored (completed)
+    checkpoint, and discard every other staged transaction of *vertex* (staged before
+    *staged_before_ms*, when given: later ones belong to the run that is starting).
+
+    First the sink is rolled back to the restored checkpoint
+    (:meth:`~spark_ckpt.sinks.sink.TwoPhaseCommitSink.roll_back_to`): output of later checkpoints
+    that it committed (the restore fell back past a damaged newest checkpoint, or an older
+    checkpoint was restored on purpose) is withdrawn, since the job replays it — afterwards
+    the sink holds exactly the output of checkpoints <= the restored one. The roll back
+    comes *before* the commit of the restored transactions because it may withdraw some of
+    them too (a later checkpoint's commit carried them when the restored checkpoint's own
+    commit was lost in a crash); committing them afterwards puts them back, and the files
+    withdrawn become orphans the sink's recovery deletes. With no checkpoint (a fresh start)
+    nothing is rolled back: a pipeline starting on an existing table leaves it alone.
+    Idempotent. Run once per job start."""
+    if checkpoint is not None:
+        withdrawn = sink.roll_back_to(checkpoint.checkpoint_id)
+        if withdrawn:
+            log.warning(
+                "restoring checkpoint %d: withdrew %d committed output files of later "
+                "checkpoints from the sink",
+                checkpoint.checkpoint_id,
+                len(withdrawn),
+            )
+    txns = sealed_transactions(checkpoint, store, vertex) if checkpoint is not None else []
+    sink.recover(vertex, txns, staged_before_ms=staged_before_ms)
+    return txns

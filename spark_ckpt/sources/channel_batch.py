@@ -1,0 +1,114 @@
+"""The rows ``ckpt-source`` emits for one channel of one micro-batch: the channel's data rows
+with the barrier columns added and barrier rows inserted at their positions.
+
+A barrier row carries nulls in the user columns, so in the stream schema every user column is
+nullable (:func:`stream_schema`). Built with Arrow slices and concatenation: no Python loop
+over data rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from spark_ckpt.errors import ProtocolError
+from spark_ckpt.protocol.barrier import (
+    BARRIER_FIELDS,
+    BARRIER_OPTIONS,
+    BARRIER_TS,
+    CHANNEL,
+    CHECKPOINT_ID,
+    KIND,
+    OFFSET,
+    CheckpointBarrier,
+    RecordKind,
+)
+
+
+def stream_schema(user: pa.Schema) -> pa.Schema:
+    """The user's columns (made nullable) followed by the barrier columns."""
+    for name in user.names:
+        if name.startswith("_ckpt_"):
+            raise ProtocolError(f"user column {name!r} uses the reserved prefix _ckpt_")
+    return pa.schema([f.with_nullable(True) for f in user] + list(BARRIER_FIELDS))
+
+
+def data_rows(user: pa.Table, schema: pa.Schema, channel: int, start: int) -> pa.Table:
+    """*user* rows as channel *channel* rows ``start, start+1, ...`` of *schema*."""
+    n = user.num_rows
+    cols = [user.column(f.name).cast(f.type) for f in schema if not f.name.startswith("_ckpt_")]
+    cols += [
+        pa.array(np.full(n, channel, dtype=np.int32)),
+        pa.array(np.arange(start, start + n, dtype=np.int64)),
+        pa.array(np.full(n, RecordKind.DATA.code, dtype=np.int8)),
+        pa.nulls(n, pa.int64()),
+        pa.nulls(n, pa.timestamp("us", tz="UTC")),
+        pa.nulls(n, pa.string()),
+    ]
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def barrier_options(barrier: CheckpointBarrier, channels: int | None) -> str:
+    """The ``_ckpt_barrier_options`` JSON: snapshot type, unaligned flag, and the number of
+    source channels (so a stateless consumer knows when every channel delivered it)."""
+    options = json.loads(barrier.options_json())
+    if channels is not None:
+        options["channels"] = channels
+    return json.dumps(options, sort_keys=True)
+
+
+def barrier_rows(
+    schema: pa.Schema,
+    channel: int,
+    marks: Sequence[tuple[int, CheckpointBarrier]],
+    channels: int | None = None,
+) -> pa.Table:
+    """One barrier row per ``(position, barrier)`` of *channel*."""
+    n = len(marks)
+    user = [pa.nulls(n, f.type) for f in schema if not f.name.startswith("_ckpt_")]
+    barrier_cols = {
+        CHANNEL: pa.array([channel] * n, pa.int32()),
+        OFFSET: pa.array([p for p, _ in marks], pa.int64()),
+        KIND: pa.array([RecordKind.BARRIER.code] * n, pa.int8()),
+        CHECKPOINT_ID: pa.array([b.checkpoint_id for _, b in marks], pa.int64()),
+        BARRIER_TS: pa.array([b.timestamp_ms * 1000 for _, b in marks], pa.int64()).cast(
+            pa.timestamp("us", tz="UTC")
+        ),
+        BARRIER_OPTIONS: pa.array([barrier_options(b, channels) for _, b in marks], pa.string()),
+    }
+    return pa.Table.from_arrays(
+        user + [barrier_cols[f.name] for f in BARRIER_FIELDS], schema=schema
+    )
+
+
+def channel_rows(
+    user: pa.Table,
+    schema: pa.Schema,
+    channel: int,
+    start: int,
+    marks: Sequence[tuple[int, CheckpointBarrier]] = (),
+    channels: int | None = None,
+) -> pa.Table:
+    """Data rows ``[start, start + user.num_rows)`` of *channel* with each barrier inserted
+    before the data row at its position (at the end when the position is the end)."""
+    end = start + user.num_rows
+    data = data_rows(user, schema, channel, start)
+    if not marks:
+        return data
+    pieces: list[pa.Table] = []
+    cursor = start
+    for i, (pos, _) in enumerate(marks):
+        if not start <= pos <= end or pos < cursor:
+            raise ProtocolError(
+                f"barrier position {pos} outside [{cursor}, {end}] on channel {channel}"
+            )
+        if pos > cursor:
+            pieces.append(data.slice(cursor - start, pos - cursor))
+        pieces.append(barrier_rows(schema, channel, marks[i : i + 1], channels))
+        cursor = pos
+    if cursor < end:
+        pieces.append(data.slice(cursor - start, end - cursor))
+    return pa.concat_tables(pieces)

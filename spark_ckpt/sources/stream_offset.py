@@ -1,0 +1,236 @@
+"""The offsets ``ckpt-source`` hands to Spark, and how barriers are placed in them.
+
+Each channel (one source split) is an ordered log. A :class:`StreamOffset` — what Spark writes
+to its offset log as the end of a micro-batch — records per channel:
+
+* ``positions[c]``: rows ``[0, positions[c])`` of channel *c* belong to batches up to here;
+* ``emitted[c]``: the id of the last barrier emitted on channel *c* (0 = none);
+* ``barriers``: the barriers placed so far that some batch still has to emit, each with its
+  position on every channel (a barrier at position *p* sits before data row *p*).
+
+Barriers are placed when the source takes a trigger (``latestOffset``), where
+:class:`BarrierPlacement` says:
+
+* ``read`` (the default) — at the end of the micro-batch being planned: the position the
+  source has read up to, as a Flink source emits its barrier after the records it has read.
+  A checkpoint completes with the micro-batch that carries it, however deep the backlog
+  (a job catching up under ``maxRowsPerTrigger`` keeps checkpointing).
+* ``head`` — at every channel's *head*, the last row the source has produced. Under a read
+  limit a channel with a deeper backlog then reaches its barrier micro-batches after the
+  others, as a backpressured channel does in Flink (its backlog plays the in-flight data);
+  aligned checkpoints wait for it, unaligned ones cut it.
+
+Without a read limit the two coincide: a micro-batch reads every channel up to its head.
+
+The micro-batch ``(start, end]`` emits on channel *c* the data rows
+``[start.positions[c], end.positions[c])`` and every barrier with
+``start.emitted[c] < id <= end.emitted[c]``, each before the data row at its position. This
+is a pure function of the two offsets, so a replayed batch (Spark re-runs a failed batch with
+the offsets it logged) emits identical rows and identical barriers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from spark_ckpt.errors import ProtocolError
+from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
+
+FORMAT_VERSION = 1
+
+
+class BarrierPlacement(Enum):
+    """Where ``latestOffset`` places the barriers it takes (see the module docstring)."""
+
+    READ = "read"
+    HEAD = "head"
+
+    def positions(
+        self, positions: Sequence[int], heads: Sequence[int], max_rows: int | None
+    ) -> list[int]:
+        """Per-channel barrier positions for a batch starting at *positions*, given the
+        channels' *heads* and the batch's read limit: the batch's end (:func:`fair_limits`)
+        for ``READ``, the heads for ``HEAD``. A barrier at position *p* sits before data row
+        *p*, so one at the batch's end is emitted by that batch, after its last row."""
+        return fair_limits(positions, heads, None if self is BarrierPlacement.HEAD else max_rows)
+
+
+@dataclass(frozen=True)
+class PlacedBarrier:
+    barrier: CheckpointBarrier
+    positions: tuple[int, ...]
+
+    @property
+    def checkpoint_id(self) -> int:
+        return self.barrier.checkpoint_id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.barrier.checkpoint_id,
+            "ts": self.barrier.timestamp_ms,
+            "type": self.barrier.snapshot_type.value,
+            "unaligned": self.barrier.unaligned,
+            "final": self.barrier.final,
+            "positions": list(self.positions),
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> PlacedBarrier:
+        return PlacedBarrier(
+            CheckpointBarrier(
+                int(d["id"]),
+                int(d["ts"]),
+                SnapshotType(d["type"]),
+                bool(d["unaligned"]),
+                bool(d.get("final", False)),
+            ),
+            tuple(int(p) for p in d["positions"]),
+        )
+
+
+@dataclass(frozen=True)
+class ChannelSlice:
+    """What one micro-batch emits on one channel: data rows ``[start, end)`` and barriers
+    ``(position, barrier)`` in position order (a barrier at *p* goes before data row *p*)."""
+
+    channel: int
+    start: int
+    end: int
+    barriers: tuple[tuple[int, CheckpointBarrier], ...] = ()
+
+
+@dataclass(frozen=True)
+class StreamOffset:
+    positions: tuple[int, ...]
+    emitted: tuple[int, ...]
+    barriers: tuple[PlacedBarrier, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.positions) != len(self.emitted):
+            raise ProtocolError("positions and emitted must cover the same channels")
+        for b in self.barriers:
+            if len(b.positions) != len(self.positions):
+                raise ProtocolError(f"barrier {b.checkpoint_id} does not cover every channel")
+
+    @property
+    def channels(self) -> int:
+        return len(self.positions)
+
+    @staticmethod
+    def initial(positions: Sequence[int], last_checkpoint_id: int = 0) -> StreamOffset:
+        """Where a (restored) stream starts: at *positions*, with every barrier up to
+        *last_checkpoint_id* considered emitted."""
+        return StreamOffset(tuple(positions), tuple(last_checkpoint_id for _ in positions))
+
+    @property
+    def last_barrier_id(self) -> int:
+        return max([b.checkpoint_id for b in self.barriers] + list(self.emitted), default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "v": FORMAT_VERSION,
+            "positions": list(self.positions),
+            "emitted": list(self.emitted),
+            "barriers": [b.to_dict() for b in self.barriers],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> StreamOffset:
+        try:
+            if int(d.get("v", 0)) != FORMAT_VERSION:
+                raise ProtocolError(f"unsupported ckpt-source offset version {d.get('v')!r}")
+            return StreamOffset(
+                tuple(int(p) for p in d["positions"]),
+                tuple(int(e) for e in d["emitted"]),
+                tuple(PlacedBarrier.from_dict(b) for b in d.get("barriers", ())),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProtocolError(f"not a ckpt-source offset: {d!r}") from e
+
+    @staticmethod
+    def from_json(text: str) -> StreamOffset:
+        try:
+            return StreamOffset.from_dict(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise ProtocolError(f"not a ckpt-source offset: {text!r}") from e
+
+    # -- moving forward ----------------------------------------------------------------------
+    def place(self, barrier: CheckpointBarrier, heads: Sequence[int]) -> StreamOffset:
+        """Place *barrier* at *heads* (clamped to at least the current positions)."""
+        if barrier.checkpoint_id <= self.last_barrier_id:
+            raise ProtocolError(
+                f"barrier {barrier.checkpoint_id} is not newer than {self.last_barrier_id}"
+            )
+        if len(heads) != self.channels:
+            raise ProtocolError("heads must cover every channel")
+        previous = [b.positions for b in self.barriers]
+        positions = tuple(
+            max(h, p, *(prev[c] for prev in previous))
+            for c, (h, p) in enumerate(zip(heads, self.positions, strict=True))
+        )
+        return StreamOffset(
+            self.positions, self.emitted, (*self.barriers, PlacedBarrier(barrier, positions))
+        )
+
+    def advance(self, limits: Sequence[int]) -> StreamOffset:
+        """The next end offset: channel *c* moves to ``limits[c]`` (never backwards); barriers
+        at or before the new positions count as emitted; barriers emitted on every channel
+        before this batch are dropped."""
+        positions = tuple(max(p, lim) for p, lim in zip(self.positions, limits, strict=True))
+        emitted = list(self.emitted)
+        for b in self.barriers:
+            for c in range(self.channels):
+                if b.positions[c] <= positions[c] and b.checkpoint_id > emitted[c]:
+                    emitted[c] = b.checkpoint_id
+        floor = min(self.emitted, default=0)
+        kept = tuple(b for b in self.barriers if b.checkpoint_id > floor)
+        return StreamOffset(positions, tuple(emitted), kept)
+
+    def is_idle_after(self, start: StreamOffset) -> bool:
+        """Whether the micro-batch ``(start, self]`` would read no row and emit no barrier,
+        and *self* places no barrier *start* lacks — so it differs from *start* at most by
+        barriers it dropped as emitted everywhere. ``latestOffset`` then returns *start*
+        unchanged: Spark runs a micro-batch for any changed offset, even an empty one."""
+        return (
+            self.positions == start.positions
+            and self.emitted == start.emitted
+            and {b.checkpoint_id for b in self.barriers}
+            <= {b.checkpoint_id for b in start.barriers}
+        )
+
+    def plan(self, end: StreamOffset) -> list[ChannelSlice]:
+        """The micro-batch from this offset (exclusive) to *end* (inclusive), per channel."""
+        if end.channels != self.channels:
+            raise ProtocolError("start and end offsets cover different channels")
+        slices = []
+        for c in range(self.channels):
+            if end.positions[c] < self.positions[c] or end.emitted[c] < self.emitted[c]:
+                raise ProtocolError(f"end offset is behind start on channel {c}")
+            marks = sorted(
+                (b.positions[c], b.checkpoint_id, b.barrier)
+                for b in end.barriers
+                if self.emitted[c] < b.checkpoint_id <= end.emitted[c]
+            )
+            slices.append(
+                ChannelSlice(
+                    c, self.positions[c], end.positions[c], tuple((p, b) for p, _, b in marks)
+                )
+            )
+        return slices
+
+
+def fair_limits(positions: Sequence[int], heads: Sequence[int], max_rows: int | None) -> list[int]:
+    """Per-channel end positions under a read limit of *max_rows* for the whole batch: every
+    channel may take an equal share (at least one row); a channel with a shorter backlog does
+    not hand its share to others, so lag is a property of the channel's own backlog."""
+    if max_rows is None:
+        return [max(h, p) for p, h in zip(positions, heads, strict=True)]
+    share = max(1, max_rows // max(1, len(positions)))
+    return [max(p, min(h, p + share)) for p, h in zip(positions, heads, strict=True)]

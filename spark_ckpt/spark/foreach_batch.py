@@ -1,0 +1,142 @@
+"""The ``foreachBatch`` function of a run: a picklable spec that builds its runtime lazily.
+
+Spark calls the function given to ``writeStream.foreachBatch`` in the user's driver process
+(under Spark Connect: in a server-side Python process, after unpickling it). What crosses that
+boundary must therefore be a *description* of the job, never a live object with threads,
+locks, open files or restored state:
+
+* :class:`AlignerSpec` — frozen: the run id, the operators (plain picklable objects; their
+  state lives in the state backend, not in them), the channel count, the parallelism, the
+  alignment mode, the output table;
+* :class:`ForeachBatchFunction` — holds a spec; at its first call in a process it builds the
+  :class:`~spark_ckpt.spark.batch_aligner.BatchAligner` (threads, keyed state restored from the
+  run's restore point, the Delta sink). Pickling it drops the runtime.
+
+One function serves one run. A new attempt of :meth:`Pipeline.run
+<spark_ckpt.spark.pipeline.Pipeline.run>` is a new run with a new function, so operator state,
+buffered alignment input, pending snapshots, staged output and errors of a failed attempt can
+never leak into the next one: each restores from the checkpoint its own coordinator chose
+(:meth:`CoordinatorHost.start_run <spark_ckpt.spark.host.CoordinatorHost.start_run>`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from spark_ckpt.errors import ProtocolError
+from spark_ckpt.runtime.aligner import AlignmentMode
+from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.spark.batch_aligner import BatchAligner, collect_arrow
+from spark_ckpt.spark.run import RunFiles
+from spark_ckpt.testing import faults
+
+
+@dataclass(frozen=True)
+class AlignerSpec:
+    """Everything a run's foreachBatch aligner is built from (picklable)."""
+
+    root: str
+    pipeline: str
+    run_id: str
+    operators: tuple[KeyedOperator, ...]
+    channels: int
+    output: str
+    parallelism: int = 2
+    mode: AlignmentMode = AlignmentMode.ALIGNED
+    aligned_timeout_ms: int = 0
+    max_parallelism: int = 128
+    vertex: str = ""
+    pipelined: bool = True
+
+    @property
+    def vertex_name(self) -> str:
+        return self.vertex or self.operators[0].uid
+
+    def build(self) -> BatchAligner:
+        """The runtime, in the calling process: restores from the run's restore point, which
+        the run's coordinator published before the first micro-batch (``initialOffset``)."""
+        from spark_ckpt.delta.sink import DeltaSink
+        from spark_ckpt.delta.store import DeltaCheckpointStore
+
+        point = RunFiles(self.root, self.run_id).restore_point()
+        if point is None:
+            raise ProtocolError(
+                f"run {self.run_id} has no restore point: its coordinator did not start "
+                "(the foreachBatch function must consume this run's ckpt-source)"
+            )
+        store = faults.faulty_store(DeltaCheckpointStore(self.root), self.root)
+        restored = None if point.checkpoint_id is None else store.get(point.checkpoint_id)
+        return BatchAligner(
+            self.root,
+            store,
+            operators=self.operators,
+            channels=self.channels,
+            parallelism=self.parallelism,
+            mode=self.mode,
+            aligned_timeout_ms=self.aligned_timeout_ms,
+            max_parallelism=self.max_parallelism,
+            sink=DeltaSink(self.output, pipeline=self.pipeline, sink_uid=self.vertex_name),
+            vertex=self.vertex_name,
+            async_snapshots=True,
+            pipelined=self.pipelined,
+            restore_from=restored,
+            run_id=self.run_id,
+        )
+
+
+class ForeachBatchFunction:
+    """``writeStream.foreachBatch(fn)`` for one run: see the module docstring. Calls run one
+    at a time (Spark's micro-batch thread)."""
+
+    def __init__(self, spec: AlignerSpec) -> None:
+        self.spec = spec
+        self._aligner: BatchAligner | None = None
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"spec": self.spec}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["spec"])  # type: ignore[misc]
+
+    @property
+    def aligner(self) -> BatchAligner | None:
+        """The runtime, once built (None before the first micro-batch)."""
+        return self._aligner
+
+    def runtime(self) -> BatchAligner:
+        with self._lock:
+            if self._aligner is None:
+                self._aligner = self.spec.build()
+            return self._aligner
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        """``foreachBatch`` entry point: collect the micro-batch as Arrow and hand it to the
+        run's aligner (see :meth:`BatchAligner.submit`)."""
+        self.submit(collect_arrow(df))
+
+    def submit(self, table: pa.Table) -> None:
+        self.runtime().submit(table)
+
+    def drain(self) -> None:
+        """Wait for the batch in flight and the asynchronous snapshot work; raises what failed
+        them. A no-op before the first batch."""
+        if self._aligner is not None:
+            self._aligner.drain()
+
+    def retire(self) -> None:
+        """End the run's runtime after its query ended: drop a batch still in flight (the next
+        run restores the latest completed checkpoint and reads it again) and end the
+        threads. Idempotent; never raises what failed the run (it was reported already)."""
+        aligner = self._aligner
+        if aligner is None:
+            return
+        aligner.abandon()
+        # what failed the run was reported already (it failed the query)
+        with contextlib.suppress(Exception):
+            aligner.close()

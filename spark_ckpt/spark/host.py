@@ -1,0 +1,427 @@
+"""The coordinator's home inside a running Spark query: the ``ckpt-source`` runner.
+
+Spark runs a Python stream reader's ``initialOffset``/``latestOffset``/``partitions``/``commit``
+in one long-lived driver-side process per query run. :class:`CoordinatorHost` lives there,
+next to the source, polled by a thread of its own (:class:`HostThread`); ``latestOffset``
+takes the barriers it triggered. One poll:
+
+1. re-read the topology (who acknowledges, which sink to commit) — a new topology restarts the
+   coordinator (aborting pending checkpoints) after recover-and-commit of the sink;
+2. drain the mailbox: acks, declines, checkpoint/savepoint/stop requests;
+3. tick the coordinator (periodic triggers, timeouts);
+4. hand the barriers it triggered to the source, which places them into the offsets.
+
+It is also the *global committer*: when a checkpoint completes it commits the sink
+transactions recorded in it, in one step (see :mod:`spark_ckpt.sinks.sink`). Without a topology it
+triggers nothing: a checkpoint needs someone to acknowledge it.
+
+Fail points (:mod:`spark_ckpt.testing.faults`): ``before-sink-commit`` and ``sink-commit`` in
+:meth:`CoordinatorHost.notify_complete`, between a completion and its global sink commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from spark_ckpt.errors import CorruptCheckpointError, FencedError, ProtocolError
+from spark_ckpt.protocol.barrier import CheckpointBarrier
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.clock import Clock, SystemClock
+from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
+from spark_ckpt.runtime.config import CheckpointConfig
+from spark_ckpt.runtime.coordinator import (
+    CheckpointCoordinator,
+    CheckpointRequest,
+    CoordinatorStatus,
+    JobStatus,
+)
+from spark_ckpt.runtime.task import commit_checkpoint, recover_sink
+from spark_ckpt.sinks.sink import TwoPhaseCommitSink
+from spark_ckpt.spark.mailbox import (
+    Mailbox,
+    Request,
+    RequestKind,
+    SinkSpec,
+    Topology,
+    read_topology,
+)
+from spark_ckpt.spark.run import RestorePoint, RunFiles, SkippedCheckpoint
+from spark_ckpt.storage.store import CheckpointStore
+from spark_ckpt.testing import faults
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SOURCE_TASK = TaskId("source", 0)
+#: Completed-checkpoint property naming the client request it answers.
+REQUEST_ID = "request_id"
+#: Completed-checkpoint property set on the final checkpoint before a stop.
+STOP = "stop"
+#: Completed-checkpoint property naming the run whose coordinator took it.
+RUN = "run"
+
+SinkFactory = Callable[[SinkSpec], TwoPhaseCommitSink]
+
+#: Recovery discards staged output of earlier runs only: files staged before this host started,
+#: less this margin for clock skew between executors and the driver. Files of the starting run
+#: (a ``ckpt-sink`` query stages its first micro-batch before the coordinator hears of it) stay.
+STAGING_CLOCK_SKEW_MS = 10_000
+
+class CoordinatorHost:
+    """See the module docstring. Single-threaded: call :meth:`poll` from one place."""
+
+    def __init__(
+        self,
+        root: str,
+        config: CheckpointConfig,
+        store: CheckpointStore,
+        sink_factory: SinkFactory,
+        clock: Clock | None = None,
+        defer_after_completion: bool = False,
+        run_id: str | None = None,
+    ) -> None:
+        """*run_id*: the run (see :mod:`spark_ckpt.spark.run`) this host coordinates. Its topology
+        is the run's own, read once by :meth:`start_run`; its tasks answer in the run's
+        mailbox box. Without it (a ``ckpt-sink`` query) the host follows the root's shared
+        topology, re-read on every poll."""
+        self.root = root
+        self.run_id = run_id
+        self.run = RunFiles(root, run_id) if run_id else None
+        self.defer_after_completion = defer_after_completion
+        self.config = config
+        self.store = store
+        self.sink_factory = sink_factory
+        self.clock: Clock = clock or SystemClock()
+        self._started_ms = self.clock.now_ms()
+        self.mailbox = Mailbox(root)
+        self.run_mailbox = Mailbox(root, run_id) if run_id else None
+        self.topology: Topology | None = None
+        self.restore_point: RestorePoint | None = None
+        self._restored: CompletedCheckpoint | None = None
+        self._aborted: list[int] = []
+        self.coordinator: CheckpointCoordinator | None = None
+        self.sink: TwoPhaseCommitSink | None = None
+        self.stopping: CheckpointRequest | None = None
+        self._barriers: list[CheckpointBarrier] = []
+        self._committed: set[int] = set()
+
+    # -- TaskGateway -------------------------------------------------------------------------
+    def trigger(self, task: TaskId, barrier: CheckpointBarrier) -> None:
+        self._barriers.append(barrier)
+
+    def notify_complete(self, task: TaskId, checkpoint_id: int) -> None:
+        if checkpoint_id in self._committed:
+            return
+        self._committed.add(checkpoint_id)
+        cp = self.store.get(checkpoint_id)
+        cp_id = cp.checkpoint_id
+        sink = self.sink
+        faults.hit(
+            self.root,
+            faults.Fault.BEFORE_SINK_COMMIT,
+            lambda: {
+                "checkpoint_id": checkpoint_id,
+                "sink_committed": sink.committed_checkpoint() if sink is not None else None,
+            },
+        )
+        if self.sink is not None and self.topology is not None:
+            faults.hit(self.root, faults.Fault.SINK_COMMIT, lambda: {"checkpoint_id": cp_id})
+            commit_checkpoint(self.sink, cp, self.store, self.topology.vertex)
+        log.info(
+            "completed %s %d in %d ms (%d bytes)",
+            cp.snapshot_type.value,
+            checkpoint_id,
+            cp.stats.end_to_end_ms,
+            cp.stats.state_bytes,
+        )
+
+    def notify_aborted(self, task: TaskId, checkpoint_id: int, reason: str) -> None:
+        """Publish the abort to the run's tasks (``aborted.json``, read with their completion
+        polls): they stop aligning on the checkpoint and drop its snapshot. Without a run,
+        tasks learn of aborts lazily (a newer barrier subsumes the older one)."""
+        if checkpoint_id in self._aborted:
+            return
+        self._aborted.append(checkpoint_id)
+        if self.run is not None:
+            self.run.write_aborted(self._aborted)
+
+    # -- start -------------------------------------------------------------------------------
+    def start_run(self) -> CompletedCheckpoint | None:
+        """The checkpoint this run restores from (``initialOffset``; idempotent). With a run
+        id: take the coordinator lease, then choose the restore point (so that no other
+        coordinator can complete a newer checkpoint after the choice), recover the sink to
+        it and publish it for the run's tasks (:meth:`RunFiles.restore_point`). The restore
+        point is the newest completed checkpoint whose data verifies; newer damaged ones are
+        reported and skipped, as Flink falls back to an older retained checkpoint. Raises
+        :class:`~spark_ckpt.errors.CorruptCheckpointError` when checkpoints exist but none
+        is restorable (starting empty would duplicate committed output)."""
+        if self.run is None:
+            return self._choose_restore_point()
+        if self.coordinator is None:
+            topology = read_topology(self.root, self.run_id)
+            if topology is None:
+                raise ProtocolError(
+                    f"run {self.run_id} of {self.root} has no topology: start runs through "
+                    "Pipeline.run"
+                )
+            try:
+                self._install(topology)
+            except (CorruptCheckpointError, FencedError) as e:
+                self.run.write_fatal(f"{type(e).__name__}: {e}")
+                raise
+        return self._restored
+
+    def _choose_restore_point(self) -> CompletedCheckpoint | None:
+        if self.restore_point is not None:
+            return self._restored
+        restored, damaged = self.store.latest_restorable()
+        for error in damaged:
+            log.warning("restore skips damaged checkpoint: %s", error)
+        if restored is None and damaged:
+            raise CorruptCheckpointError(
+                f"no restorable checkpoint under {self.root}: every retained checkpoint is "
+                "damaged (" + "; ".join(str(e) for e in damaged) + ")",
+                checkpoint_id=damaged[0].checkpoint_id,
+            )
+        self._restored = restored
+        self.restore_point = RestorePoint(
+            restored.checkpoint_id if restored else None,
+            tuple(SkippedCheckpoint(e.checkpoint_id or 0, str(e)) for e in damaged),
+        )
+        return restored
+
+    # -- polling ---------------------------------------------------------------------------
+    def poll(self, tick: bool = True) -> list[CheckpointBarrier]:
+        """One round (see the module docstring); returns the barriers to place, oldest first.
+        Without *tick* the coordinator is not ticked (no periodic trigger, no timeouts): see
+        :meth:`tick`. Raises :class:`~spark_ckpt.errors.TolerableFailuresExceededError` to
+        fail the query."""
+        if self.run is None:
+            topology = read_topology(self.root)
+            if topology is not None and topology != self.topology:
+                self._install(topology)
+        coordinator = self.coordinator
+        if coordinator is None:
+            return []
+        for mailbox in (self.mailbox, self.run_mailbox):
+            if mailbox is None:
+                continue
+            received = mailbox.receive()
+            for _, message in received:
+                if isinstance(message, AcknowledgeCheckpoint):
+                    coordinator.receive_acknowledge(message)
+                elif isinstance(message, DeclineCheckpoint):
+                    coordinator.receive_decline(message)
+                elif isinstance(message, Request):
+                    self._on_request(coordinator, message)
+            mailbox.delete([name for name, _ in received])
+        if tick:
+            return self.tick()
+        barriers, self._barriers = self._barriers, []
+        return barriers
+
+    def tick(self) -> list[CheckpointBarrier]:
+        """Tick the coordinator (periodic triggers, timeouts): what ``latestOffset`` does, so
+        that a periodic checkpoint is triggered when its barriers are placed. Returns the
+        barriers to place, oldest first."""
+        coordinator = self.coordinator
+        if coordinator is not None and coordinator.status is CoordinatorStatus.RUNNING:
+            coordinator.tick()
+        barriers, self._barriers = self._barriers, []
+        return barriers
+
+    def maintain(self) -> None:
+        """Deferred retention (see ``defer_after_completion``)."""
+        if self.coordinator is not None:
+            self.coordinator.maintain()
+
+    def request_final_checkpoint(self) -> CheckpointRequest | None:
+        """Trigger the checkpoint that ends a bounded run (``Trigger.AvailableNow``)."""
+        if self.coordinator is None or self.coordinator.status is not CoordinatorStatus.RUNNING:
+            return None
+        self.coordinator.stop_periodic_trigger()
+        return self.coordinator.trigger_checkpoint({STOP: "available-now"}, final=True)
+
+    def _on_request(self, coordinator: CheckpointCoordinator, request: Request) -> None:
+        if request.expired(self.clock.now_ms()):
+            # its client gave up waiting (e.g. a ``stop`` whose CLI timed out before this
+            # run started): acting on it now would surprise whoever runs the pipeline now
+            log.warning("ignoring expired %s request %s", request.kind.value, request.request_id)
+            return
+        props = {REQUEST_ID: request.request_id}
+        if self.run_id is not None:
+            props[RUN] = self.run_id
+        if request.kind is RequestKind.CHECKPOINT:
+            coordinator.trigger_checkpoint(props)
+        elif request.kind is RequestKind.SAVEPOINT:
+            coordinator.trigger_savepoint(request.target, props)
+        else:
+            coordinator.stop_periodic_trigger()
+            props[STOP] = request.request_id
+            self.stopping = (
+                coordinator.trigger_savepoint(request.target, props)
+                if request.savepoint
+                else coordinator.trigger_checkpoint(props, final=True)
+            )
+
+    def _install(self, topology: Topology) -> None:
+        if self.coordinator is not None:
+            self.coordinator.shutdown(JobStatus.SUSPENDED)
+        self.topology = topology
+        self.sink = self.sink_factory(topology.sink) if topology.sink else None
+        if self.run is None:
+            self.restore_point = None  # a new shared topology restores anew
+        coordinator = CheckpointCoordinator(  # takes the lease: fences older coordinators
+            self.config,
+            self.store,
+            self,
+            tasks_to_trigger=[SOURCE_TASK],
+            tasks_to_ack=[TaskId(topology.vertex, s) for s in range(topology.parallelism)],
+            clock=self.clock,
+            defer_after_completion=self.defer_after_completion,
+        )
+        if self.run is not None:
+            self.run.write_lease(coordinator.epoch)
+        latest = self._choose_restore_point()
+        coordinator.restored_from(latest)
+        if self.sink is not None:
+            recover_sink(
+                self.sink,
+                latest,
+                self.store,
+                topology.vertex,
+                staged_before_ms=self._started_ms - STAGING_CLOCK_SKEW_MS,
+            )
+            if latest is not None:
+                self._committed.add(latest.checkpoint_id)
+        if self.run is not None and self.restore_point is not None:
+            self.run.write_restore_point(self.restore_point)
+        self.coordinator = coordinator
+        self.coordinator.start()
+        log.info("coordinator epoch %d for %s", self.coordinator.epoch, topology)
+
+    def latest_completed(self) -> CompletedCheckpoint | None:
+        return self.store.latest_completed()
+
+    def shutdown(self, status: JobStatus = JobStatus.SUSPENDED) -> None:
+        if self.coordinator is not None:
+            self.coordinator.shutdown(status)
+
+
+class HostThread:
+    """Runs a :class:`CoordinatorHost` on its own thread, off Spark's micro-batch path.
+
+    Flink's checkpoint coordinator runs on its own timer thread, never on the data path. In
+    the source runner the data path is ``latestOffset``: polling the host there put every
+    completion (the checkpoint commit, retention, the global sink commit: Delta commits of
+    100-300 ms) into the micro-batch's critical path. Here a daemon thread polls the host
+    every *interval_s* — acks, declines, requests, completions — and then, in a separate
+    step, applies retention (the host's coordinator defers it: ``defer_after_completion``).
+    ``latestOffset`` only ticks the coordinator (:meth:`take_barriers`: periodic triggers and
+    timeouts, cheap) and takes the barriers, placing them at the channel heads of that
+    moment: a periodic checkpoint is triggered when its barriers are injected, as in Flink,
+    and its duration counts from there. Barriers of requests (checkpoint/savepoint/stop)
+    received by the thread wait in a queue until then.
+
+    Thread safety: every use of the host goes through one lock (:meth:`call`, the polls), so
+    the host and its store stay single-threaded; the queue of barriers has a lock of its
+    own. An error raised by a poll (tolerable failures exceeded, fenced by another
+    coordinator, a bug) stops the thread and is raised again by the next
+    :meth:`take_barriers`, failing the query from Spark's own thread."""
+
+    def __init__(self, host: CoordinatorHost, interval_s: float = 0.02) -> None:
+        self.host = host
+        self.interval_s = interval_s
+        self._host_lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._barriers: list[CheckpointBarrier] = []
+        self._stopping: CheckpointRequest | None = None
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start polling (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="spark-ckpt-coordinator", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._poll()
+            except BaseException as e:  # handed to Spark's thread (take_barriers)
+                log.error("coordinator thread stopped: %s", e)
+                self._error = e
+                run = self.host.run
+                if run is not None and isinstance(e, FencedError):
+                    run.write_fatal(f"{type(e).__name__}: {e}")
+                return
+            self._stop.wait(self.interval_s)
+
+    def _poll(self) -> None:
+        with self._host_lock:
+            barriers = self.host.poll(tick=False)
+            stopping = self.host.stopping
+        self._queue(barriers, stopping)
+        with self._host_lock:  # separately: latestOffset may tick in between
+            self.host.maintain()
+
+    def _queue(self, barriers: list[CheckpointBarrier], stopping: CheckpointRequest | None) -> None:
+        with self._queue_lock:
+            self._barriers.extend(barriers)
+            self._stopping = stopping
+
+    def call(self, fn: Callable[[CoordinatorHost], T]) -> T:
+        """Run *fn* on the host (waits for a poll in progress)."""
+        with self._host_lock:
+            return fn(self.host)
+
+    def sync(self) -> None:
+        """Wait until a poll in progress has finished — a completion with its global sink
+        commit runs inside one — and raise what stopped the polling thread, if anything did."""
+        with self._host_lock:
+            pass
+        if self._error is not None:
+            raise self._error
+
+    def take_barriers(self) -> list[CheckpointBarrier]:
+        """The barriers triggered since the last call, oldest first; raises what stopped the
+        polling thread, if anything did. Starts the thread on first use."""
+        if self._error is not None:
+            raise self._error
+        self.start()
+        with self._host_lock:
+            ticked = self.host.tick()
+            stopping = self.host.stopping
+        self._queue(ticked, stopping)
+        with self._queue_lock:
+            barriers, self._barriers = self._barriers, []
+        return barriers
+
+    @property
+    def stopping(self) -> CheckpointRequest | None:
+        """The host's stop request as of the last poll (consistent with the barriers
+        queued by it)."""
+        with self._queue_lock:
+            return self._stopping
+
+    def poll_now(self) -> list[CheckpointBarrier]:
+        """One poll on the caller's thread, then :meth:`take_barriers`: for callers that
+        wait on the coordinator and want no polling delay."""
+        if self._error is not None:
+            raise self._error
+        self._poll()
+        return self.take_barriers()  # ticks the coordinator
+
+    def stop(self) -> None:
+        """Stop polling and wait for the thread (idempotent)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

@@ -1,0 +1,736 @@
+"""Delta-specific behaviour of DeltaCheckpointStore: what is on disk (protocol, second
+readers), crashes, fencing between processes, and corruption of the files themselves.
+
+Second readers are independent of the store: polars' Delta reader, and a hand-written replay
+of ``_delta_log`` (add/remove actions) whose active Parquet files DuckDB reads. (DuckDB's
+``delta`` extension needs a download, which this machine cannot do.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from spark_ckpt.delta.store import DeltaCheckpointStore, StoreTable, blob_id
+from spark_ckpt.errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    FencedError,
+    StoreError,
+)
+from spark_ckpt.protocol.barrier import SnapshotType
+from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
+from spark_ckpt.protocol.handle import (
+    BlobKind,
+    BlobRef,
+    SourceOffset,
+    StateBlob,
+    TaskId,
+    TaskSnapshot,
+)
+from spark_ckpt.testing.damage import (
+    column_chunk_span,
+    delete_blob_file,
+    files_of_checkpoint,
+    flip_byte_in_blob,
+    flip_byte_in_file,
+    set_blob_value,
+    tamper_metadata,
+)
+
+TASK = TaskId("agg", 0)
+
+
+def kv(k: str, v: int) -> pa.Table:
+    return pa.table({"k": [k], "v": [v]})
+
+
+def keyed(kg: int, table: pa.Table) -> StateBlob:
+    return StateBlob(
+        "agg", 0, BlobKind.KEYED_FULL, "counts", table, key_group_start=kg, key_group_end=kg
+    )
+
+
+def commit_one(store, lease, cid, *blobs, offsets=()):
+    h = store.write_task_state(cid, TaskSnapshot(TASK, tuple(blobs), (), tuple(offsets)))
+    cp = CompletedCheckpoint(
+        cid, SnapshotType.CHECKPOINT, (h,), CheckpointStats(1_000, 1_250, h.state_bytes())
+    )
+    store.commit(lease, cp)
+    return cp
+
+
+# ------------------------------------------------------------------ independent log replay
+
+
+def log_actions(table: Path) -> list[tuple[int, list[dict]]]:
+    """(version, actions) of every commit file, in version order, parsed by hand."""
+    out = []
+    for f in sorted((table / "_delta_log").glob("*.json")):
+        actions = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        out.append((int(f.stem), actions))
+    return out
+
+
+def active_files(table: Path) -> list[str]:
+    live: dict[str, dict] = {}
+    for _, actions in log_actions(table):
+        for a in actions:
+            if "add" in a:
+                live[a["add"]["path"]] = a["add"]
+            elif "remove" in a:
+                live.pop(a["remove"]["path"], None)
+    return [str(table / p) for p in sorted(live)]
+
+
+def duck_rows(table: Path, columns: str) -> list[tuple]:
+    files = active_files(table)
+    if not files:
+        return []
+    return duckdb.sql(f"SELECT {columns} FROM read_parquet({files!r}) ORDER BY ALL").fetchall()
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "pipeline"
+
+
+# ------------------------------------------------------------------ layout and protocol
+
+
+def test_tables_are_plain_spark_readable_delta(root: Path) -> None:
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    a = commit_one(
+        store,
+        lease,
+        lease.first_id,
+        keyed(0, kv("a", 1)),
+        StateBlob("agg", 0, BlobKind.CHANNEL, "inflight", pa.table({"r": [1, 2]}), channel=1),
+        offsets=[SourceOffset("kafka", 3, 99)],
+    )
+    commit_one(store, lease, lease.first_id + 1, keyed(0, kv("a", 2)))
+    store.retain(lease, 1)  # exercises delete (copy-on-write) on every table
+    assert store.latest_completed().checkpoint_id == lease.first_id + 1
+    assert a.checkpoint_id not in [c.checkpoint_id for c in store.list_completed()]
+
+    for table in StoreTable:
+        path = root / table.value
+        proto = DeltaTable(str(path)).protocol()
+        assert (proto.min_reader_version, proto.min_writer_version) == (1, 2)
+        assert not proto.reader_features and not proto.writer_features
+        for _, actions in log_actions(path):
+            for action in actions:
+                if "protocol" in action:
+                    assert action["protocol"] == {"minReaderVersion": 1, "minWriterVersion": 2}
+                if "metaData" in action:
+                    meta = action["metaData"]
+                    assert meta["partitionColumns"] == []
+                    conf = meta.get("configuration", {})
+                    assert not any("deletionVectors" in k or "columnMapping" in k for k in conf)
+                    types = {
+                        f["name"]: f["type"] for f in json.loads(meta["schemaString"])["fields"]
+                    }
+                    # UTC timestamps (not timestamp_ntz, which needs a table feature)
+                    assert all(t != "timestamp_ntz" for t in types.values())
+                if "add" in action:
+                    assert action["add"].get("deletionVector") is None
+    ts = {
+        f["name"]: f["type"]
+        for f in json.loads(
+            next(
+                a["metaData"]
+                for _, acts in log_actions(root / "checkpoints")
+                for a in acts
+                if "metaData" in a
+            )["schemaString"]
+        )["fields"]
+    }
+    assert ts["trigger_ts"] == ts["completed_ts"] == ts["committed_at"] == "timestamp"
+
+
+def test_second_readers_see_exactly_what_was_committed(root: Path) -> None:
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    state = pa.table({"k": ["x", "y"], "v": [10, 20]})
+    cp = commit_one(
+        store,
+        lease,
+        lease.first_id,
+        keyed(5, state),
+        offsets=[SourceOffset("kafka", 0, 7), SourceOffset("kafka", 1, 3)],
+    )
+    # polars' reader
+    meta = pl.read_delta(str(root / "checkpoints")).filter(pl.col("record") == "completed")
+    assert meta["checkpoint_id"].to_list() == [lease.first_id]
+    assert meta["metadata"].to_list() == [cp.to_json()]
+    assert meta["snapshot_type"].to_list() == ["checkpoint"]
+    assert meta["state_bytes"].to_list() == [cp.stats.state_bytes]
+    assert str(meta["trigger_ts"].dtype) == "Datetime(time_unit='us', time_zone='UTC')"
+    assert meta["trigger_ts"].dt.epoch("ms").to_list() == [1_000]
+    blobs = pl.read_delta(str(root / "operator_state"))
+    assert blobs.height == 1
+    (payload,) = blobs["payload"].to_list()
+    assert pa.ipc.open_stream(payload).read_all().equals(state)
+    assert blobs["key_group_start"].to_list() == [5]
+    # hand-replayed log + DuckDB
+    assert duck_rows(
+        root / "source_offsets", 'checkpoint_id, vertex, subtask, source, channel, "offset"'
+    ) == [
+        (lease.first_id, "agg", 0, "kafka", 0, 7),
+        (lease.first_id, "agg", 0, "kafka", 1, 3),
+    ]
+    assert duck_rows(root / "checkpoints", "record, epoch, checkpoint_id") == [
+        ("completed", lease.epoch, lease.first_id),
+        ("lease", lease.epoch, lease.first_id),
+    ]
+
+
+def test_completion_is_one_small_append(root: Path) -> None:
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    h = store.write_task_state(lease.first_id, TaskSnapshot(TASK, (keyed(0, kv("a", 1)),)))
+    before = {t: len(log_actions(root / t.value)) for t in StoreTable}
+    store.commit(
+        lease,
+        CompletedCheckpoint(lease.first_id, SnapshotType.CHECKPOINT, (h,), CheckpointStats(0, 1)),
+    )
+    after = {t: len(log_actions(root / t.value)) for t in StoreTable}
+    assert after[StoreTable.CHECKPOINTS] == before[StoreTable.CHECKPOINTS] + 1
+    assert {t: after[t] - before[t] for t in StoreTable if t is not StoreTable.CHECKPOINTS} == {
+        StoreTable.OPERATOR_STATE: 0,
+        StoreTable.CHANNEL_STATE: 0,
+        StoreTable.SOURCE_OFFSETS: 0,
+    }
+    _, actions = log_actions(root / "checkpoints")[-1]
+    adds = [a["add"] for a in actions if "add" in a]
+    assert len(adds) == 1 and not any("remove" in a for a in actions)
+    assert json.loads(adds[0]["stats"])["numRecords"] == 1
+
+
+def test_read_blobs_reads_many_key_groups_in_one_scan(root: Path, monkeypatch) -> None:
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    tables = [kv(f"k{i}", i) for i in range(128)]
+    cp = commit_one(store, lease, lease.first_id, *(keyed(i, t) for i, t in enumerate(tables)))
+    scans = []
+    real = DeltaTable.to_pyarrow_dataset
+
+    def counting(self, *a, **kw):
+        scans.append(self.table_uri)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(DeltaTable, "to_pyarrow_dataset", counting)
+    refs = sorted(cp.blobs(), key=lambda r: -r.key_group_start)  # any order in, same order out
+    got = store.read_blobs(refs)
+    assert len(scans) == 1
+    assert [g.equals(tables[r.key_group_start]) for g, r in zip(got, refs, strict=True)] == [
+        True
+    ] * 128
+
+
+# ------------------------------------------------------------------ crashes
+
+_CRASH_SCRIPT = """
+import os, signal, sys
+import pyarrow as pa
+from spark_ckpt.delta.store import DeltaCheckpointStore, StoreTable
+from spark_ckpt.protocol.handle import BlobKind, SourceOffset, StateBlob, TaskId, TaskSnapshot
+root, point = sys.argv[1], sys.argv[2]
+store = DeltaCheckpointStore(root)
+lease = store.acquire()
+print(lease.first_id, lease.end_id, flush=True)
+snap = TaskSnapshot(
+    TaskId("agg", 0),
+    (StateBlob("agg", 0, BlobKind.KEYED_FULL, "counts", pa.table({"k": ["a"]}),
+               key_group_start=0, key_group_end=0),
+     StateBlob("agg", 0, BlobKind.CHANNEL, "inflight", pa.table({"r": [1]}), channel=0)),
+    (),
+    (SourceOffset("kafka", 0, 5),),
+)
+if point == "between-tables":
+    real = DeltaCheckpointStore._write_blobs
+    def write_then_die(self, table, *a):
+        out = real(self, table, *a)
+        if table is StoreTable.OPERATOR_STATE:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+    DeltaCheckpointStore._write_blobs = write_then_die
+store.write_task_state(lease.first_id, snap)
+os.kill(os.getpid(), signal.SIGKILL)  # before the completion commit
+"""
+
+
+@pytest.mark.parametrize("point", ["before-commit", "between-tables"])
+def test_crash_before_commit_leaves_nothing_visible(root: Path, point: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _CRASH_SCRIPT, str(root), point],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -9, proc.stderr
+    crashed_first, crashed_end = map(int, proc.stdout.split())
+    store = DeltaCheckpointStore(str(root))
+    assert store.list_completed() == []
+    assert store.latest_completed() is None
+    written = {r.kind for r in store.stored_blobs()}
+    assert written == (
+        {BlobKind.KEYED_FULL, BlobKind.CHANNEL}
+        if point == "before-commit"
+        else {BlobKind.KEYED_FULL}
+    )
+    # The next coordinator takes over with fresh ids and works normally.
+    lease = store.acquire()
+    assert lease.first_id >= crashed_end > crashed_first
+    cp = commit_one(store, lease, lease.first_id, keyed(0, kv("b", 2)))
+    assert store.latest_completed() == cp
+    # Retention collects the crashed attempt's unreferenced state.
+    store.retain(lease, 1)
+    assert {r.checkpoint_id for r in store.stored_blobs()} == {lease.first_id}
+
+
+def test_rewrite_after_partial_write_completes_without_duplicates(root: Path, monkeypatch) -> None:
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    snap = TaskSnapshot(
+        TASK,
+        (keyed(0, kv("a", 1)), StateBlob("agg", 0, BlobKind.CHANNEL, "c", kv("r", 1), channel=0)),
+        (),
+        (SourceOffset("kafka", 0, 1),),
+    )
+
+    class Crash(Exception):
+        pass
+
+    real = DeltaCheckpointStore._write_offsets
+
+    def crash(*_a, **_kw):
+        raise Crash
+
+    monkeypatch.setattr(DeltaCheckpointStore, "_write_offsets", crash)
+    with pytest.raises(Crash):
+        store.write_task_state(lease.first_id, snap)
+    monkeypatch.setattr(DeltaCheckpointStore, "_write_offsets", real)
+    h1 = store.write_task_state(lease.first_id, snap)
+    h2 = DeltaCheckpointStore(str(root)).write_task_state(lease.first_id, snap)
+    assert h1 == h2
+    assert len(pl.read_delta(str(root / "operator_state"))) == 1
+    assert len(pl.read_delta(str(root / "channel_state"))) == 1
+    assert len(pl.read_delta(str(root / "source_offsets"))) == 1
+
+
+# ------------------------------------------------------------------ fencing is atomic
+
+
+def test_lease_landing_between_check_and_commit_fences_the_commit(root: Path, monkeypatch) -> None:
+    """A new epoch committed right after the old coordinator checked its lease (the race a
+    non-atomic check would lose) must still fence the old coordinator's commit."""
+    old_store = DeltaCheckpointStore(str(root))
+    old = old_store.acquire()
+    h = old_store.write_task_state(old.first_id, TaskSnapshot(TASK, (keyed(0, kv("a", 1)),)))
+    rival = DeltaCheckpointStore(str(root))
+    real_view = DeltaCheckpointStore._view
+    injected = []
+
+    def view_then_rival_acquires(self, dt):
+        v = real_view(self, dt)
+        if self is old_store and not injected:
+            injected.append(rival.acquire())  # lands after our check, before our commit
+        return v
+
+    monkeypatch.setattr(DeltaCheckpointStore, "_view", view_then_rival_acquires)
+    cp = CompletedCheckpoint(old.first_id, SnapshotType.CHECKPOINT, (h,), CheckpointStats(0, 1))
+    with pytest.raises(FencedError):
+        old_store.commit(old, cp)
+    assert injected and DeltaCheckpointStore(str(root)).list_completed() == []
+
+
+_RACER = """
+import json, sys
+from spark_ckpt.protocol.barrier import SnapshotType
+from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
+from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.errors import FencedError
+from spark_ckpt.protocol.handle import TaskId, TaskStateHandle
+store = DeltaCheckpointStore(sys.argv[1])
+outcomes = []
+for _ in range(int(sys.argv[2])):
+    lease = store.acquire()
+    for cid in (lease.first_id, lease.first_id + 1):
+        cp = CompletedCheckpoint(cid, SnapshotType.CHECKPOINT, (TaskStateHandle(TaskId("t")),),
+                                 CheckpointStats(0, 1))
+        try:
+            store.commit(lease, cp)
+            outcomes.append([lease.epoch, cid, "won"])
+        except FencedError:
+            outcomes.append([lease.epoch, cid, "fenced"])
+print(json.dumps(outcomes))
+"""
+
+
+def test_two_coordinator_processes_racing(root: Path) -> None:
+    DeltaCheckpointStore(str(root)).acquire()  # create the table before the race
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACER, str(root), "12"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=80)
+        assert p.returncode == 0, err
+        results.extend(json.loads(out))
+    won = {(e, c) for e, c, r in results if r == "won"}
+    fenced = {(e, c) for e, c, r in results if r == "fenced"}
+    # Replay the log by hand, in commit order: every completion must carry the newest epoch
+    # leased before it (so no fenced coordinator committed), and the log must hold exactly
+    # the commits the processes saw succeed.
+    newest = 0
+    logged = set()
+    for _, actions in log_actions(root / "checkpoints"):
+        for a in actions:
+            if "add" not in a:
+                continue
+            path = root / "checkpoints" / a["add"]["path"]
+            for row in duckdb.sql(
+                f"SELECT record, epoch, checkpoint_id FROM read_parquet('{path}')"
+            ).fetchall():
+                if row[0] == "lease":
+                    assert row[1] > newest  # epochs strictly increase in log order
+                    newest = row[1]
+                else:
+                    assert row[1] == newest
+                    logged.add((row[1], row[2]))
+    assert logged == won
+    assert not won & fenced
+    ids = sorted(c for _, c in logged)
+    assert len(ids) == len(set(ids))  # each checkpoint id committed once
+    assert len(won) + len(fenced) == 2 * 12 * 2
+
+
+# ------------------------------------------------------------------ corruption on disk
+
+
+def test_overwritten_parquet_file_is_corrupt(root: Path) -> None:
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    cp = commit_one(store, lease, lease.first_id, keyed(0, kv("a", 1)))
+    (data_file,) = active_files(root / "operator_state")
+    Path(data_file).write_bytes(b"this is not parquet" * 10)
+    with pytest.raises(CorruptCheckpointError):
+        DeltaCheckpointStore(str(root)).read_blob(next(iter(cp.blobs())))
+
+
+def test_deleted_parquet_file_is_corrupt(root: Path) -> None:
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    commit_one(store, lease, lease.first_id, keyed(0, kv("a", 1)))
+    for f in active_files(root / "checkpoints"):
+        os.remove(f)
+    with pytest.raises(StoreError):
+        DeltaCheckpointStore(str(root)).list_completed()
+
+
+def test_tampered_metadata_row_is_corrupt(root: Path) -> None:
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    cp = commit_one(store, lease, lease.first_id, keyed(0, kv("a", 1)))
+    dt = DeltaTable(str(root / "checkpoints"))
+    fs = pafs.SubTreeFileSystem(str(root / "checkpoints"), pafs.LocalFileSystem())
+    rows = dt.to_pyarrow_dataset(filesystem=fs).to_table()
+    row = rows.filter(pa.compute.equal(rows["record"], "completed"))
+    forged = cp.to_json().replace('"trigger_ms":1000', '"trigger_ms":999')
+    assert forged != cp.to_json()
+    row = row.set_column(row.schema.get_field_index("metadata"), "metadata", pa.array([forged]))
+    dt.delete("record = 'completed'")
+    write_deltalake(dt, row, mode="append")
+    with pytest.raises(CorruptCheckpointError):
+        DeltaCheckpointStore(str(root)).list_completed()
+
+
+def test_missing_blob_rows_of_committed_checkpoint_are_corrupt(root: Path) -> None:
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    cp = commit_one(store, lease, lease.first_id, keyed(0, kv("a", 1)), keyed(1, kv("b", 2)))
+    gone = next(r for r in cp.blobs() if r.key_group_start == 1)
+    DeltaTable(str(root / "operator_state")).delete(f"blob_id = '{blob_id(gone)}'")
+    reader = DeltaCheckpointStore(str(root))
+    with pytest.raises(CorruptCheckpointError):
+        reader.read_blobs(list(cp.blobs()))
+    # A blob nobody committed is merely not found.
+    never = reader.write_task_state(lease.first_id + 1, TaskSnapshot(TASK, (keyed(2, kv("c", 3)),)))
+    (ref,) = never.blobs
+    DeltaTable(str(root / "operator_state")).delete(f"blob_id = '{blob_id(ref)}'")
+    with pytest.raises(CheckpointNotFoundError):
+        reader.read_blob(ref)
+
+
+def test_store_errors_are_translated(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(StoreError) as info:
+        DeltaCheckpointStore(str(not_a_dir)).acquire()
+    assert info.value.__cause__ is not None
+
+
+def test_vacuum_is_explicit_and_keeps_retained_state(root: Path) -> None:
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    commit_one(store, lease, lease.first_id, keyed(0, kv("a", 1)))
+    last = commit_one(store, lease, lease.first_id + 1, keyed(0, kv("a", 2)))
+    store.retain(lease, 1)
+    on_disk = len(list((root / "operator_state").glob("*.parquet")))
+    assert on_disk == 2  # retention removed a file from the table, not from the disk
+    assert store.vacuum(dry_run=True) == []  # default retention (7 days) protects it
+    deleted = store.vacuum(0, enforce_retention_duration=False)
+    assert len(deleted) >= 1
+    assert len(list((root / "operator_state").glob("*.parquet"))) == 1
+    assert store.read_blob(next(iter(last.blobs()))).equals(kv("a", 2))
+
+
+def test_reads_and_commits_after_retention_rewrote_files(tmp_path: Path) -> None:
+    """delta-rs DELETE (retention) rewrites a data file that holds both dropped blobs and
+    blobs a newer incremental checkpoint still reuses; the rewritten file carries string_view
+    in its Arrow schema. Filtered reads and later commits must keep working on it."""
+    store = DeltaCheckpointStore(str(tmp_path))
+    lease = store.acquire()
+    task = TaskId("op", 0)
+    reused: tuple[BlobRef, ...] = ()
+    for i in range(4):
+        cid = lease.first_id + i
+        fresh = tuple(
+            StateBlob(
+                "op",
+                0,
+                BlobKind.KEYED_FULL,
+                "s",
+                pa.table({"v": [i, kg]}),
+                key_group_start=kg,
+                key_group_end=kg,
+            )
+            for kg in range(3)
+            if i == 0 or kg > 0  # key group 0 is written once, then reused by every checkpoint
+        )
+        handle = store.write_task_state(cid, TaskSnapshot(task, fresh, reused))
+        reused = tuple(b for b in handle.blobs if b.key_group_start == 0)
+        cp = CompletedCheckpoint(cid, SnapshotType.CHECKPOINT, (handle,), CheckpointStats(0, 1))
+        store.commit(lease, cp)
+        store.retain(lease, 1)
+    ops = [h["operation"] for h in DeltaTable(store.table_uri(StoreTable.OPERATOR_STATE)).history()]
+    assert "DELETE" in ops
+    latest = store.latest_completed()
+    assert latest is not None
+    tables = store.read_blobs(sorted(latest.blobs(), key=lambda b: b.key_group_start))
+    assert [t.column("v").to_pylist() for t in tables] == [[0, 0], [3, 1], [3, 2]]
+
+
+# ------------------------------------------------------------------ verification of damaged files
+
+
+def _two_checkpoints(root: Path) -> tuple[CompletedCheckpoint, CompletedCheckpoint]:
+    """Two checkpoints, each with two keyed blobs and a channel blob; each task write is its
+    own commit, so each checkpoint's rows are in their own data files."""
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    out = []
+    for i in range(2):
+        out.append(
+            commit_one(
+                store,
+                lease,
+                lease.first_id + i,
+                keyed(0, pa.table({"k": [f"a{j}" for j in range(40)], "v": list(range(40))})),
+                keyed(1, kv("b", i)),
+                StateBlob("agg", 0, BlobKind.CHANNEL, "inflight", kv("r", i), channel=0),
+            )
+        )
+    return out[0], out[1]
+
+
+def _assert_damaged(root: Path, good: CompletedCheckpoint, bad: CompletedCheckpoint) -> str:
+    """*bad* fails verification naming its id, *good* verifies, and a restore falls back
+    from *bad* to *good*. Returns the error message."""
+    store = DeltaCheckpointStore(str(root))
+    with pytest.raises(CorruptCheckpointError) as info:
+        store.verify(bad)
+    assert info.value.checkpoint_id == bad.checkpoint_id
+    assert f"checkpoint {bad.checkpoint_id} is damaged" in str(info.value)
+    store.verify(good)
+    restorable, skipped = DeltaCheckpointStore(str(root)).latest_restorable()
+    assert restorable == good
+    assert [e.checkpoint_id for e in skipped] == [bad.checkpoint_id]
+    return str(info.value)
+
+
+def test_flipped_payload_byte_is_a_checksum_failure_naming_the_blob(root: Path) -> None:
+    good, bad = _two_checkpoints(root)
+    damage = flip_byte_in_blob(root, bad.checkpoint_id)
+    message = _assert_damaged(root, good, bad)
+    assert f"blob_id {damage.row}" in message
+    assert "fails its checksum" in message
+    # exactly one payload byte differs, everything else is as written
+    (ref,) = [r for r in bad.blobs() if blob_id(r) == damage.row]
+    rows = pq.read_table(damage.path).to_pylist()
+    [row] = [r for r in rows if r["blob_id"] == damage.row]
+    stored = DeltaCheckpointStore(str(root))
+    assert row["checksum"] == ref.checksum
+    assert len(row["payload"]) == ref.nbytes
+    other = [r for r in bad.blobs() if r != ref and r.kind is not BlobKind.CHANNEL]
+    for r in other:  # the other blobs of the file still read back
+        stored.read_blob(r)
+
+
+@pytest.mark.parametrize("where", ["footer magic", "footer length", "payload pages", "blob ids"])
+def test_flipped_byte_in_parquet_file_is_corrupt(root: Path, where: str) -> None:
+    """A flipped byte anywhere a read depends on — the footer (pyarrow reports it as an
+    OSError, like an I/O failure), the compressed pages of the payloads or of the blob ids
+    (the row is not found) — is damage."""
+    good, bad = _two_checkpoints(root)
+    [path] = files_of_checkpoint(root, bad.checkpoint_id)
+    payload = column_chunk_span(path, "payload")
+    ids = column_chunk_span(path, "blob_id")
+    offset = {
+        "footer magic": -1,
+        "footer length": -5,
+        "payload pages": sum(payload) // 2,
+        "blob ids": sum(ids) // 2,
+    }[where]
+    flip_byte_in_file(path, offset)
+    _assert_damaged(root, good, bad)
+
+
+@pytest.mark.parametrize("table", [StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE])
+def test_deleted_data_file_is_corrupt(root: Path, table: StoreTable) -> None:
+    good, bad = _two_checkpoints(root)
+    path = delete_blob_file(root, bad.checkpoint_id, table)
+    assert not path.exists()
+    message = _assert_damaged(root, good, bad)
+    assert f"{table.value} blob_id" in message
+    assert f"data file {path.name} is gone" in message  # the lost file is named as the cause
+
+
+def test_damaged_metadata_row_on_disk_is_skipped(root: Path) -> None:
+    good, bad = _two_checkpoints(root)
+    tamper_metadata(root, bad.checkpoint_id)
+    store = DeltaCheckpointStore(str(root))
+    with pytest.raises(CorruptCheckpointError):
+        store.list_completed()
+    restorable, skipped = store.latest_restorable()
+    assert restorable == good
+    assert [e.checkpoint_id for e in skipped] == [bad.checkpoint_id]
+
+
+def test_verify_does_not_take_an_outage_for_damage(root: Path, monkeypatch) -> None:
+    """An I/O error that is not damage (the object store is unreachable) propagates as a
+    plain StoreError: a restore must not fall back to an older checkpoint because of it."""
+    _good, bad = _two_checkpoints(root)
+    store = DeltaCheckpointStore(str(root))
+    store.list_completed()  # metadata cached; only the blob reads fail below
+
+    def unreachable(self, *a, **kw):
+        raise OSError("connection reset by peer")
+
+    monkeypatch.setattr(DeltaTable, "to_pyarrow_dataset", unreachable)
+    with pytest.raises(StoreError) as info:
+        store.verify(bad)
+    assert not isinstance(info.value, CorruptCheckpointError)
+    with pytest.raises(StoreError) as info:
+        store.latest_restorable()
+    assert not isinstance(info.value, CorruptCheckpointError)
+
+
+def test_verify_reads_each_table_once_when_intact(root: Path, monkeypatch) -> None:
+    _good, bad = _two_checkpoints(root)
+    store = DeltaCheckpointStore(str(root))
+    store.list_completed()
+    scans = []
+    real = DeltaTable.to_pyarrow_dataset
+
+    def counting(self, *a, **kw):
+        scans.append(self.table_uri)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(DeltaTable, "to_pyarrow_dataset", counting)
+    store.verify(bad)
+    assert len(scans) == 2  # operator_state and channel_state, one scan each
+
+
+def test_file_by_file_check_accepts_intact_files_that_retention_rewrote(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """When the bulk read fails for a passing reason, verify examines the data files one by
+    one: files delta-rs rewrote (string_view in their schema) must read as intact there."""
+    store = DeltaCheckpointStore(str(tmp_path))
+    lease = store.acquire()
+    task = TaskId("op", 0)
+    reused: tuple[BlobRef, ...] = ()
+    for i in range(3):
+        fresh = tuple(
+            StateBlob(
+                "op",
+                0,
+                BlobKind.KEYED_FULL,
+                "s",
+                pa.table({"v": [i, kg]}),
+                key_group_start=kg,
+                key_group_end=kg,
+            )
+            for kg in range(2)
+            if i == 0 or kg > 0
+        )
+        handle = store.write_task_state(lease.first_id + i, TaskSnapshot(task, fresh, reused))
+        reused = tuple(b for b in handle.blobs if b.key_group_start == 0)
+        cp = CompletedCheckpoint(
+            lease.first_id + i, SnapshotType.CHECKPOINT, (handle,), CheckpointStats(0, 1)
+        )
+        store.commit(lease, cp)
+        store.retain(lease, 1)
+    ops = [h["operation"] for h in DeltaTable(store.table_uri(StoreTable.OPERATOR_STATE)).history()]
+    assert "DELETE" in ops
+    real = DeltaCheckpointStore.read_blobs
+    calls = []
+
+    def flaky(self, refs):
+        calls.append(len(refs))
+        if len(calls) == 1:
+            raise StoreError("reading blobs failed: OSError: connection reset")
+        return real(self, refs)
+
+    monkeypatch.setattr(DeltaCheckpointStore, "read_blobs", flaky)
+    reader = DeltaCheckpointStore(str(tmp_path))
+    reader.verify(cp)  # the bulk read failed, the file-by-file check passes
+    assert calls == [2]
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("payload", None), ("blob_id", b"\xff\xfe not utf-8"), ("checksum", b"\xc3\x28")],
+)
+def test_values_a_damaged_file_can_decode_to_are_corrupt_not_raw_errors(
+    root: Path, column: str, value: object
+) -> None:
+    """pyarrow decodes a damaged file to values the schema forbids — a null payload,
+    invalid UTF-8 — without complaint: reads and verify report them as corruption, never
+    as a raw TypeError or UnicodeDecodeError."""
+    good, bad = _two_checkpoints(root)
+    damage = set_blob_value(root, bad.checkpoint_id, column, value)
+    (ref,) = [r for r in bad.blobs() if blob_id(r) == damage.row]
+    with pytest.raises(CorruptCheckpointError):
+        DeltaCheckpointStore(str(root)).read_blob(ref)
+    _assert_damaged(root, good, bad)

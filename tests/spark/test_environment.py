@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from spark_ckpt.spark import environment
+from spark_ckpt.errors import EnvironmentSetupError, SparkCkptError
+
+
+@pytest.mark.parametrize(
+    ("text", "major"),
+    [
+        ('openjdk version "17.0.15" 2025-04-15', 17),
+        ('java version "1.8.0_392"', 8),
+        ('openjdk version "21" 2023-09-19', 21),
+        ("garbage", None),
+    ],
+)
+def test_parse_java_version(text: str, major: int | None) -> None:
+    assert environment.parse_java_version(text) == major
+
+
+def test_missing_java_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAVA_HOME", "/nonexistent")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(EnvironmentSetupError, match=r"Java 17\+") as e:
+        environment.ensure_java()
+    assert isinstance(e.value, SparkCkptError)
+
+
+def test_old_java_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(environment, "java_version", lambda: 11)
+    with pytest.raises(EnvironmentSetupError, match="found Java 11"):
+        environment.ensure_java()
+
+
+def test_import_sets_pyspark_python_only_when_unset() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    code = "import os, spark_ckpt; print(os.environ['PYSPARK_PYTHON'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == sys.executable
+    env["PYSPARK_PYTHON"] = "/custom/python"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "/custom/python"

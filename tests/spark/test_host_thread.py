@@ -1,0 +1,136 @@
+"""The coordinator host on its own thread (what ``ckpt-source``'s runner uses) and the
+foreachBatch aligner's snapshot worker thread: barriers reach ``latestOffset`` without it
+running a poll, polling errors fail the caller, and the worker runs jobs in order and
+reports their errors. No timing is asserted: waits are bounded loops on a condition."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from spark_ckpt.errors import TolerableFailuresExceededError
+from spark_ckpt.protocol.clock import ManualClock
+from spark_ckpt.runtime.config import CheckpointConfig
+from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
+from spark_ckpt.sinks.sink import MemorySink
+from spark_ckpt.spark.host import CoordinatorHost, HostThread
+from spark_ckpt.spark.mailbox import (
+    Mailbox,
+    Request,
+    RequestKind,
+    SinkSpec,
+    Topology,
+    write_topology,
+)
+from spark_ckpt.storage.store import InMemoryCheckpointStore
+
+
+def wait_until(condition: Callable[[], bool], limit_s: float = 30.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.01)
+
+
+def hosted(root: Path) -> tuple[HostThread, ManualClock]:
+    store, sink, clock = InMemoryCheckpointStore(), MemorySink(), ManualClock(1_000)
+    # the topology the host needs before it triggers anything
+    write_topology(str(root), Topology("counter", 1, SinkSpec("memory", "-", "counter")))
+    config = CheckpointConfig(interval_ms=100)
+    host = CoordinatorHost(
+        str(root),
+        config,
+        store,
+        sink_factory=lambda _: sink,
+        clock=clock,
+        defer_after_completion=True,
+    )
+    return HostThread(host, interval_s=0.01), clock
+
+
+def test_barriers_are_triggered_on_the_host_thread(tmp_path: Path) -> None:
+    thread, clock = hosted(tmp_path)
+    try:
+        assert thread.take_barriers() == []  # starts the thread
+        got: list[int] = []
+
+        def triggered() -> bool:
+            got.extend(b.checkpoint_id for b in thread.take_barriers())
+            return bool(got)
+
+        wait_until(lambda: thread.call(lambda h: h.coordinator is not None))
+        clock.advance(1_000)  # the periodic trigger is due: the thread triggers it
+        wait_until(triggered)
+        assert len(got) == 1 and thread.stopping is None
+        Mailbox(str(tmp_path)).post(Request("stop-1", RequestKind.STOP))
+        wait_until(lambda: thread.stopping is not None)
+        stopping = thread.stopping
+        assert stopping is not None and stopping.final  # queued behind checkpoint 1
+    finally:
+        thread.stop()
+
+
+def test_a_failed_poll_fails_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    thread, _ = hosted(tmp_path)
+
+    def fail(tick: bool = True) -> list[object]:
+        raise TolerableFailuresExceededError("too many failed checkpoints")
+
+    monkeypatch.setattr(thread.host, "poll", fail)
+    thread.start()
+    with pytest.raises(TolerableFailuresExceededError):
+        wait_until(lambda: bool(thread.take_barriers()) and False)
+    thread.stop()
+
+
+def test_snapshot_worker_runs_jobs_in_order_and_reports_errors() -> None:
+    worker = SnapshotWorker()
+    seen: list[int] = []
+    for i in range(50):
+        worker.submit(lambda i=i: seen.append(i))
+    worker.drain()
+    assert seen == list(range(50))
+    assert threading.current_thread().name != "spark-ckpt-snapshot"
+
+    def boom() -> None:
+        raise TolerableFailuresExceededError("boom")
+
+    worker.submit(boom)
+    worker.submit(lambda: seen.append(99))  # not run: the worker stopped at the error
+    with pytest.raises(TolerableFailuresExceededError):
+        worker.drain()
+    with pytest.raises(TolerableFailuresExceededError):
+        worker.submit(lambda: None)
+    assert 99 not in seen
+    worker.close()
+    worker.close()
+
+
+def test_mailbox_receives_while_another_thread_posts(tmp_path: Path) -> None:
+    """Senders write a temporary file and rename it into the mailbox; a listing that races a
+    rename must not fail, and every message arrives exactly once."""
+    mailbox = Mailbox(str(tmp_path))
+    n = 3000
+
+    def post_all() -> None:
+        for i in range(n):
+            mailbox.post(Request(f"r{i}", RequestKind.CHECKPOINT))
+
+    sender = threading.Thread(target=post_all)
+    sender.start()
+    got: list[str] = []
+    while True:
+        done = not sender.is_alive()  # before listing: a later post is seen next round
+        received = mailbox.receive()
+        got.extend(m.request_id for _, m in received if isinstance(m, Request))
+        mailbox.delete([name for name, _ in received])
+        if done and not received:
+            break
+    sender.join()
+    assert len(got) == n, (len(got), len(set(got)))
+    assert sorted(got) == sorted(f"r{i}" for i in range(n))
