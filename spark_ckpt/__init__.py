@@ -1,11 +1,22 @@
-"""spark-ckpt: Flink-style asynchronous barrier snapshots for Spark Structured Streaming.
+"""spark-ckpt: Flink-style checkpoints and savepoints for Spark Structured Streaming,
+committed into Delta Lake tables.
 
-The engine in this package is pure Python over Arrow. Only the storage adapters import
-``deltalake`` (:mod:`~spark_ckpt.delta.store`, :mod:`~spark_ckpt.delta.sink`,
-:mod:`~spark_ckpt.delta.tail`) and only the Spark adapters import ``pyspark``
-(:mod:`~spark_ckpt.spark.session`, :mod:`~spark_ckpt.spark.pipeline`, and the ``datasources``
-package).
-Importing the package points ``PYSPARK_PYTHON`` at this interpreter when unset.
+The public API is what this module exports (``__all__``)::
+
+    from spark_ckpt import CheckpointConfig, Pipeline, RunningCount, local_session
+
+    spark = local_session()                     # or a notebook's `spark`, or connect_session()
+    pipeline = Pipeline(spark, "orders", config=CheckpointConfig(interval_ms=1000))
+    pipeline.run({"source": "generator", "channels": 4}, RunningCount("counter", "user_id"),
+                 output="/lake/counts", duration_s=60)
+
+Layers (``docs/architecture.md``; ``make lint`` checks who may import whom): the pure core —
+:mod:`~spark_ckpt.protocol`, :mod:`~spark_ckpt.state`, :mod:`~spark_ckpt.storage`,
+:mod:`~spark_ckpt.sinks`, :mod:`~spark_ckpt.sources`, :mod:`~spark_ckpt.runtime` — imports
+neither ``pyspark`` nor ``deltalake``; :mod:`~spark_ckpt.delta` holds the Delta adapters,
+:mod:`~spark_ckpt.spark` the Spark layer, :mod:`~spark_ckpt.testing` the testing aids.
+Importing the package points ``PYSPARK_PYTHON`` at this interpreter when unset; it does not
+import ``pyspark``.
 """
 
 from __future__ import annotations
@@ -14,4 +25,70 @@ from spark_ckpt.spark.environment import ensure_pyspark_python
 
 ensure_pyspark_python()
 
+# ruff: noqa: E402 - the environment is set before anything else is imported
+from spark_ckpt.errors import (
+    CheckpointError,
+    ConfigError,
+    CorruptCheckpointError,
+    EnvironmentSetupError,
+    PipelineFailedError,
+    PipelineFencedError,
+    SparkCkptError,
+    StateError,
+    StoreError,
+)
+from spark_ckpt.protocol.barrier import SnapshotType
+from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
+from spark_ckpt.runtime.config import (
+    CheckpointConfig,
+    CheckpointingMode,
+    ExternalizedCheckpointRetention,
+    minutes,
+    seconds,
+)
+from spark_ckpt.runtime.operator import KeyedOperator, RecordOperator, RunningCount
+from spark_ckpt.runtime.restart import RestartStrategies
+from spark_ckpt.spark.client import CheckpointSummary, PipelineClient
+from spark_ckpt.spark.job import JobSpec
+from spark_ckpt.spark.pipeline import Pipeline
+from spark_ckpt.spark.pipeline_run import PipelineRun
+from spark_ckpt.spark.session import connect_session, local_session
+from spark_ckpt.spark.supervisor import RunResult, StopReason
+
+# PENDING-STATE-SPLIT
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointConfig",
+    "CheckpointError",
+    "CheckpointStats",
+    "CheckpointSummary",
+    "CheckpointingMode",
+    "CompletedCheckpoint",
+    "ConfigError",
+    "CorruptCheckpointError",
+    "EnvironmentSetupError",
+    "ExternalizedCheckpointRetention",
+    "JobSpec",
+    "KeyedOperator",
+    "Pipeline",
+    "PipelineClient",
+    "PipelineFailedError",
+    "PipelineFencedError",
+    "PipelineRun",
+    "RecordOperator",
+    "RestartStrategies",
+    "RunResult",
+    "RunningCount",
+    "SnapshotType",
+    "SparkCkptError",
+    "StateError",
+    "StopReason",
+    "StoreError",
+    "__version__",
+    "connect_session",
+    "local_session",
+    "minutes",
+    "seconds",
+]

@@ -3,7 +3,10 @@
 * ``spark-ckpt demo …`` — the main job (see :mod:`spark_ckpt.demo`);
 * ``spark-ckpt checkpoints --root R`` — completed checkpoints and savepoints of a pipeline;
 * ``spark-ckpt savepoint --root R [--target DIR]`` / ``checkpoint`` / ``stop`` — ask the
-  running pipeline's coordinator (through its mailbox) and wait for the answer.
+  running pipeline's coordinator and wait for the answer.
+
+Every command goes through :class:`~spark_ckpt.spark.client.PipelineClient`, the client that
+the pipeline object and notebooks use too.
 """
 
 from __future__ import annotations
@@ -11,20 +14,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from spark_ckpt.errors import SparkCkptError
+from spark_ckpt.errors import CheckpointError, SparkCkptError
+
+if TYPE_CHECKING:
+    from spark_ckpt.spark.client import PipelineClient
 
 
-def _store(root: str):  # type: ignore[no-untyped-def]
-    from spark_ckpt.delta.store import DeltaCheckpointStore
+def _client(root: str) -> PipelineClient:
+    from spark_ckpt.spark.client import PipelineClient
 
-    return DeltaCheckpointStore(root)
+    return PipelineClient(root)
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
-    for cp in _store(args.root).list_completed():
+    for cp in _client(args.root).checkpoints():
         s = cp.stats
         print(
             json.dumps(
@@ -44,56 +50,21 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 
 def cmd_request(args: argparse.Namespace) -> int:
-    """Post a checkpoint/savepoint/stop request and wait for its answer. ``stop`` waits until
-    the running pipeline has stopped (its final checkpoint completed, its output committed,
-    its query ended). The request expires with ``--timeout``: a pipeline started later never
-    acts on it."""
-    import uuid
-
-    from spark_ckpt.protocol.clock import SystemClock
-    from spark_ckpt.spark.host import REQUEST_ID
-    from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
-    from spark_ckpt.spark.run import Runs, RunState
-
-    kind = RequestKind(args.command)
-    request_id = uuid.uuid4().hex
-    mailbox = Mailbox(args.root)
-    name = mailbox.post(
-        Request(
-            request_id,
-            kind,
-            getattr(args, "target", None),
-            args.command == "stop" and args.savepoint,
-            SystemClock().now_ms() + int(args.timeout * 1000),
-        )
-    )
-    deadline = time.monotonic() + args.timeout
-    store = _store(args.root)
-    answer = None
-    while time.monotonic() < deadline:
-        if answer is None:
-            answer = next(
-                (c for c in store.list_completed() if c.properties.get(REQUEST_ID) == request_id),
-                None,
-            )
-        if answer is not None and kind is not RequestKind.STOP:
-            break
-        if answer is not None and any(
-            s.stop_request == request_id and s.state is RunState.STOPPED
-            for s in Runs(args.root).statuses()
-        ):
-            break
-        time.sleep(0.2)
-    else:
-        mailbox.delete([name])  # not acted on yet: take it back
-        what = "no answer" if answer is None else "the pipeline did not stop"
-        print(
-            f"error: {what} to the {kind.value} request within {args.timeout} s "
-            f"(is the pipeline under {args.root} running?)",
-            file=sys.stderr,
-        )
+    """Post a checkpoint/savepoint/stop request through the pipeline's client and wait for
+    its answer. ``stop`` waits until the running pipeline has stopped (its final checkpoint
+    completed, its output committed, its query ended). The request expires with
+    ``--timeout``: a pipeline started later never acts on it."""
+    client = _client(args.root)
+    try:
+        if args.command == "stop":
+            answer = client.stop(savepoint=args.savepoint, timeout_s=args.timeout)
+        elif args.command == "savepoint":
+            answer = client.savepoint(args.target, timeout_s=args.timeout)
+        else:
+            answer = client.checkpoint(timeout_s=args.timeout)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
-    assert answer is not None
     print(
         json.dumps(
             {"id": answer.checkpoint_id, "type": answer.snapshot_type.value, **answer.properties}

@@ -107,19 +107,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="where barriers go under a read limit: the batch's end, or each channel's head",
     )
     p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="run under Spark Connect: sc://host:port, or local[2] for a local Connect server",
+    )
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from spark_ckpt.spark.pipeline import Pipeline
-    from spark_ckpt.spark.session import local_session
+    from spark_ckpt.spark.session import connect_session, local_session
     from spark_ckpt.spark.source_options import default_root
 
     root = os.path.abspath(args.root or default_root(args.pipeline))
     output = os.path.abspath(
         args.output or os.path.join(os.path.dirname(root), f"{args.pipeline}_counts")
     )
-    spark = local_session(f"spark-ckpt-{args.pipeline}", log_level="ERROR")
+    app = f"spark-ckpt-{args.pipeline}"
+    if args.remote:
+        spark = connect_session(args.remote, app, log_level="ERROR")
+    else:
+        spark = local_session(app, log_level="ERROR")
     pipeline = Pipeline(spark, args.pipeline, config=build_config(args), root=root)
     source: dict[str, object]
     if args.input:

@@ -61,6 +61,8 @@ class DemoArgs:
     tolerable_failures: int = 3
     retention: str = "RETAIN_ON_CANCELLATION"
     parallelism: int = 2
+    #: run under Spark Connect (``--remote``), e.g. ``"local[2]"``; None: classic Spark
+    remote: str | None = None
 
     def argv(self) -> list[str]:
         args = [
@@ -106,6 +108,8 @@ class DemoArgs:
         ]
         if self.input is not None:
             args += ["--input", str(self.input)]
+        if self.remote is not None:
+            args += ["--remote", self.remote]
         if self.max_rows_per_trigger is not None:
             args += ["--max-rows-per-trigger", str(self.max_rows_per_trigger)]
             args += ["--barrier-placement", self.barrier_placement]

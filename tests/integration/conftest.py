@@ -46,8 +46,7 @@ def spark() -> Iterator[SparkSession]:
     from spark_ckpt.spark.session import local_session
 
     os.environ[faults.ENV] = "1"  # before the JVM starts: its Python workers inherit it
-    session = local_session("spark-ckpt-tests")
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_session("spark-ckpt-tests", log_level="ERROR")
     yield session
     session.stop()
 

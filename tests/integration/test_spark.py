@@ -301,7 +301,7 @@ def test_ckpt_sink_writes_input_exactly_once_and_only_completed_checkpoints(
     )
     finish(query)
 
-    completed = {c.checkpoint_id: c for c in job.pipeline.checkpoints()}
+    completed = {c.checkpoint_id: c for c in job.pipeline.client.checkpoints()}
     assert final_offsets(job) == at(job.ends)
     table = read_table(job.output)
     assert set(table.columns) == set(USER_COLUMNS)
@@ -502,12 +502,12 @@ def test_savepoint_while_running_survives_retention_and_stop_takes_final_checkpo
     )
     query = run.query
     try:
-        savepoint = pipeline.savepoint(timeout_s=RUN_TIMEOUT_S)
+        savepoint = pipeline.client.savepoint(timeout_s=RUN_TIMEOUT_S)
         assert savepoint.snapshot_type is SnapshotType.SAVEPOINT and savepoint.is_savepoint
-        assert savepoint in pipeline.checkpoints()
-        later = [pipeline.checkpoint(timeout_s=RUN_TIMEOUT_S) for _ in range(2)]
+        assert savepoint in pipeline.client.checkpoints()
+        later = [pipeline.client.checkpoint(timeout_s=RUN_TIMEOUT_S) for _ in range(2)]
         assert all(c.checkpoint_id > savepoint.checkpoint_id for c in later)
-        final = pipeline.stop(run, timeout_s=RUN_TIMEOUT_S)
+        final = run.stop(timeout_s=RUN_TIMEOUT_S)
     finally:
         if query.isActive:
             query.stop()
@@ -515,7 +515,7 @@ def test_savepoint_while_running_survives_retention_and_stop_takes_final_checkpo
     assert final.checkpoint_id > later[-1].checkpoint_id
     assert not query.isActive and query.exception() is None
 
-    kept = {c.checkpoint_id for c in pipeline.checkpoints()}
+    kept = {c.checkpoint_id for c in pipeline.client.checkpoints()}
     assert savepoint.checkpoint_id in kept  # savepoints are never retired
     assert later[0].checkpoint_id not in kept  # ... while checkpoints are (1 retained)
     assert final.checkpoint_id in kept

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from spark_ckpt.spark import environment
 from spark_ckpt.errors import EnvironmentSetupError, SparkCkptError
+from spark_ckpt.spark import environment
 
 
 @pytest.mark.parametrize(

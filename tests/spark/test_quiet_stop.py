@@ -14,7 +14,7 @@ import pytest
 from py4j.protocol import Py4JJavaError
 
 from spark_ckpt.spark.batch_aligner import BatchInterruptedError, collect_arrow
-from spark_ckpt.spark.pipeline import _Interrupts
+from spark_ckpt.spark.supervisor import Interrupts as _Interrupts
 
 #: Spark's StreamExecution.PROXY_ERROR (isInterruptionException), which recurses once per
 #: character after its prefix: a long message overflows the JVM stream thread's stack.

@@ -1,0 +1,193 @@
+"""The pipeline client: how a notebook, the CLI, or the pipeline object itself talks to a
+running pipeline — by its root, never through a Python object of the process that runs it.
+
+Requests (checkpoint, savepoint, stop) are posted to the coordinator's mailbox under the
+root and answered by completed checkpoints in the checkpoint store that carry the
+request's id; queries (completed checkpoints, the latest one, statistics, runs) read the
+store and the runs' files. That is what makes a pipeline controllable from anywhere that
+sees its root: another notebook, a shell, a Spark Connect client whose foreachBatch function
+runs in a server-side process.
+
+No ``pyspark`` here: the client needs neither a SparkSession nor a running JVM.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from statistics import mean
+from typing import TYPE_CHECKING
+
+from spark_ckpt.errors import CheckpointError
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.clock import SystemClock
+from spark_ckpt.spark.host import REQUEST_ID
+from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
+from spark_ckpt.spark.run import Runs, RunState, RunStatus
+
+if TYPE_CHECKING:
+    from spark_ckpt.delta.store import DeltaCheckpointStore
+
+#: How often the client polls the store while waiting for an answer.
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Span:
+    """Minimum, average and maximum of one figure over the retained checkpoints."""
+
+    min: float
+    avg: float
+    max: float
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    """Statistics over the retained completed checkpoints and savepoints (Flink's checkpoint
+    summary): counts, the latest, and min/avg/max of end-to-end duration, state size and
+    alignment time. Spans are None when nothing is retained."""
+
+    checkpoints: int
+    savepoints: int
+    latest: CompletedCheckpoint | None
+    duration_ms: Span | None
+    state_bytes: Span | None
+    alignment_ms: Span | None
+
+
+def _span(values: list[int]) -> Span | None:
+    return Span(min(values), mean(values), max(values)) if values else None
+
+
+class PipelineClient:
+    """Requests to and queries of the pipeline under *root* (the pipeline's root folder or
+    URI: checkpoint store, mailbox, runs). Safe to use from any process, any number of
+    times; a request expires after its timeout, so a pipeline started later never acts on a
+    request nobody waits for any more."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root if "://" in root else os.path.abspath(root)
+        self.mailbox = Mailbox(self.root)
+        self._store: DeltaCheckpointStore | None = None
+        self._posted: dict[str, tuple[str, RequestKind]] = {}  # request id -> (file, kind)
+
+    @property
+    def store(self) -> DeltaCheckpointStore:
+        """The pipeline's checkpoint store (opened on first use)."""
+        if self._store is None:
+            from spark_ckpt.delta.store import DeltaCheckpointStore
+
+            self._store = DeltaCheckpointStore(self.root)
+        return self._store
+
+    # -- requests ---------------------------------------------------------------------------
+    def request(
+        self,
+        kind: RequestKind,
+        target: str | None = None,
+        savepoint: bool = False,
+        timeout_s: float = 120.0,
+    ) -> str:
+        """Post a request to the running coordinator and return its id; it expires after
+        *timeout_s*."""
+        request_id = uuid.uuid4().hex
+        expires = SystemClock().now_ms() + int(timeout_s * 1000)
+        name = self.mailbox.post(Request(request_id, kind, target, savepoint, expires))
+        self._posted[request_id] = (name, kind)
+        return request_id
+
+    def withdraw(self, request_id: str) -> None:
+        """Take back a request this client posted, if the coordinator has not taken it yet."""
+        posted = self._posted.pop(request_id, None)
+        if posted is not None:
+            self.mailbox.delete([posted[0]])
+
+    def answer(self, request_id: str) -> CompletedCheckpoint | None:
+        """The completed checkpoint that answered *request_id*, if any yet."""
+        return next(
+            (c for c in self.store.list_completed() if c.properties.get(REQUEST_ID) == request_id),
+            None,
+        )
+
+    def wait_for(self, request_id: str, timeout_s: float = 120.0) -> CompletedCheckpoint:
+        """Wait until the checkpoint answering *request_id* completed; raises
+        :class:`~spark_ckpt.errors.CheckpointError` after *timeout_s*."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            answer = self.answer(request_id)
+            if answer is not None:
+                return answer
+            if time.monotonic() >= deadline:
+                posted = self._posted.get(request_id)
+                what = f"the {posted[1].value} request" if posted else f"request {request_id}"
+                raise CheckpointError(
+                    f"no answer to {what} within {timeout_s:g} s "
+                    f"(is the pipeline under {self.root} running?)"
+                )
+            time.sleep(POLL_S)
+
+    def wait_stopped(self, request_id: str, timeout_s: float = 120.0) -> RunStatus:
+        """Wait until the run that acted on the stop request *request_id* reports STOPPED
+        (final checkpoint completed, output committed, query ended)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for status in Runs(self.root).statuses():
+                if status.stop_request == request_id and status.state is RunState.STOPPED:
+                    return status
+            if time.monotonic() >= deadline:
+                raise CheckpointError(
+                    f"the pipeline under {self.root} did not stop within {timeout_s:g} s"
+                )
+            time.sleep(POLL_S)
+
+    def checkpoint(self, timeout_s: float = 120.0) -> CompletedCheckpoint:
+        """Trigger a checkpoint now and wait for it to complete."""
+        return self.wait_for(self.request(RequestKind.CHECKPOINT, timeout_s=timeout_s), timeout_s)
+
+    def savepoint(self, target: str | None = None, timeout_s: float = 120.0) -> CompletedCheckpoint:
+        """Trigger a savepoint now and wait for it to complete."""
+        request_id = self.request(RequestKind.SAVEPOINT, target, timeout_s=timeout_s)
+        return self.wait_for(request_id, timeout_s)
+
+    def stop(self, *, savepoint: bool = False, timeout_s: float = 120.0) -> CompletedCheckpoint:
+        """Stop the running pipeline with a final checkpoint (or savepoint) and wait until it
+        has stopped; returns the final checkpoint. The process that supervises the run
+        (:meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>`) ends the query once
+        the final checkpoint's output is committed. A request nobody acted on within
+        *timeout_s* is taken back."""
+        request_id = self.request(RequestKind.STOP, savepoint=savepoint, timeout_s=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        try:
+            final = self.wait_for(request_id, timeout_s)
+        except CheckpointError:
+            self.withdraw(request_id)
+            raise
+        self.wait_stopped(request_id, max(0.0, deadline - time.monotonic()))
+        return final
+
+    # -- queries ----------------------------------------------------------------------------
+    def checkpoints(self) -> list[CompletedCheckpoint]:
+        """Retained completed checkpoints and savepoints, oldest first."""
+        return self.store.list_completed()
+
+    def latest(self, include_savepoints: bool = True) -> CompletedCheckpoint | None:
+        """The latest completed checkpoint (or savepoint), None before the first."""
+        return self.store.latest_completed(include_savepoints)
+
+    def stats(self) -> CheckpointSummary:
+        """Statistics over the retained checkpoints (see :class:`CheckpointSummary`)."""
+        completed = self.checkpoints()
+        return CheckpointSummary(
+            checkpoints=sum(not c.is_savepoint for c in completed),
+            savepoints=sum(c.is_savepoint for c in completed),
+            latest=completed[-1] if completed else None,
+            duration_ms=_span([c.stats.end_to_end_ms for c in completed]),
+            state_bytes=_span([c.stats.state_bytes for c in completed]),
+            alignment_ms=_span([c.stats.max_alignment_ms for c in completed]),
+        )
+
+    def runs(self) -> list[RunStatus]:
+        """The status of each recent run (attempt) of the pipeline."""
+        return Runs(self.root).statuses()

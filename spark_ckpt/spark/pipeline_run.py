@@ -1,0 +1,175 @@
+"""One run of a pipeline as the driver sees it: its Spark query, its foreachBatch function
+and its run files — and how it stops.
+
+A graceful stop (Flink's stop-with-savepoint, or a stop with a final checkpoint) goes
+through the coordinator: the final checkpoint is requested through the pipeline's client,
+its output commit is awaited, the micro-batch in progress ends (the source emits nothing
+after the final barrier), then the query stops and the run's runtime is retired.
+Externalized-checkpoint retention is applied when the job ends.
+
+Runs in the user's driver process (the Spark Connect client under Connect).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from spark_ckpt.errors import CheckpointError, SparkCkptError
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.clock import SystemClock
+from spark_ckpt.runtime.coordinator import JobStatus, discards_checkpoints
+from spark_ckpt.spark.foreach_batch import ForeachBatchFunction
+from spark_ckpt.spark.host import RUN
+from spark_ckpt.spark.mailbox import Mailbox, RequestKind, read_topology
+from spark_ckpt.spark.run import RunFiles, RunState, RunStatus
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from spark_ckpt.spark.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+#: How long a graceful stop waits for a micro-batch in progress before stopping anyway.
+STOP_GRACE_S = 30.0
+
+
+@dataclass
+class PipelineRun:
+    """One run of a pipeline (see :mod:`spark_ckpt.spark.run`): its Spark query and its
+    foreachBatch function. Made by :meth:`Pipeline.start
+    <spark_ckpt.spark.pipeline.Pipeline.start>`."""
+
+    pipeline: Pipeline
+    run_id: str
+    attempt: int
+    query: StreamingQuery
+    function: ForeachBatchFunction
+    files: RunFiles
+
+    @property
+    def restored_from(self) -> int | None:
+        """The checkpoint this run restored from (None: it started empty or not yet)."""
+        point = self.files.restore_point()
+        return None if point is None else point.checkpoint_id
+
+    def await_termination(self, timeout_s: float | None = None) -> bool:
+        """Wait for the query to end; raises Spark's ``StreamingQueryException`` if it
+        failed. Returns whether it ended."""
+        if timeout_s is None:
+            self.query.awaitTermination()
+            return True
+        return bool(self.query.awaitTermination(timeout_s))  # type: ignore[arg-type]
+
+    def report(self, state: RunState, **fields: object) -> None:
+        """Write the run's status file (read by clients: CLI, notebooks)."""
+        self.files.write_status(
+            RunStatus(
+                self.run_id,
+                self.pipeline.driver_id,
+                state,
+                self.attempt,
+                SystemClock().now_ms(),
+                **fields,  # type: ignore[arg-type]
+            )
+        )
+
+    def retire(self) -> None:
+        """After the query ended: end the function's runtime and remove the run's mailbox
+        box. Idempotent."""
+        self.function.retire()
+        try:
+            Mailbox(self.pipeline.root, self.run_id).remove_box()
+        except SparkCkptError as e:
+            log.debug("removing the mailbox of run %s: %s", self.run_id, e)
+
+    # -- stopping ---------------------------------------------------------------------------
+    def stop(
+        self, *, savepoint: bool = False, timeout_s: float = 120.0
+    ) -> CompletedCheckpoint | None:
+        """Stop with a final checkpoint (or savepoint): request it, wait until it completed
+        and its output is committed, then stop the query without interrupting a micro-batch.
+        Returns it (the latest completed checkpoint if the query had ended)."""
+        client = self.pipeline.client
+        if not self.query.isActive:
+            self.retire()
+            return client.latest()
+        request_id = client.request(RequestKind.STOP, savepoint=savepoint, timeout_s=timeout_s)
+        final = client.wait_for(request_id, timeout_s)
+        self.finish_stop(final, request_id)
+        return final
+
+    def stop_quietly(self) -> CompletedCheckpoint | None:
+        """A stop on the user's behalf (duration, Ctrl-C): with a final checkpoint when the
+        query still runs; never a stack trace."""
+        try:
+            return self.stop()
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now, without a final checkpoint
+            stop_query(self.query)
+            self.retire()
+            self.report(RunState.STOPPED, restored_from=self.restored_from)
+            return self.pipeline.client.latest()
+
+    def finish_stop(self, final: CompletedCheckpoint, request_id: str) -> None:
+        """The final checkpoint of a stop completed: wait for its sink commit, let the
+        micro-batch in progress end, stop the query, end the runtime, apply externalized
+        retention."""
+        self.report(RunState.STOPPING, restored_from=self.restored_from, stop_request=request_id)
+        self._wait_committed(final)
+        self.function.drain()
+        stop_query(self.query)
+        self.retire()
+        end_job(self.pipeline, JobStatus.FINISHED if final.is_savepoint else JobStatus.CANCELED)
+        self.report(RunState.STOPPED, restored_from=self.restored_from, stop_request=request_id)
+
+    def _wait_committed(self, checkpoint: CompletedCheckpoint, timeout_s: float = 60.0) -> None:
+        """The coordinator commits sink output right after completion; wait for it."""
+        run_id = checkpoint.properties.get(RUN)
+        topology = read_topology(self.pipeline.root, str(run_id) if run_id else None)
+        if topology is None or topology.sink is None:
+            return
+        from datasources.sink import sink_from_spec
+
+        sink = sink_from_spec(topology.sink, pipeline=self.pipeline.name)
+        deadline = time.monotonic() + timeout_s
+        while sink.committed_checkpoint() < checkpoint.checkpoint_id:
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    f"output of checkpoint {checkpoint.checkpoint_id} was not committed in time"
+                )
+            time.sleep(0.2)
+
+
+def end_job(pipeline: Pipeline, status: JobStatus) -> None:
+    """Externalized-checkpoint retention for a job that ended with *status* (no run of it is
+    active): discard its checkpoints (never savepoints) where configured. A stop without
+    savepoint is CANCELED, a stop with savepoint FINISHED (it resumes from the savepoint), a
+    failure beyond the restart strategy FAILED. The end of a ``Trigger.AvailableNow`` run is
+    no end of the job (the next run resumes from its final checkpoint): nothing is
+    discarded then."""
+    retention = pipeline.config.externalized_retention
+    if not discards_checkpoints(retention, status):
+        return
+    store = pipeline.client.store
+    ids = [c.checkpoint_id for c in store.list_completed() if not c.is_savepoint]
+    if ids:
+        store.discard(store.acquire(), ids)
+        log.info("discarded checkpoints %s (%s)", ids, retention)
+
+
+def stop_query(query: StreamingQuery) -> None:
+    """Stop *query* without interrupting a micro-batch in progress where possible: the
+    source emits nothing after a stop's final barrier, so wait (bounded) until no trigger is
+    active, then stop."""
+    deadline = time.monotonic() + STOP_GRACE_S
+    while query.isActive and time.monotonic() < deadline:
+        try:
+            if not query.status.get("isTriggerActive", False):
+                break
+        except Exception:  # a status call on a dying query: stop it anyway
+            break
+        time.sleep(0.05)
+    query.stop()

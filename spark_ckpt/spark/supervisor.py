@@ -1,0 +1,250 @@
+"""The restart loop of :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>`:
+supervise a run until it ends, is stopped, or fails; after a failure start a new run as the
+restart strategy allows (Flink's ``RestartBackoffTimeStrategy``), each restoring from the
+latest completed checkpoint that verifies.
+
+Runs in the user's driver process (the Spark Connect client under Connect). It talks to the
+runs' coordinators only through the pipeline's client and run files: a stop request from the
+CLI or another notebook is seen as a completed checkpoint carrying the stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.errors import PipelineFailedError, PipelineFencedError
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.clock import SystemClock
+from spark_ckpt.runtime.coordinator import JobStatus
+from spark_ckpt.runtime.restart import RestartTracker
+from spark_ckpt.spark.host import REQUEST_ID, RUN, STOP
+from spark_ckpt.spark.pipeline_run import PipelineRun, end_job
+from spark_ckpt.spark.run import Runs, RunState
+
+if TYPE_CHECKING:
+    from spark_ckpt.spark.client import PipelineClient
+    from spark_ckpt.spark.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+
+class StopReason(StrEnum):
+    FINISHED = "finished"  # the query ended by itself (Trigger.AvailableNow)
+    DURATION = "duration"
+    INTERRUPT = "interrupt"  # Ctrl-C
+    STOP = "stop"  # a stop request (CLI, another notebook) or PipelineRun.stop()
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>` ended."""
+
+    restarts: int
+    last_checkpoint: CompletedCheckpoint | None
+    stopped_by: StopReason
+    #: The checkpoint each attempt restored from (None: started empty), in order.
+    restored_from: tuple[int | None, ...] = ()
+    #: The failures that caused restarts, in order.
+    failures: tuple[str, ...] = field(default=())
+
+
+class RunSupervisor:
+    """Runs attempts of one job until it ends: *start(n)* starts attempt *n* as a new run."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        start: Callable[[int], PipelineRun],
+        *,
+        duration_s: float | None = None,
+        on_checkpoint: Callable[[CompletedCheckpoint], None] | None = None,
+        poll_s: float = 0.5,
+    ) -> None:
+        self.pipeline = pipeline
+        self.start = start
+        self.deadline = None if duration_s is None else time.monotonic() + duration_s
+        self.reporter = CheckpointReporter(pipeline.client, on_checkpoint)
+        self.poll_s = poll_s
+
+    def run(self, interrupted: threading.Event) -> RunResult:
+        """Run until the job ends; *interrupted* is set on Ctrl-C (see :class:`Interrupts`)."""
+        from pyspark.errors import StreamingQueryException
+
+        pipeline = self.pipeline
+        tracker = RestartTracker(pipeline.config.restart_strategy, SystemClock())
+        restored: list[int | None] = []
+        failures: list[str] = []
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                run = self.start(attempt)
+            except KeyboardInterrupt:  # Ctrl-C while a run starts: nothing runs yet
+                last = pipeline.client.latest()
+                return RunResult(
+                    attempt - 1, last, StopReason.INTERRUPT, tuple(restored), tuple(failures)
+                )
+            try:
+                reason, last = self._supervise(run, interrupted)
+            except KeyboardInterrupt:
+                last = run.stop_quietly()
+                reason = StopReason.INTERRUPT
+            except StreamingQueryException as e:
+                failure = failure_summary(e)
+                restored.append(run.restored_from)
+                run.retire()
+                fatal = self._fatal(run)
+                if fatal is not None:
+                    run.report(RunState.FENCED, error=fatal)
+                    raise PipelineFencedError(
+                        f"pipeline {pipeline.name!r} was taken over by another driver, or "
+                        f"cannot restore: {fatal}"
+                    ) from None
+                run.report(RunState.FAILED, error=failure)
+                failures.append(failure)
+                decision = tracker.record_failure(failure)
+                if not decision.restart:
+                    end_job(pipeline, JobStatus.FAILED)
+                    raise PipelineFailedError(
+                        f"pipeline {pipeline.name!r} failed: {decision.reason}"
+                    ) from None
+                log.warning(
+                    "run %d failed, next run in %d ms: %s",
+                    attempt,
+                    decision.delay_ms,
+                    decision.reason,
+                )
+                time.sleep(decision.delay_ms / 1000)
+                continue
+            restored.append(run.restored_from)
+            run.retire()
+            self.reporter.report()
+            return RunResult(attempt - 1, last, reason, tuple(restored), tuple(failures))
+
+    def _supervise(
+        self, run: PipelineRun, interrupted: threading.Event
+    ) -> tuple[StopReason, CompletedCheckpoint | None]:
+        """Watch one run until it ends or is stopped; raises what failed its query."""
+        query = run.query
+        while query.isActive:
+            if interrupted.is_set():
+                return StopReason.INTERRUPT, run.stop_quietly()
+            query.awaitTermination(self.poll_s)  # type: ignore[arg-type]  # float seconds work
+            for cp in self.reporter.report():
+                if STOP in cp.properties and cp.properties.get(RUN) == run.run_id:
+                    # a stop request from outside (CLI): its final checkpoint completed
+                    run.finish_stop(cp, str(cp.properties.get(REQUEST_ID)))
+                    return StopReason.STOP, cp
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                return StopReason.DURATION, run.stop_quietly()
+        query.awaitTermination()  # raises if it failed
+        run.function.drain()
+        run.report(RunState.FINISHED, restored_from=run.restored_from)
+        return StopReason.FINISHED, self.pipeline.client.latest()
+
+    def _fatal(self, run: PipelineRun) -> str | None:
+        """Why *run* failed beyond what a restart can mend: its coordinator said so
+        (fenced, no restorable checkpoint), or a coordinator of another driver holds a newer
+        lease than any run of this driver."""
+        fatal = run.files.fatal()
+        if fatal is not None:
+            return fatal
+        newest = Runs(self.pipeline.root).newest_lease()
+        if newest is not None and not self.pipeline.owns_run(newest.run_id):
+            return (
+                f"FencedError: run {newest.run_id} of another driver holds the coordinator "
+                f"lease (epoch {newest.epoch})"
+            )
+        return None
+
+
+#: The last line of a Python traceback: ``module.path.ErrorName: message``.
+_PYTHON_ERROR = re.compile(r"^((?:[a-z_]\w*\.)*)([A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*): (.*)$")
+
+
+def failure_summary(error: BaseException, limit: int = 500) -> str:
+    """The user-facing cause of a failed query, from Spark's message (a foreachBatch or
+    data source error carries the Python traceback): the last error of spark-ckpt's own
+    (``spark_ckpt.*``: what a user operator's failure or an injected fault is wrapped in is
+    not, so the last Python error line otherwise), else the message's first line."""
+    text = str(error)
+    lines = [m for line in text.splitlines() if (m := _PYTHON_ERROR.match(line))]
+    ours = [m for m in lines if m.group(1).startswith("spark_ckpt.")]
+    python = [m for m in lines if not m.group(1).startswith(("org.", "java.", "scala."))]
+    candidates = ours or python
+    if not candidates:
+        return (text.splitlines()[0] if text else repr(error))[:limit]
+    return f"{candidates[-1].group(2)}: {candidates[-1].group(3)}"[:limit]
+
+
+class CheckpointReporter:
+    """Hands each newly completed checkpoint to ``on_checkpoint`` once, across runs."""
+
+    def __init__(
+        self,
+        client: PipelineClient,
+        on_checkpoint: Callable[[CompletedCheckpoint], None] | None,
+    ) -> None:
+        self.client = client
+        self.on_checkpoint = on_checkpoint
+        self.seen = max((c.checkpoint_id for c in client.checkpoints()), default=0)
+
+    def report(self) -> list[CompletedCheckpoint]:
+        """The checkpoints completed since the last call (oldest first), reported."""
+        new = [c for c in self.client.checkpoints() if c.checkpoint_id > self.seen]
+        for cp in new:
+            self.seen = cp.checkpoint_id
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(cp)
+        return new
+
+
+class Interrupts:
+    """Ctrl-C while :meth:`Pipeline.run` supervises (main thread only): the first one is
+    noted, and the supervising loop stops the run with a final checkpoint at its next poll;
+    a second one raises ``KeyboardInterrupt`` (stop at once). Nothing is interrupted in
+    between: PySpark's own SIGINT handler cancels every Spark job (failing the micro-batch
+    in progress), and a ``KeyboardInterrupt`` raised inside a Py4J call is logged by Py4J
+    with its traceback — dropped meanwhile (:func:`_py4j_interrupt_log`), for the second."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self._previous: Any = None
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        self.requested.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one is forceful
+
+    def __enter__(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            for name in _PY4J_INTERRUPT_LOGGERS:
+                logging.getLogger(name).addFilter(_py4j_interrupt_log)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        for name in _PY4J_INTERRUPT_LOGGERS:
+            logging.getLogger(name).removeFilter(_py4j_interrupt_log)
+
+
+#: Where Py4J logs a KeyboardInterrupt in a call (``logging.exception`` on the root logger)
+#: and its failed clean-up of the interrupted connection.
+_PY4J_INTERRUPT_LOGGERS = ("", "py4j.clientserver")
+
+
+def _py4j_interrupt_log(record: logging.LogRecord) -> bool:
+    """Logger filter: drops Py4J's logs of a KeyboardInterrupt inside a Py4J call."""
+    return record.getMessage() not in (
+        "KeyboardInterrupt while sending command.",
+        "Exception occurred while shutting down connection",
+    )
