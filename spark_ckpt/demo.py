@@ -151,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.quiet:
             print(text, flush=True)
 
-    say(f"pipeline {args.pipeline!r}: root {root}, output {output}")
+    on = f"Spark Connect {args.remote}" if args.remote else "classic Spark"
+    say(f"pipeline {args.pipeline!r} on {on}: root {root}, output {output}")
     started = time.monotonic()
 
     def progress(cp: CompletedCheckpoint) -> None:

@@ -61,6 +61,7 @@ def test_quickstart_under_spark_connect(demo: DemoLauncher, tmp_path: Path) -> N
     )
     first = demo.start(args)
     assert first.wait(RUN_TIMEOUT_S) == 0, first.tail()
+    assert f"on Spark Connect {REMOTE}" in first.tail(200), first.tail(200)
     assert "Traceback" not in first.tail(200), first.tail(200)
     store = DeltaCheckpointStore(str(args.root))
     after_first = store.latest_completed()
@@ -80,15 +81,14 @@ def test_quickstart_under_spark_connect(demo: DemoLauncher, tmp_path: Path) -> N
     assert max(versions) >= final.checkpoint_id, versions
 
 
-def test_exactly_once_under_sigkill_with_spark_connect(
-    demo: DemoLauncher, tmp_path: Path
-) -> None:
+def test_exactly_once_under_sigkill_with_spark_connect(demo: DemoLauncher, tmp_path: Path) -> None:
     """SIGKILLs of the job (client, local Connect server, JVM and Python workers) at random
     moments, with a lagging channel, then a final ``--available-now`` run — all under Spark
     Connect: every ``(user_id, count)`` row exactly once."""
     args = _args(tmp_path, "aligned", remote=REMOTE)
     story = _kill_repeatedly(demo, args, kills=3, seed=31)
     final = _finish(demo, args)
+    assert any(f"on Spark Connect {REMOTE}" in log.read_text() for log in tmp_path.glob("**/*.log"))
     positions = _final_positions(final, LAGGING_BACKLOG)
 
     expected = running_count_rows(generated_keys(args.spec(), positions))

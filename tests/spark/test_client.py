@@ -1,0 +1,139 @@
+"""PipelineClient against a stand-in coordinator (no Spark): requests are answered by
+completed checkpoints carrying their id, a stop returns only once the run reports STOPPED,
+an unanswered request times out with a clear error and is taken back, and the statistics
+are those of the retained checkpoints (oracle: a plain computation over what the stand-in
+committed)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.errors import CheckpointError
+from spark_ckpt.protocol.barrier import SnapshotType
+from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
+from spark_ckpt.protocol.handle import TaskId, TaskStateHandle
+from spark_ckpt.spark.client import PipelineClient
+from spark_ckpt.spark.host import REQUEST_ID, STOP
+from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
+from spark_ckpt.spark.run import RunFiles, RunState, RunStatus
+
+RUN = "run-1"
+
+
+class StandInCoordinator:
+    """Answers each request in the mailbox with a completed checkpoint (a savepoint when
+    asked); after a stop's checkpoint it reports the run STOPPED *stop_delay_s* later."""
+
+    def __init__(self, root: Path, stop_delay_s: float = 0.6) -> None:
+        self.root = str(root)
+        self.store = DeltaCheckpointStore(self.root)
+        self.stop_delay_s = stop_delay_s
+        self.stopped_at: float | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> StandInCoordinator:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        mailbox = Mailbox(self.root)
+        lease = self.store.acquire()
+        next_id = lease.first_id
+        while not self._done.is_set():
+            for name, message in mailbox.receive():
+                mailbox.delete([name])
+                assert isinstance(message, Request)
+                savepoint = message.kind is RequestKind.SAVEPOINT or message.savepoint
+                props = {REQUEST_ID: message.request_id}
+                if message.kind is RequestKind.STOP:
+                    props[STOP] = message.request_id
+                self.store.commit(
+                    lease,
+                    CompletedCheckpoint(
+                        next_id,
+                        SnapshotType.SAVEPOINT if savepoint else SnapshotType.CHECKPOINT,
+                        (TaskStateHandle(TaskId("t")),),
+                        CheckpointStats(1000 * next_id, 1000 * next_id + 10 * next_id),
+                        props,
+                    ),
+                )
+                next_id += 1
+                if message.kind is RequestKind.STOP:
+                    time.sleep(self.stop_delay_s)
+                    self.stopped_at = time.monotonic()
+                    RunFiles(self.root, RUN).write_status(
+                        RunStatus(RUN, "driver", RunState.STOPPED, 1, 0, None, message.request_id)
+                    )
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "root"
+
+
+def test_checkpoint_and_savepoint_requests_are_answered(root: Path) -> None:
+    client = PipelineClient(str(root))
+    with StandInCoordinator(root):
+        cp = client.checkpoint(timeout_s=30)
+        sp = client.savepoint(timeout_s=30)
+    assert cp.snapshot_type is SnapshotType.CHECKPOINT
+    assert sp.snapshot_type is SnapshotType.SAVEPOINT
+    assert [c.checkpoint_id for c in client.checkpoints()] == [cp.checkpoint_id, sp.checkpoint_id]
+    assert client.latest() == sp
+    assert client.latest(include_savepoints=False) == cp
+
+
+def test_stop_returns_once_the_run_reports_stopped(root: Path) -> None:
+    client = PipelineClient(str(root))
+    with StandInCoordinator(root) as coordinator:
+        final = client.stop(savepoint=True, timeout_s=30)
+        returned_at = time.monotonic()
+        assert coordinator.stopped_at is not None and coordinator.stopped_at <= returned_at
+    assert final.is_savepoint and STOP in final.properties
+    [status] = client.runs()
+    assert status.state is RunState.STOPPED and status.stop_request == final.properties[STOP]
+
+
+def test_an_unanswered_request_times_out_and_is_taken_back(root: Path) -> None:
+    client = PipelineClient(str(root))
+    with pytest.raises(CheckpointError, match="no answer to the stop request"):
+        client.stop(timeout_s=0.5)
+    assert Mailbox(str(root)).receive() == []  # nothing left for a pipeline started later
+
+
+def test_stats_summarize_the_retained_checkpoints(root: Path) -> None:
+    client = PipelineClient(str(root))
+    with StandInCoordinator(root):
+        for _ in range(3):
+            client.checkpoint(timeout_s=30)
+        client.savepoint(timeout_s=30)
+    completed = client.checkpoints()
+    durations = [c.stats.completed_ms - c.stats.trigger_ms for c in completed]
+    stats = client.stats()
+    assert (stats.checkpoints, stats.savepoints) == (3, 1)
+    assert stats.latest == completed[-1]
+    assert stats.duration_ms is not None
+    assert (stats.duration_ms.min, stats.duration_ms.max) == (min(durations), max(durations))
+    assert stats.duration_ms.avg == sum(durations) / len(durations)
+
+
+def test_stats_of_an_empty_pipeline(root: Path) -> None:
+    stats = PipelineClient(str(root)).stats()
+    assert (stats.checkpoints, stats.savepoints, stats.latest, stats.duration_ms) == (
+        0,
+        0,
+        None,
+        None,
+    )
