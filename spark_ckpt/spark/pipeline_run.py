@@ -78,8 +78,10 @@ class PipelineRun:
         )
 
     def retire(self) -> None:
-        """After the query ended: end the function's runtime and remove the run's mailbox
-        box. Idempotent."""
+        """After the query ended: remove the run's mailbox box, and release the function's
+        runtime if it was built in this process (classic Spark calls the foreachBatch
+        function in the driver; under Spark Connect the runtime lives in the server's
+        foreachBatch process, which Spark ends with the query). Idempotent."""
         self.function.retire()
         try:
             Mailbox(self.pipeline.root, self.run_id).remove_box()
@@ -116,10 +118,15 @@ class PipelineRun:
     def finish_stop(self, final: CompletedCheckpoint, request_id: str) -> None:
         """The final checkpoint of a stop completed: wait for its sink commit, let the
         micro-batch in progress end, stop the query, end the runtime, apply externalized
-        retention."""
+        retention.
+
+        Everything here reaches the run through files and Spark's query handle, never
+        through the foreachBatch function's runtime (under Spark Connect it lives in a
+        server-side process): the final checkpoint completed, so every task processed and
+        acknowledged all rows before the final barrier, and the source emits none after it;
+        the batch carrying it was processed before its ``foreachBatch`` call returned."""
         self.report(RunState.STOPPING, restored_from=self.restored_from, stop_request=request_id)
         self._wait_committed(final)
-        self.function.drain()
         stop_query(self.query)
         self.retire()
         end_job(self.pipeline, JobStatus.FINISHED if final.is_savepoint else JobStatus.CANCELED)

@@ -145,8 +145,9 @@ class RunSupervisor:
                     return StopReason.STOP, cp
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 return StopReason.DURATION, run.stop_quietly()
-        query.awaitTermination()  # raises if it failed
-        run.function.drain()
+        # raises if it failed; the batch with the final barrier was processed before its
+        # foreachBatch call returned, wherever that ran (the driver, or Connect's server)
+        query.awaitTermination()
         run.report(RunState.FINISHED, restored_from=run.restored_from)
         return StopReason.FINISHED, self.pipeline.client.latest()
 
