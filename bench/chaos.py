@@ -67,6 +67,7 @@ from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.errors import SparkCkptError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.spark.run import Runs
+from spark_ckpt.storage.store import CompletedCheckpoints
 from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher, DemoRun
 
@@ -266,7 +267,7 @@ class Job:
         self.launcher = launcher
         self.args = args
         self.runs: list[DemoRun] = []
-        self._store: DeltaCheckpointStore | None = None
+        self._store: CompletedCheckpoints | None = None
 
     @property
     def root(self) -> str:

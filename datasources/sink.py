@@ -46,6 +46,7 @@ from spark_ckpt.sinks.sink import TRANSACTION_STATE_SCHEMA, Transaction
 from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox, SinkSpec, Topology, read_topology, write_topology
 from spark_ckpt.spark.source_options import default_root
+from spark_ckpt.storage.store import StateStorage
 
 FORMAT = "ckpt-sink"
 _KEYS = frozenset({"pipeline", "path", "store", "uid", "checkpointlocation"})
@@ -143,7 +144,7 @@ class CkptSinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         sink = self._sink()
         ledger.committed(sink.committed_checkpoint())
         if ready:
-            store = DeltaCheckpointStore(self.options.root)
+            store: StateStorage = DeltaCheckpointStore(self.options.root)
             mailbox = Mailbox(self.options.root)
             task = self.options.task
             for cid in ready:

@@ -210,7 +210,7 @@ class SourceOffset:
 class TaskSnapshot:
     """What a task's synchronous snapshot produced: blobs still to write, blobs of earlier
     checkpoints it reuses (incremental), and source positions. Handed to
-    :meth:`CheckpointStore.write_task_state` in the asynchronous phase."""
+    :meth:`~spark_ckpt.storage.store.StateStorage.write_task_state` in the asynchronous phase."""
 
     task: TaskId
     new_blobs: tuple[StateBlob, ...] = ()

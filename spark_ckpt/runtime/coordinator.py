@@ -54,7 +54,8 @@ from spark_ckpt.runtime.config import (
 )
 from spark_ckpt.runtime.failure import CheckpointFailure, CheckpointFailureReason, FailureCounter
 from spark_ckpt.runtime.pending import AckResult, PendingCheckpoint
-from spark_ckpt.storage.store import CheckpointStore, CoordinatorLease
+from spark_ckpt.storage.lease import CoordinatorLease
+from spark_ckpt.storage.store import CheckpointLog
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -167,7 +168,7 @@ class CheckpointCoordinator:
     def __init__(
         self,
         config: CheckpointConfig,
-        store: CheckpointStore,
+        store: CheckpointLog,
         gateway: TaskGateway,
         *,
         tasks_to_trigger: Sequence[TaskId],

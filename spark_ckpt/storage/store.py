@@ -1,18 +1,49 @@
-"""The checkpoint store: where task state is written and completed checkpoints committed.
+"""The checkpoint store's contracts: the coordinator's view, the task's view, and the store.
 
-Contract every implementation keeps (the in-memory store here is the reference; the Delta
-store in :mod:`spark_ckpt.delta.store` is the durable one):
+As in Flink (``CheckpointStorageCoordinatorView`` / ``CheckpointStorageWorkerView`` /
+``CompletedCheckpointStore``), each side of a job sees only what it uses:
 
-* **Fencing.** :meth:`CheckpointStore.acquire` registers a new coordinator *epoch* and
-  fences out every earlier one: a superseded lease's ``commit``/``allocate_ids``/``retain``/
-  ``discard`` raise :class:`~spark_ckpt.errors.FencedError`.
+:class:`CompletedCheckpoints`
+    The read side of the log: which checkpoints completed (:meth:`~CompletedCheckpoints.get`,
+    :meth:`~CompletedCheckpoints.list_completed`, :meth:`~CompletedCheckpoints.latest_completed`).
+    Read by both sides and by clients; never writes.
+:class:`CheckpointLog` — the **coordinator view**
+    Id leases with fencing, the completion commit, retention and discard. Used by the
+    :class:`~spark_ckpt.runtime.coordinator.CheckpointCoordinator`, which runs on the driver
+    side in the source runner's coordinator host (:mod:`spark_ckpt.spark.host`). Only the
+    holder of the newest lease writes.
+:class:`StateStorage` — the **task view**
+    Writing a task's snapshot and reading state blobs back. Used by
+    :class:`~spark_ckpt.runtime.task.OperatorTask` (snapshot and state restore) and by the
+    sink recovery on either side (:func:`~spark_ckpt.runtime.task.sealed_transactions`);
+    tasks run in the foreachBatch process (:mod:`spark_ckpt.spark.batch_aligner`) or the
+    ``ckpt-sink`` commit (:mod:`datasources.sink`). Never touches the log.
+:class:`WorkerStorage`
+    The task view plus the read side of the log: what the task-side runtime of a run holds
+    (the foreachBatch :class:`~spark_ckpt.spark.batch_aligner.BatchAligner` restores from a
+    completed checkpoint and learns completions by reading the log).
+:class:`CheckpointStore`
+    One storage providing all of the above, plus what needs both the log and the blobs:
+    :meth:`~CheckpointStore.verify` and :meth:`~CheckpointStore.latest_restorable`, the
+    restore-point choice of the coordinator host. Implementations:
+    :class:`~spark_ckpt.storage.memory.InMemoryCheckpointStore` (the reference) and
+    :class:`~spark_ckpt.delta.store.DeltaCheckpointStore` (the durable one).
+
+Contract every implementation keeps:
+
+* **Fencing.** :meth:`CheckpointLog.acquire` registers a new coordinator *epoch* and fences
+  out every earlier one: a superseded lease's ``commit``/``allocate_ids``/``retain``/
+  ``discard`` raise :class:`~spark_ckpt.errors.FencedError`. ``acquire`` and
+  ``allocate_ids`` are *not* idempotent: every call reserves a fresh block of ids.
 * **Ids.** Leases hand out checkpoint ids in blocks; an id is never handed out twice, across
   coordinators and restarts (ids strictly increase).
-* **Task state** (:meth:`write_task_state`) is written before the checkpoint completes, runs on
-  the task side, and is idempotent: writing the same snapshot again changes nothing.
+* **Task state** (:meth:`StateStorage.write_task_state`) is written before the checkpoint
+  completes, runs on the task side, and is idempotent: writing the same snapshot again
+  changes nothing (a task retried by Spark may write it twice).
 * **Visibility.** A checkpoint is visible (``latest_completed``/``get``/``list_completed``)
-  only once :meth:`commit` returned. A crash at any earlier point leaves nothing visible and
-  nothing that breaks a later checkpoint. ``commit`` of an id already committed is a no-op.
+  only once :meth:`CheckpointLog.commit` returned. A crash at any earlier point leaves
+  nothing visible and nothing that breaks a later checkpoint. ``commit`` of an id already
+  committed is a no-op (idempotent per checkpoint id).
 * **Integrity.** Reads verify checksums and raise :class:`CorruptCheckpointError`, never
   returning damaged data. :meth:`CheckpointStore.verify` checks a whole completed checkpoint
   (every blob it references, reused ones included) before a restore, and
@@ -22,73 +53,35 @@ store in :mod:`spark_ckpt.delta.store` is the durable one):
   always :class:`CorruptCheckpointError` carrying the checkpoint's id; a store that cannot
   be reached raises a plain :class:`StoreError` instead, so an outage never makes a restore
   fall back to an older checkpoint.
-* **Retention.** :meth:`retain` keeps the newest *n* checkpoints, every savepoint and every
-  checkpoint from ``keep_from`` on (the oldest base a task's incremental snapshot may still
-  build on), and removes the rest, together with every blob no kept checkpoint references —
-  but never blobs of checkpoints newer than the latest completed one (they may belong to a
-  pending checkpoint). With ``collect_garbage=False`` it removes the checkpoints only; their
-  blobs stay, unreferenced and invisible, until a later call collects them (garbage is
-  always defined against the checkpoints kept *then*, so nothing is missed).
+* **Retention** (:meth:`CheckpointLog.retain`, idempotent: a repeated call removes nothing
+  more) keeps the newest *n* checkpoints, every savepoint and every checkpoint from
+  ``keep_from`` on (the oldest base a task's incremental snapshot may still build on), and
+  removes the rest, together with every blob no kept checkpoint references — but never
+  blobs of checkpoints newer than the latest completed one (they may belong to a pending
+  checkpoint). With ``collect_garbage=False`` it removes the checkpoints only; their blobs
+  stay, unreferenced and invisible, until a later call collects them (garbage is always
+  defined against the checkpoints kept *then*, so nothing is missed; see
+  :mod:`spark_ckpt.storage.retention`). :meth:`CheckpointLog.discard` is idempotent too.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import pyarrow as pa
 
 from spark_ckpt.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
-    FencedError,
     StoreError,
 )
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
-from spark_ckpt.protocol.handle import (
-    BlobRef,
-    TaskSnapshot,
-    TaskStateHandle,
-    decode_table,
-    encode_table,
-    make_ref,
-)
+from spark_ckpt.protocol.handle import BlobRef, TaskSnapshot, TaskStateHandle
+from spark_ckpt.storage.lease import CoordinatorLease
 
 log = logging.getLogger(__name__)
-
-#: How many checkpoint ids a lease reserves at a time.
-ID_BLOCK = 1000
-
-
-@dataclass(frozen=True)
-class CoordinatorLease:
-    """The right of one coordinator *epoch* to commit, with its reserved ids
-    ``[first_id, end_id)``."""
-
-    epoch: int
-    first_id: int
-    end_id: int
-
-
-def retention_plan(
-    completed: Sequence[CompletedCheckpoint], retained: int, keep_from: int | None = None
-) -> tuple[list[CompletedCheckpoint], list[CompletedCheckpoint]]:
-    """Split *completed* into (kept, dropped): the newest *retained* checkpoints, all
-    savepoints and every checkpoint with an id >= *keep_from* are kept."""
-    if retained < 1:
-        raise StoreError("at least one checkpoint must be retained")
-    checkpoints = sorted(
-        (c for c in completed if not c.is_savepoint), key=lambda c: c.checkpoint_id
-    )
-    dropped = checkpoints[:-retained] if len(checkpoints) > retained else []
-    if keep_from is not None:
-        dropped = [c for c in dropped if c.checkpoint_id < keep_from]
-    dropped_ids = {c.checkpoint_id for c in dropped}
-    kept = [c for c in completed if c.checkpoint_id not in dropped_ids]
-    return sorted(kept, key=lambda c: c.checkpoint_id), dropped
 
 
 def describe_blob(ref: BlobRef) -> str:
@@ -105,90 +98,9 @@ def describe_blob(ref: BlobRef) -> str:
     return f"{where} (written by checkpoint {ref.checkpoint_id})"
 
 
-def damaged_metadata(checkpoint_id: int, cause: CorruptCheckpointError) -> CorruptCheckpointError:
-    """The error reported for a completed checkpoint whose metadata fails verification."""
-    error = CorruptCheckpointError(
-        f"checkpoint {checkpoint_id}: metadata is damaged: {cause}", checkpoint_id=checkpoint_id
-    )
-    error.__cause__ = cause
-    return error
-
-
-def parse_completed(
-    rows: Iterable[tuple[int, tuple[str, str]]],
-) -> tuple[list[CompletedCheckpoint], list[CorruptCheckpointError]]:
-    """Parse and verify stored metadata rows ``(id, (json, checksum))``, oldest first: the
-    checkpoints that verify, and one error (with ``checkpoint_id``) per row that does not —
-    a bad checksum, malformed JSON, or a row whose JSON holds another id."""
-    good: list[CompletedCheckpoint] = []
-    bad: list[CorruptCheckpointError] = []
-    for cid, (text, digest) in sorted(rows):
-        try:
-            c = CompletedCheckpoint.from_json(text, digest)
-        except CorruptCheckpointError as e:
-            bad.append(damaged_metadata(cid, e))
-            continue
-        if c.checkpoint_id != cid:
-            bad.append(
-                CorruptCheckpointError(
-                    f"row of checkpoint {cid} holds checkpoint {c.checkpoint_id}",
-                    checkpoint_id=cid,
-                )
-            )
-            continue
-        good.append(c)
-    return good, bad
-
-
-def garbage_blobs(stored: Iterable[BlobRef], kept: Sequence[CompletedCheckpoint]) -> list[BlobRef]:
-    """Blobs among *stored* that no kept checkpoint references and that are not newer than
-    the latest kept checkpoint (newer ones may belong to a pending checkpoint)."""
-    referenced = {b.key for c in kept for b in c.blobs()}
-    horizon = max((c.checkpoint_id for c in kept), default=0)
-    return [b for b in stored if b.key not in referenced and b.checkpoint_id <= horizon]
-
-
-class CheckpointStore(ABC):
-    """See the module docstring for the contract."""
-
-    @abstractmethod
-    def acquire(self) -> CoordinatorLease:
-        """Register a new coordinator epoch (fencing out older ones) and reserve ids above
-        every id handed out before."""
-
-    @abstractmethod
-    def allocate_ids(self, lease: CoordinatorLease) -> CoordinatorLease:
-        """Reserve the next block of ids for *lease*'s epoch; returns the extended lease."""
-
-    @abstractmethod
-    def write_task_state(self, checkpoint_id: int, snapshot: TaskSnapshot) -> TaskStateHandle:
-        """Write *snapshot*'s new blobs (task side, asynchronous phase); idempotent."""
-
-    @abstractmethod
-    def read_blob(self, ref: BlobRef) -> pa.Table:
-        """Read and verify one blob."""
-
-    def read_blobs(self, refs: Sequence[BlobRef]) -> list[pa.Table]:
-        """Read and verify many blobs, in the order of *refs*. Stores override this to read
-        them in one scan."""
-        return [self.read_blob(r) for r in refs]
-
-    @abstractmethod
-    def stored_blobs(self) -> list[BlobRef]:
-        """Every blob in the store, committed or not (for retention checks and tests)."""
-
-    @abstractmethod
-    def commit(self, lease: CoordinatorLease, checkpoint: CompletedCheckpoint) -> None:
-        """The completion commit. Idempotent per checkpoint id; fenced."""
-
-    def list_completed(self) -> list[CompletedCheckpoint]:
-        """Every visible completed checkpoint and savepoint, oldest first. Raises
-        :class:`CorruptCheckpointError` if the metadata of any of them fails verification
-        (see :meth:`list_completed_lenient` to get the others anyway)."""
-        good, bad = self.list_completed_lenient()
-        if bad:
-            raise bad[0]
-        return good
+class CompletedCheckpoints(ABC):
+    """The read side of the checkpoint log: the completed checkpoints and savepoints, as
+    committed. Side-effect free; safe from either side (see the module docstring)."""
 
     @abstractmethod
     def list_completed_lenient(
@@ -199,6 +111,50 @@ class CheckpointStore(ABC):
         verifies (oldest first) and one :class:`CorruptCheckpointError` per damaged one
         (with its ``checkpoint_id``, oldest first). Other store errors propagate."""
 
+    def list_completed(self) -> list[CompletedCheckpoint]:
+        """Every visible completed checkpoint and savepoint, oldest first. Raises
+        :class:`CorruptCheckpointError` if the metadata of any of them fails verification
+        (see :meth:`list_completed_lenient` to get the others anyway)."""
+        good, bad = self.list_completed_lenient()
+        if bad:
+            raise bad[0]
+        return good
+
+    def latest_completed(self, include_savepoints: bool = True) -> CompletedCheckpoint | None:
+        """The newest completed checkpoint (savepoints too unless *include_savepoints* is
+        false), or ``None``."""
+        cps = [c for c in self.list_completed() if include_savepoints or not c.is_savepoint]
+        return cps[-1] if cps else None
+
+    def get(self, checkpoint_id: int) -> CompletedCheckpoint:
+        """The completed checkpoint *checkpoint_id*; :class:`CheckpointNotFoundError` if it
+        is not (or no longer) visible."""
+        for c in self.list_completed():
+            if c.checkpoint_id == checkpoint_id:
+                return c
+        raise CheckpointNotFoundError(f"no completed checkpoint {checkpoint_id}")
+
+
+class CheckpointLog(CompletedCheckpoints):
+    """The coordinator view (Flink's ``CheckpointStorageCoordinatorView`` with the writing
+    side of its ``CompletedCheckpointStore``): leases, the completion commit, retention.
+    Every write is fenced by the lease; see the module docstring."""
+
+    @abstractmethod
+    def acquire(self) -> CoordinatorLease:
+        """Register a new coordinator epoch (fencing out older ones) and reserve ids above
+        every id handed out before. Not idempotent: each call is a new epoch."""
+
+    @abstractmethod
+    def allocate_ids(self, lease: CoordinatorLease) -> CoordinatorLease:
+        """Reserve the next block of ids for *lease*'s epoch; returns the extended lease.
+        Fenced."""
+
+    @abstractmethod
+    def commit(self, lease: CoordinatorLease, checkpoint: CompletedCheckpoint) -> None:
+        """The completion commit. Idempotent per checkpoint id; fenced. Every blob the
+        checkpoint references must have been written (:class:`StoreError` otherwise)."""
+
     @abstractmethod
     def retain(
         self,
@@ -208,15 +164,51 @@ class CheckpointStore(ABC):
         *,
         collect_garbage: bool = True,
     ) -> list[int]:
-        """Apply retention (see module docstring); returns the ids removed."""
+        """Apply retention (see module docstring); returns the ids removed. Fenced;
+        idempotent."""
 
     @abstractmethod
     def discard(self, lease: CoordinatorLease, checkpoint_ids: Iterable[int]) -> None:
-        """Remove these completed checkpoints and the blobs only they reference."""
+        """Remove these completed checkpoints and the blobs only they reference. Fenced;
+        idempotent."""
 
-    def latest_completed(self, include_savepoints: bool = True) -> CompletedCheckpoint | None:
-        cps = [c for c in self.list_completed() if include_savepoints or not c.is_savepoint]
-        return cps[-1] if cps else None
+
+class StateStorage(ABC):
+    """The task view (Flink's ``CheckpointStorageWorkerView``): a task writes its snapshot's
+    blobs and reads blobs back on restore. Never reads or writes the log."""
+
+    @abstractmethod
+    def write_task_state(self, checkpoint_id: int, snapshot: TaskSnapshot) -> TaskStateHandle:
+        """Write *snapshot*'s new blobs (task side, asynchronous phase); idempotent per
+        (task, checkpoint). Returns the handle to acknowledge: the stored refs of the new
+        blobs in snapshot order, then the reused refs."""
+
+    @abstractmethod
+    def read_blob(self, ref: BlobRef) -> pa.Table:
+        """Read and verify one blob."""
+
+    def read_blobs(self, refs: Sequence[BlobRef]) -> list[pa.Table]:
+        """Read and verify many blobs, in the order of *refs*. Stores override this to read
+        them in one scan."""
+        return [self.read_blob(r) for r in refs]
+
+    def describe_blob(self, ref: BlobRef) -> str:
+        """How messages name the blob *ref* (see :func:`describe_blob`)."""
+        return describe_blob(ref)
+
+    @abstractmethod
+    def stored_blobs(self) -> list[BlobRef]:
+        """Every blob in the store, committed or not (for retention checks and tests)."""
+
+
+class WorkerStorage(StateStorage, CompletedCheckpoints):
+    """The task-side runtime's view: :class:`StateStorage` plus the read side of the log
+    (restore from a completed checkpoint, learn which checkpoints completed)."""
+
+
+class CheckpointStore(CheckpointLog, WorkerStorage):
+    """Storage providing both views; adds the restore-point choice, which needs the log and
+    the blobs. See the module docstring for the contract."""
 
     # -- verification before a restore ------------------------------------------------------
     def verify(self, checkpoint: CompletedCheckpoint) -> None:
@@ -244,10 +236,6 @@ class CheckpointStore(ABC):
         raise CorruptCheckpointError(
             f"checkpoint {cid} is damaged: {what}{cause}", checkpoint_id=cid
         ) from cause
-
-    def describe_blob(self, ref: BlobRef) -> str:
-        """How messages name the blob *ref* (see :func:`describe_blob`)."""
-        return describe_blob(ref)
 
     def _find_damage(self, refs: Sequence[BlobRef]) -> tuple[BlobRef | None, StoreError] | None:
         """The first of *refs* that is missing or fails verification, with the error that
@@ -308,136 +296,3 @@ class CheckpointStore(ABC):
             log.warning("skipping damaged checkpoint %d: %s", cid, error)
             skipped.append(error)
         return None, skipped
-
-    def get(self, checkpoint_id: int) -> CompletedCheckpoint:
-        for c in self.list_completed():
-            if c.checkpoint_id == checkpoint_id:
-                return c
-        raise CheckpointNotFoundError(f"no completed checkpoint {checkpoint_id}")
-
-
-class InMemoryCheckpointStore(CheckpointStore):
-    """Volatile store for tests and simulations. Blobs are kept as Arrow IPC bytes with
-    checksums, exactly as the durable store keeps them, so corruption is detected the same way."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._epoch = 0
-        self._next_id = 1
-        self._blobs: dict[tuple[object, ...], tuple[BlobRef, bytes]] = {}
-        self._completed: dict[int, tuple[str, str]] = {}  # id -> (json, checksum)
-
-    # -- fencing and ids -------------------------------------------------------------------
-    def acquire(self) -> CoordinatorLease:
-        with self._lock:
-            self._epoch += 1
-            first = self._next_id
-            self._next_id += ID_BLOCK
-            return CoordinatorLease(self._epoch, first, self._next_id)
-
-    def _check(self, lease: CoordinatorLease) -> None:
-        if lease.epoch != self._epoch:
-            raise FencedError(
-                f"coordinator epoch {lease.epoch} was superseded by epoch {self._epoch}"
-            )
-
-    def allocate_ids(self, lease: CoordinatorLease) -> CoordinatorLease:
-        with self._lock:
-            self._check(lease)
-            first = self._next_id
-            self._next_id += ID_BLOCK
-            return CoordinatorLease(lease.epoch, first, self._next_id)
-
-    # -- state -----------------------------------------------------------------------------
-    def write_task_state(self, checkpoint_id: int, snapshot: TaskSnapshot) -> TaskStateHandle:
-        refs: list[BlobRef] = []
-        with self._lock:
-            for blob in snapshot.new_blobs:
-                payload = encode_table(blob.table)
-                ref = make_ref(checkpoint_id, blob, payload)
-                self._blobs.setdefault(ref.key, (ref, payload))
-                refs.append(self._blobs[ref.key][0])
-        return TaskStateHandle(snapshot.task, tuple(refs) + snapshot.reused, snapshot.offsets)
-
-    def read_blob(self, ref: BlobRef) -> pa.Table:
-        with self._lock:
-            entry = self._blobs.get(ref.key)
-        if entry is None:
-            raise CheckpointNotFoundError(f"blob {ref.key} is not in the store")
-        return decode_table(entry[1], ref)
-
-    # -- completion ------------------------------------------------------------------------
-    def commit(self, lease: CoordinatorLease, checkpoint: CompletedCheckpoint) -> None:
-        with self._lock:
-            self._check(lease)
-            if checkpoint.checkpoint_id in self._completed:
-                return
-            for ref in checkpoint.blobs():
-                if ref.key not in self._blobs:
-                    raise StoreError(
-                        f"checkpoint {checkpoint.checkpoint_id} references blob {ref.key} "
-                        "that was never written"
-                    )
-            text = checkpoint.to_json()
-            self._completed[checkpoint.checkpoint_id] = (text, checkpoint.checksum())
-
-    def list_completed_lenient(
-        self,
-    ) -> tuple[list[CompletedCheckpoint], list[CorruptCheckpointError]]:
-        with self._lock:
-            items = list(self._completed.items())
-        return parse_completed(items)
-
-    def retain(
-        self,
-        lease: CoordinatorLease,
-        retained: int,
-        keep_from: int | None = None,
-        *,
-        collect_garbage: bool = True,
-    ) -> list[int]:
-        kept, dropped = retention_plan(self.list_completed(), retained, keep_from)
-        with self._lock:
-            self._check(lease)
-            for c in dropped:
-                self._completed.pop(c.checkpoint_id, None)
-            if collect_garbage:
-                for ref in garbage_blobs([r for r, _ in self._blobs.values()], kept):
-                    self._blobs.pop(ref.key, None)
-        return [c.checkpoint_id for c in dropped]
-
-    def discard(self, lease: CoordinatorLease, checkpoint_ids: Iterable[int]) -> None:
-        ids = set(checkpoint_ids)
-        with self._lock:
-            self._check(lease)
-            for i in ids:
-                self._completed.pop(i, None)
-        kept = self.list_completed()
-        with self._lock:
-            referenced = {b.key for c in kept for b in c.blobs()}
-            for ref, _ in list(self._blobs.values()):
-                if ref.checkpoint_id in ids and ref.key not in referenced:
-                    self._blobs.pop(ref.key, None)
-
-    # -- test hooks ------------------------------------------------------------------------
-    def corrupt_blob(self, ref: BlobRef) -> None:
-        """Flip a byte of a stored blob (tests of corruption detection)."""
-        with self._lock:
-            r, payload = self._blobs[ref.key]
-            self._blobs[ref.key] = (r, bytes([payload[0] ^ 0xFF]) + payload[1:])
-
-    def lose_blob(self, ref: BlobRef) -> None:
-        """Remove a stored blob behind the store's back (tests of missing state)."""
-        with self._lock:
-            del self._blobs[ref.key]
-
-    def corrupt_metadata(self, checkpoint_id: int) -> None:
-        """Alter the stored metadata of a completed checkpoint so that it fails its checksum
-        (tests of damaged metadata)."""
-        with self._lock:
-            text, digest = self._completed[checkpoint_id]
-            self._completed[checkpoint_id] = (text.replace("{", "{ ", 1), digest)
-
-    def stored_blobs(self) -> list[BlobRef]:
-        with self._lock:
-            return [r for r, _ in self._blobs.values()]

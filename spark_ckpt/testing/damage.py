@@ -6,7 +6,7 @@ it).
 
 Every helper works on a *local* store root and on the tables' active data files (those the
 newest Delta log version references), located through the store's own layout
-(:class:`~spark_ckpt.delta.store.StoreTable`, ``table_uri``). Files are rewritten in place
+(:class:`~spark_ckpt.delta.store_tables.StoreTable`, ``table_uri``). Files are rewritten in place
 under their own names, so the Delta log does not change: a store object that cached the
 parsed ``checkpoints`` table at that version keeps its cache (blob reads are never cached);
 open a new store object after damaging metadata.
@@ -24,7 +24,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from spark_ckpt.delta.store import DeltaCheckpointStore, LogRecord, StoreTable
+from spark_ckpt.delta.checkpoint_log import LogRecord
+from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.store_tables import StoreTable
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,10 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from spark_ckpt.delta.store import DeltaCheckpointStore, StoreTable, blob_id
+from spark_ckpt.delta.blob_store import DeltaBlobStore, blob_id
+from spark_ckpt.delta.checkpoint_log import DeltaCheckpointLog
+from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.store_tables import StoreTable
 from spark_ckpt.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -245,7 +248,9 @@ def test_read_blobs_reads_many_key_groups_in_one_scan(root: Path, monkeypatch) -
 _CRASH_SCRIPT = """
 import os, signal, sys
 import pyarrow as pa
-from spark_ckpt.delta.store import DeltaCheckpointStore, StoreTable
+from spark_ckpt.delta.blob_store import DeltaBlobStore
+from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.store_tables import StoreTable
 from spark_ckpt.protocol.handle import BlobKind, SourceOffset, StateBlob, TaskId, TaskSnapshot
 root, point = sys.argv[1], sys.argv[2]
 store = DeltaCheckpointStore(root)
@@ -260,13 +265,13 @@ snap = TaskSnapshot(
     (SourceOffset("kafka", 0, 5),),
 )
 if point == "between-tables":
-    real = DeltaCheckpointStore._write_blobs
+    real = DeltaBlobStore._write_blobs
     def write_then_die(self, table, *a):
         out = real(self, table, *a)
         if table is StoreTable.OPERATOR_STATE:
             os.kill(os.getpid(), signal.SIGKILL)
         return out
-    DeltaCheckpointStore._write_blobs = write_then_die
+    DeltaBlobStore._write_blobs = write_then_die
 store.write_task_state(lease.first_id, snap)
 os.kill(os.getpid(), signal.SIGKILL)  # before the completion commit
 """
@@ -314,15 +319,15 @@ def test_rewrite_after_partial_write_completes_without_duplicates(root: Path, mo
     class Crash(Exception):
         pass
 
-    real = DeltaCheckpointStore._write_offsets
+    real = DeltaBlobStore._write_offsets
 
     def crash(*_a, **_kw):
         raise Crash
 
-    monkeypatch.setattr(DeltaCheckpointStore, "_write_offsets", crash)
+    monkeypatch.setattr(DeltaBlobStore, "_write_offsets", crash)
     with pytest.raises(Crash):
         store.write_task_state(lease.first_id, snap)
-    monkeypatch.setattr(DeltaCheckpointStore, "_write_offsets", real)
+    monkeypatch.setattr(DeltaBlobStore, "_write_offsets", real)
     h1 = store.write_task_state(lease.first_id, snap)
     h2 = DeltaCheckpointStore(str(root)).write_task_state(lease.first_id, snap)
     assert h1 == h2
@@ -341,16 +346,16 @@ def test_lease_landing_between_check_and_commit_fences_the_commit(root: Path, mo
     old = old_store.acquire()
     h = old_store.write_task_state(old.first_id, TaskSnapshot(TASK, (keyed(0, kv("a", 1)),)))
     rival = DeltaCheckpointStore(str(root))
-    real_view = DeltaCheckpointStore._view
+    real_view = DeltaCheckpointLog._view
     injected = []
 
     def view_then_rival_acquires(self, dt):
         v = real_view(self, dt)
-        if self is old_store and not injected:
+        if self is old_store._log and not injected:
             injected.append(rival.acquire())  # lands after our check, before our commit
         return v
 
-    monkeypatch.setattr(DeltaCheckpointStore, "_view", view_then_rival_acquires)
+    monkeypatch.setattr(DeltaCheckpointLog, "_view", view_then_rival_acquires)
     cp = CompletedCheckpoint(old.first_id, SnapshotType.CHECKPOINT, (h,), CheckpointStats(0, 1))
     with pytest.raises(FencedError):
         old_store.commit(old, cp)

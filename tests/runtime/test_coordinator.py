@@ -38,7 +38,8 @@ from spark_ckpt.runtime.coordinator import (
 )
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.pending import AckResult
-from spark_ckpt.storage.store import CoordinatorLease, InMemoryCheckpointStore
+from spark_ckpt.storage.lease import CoordinatorLease
+from spark_ckpt.storage.memory import InMemoryCheckpointStore
 
 SRC = TaskId("source", 0)
 OP = TaskId("counter", 0)

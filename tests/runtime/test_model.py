@@ -33,7 +33,8 @@ from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.runtime.task import task_state_uid
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.keygroup import range_for_subtask
-from spark_ckpt.storage.store import CheckpointStore, InMemoryCheckpointStore
+from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.storage.store import CheckpointStore, StateStorage
 from spark_ckpt.testing.simulation import SOURCE, VERTEX, AmountTotals, SimulatedJob, SimulationSpec
 
 CHANNELS = 3
@@ -102,7 +103,7 @@ def fold(
 
 
 def restored_state(
-    store: CheckpointStore, cp: CompletedCheckpoint, parallelism: int
+    store: StateStorage, cp: CompletedCheckpoint, parallelism: int
 ) -> tuple[Counter[int], Counter[int]]:
     """Per-key state of *cp* restored into *parallelism* fresh subtasks."""
     counts: Counter[int] = Counter()
@@ -124,7 +125,7 @@ def restored_state(
 
 
 def channel_state(
-    store: CheckpointStore, cp: CompletedCheckpoint
+    store: StateStorage, cp: CompletedCheckpoint
 ) -> tuple[Counter[int], Counter[int]]:
     counts: Counter[int] = Counter()
     totals: Counter[int] = Counter()

@@ -26,7 +26,7 @@ from spark_ckpt.spark.mailbox import (
     Topology,
     write_topology,
 )
-from spark_ckpt.storage.store import InMemoryCheckpointStore
+from spark_ckpt.storage.memory import InMemoryCheckpointStore
 
 
 def wait_until(condition: Callable[[], bool], limit_s: float = 30.0) -> None:

@@ -36,7 +36,7 @@ from spark_ckpt.state.keygroup import (
     key_groups,
     range_for_subtask,
 )
-from spark_ckpt.storage.store import InMemoryCheckpointStore
+from spark_ckpt.storage.memory import InMemoryCheckpointStore
 
 INT64 = pa.int64()
 COUNT = ValueStateDescriptor("count", pa.int64())

@@ -21,7 +21,8 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_ckpt.delta.store import DeltaCheckpointStore, blob_id
+from spark_ckpt.delta.blob_store import blob_id
+from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -39,7 +40,9 @@ from spark_ckpt.protocol.handle import (
     TaskSnapshot,
     TaskStateHandle,
 )
-from spark_ckpt.storage.store import ID_BLOCK, CheckpointStore, InMemoryCheckpointStore
+from spark_ckpt.storage.lease import ID_BLOCK
+from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.storage.store import CheckpointStore
 from spark_ckpt.testing.damage import tamper_metadata
 
 # ------------------------------------------------------------------ backends

@@ -1,0 +1,324 @@
+"""The coordinator's log on Delta: the ``checkpoints`` table (leases with fencing, id blocks,
+completed checkpoints).
+
+The log side of :class:`~spark_ckpt.delta.store.DeltaCheckpointStore`, used through the
+coordinator view (:class:`~spark_ckpt.storage.store.CheckpointLog`) by the coordinator on the
+driver side and read (:class:`~spark_ckpt.storage.store.CompletedCheckpoints`) by everyone.
+How it keeps the contract of :mod:`spark_ckpt.storage.store`:
+
+* **Visibility.** A checkpoint exists once its ``completed`` row is committed to
+  ``checkpoints`` (a single small append — the completion commit). Blob rows written before
+  are unreferenced until then.
+* **Fencing.** Every write to ``checkpoints`` reads the table at version *V*, checks that the
+  newest lease epoch is the caller's, and commits with ``max_commit_retries=0`` on that
+  snapshot, so the commit lands at exactly *V + 1* or fails (delta-rs commits with
+  put-if-absent of the log file; verified: a stale snapshot's commit raises
+  ``CommitFailedError`` instead of rebasing). After a failed attempt the table is re-read
+  and the check repeated; a newer epoch then raises :class:`FencedError`. The check and the
+  commit are therefore atomic. (On object stores this needs delta-rs' atomic log commits:
+  S3 with a locking provider or conditional puts; local disk, ADLS and GCS are atomic.)
+* **Ids** come from lease rows: a new block starts at the largest ``id_end`` ever logged.
+* **Idempotent commit.** ``commit`` of an id with a ``completed`` row is a no-op (checked on
+  the fenced snapshot, so it is race free).
+* **Retention** deletes ``completed`` rows of dropped checkpoints with ``DeltaTable.delete``
+  (copy-on-write), as one fenced commit; removing their blobs afterwards is the garbage
+  collector's job (:mod:`spark_ckpt.delta.garbage_collector`).
+* **Integrity.** Metadata is verified against its checksum
+  (:func:`~spark_ckpt.storage.metadata.parse_completed`); a completed row without metadata,
+  or one committed twice differently, makes the log unreadable
+  (:class:`CorruptCheckpointError`).
+
+Threading: every call is an independent transaction on a freshly loaded table; the lock only
+guards the cache of the parsed log.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from spark_ckpt.delta.store_tables import (
+    CHECKPOINTS_SCHEMA,
+    StoreTable,
+    StoreTables,
+    no_rebase,
+    rows_table,
+    sql_list,
+    store_boundary,
+)
+from spark_ckpt.errors import CorruptCheckpointError, FencedError, StoreError
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.storage.lease import ID_BLOCK, CoordinatorLease
+from spark_ckpt.storage.metadata import parse_completed
+from spark_ckpt.storage.retention import retention_plan
+from spark_ckpt.storage.store import CompletedCheckpoints
+
+_T = TypeVar("_T")
+
+
+class LogRecord(StrEnum):
+    """The ``record`` column of the ``checkpoints`` table."""
+
+    LEASE = "lease"
+    COMPLETED = "completed"
+
+
+@dataclass(frozen=True)
+class _LogView:
+    """The ``checkpoints`` table at one version, as the coordinator protocol needs it."""
+
+    version: int
+    max_epoch: int
+    next_id: int  # the largest id_end ever leased (1 when nothing was leased)
+    completed: Mapping[int, tuple[str, str]]  # id -> (metadata json, checksum)
+
+
+class DeltaCheckpointLog(CompletedCheckpoints):
+    """The ``checkpoints`` table of *tables* (see the module docstring). *max_attempts*
+    bounds the re-attempts of one transaction after losing a commit race.
+
+    Its writes are the fenced halves of the coordinator view; what they leave behind in the
+    state tables (blobs of removed checkpoints) is for the caller to collect."""
+
+    def __init__(self, tables: StoreTables, *, max_attempts: int) -> None:
+        self._tables = tables
+        self._max_attempts = max_attempts
+        self._lock = threading.Lock()
+        # (version, parsed completed checkpoints, damaged ones) of the last listing.
+        self._completed_cache: (
+            tuple[int, list[CompletedCheckpoint], list[CorruptCheckpointError]] | None
+        ) = None
+        self._view_cache: _LogView | None = None
+
+    # -- reading ---------------------------------------------------------------------------
+    def list_completed_lenient(
+        self,
+    ) -> tuple[list[CompletedCheckpoint], list[CorruptCheckpointError]]:
+        """Every committed checkpoint whose metadata verifies, and an error per completed row
+        whose metadata does not (see the base class). A log that cannot be read at all (a
+        lost data file, a row without metadata) still raises."""
+        with store_boundary("listing completed checkpoints", reading=True):
+            dt = self._tables.load(StoreTable.CHECKPOINTS)
+            if dt is None:
+                return [], []
+            with self._lock:
+                cached = self._completed_cache
+            if cached is not None and cached[0] == dt.version():
+                return list(cached[1]), list(cached[2])
+            view = self._view(dt)
+        good, bad = parse_completed(view.completed.items())
+        with self._lock:
+            self._completed_cache = (view.version, good, bad)
+        return list(good), list(bad)
+
+    # -- fencing and ids -------------------------------------------------------------------
+    def acquire(self) -> CoordinatorLease:
+        """A new epoch above every logged one, with the next id block (fences older ones)."""
+        return self._fenced(
+            "acquire",
+            None,
+            lambda dt, view: self._append_lease(dt, view, view.max_epoch + 1),
+        )
+
+    def allocate_ids(self, lease: CoordinatorLease) -> CoordinatorLease:
+        """The next id block for *lease*'s epoch; fenced."""
+        return self._fenced(
+            "allocate_ids",
+            lease,
+            lambda dt, view: self._append_lease(dt, view, lease.epoch),
+        )
+
+    # -- completion ------------------------------------------------------------------------
+    def commit(
+        self,
+        lease: CoordinatorLease,
+        checkpoint: CompletedCheckpoint,
+        *,
+        check_written: Callable[[CompletedCheckpoint], None],
+    ) -> None:
+        """The completion commit: one small append to ``checkpoints``, fenced; a no-op if the
+        id is already committed. *check_written* raises :class:`StoreError` unless every blob
+        the checkpoint references was written; it runs (once) before the append."""
+        cid = checkpoint.checkpoint_id
+        text = checkpoint.to_json()
+        row = rows_table(
+            CHECKPOINTS_SCHEMA,
+            {
+                "record": [LogRecord.COMPLETED.value],
+                "epoch": [lease.epoch],
+                "checkpoint_id": [cid],
+                "snapshot_type": [checkpoint.snapshot_type.value],
+                "trigger_ts": [checkpoint.stats.trigger_ms * 1000],
+                "completed_ts": [checkpoint.stats.completed_ms * 1000],
+                "state_bytes": [checkpoint.stats.state_bytes],
+                "metadata": [text],
+                "checksum": [checkpoint.checksum()],
+                "committed_at": [self._tables.now()],
+            },
+        )
+        verified = False
+
+        def action(dt: DeltaTable, view: _LogView) -> None:
+            nonlocal verified
+            if cid in view.completed:
+                return
+            if not verified:
+                check_written(checkpoint)
+                verified = True
+            write_deltalake(dt, row, mode="append", commit_properties=no_rebase())
+            self._remember(dt, view, completed=(cid, (text, checkpoint.checksum())))
+
+        self._fenced(f"commit of checkpoint {cid}", lease, action)
+
+    # -- removal ---------------------------------------------------------------------------
+    def retire(
+        self, lease: CoordinatorLease, retained: int, keep_from: int | None = None
+    ) -> tuple[list[CompletedCheckpoint], list[int]]:
+        """Fenced removal of the completed rows retention drops
+        (:func:`~spark_ckpt.storage.retention.retention_plan`); returns the checkpoints kept
+        and the ids removed."""
+        retention_plan(self.list_completed(), retained)  # validates *retained* first
+
+        def action(dt: DeltaTable, view: _LogView) -> tuple[list[CompletedCheckpoint], list[int]]:
+            kept, dropped = retention_plan(_parse(view), retained, keep_from)
+            ids = [c.checkpoint_id for c in dropped]
+            self._delete_completed(dt, view, ids)
+            return kept, ids
+
+        return self._fenced("retain", lease, action)
+
+    def remove(self, lease: CoordinatorLease, ids: Sequence[int]) -> list[CompletedCheckpoint]:
+        """Fenced removal of the completed rows of *ids* (those present); returns the
+        checkpoints that remain."""
+
+        def action(dt: DeltaTable, view: _LogView) -> list[CompletedCheckpoint]:
+            self._delete_completed(dt, view, [i for i in ids if i in view.completed])
+            return [c for c in _parse(view) if c.checkpoint_id not in ids]
+
+        return self._fenced("discard", lease, action)
+
+    # -- the fenced protocol ---------------------------------------------------------------
+    def _fenced(
+        self,
+        what: str,
+        lease: CoordinatorLease | None,
+        action: Callable[[DeltaTable, _LogView], _T],
+    ) -> _T:
+        """Run *action* on a fresh snapshot of ``checkpoints`` after checking that *lease*
+        (if given) holds the newest epoch. *action* commits (if at all) through the given
+        table with :func:`~spark_ckpt.delta.store_tables.no_rebase`, so its commit fails when
+        anything else committed since the check; the attempt is then repeated on a fresh
+        snapshot."""
+        with store_boundary(what, reading=True):
+            for _ in range(self._max_attempts):
+                dt = self._tables.ensure(StoreTable.CHECKPOINTS)
+                view = self._view(dt)
+                if lease is not None and view.max_epoch != lease.epoch:
+                    raise FencedError(
+                        f"coordinator epoch {lease.epoch} was superseded by epoch {view.max_epoch}"
+                    )
+                try:
+                    return action(dt, view)
+                except CommitFailedError:
+                    continue
+            raise StoreError(f"{what}: lost {self._max_attempts} commit races in a row")
+
+    def _append_lease(self, dt: DeltaTable, view: _LogView, epoch: int) -> CoordinatorLease:
+        lease = CoordinatorLease(epoch, view.next_id, view.next_id + ID_BLOCK)
+        row: dict[str, list[Any]] = {
+            "record": [LogRecord.LEASE.value],
+            "epoch": [lease.epoch],
+            "checkpoint_id": [lease.first_id],
+            "id_end": [lease.end_id],
+            "committed_at": [self._tables.now()],
+        }
+        write_deltalake(
+            dt,
+            rows_table(CHECKPOINTS_SCHEMA, row),
+            mode="append",
+            commit_properties=no_rebase(),
+        )
+        self._remember(dt, view, lease=lease)
+        return lease
+
+    def _delete_completed(self, dt: DeltaTable, view: _LogView, ids: Sequence[int]) -> None:
+        """Fenced removal of completed rows (one commit on the checked snapshot *view*)."""
+        if not ids:
+            return
+        predicate = f"record = '{LogRecord.COMPLETED.value}' AND checkpoint_id IN {sql_list(ids)}"
+        dt.delete(predicate, commit_properties=no_rebase())
+        self._remember(dt, view, removed=ids)
+
+    # -- the parsed log --------------------------------------------------------------------
+    def _view(self, dt: DeltaTable) -> _LogView:
+        """The ``checkpoints`` log at *dt*'s version: from the cache when this instance read
+        or wrote exactly that version (see :meth:`_remember`), else scanned."""
+        with self._lock:
+            cached = self._view_cache
+        if cached is not None and cached.version == dt.version():
+            return cached
+        view = self._scan_view(dt)
+        with self._lock:
+            self._view_cache = view
+        return view
+
+    def _remember(
+        self,
+        dt: DeltaTable,
+        view: _LogView,
+        *,
+        lease: CoordinatorLease | None = None,
+        completed: tuple[int, tuple[str, str]] | None = None,
+        removed: Sequence[int] = (),
+    ) -> None:
+        """After a no-rebase commit made on the snapshot *view*: cache the log it produced,
+        *view* plus that commit, so the next fenced step need not scan the table again. Only
+        when *dt* (updated in place by delta-rs) is at exactly the next version — which our
+        put-if-absent commit then wrote; anything else is left to a scan."""
+        if dt.version() != view.version + 1:
+            return
+        gone = set(removed)
+        done = {k: v for k, v in view.completed.items() if k not in gone}
+        if completed is not None:
+            done[completed[0]] = completed[1]
+        after = _LogView(
+            view.version + 1,
+            max(view.max_epoch, lease.epoch if lease else 0),
+            max(view.next_id, lease.end_id if lease else 0),
+            done,
+        )
+        with self._lock:
+            self._view_cache = after
+
+    def _scan_view(self, dt: DeltaTable) -> _LogView:
+        t = self._tables.scan(
+            dt, ["record", "epoch", "checkpoint_id", "id_end", "metadata", "checksum"]
+        )
+        leases = t.filter(pc.equal(t["record"], LogRecord.LEASE.value))
+        done = t.filter(pc.equal(t["record"], LogRecord.COMPLETED.value))
+        max_epoch = pc.max(leases["epoch"]).as_py() if leases.num_rows else 0
+        next_id = pc.max(leases["id_end"]).as_py() if leases.num_rows else 1
+        completed: dict[int, tuple[str, str]] = {}
+        for cid, text, digest in zip(
+            done["checkpoint_id"].to_pylist(),
+            done["metadata"].to_pylist(),
+            done["checksum"].to_pylist(),
+            strict=True,
+        ):
+            if text is None or digest is None:
+                raise CorruptCheckpointError(f"completed row of checkpoint {cid} has no metadata")
+            previous = completed.setdefault(cid, (text, digest))
+            if previous != (text, digest):
+                raise CorruptCheckpointError(f"checkpoint {cid} was committed twice, differently")
+        return _LogView(dt.version(), int(max_epoch or 0), int(next_id or 1), completed)
+
+
+def _parse(view: _LogView) -> list[CompletedCheckpoint]:
+    return [CompletedCheckpoint.from_json(t, d) for _, (t, d) in sorted(view.completed.items())]

@@ -1,0 +1,114 @@
+"""Garbage collection on Delta: deleting the blob and offset rows no kept checkpoint needs, and
+``VACUUM`` of the files Delta no longer references.
+
+The retention side of :class:`~spark_ckpt.delta.store.DeltaCheckpointStore`. It runs after the
+fenced removal of completed rows from the log (:mod:`spark_ckpt.delta.checkpoint_log`), with
+the checkpoints kept *then*:
+
+* Blob rows are deleted with ``DeltaTable.delete`` (copy-on-write: files are rewritten or
+  removed, no deletion vectors), with delta-rs' normal conflict resolution: a delete rebases
+  over concurrent task appends (verified with deltalake 1.6).
+* Only blobs no kept checkpoint references and none newer than the latest kept one are
+  removed (:func:`~spark_ckpt.storage.retention.garbage_blobs`), so a coordinator fenced out
+  meanwhile cannot remove anything its successor needs, and a pending checkpoint's blobs
+  survive. Collecting again removes nothing more (idempotent).
+* Removed files stay on disk (Delta time travel) until :meth:`DeltaGarbageCollector.vacuum`,
+  which is never run implicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pyarrow.compute as pc
+
+from spark_ckpt.delta.blob_store import DeltaBlobStore, blob_id, blob_table
+from spark_ckpt.delta.store_tables import (
+    BLOB_TABLES,
+    StoreTable,
+    StoreTables,
+    chunks,
+    sql_list,
+    store_boundary,
+)
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.handle import BlobRef
+from spark_ckpt.storage.retention import garbage_blobs
+
+
+class DeltaGarbageCollector:
+    """Deletes garbage rows from the state and offset tables of *tables*, listing the stored
+    blobs through *blobs* (see the module docstring)."""
+
+    def __init__(self, tables: StoreTables, blobs: DeltaBlobStore) -> None:
+        self._tables = tables
+        self._blobs = blobs
+
+    def collect_retained(self, kept: Sequence[CompletedCheckpoint]) -> None:
+        """After retention kept *kept*: delete every blob and offset row up to the newest
+        kept checkpoint that no kept checkpoint needs."""
+        with store_boundary("retain: removing garbage", reading=True):
+            horizon = max((c.checkpoint_id for c in kept), default=0)
+            stored = self._blobs.stored_refs_upto(horizon)
+            self._delete_blobs(garbage_blobs(stored, kept))
+            kept_ids = {c.checkpoint_id for c in kept}
+            self._delete_offsets(lambda i: i <= horizon and i not in kept_ids)
+
+    def collect_discarded(self, ids: Sequence[int], kept: Sequence[CompletedCheckpoint]) -> None:
+        """After the checkpoints *ids* were discarded: delete every blob and offset row
+        written for them that no checkpoint in *kept* references."""
+        with store_boundary("discard: removing blobs", reading=True):
+            referenced = {b.key for c in kept for b in c.blobs()}
+            stored = self._blobs.stored_refs_of(ids)
+            self._delete_blobs([r for r in stored if r.key not in referenced])
+            kept_ids = {c.checkpoint_id for c in kept}
+            id_set = set(ids)
+            self._delete_offsets(lambda i: i in id_set and i not in kept_ids)
+
+    def _delete_blobs(self, refs: Sequence[BlobRef]) -> None:
+        """Delete blob rows (copy-on-write), rebasing over concurrent task appends."""
+        for table in BLOB_TABLES:
+            mine = [r for r in refs if blob_table(r.kind) is table]
+            if not mine:
+                continue
+            dt = self._tables.ensure(table)
+            for chunk in chunks(sorted(mine, key=lambda r: r.key)):
+                ids = sorted({r.checkpoint_id for r in chunk})
+                bids = sorted({blob_id(r) for r in chunk})
+                dt.delete(f"checkpoint_id IN {sql_list(ids)} AND blob_id IN {sql_list(bids)}")
+
+    def _delete_offsets(self, drop: Callable[[int], bool]) -> None:
+        dt = self._tables.load(StoreTable.SOURCE_OFFSETS)
+        if dt is None:
+            return
+        present = self._tables.scan(dt, ["checkpoint_id"])["checkpoint_id"]
+        ids = [i for i in pc.unique(present).to_pylist() if drop(i)]
+        for chunk in chunks(sorted(ids)):
+            dt.delete(f"checkpoint_id IN {sql_list(chunk)}")
+
+    def vacuum(
+        self,
+        retention_hours: int = 168,
+        *,
+        dry_run: bool = False,
+        enforce_retention_duration: bool = True,
+    ) -> list[str]:
+        """Physically delete data files that the tables no longer reference and that were
+        removed more than *retention_hours* ago (Delta ``VACUUM``). Never run implicitly:
+        until then removed state stays readable by Delta time travel. Returns the files
+        (to be) deleted. A retention below the table's ``delta.deletedFileRetentionDuration``
+        needs ``enforce_retention_duration=False`` and is safe only when no reader is
+        reading an older table version."""
+        out: list[str] = []
+        with store_boundary("vacuum"):
+            for table in StoreTable:
+                dt = self._tables.load(table)
+                if dt is not None:
+                    out.extend(
+                        dt.vacuum(
+                            retention_hours=retention_hours,
+                            dry_run=dry_run,
+                            enforce_retention_duration=enforce_retention_duration,
+                        )
+                    )
+        return out

@@ -1,0 +1,280 @@
+"""The Delta tables of the checkpoint store: their layout on disk and shared access to them.
+
+One *root* per pipeline holds four Delta tables, created lazily with explicit schemas and kept
+readable by Spark's Delta Lake (protocol reader 1 / writer 2, UTC ``timestamp`` columns, no
+deletion vectors, no column mapping, no partitioning — the tables are small and a partition
+per checkpoint would only multiply tiny files):
+
+``<root>/checkpoints``
+    The coordinator's log (:mod:`spark_ckpt.delta.checkpoint_log`), one row per event:
+    ``lease`` rows (``epoch``, id block ``[checkpoint_id, id_end)``) and ``completed`` rows (the
+    canonical metadata JSON of a :class:`~spark_ckpt.protocol.checkpoint.CompletedCheckpoint`
+    with its SHA-256, plus queryable copies of id, type, timestamps and size). Only
+    coordinators write it.
+``<root>/operator_state`` / ``<root>/channel_state``
+    One row per blob (``KEYED_FULL``/``KEYED_DELTA``/``OPERATOR`` resp. ``CHANNEL``): the
+    :class:`~spark_ckpt.protocol.handle.BlobRef` columns, a ``blob_id`` (hash of the blob key,
+    used in predicates) and the Arrow IPC ``payload``. Written by tasks
+    (:mod:`spark_ckpt.delta.blob_store`).
+``<root>/source_offsets``
+    One row per source channel position a task reported (queryable record; restore reads
+    offsets from the committed metadata).
+
+:class:`StoreTables` opens, creates and scans these tables for the store's components; every
+error of delta-rs, Arrow and the file system is translated at :func:`store_boundary`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import DeltaError
+
+from spark_ckpt.delta.errors import delta_boundary
+from spark_ckpt.errors import CorruptCheckpointError, StoreError
+from spark_ckpt.protocol.clock import Clock
+
+_T = TypeVar("_T")
+
+_TS = pa.timestamp("us", tz="UTC")
+
+#: Largest number of values in one ``IN (...)`` delete predicate.
+_PREDICATE_CHUNK = 500
+
+
+class StoreTable(StrEnum):
+    """The Delta tables under a store root (the value is the directory name)."""
+
+    CHECKPOINTS = "checkpoints"
+    OPERATOR_STATE = "operator_state"
+    CHANNEL_STATE = "channel_state"
+    SOURCE_OFFSETS = "source_offsets"
+
+
+#: The tables that hold state blobs.
+BLOB_TABLES = (StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE)
+
+CHECKPOINTS_SCHEMA = pa.schema(
+    [
+        pa.field("record", pa.string(), nullable=False),
+        pa.field("epoch", pa.int64(), nullable=False),
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("id_end", pa.int64()),
+        pa.field("snapshot_type", pa.string()),
+        pa.field("trigger_ts", _TS),
+        pa.field("completed_ts", _TS),
+        pa.field("state_bytes", pa.int64()),
+        pa.field("metadata", pa.string()),
+        pa.field("checksum", pa.string()),
+        pa.field("committed_at", _TS, nullable=False),
+    ]
+)
+"""``checkpoints``: lease rows fill ``epoch``/``checkpoint_id`` (first id)/``id_end``;
+completed rows fill ``epoch`` (the committer's) and every column from ``snapshot_type``
+on."""
+
+BLOB_SCHEMA = pa.schema(
+    [
+        pa.field("blob_id", pa.string(), nullable=False),
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("operator_uid", pa.string(), nullable=False),
+        pa.field("subtask", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("state_name", pa.string(), nullable=False),
+        pa.field("key_group_start", pa.int64(), nullable=False),
+        pa.field("key_group_end", pa.int64(), nullable=False),
+        pa.field("channel", pa.int64(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("nbytes", pa.int64(), nullable=False),
+        pa.field("checksum", pa.string(), nullable=False),
+        pa.field("payload", pa.binary(), nullable=False),
+        pa.field("written_at", _TS, nullable=False),
+    ]
+)
+"""``operator_state`` and ``channel_state``: one row per blob; ``payload`` is the Arrow IPC
+stream, ``blob_id`` = :func:`~spark_ckpt.delta.blob_store.blob_id` of the key."""
+
+SOURCE_OFFSETS_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("vertex", pa.string(), nullable=False),
+        pa.field("subtask", pa.int64(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("channel", pa.int64(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("written_at", _TS, nullable=False),
+    ]
+)
+"""``source_offsets``: ``offset`` is the first data record *not* covered by the checkpoint."""
+
+SCHEMAS: Mapping[StoreTable, pa.Schema] = {
+    StoreTable.CHECKPOINTS: CHECKPOINTS_SCHEMA,
+    StoreTable.OPERATOR_STATE: BLOB_SCHEMA,
+    StoreTable.CHANNEL_STATE: BLOB_SCHEMA,
+    StoreTable.SOURCE_OFFSETS: SOURCE_OFFSETS_SCHEMA,
+}
+
+
+class StoreTables:
+    """The tables under *root* (a local path or a URI delta-rs understands;
+    *storage_options* are passed to delta-rs): opened once, then kept up to date; created on
+    first write. *clock* stamps the informational timestamp columns (:meth:`now`).
+    Thread-safe: the lock guards the cache of opened tables only."""
+
+    def __init__(self, root: str, *, storage_options: dict[str, str] | None, clock: Clock) -> None:
+        self._root = str(root).rstrip("/")
+        self._storage_options = storage_options
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tables: dict[StoreTable, DeltaTable] = {}
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    def uri(self, table: StoreTable) -> str:
+        """Where *table* lives (for second readers: Spark, polars, DuckDB)."""
+        return f"{self._root}/{table.value}"
+
+    def load(self, table: StoreTable) -> DeltaTable | None:
+        """The newest version of *table*, or ``None`` if it was never created. The table is
+        opened once per instance and then brought up to date with ``update_incremental()``
+        (about 1 ms instead of about 10 ms for a fresh open)."""
+        with self._lock:
+            dt = self._tables.get(table)
+        if dt is not None:
+            dt.update_incremental()
+            return dt
+        uri = self.uri(table)
+        if not DeltaTable.is_deltatable(uri, self._storage_options):
+            return None
+        dt = DeltaTable(uri, storage_options=self._storage_options)
+        with self._lock:
+            self._tables[table] = dt
+        return dt
+
+    def ensure(self, table: StoreTable) -> DeltaTable:
+        """The newest version of *table*, creating it (explicit schema) if missing. Safe when
+        several processes create it at once."""
+        dt = self.load(table)
+        if dt is not None:
+            return dt
+        try:
+            return DeltaTable.create(
+                self.uri(table),
+                SCHEMAS[table],
+                mode="ignore",
+                name=table.value,
+                description=f"spark-ckpt {table.value}",
+                storage_options=self._storage_options,
+            )
+        except DeltaError:
+            dt = self.load(table)  # lost the creation race
+            if dt is None:
+                raise
+            return dt
+
+    def arrow_fs(self, dt: DeltaTable) -> pafs.FileSystem | None:
+        """A native pyarrow file system rooted at *dt*. (delta-rs' default Python file system
+        handler works too, but in deltalake 1.6 + pyarrow 26 using it aborts the interpreter
+        at exit — "terminate called without an active exception".)"""
+        if self._storage_options:
+            return None
+        try:
+            fs, path = pafs.FileSystem.from_uri(dt.table_uri)
+        except (pa.ArrowInvalid, OSError):
+            return None
+        return pafs.SubTreeFileSystem(path, fs)
+
+    def scan(
+        self,
+        dt: DeltaTable,
+        columns: list[str],
+        *,
+        ids: Iterable[int] | None = None,
+        row_filter: ds.Expression | None = None,
+        filter_columns: Sequence[str] = (),
+    ) -> pa.Table:
+        """Read *columns* of *dt*; *ids* prunes files by ``checkpoint_id`` statistics before
+        any data file is opened, *row_filter* selects rows (over *columns* plus
+        *filter_columns*).
+
+        Only the integer ``checkpoint_id`` predicate is pushed into the scan: files that
+        delta-rs rewrote (DELETE during retention) carry ``string_view`` in their Arrow schema,
+        and pyarrow cannot compare those statistics with string literals."""
+        scan_filter: ds.Expression | None = None
+        pruning: list[tuple[str, str, Any]] | None = None
+        if ids is not None:
+            id_list = sorted(set(ids))
+            if not id_list:
+                return empty_table(columns)
+            pruning = [("checkpoint_id", "in", id_list)]
+            scan_filter = pc.field("checkpoint_id").isin(id_list)
+        dataset = dt.to_pyarrow_dataset(
+            filesystem=self.arrow_fs(dt), file_pruning_predicate=pruning
+        )
+        read = list(dict.fromkeys([*columns, *filter_columns]))
+        table = dataset.to_table(columns=read, filter=scan_filter)
+        if row_filter is not None:
+            table = table.filter(row_filter)
+        return table.select(columns)
+
+    def now(self) -> int:
+        """Now, in microseconds since the epoch (the unit of the timestamp columns)."""
+        return self._clock.now_ms() * 1000
+
+
+@contextmanager
+def store_boundary(what: str, *, reading: bool = False) -> Iterator[None]:
+    """:func:`~spark_ckpt.delta.errors.delta_boundary` into :class:`StoreError`; on read paths
+    an unreadable data file is :class:`CorruptCheckpointError`. Also catches the
+    ``UnicodeDecodeError`` of a damaged string column: pyarrow does not validate UTF-8 when
+    it decodes Parquet, so such damage only surfaces when values are converted."""
+    with delta_boundary(what, StoreError, unreadable=CorruptCheckpointError if reading else None):
+        try:
+            yield
+        except UnicodeDecodeError as e:
+            error = CorruptCheckpointError if reading else StoreError
+            raise error(f"{what}: undecodable string data: {e}") from e
+
+
+def no_rebase() -> CommitProperties:
+    """Commit exactly on the snapshot read: a concurrent commit makes ours fail."""
+    return CommitProperties(max_commit_retries=0)
+
+
+def sql_list(values: Iterable[int | str]) -> str:
+    """``(v1, v2, ...)`` for a SQL ``IN``; strings must be SQL-safe (hex ids only here)."""
+    return "(" + ", ".join(str(v) if isinstance(v, int) else f"'{v}'" for v in values) + ")"
+
+
+def chunks(values: Sequence[_T], size: int = _PREDICATE_CHUNK) -> Iterator[Sequence[_T]]:
+    """*values* in slices of at most *size* (one ``IN (...)`` predicate each)."""
+    for i in range(0, len(values), size):
+        yield values[i : i + size]
+
+
+def rows_table(schema: pa.Schema, columns: Mapping[str, list[Any]]) -> pa.Table:
+    """A table of *schema*; columns not given are null."""
+    n = len(next(iter(columns.values())))
+    arrays = [
+        pa.array(columns[f.name], type=f.type) if f.name in columns else pa.nulls(n, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def empty_table(columns: list[str]) -> pa.Table:
+    """An empty table of *columns* (types as in the store's schemas)."""
+    fields = {f.name: f for schema in SCHEMAS.values() for f in schema}
+    return pa.schema([fields[c] for c in columns]).empty_table()
