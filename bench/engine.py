@@ -18,7 +18,7 @@ figure is the median over the repetitions):
      (alignment overhead only, no state snapshot);
    * ``task``     — :class:`~spark_ckpt.runtime.task.OperatorTask` end to end: synchronous snapshot,
      state + channel state written into an
-     :class:`~spark_ckpt.storage.store.InMemoryCheckpointStore`
+     :class:`~spark_ckpt.storage.memory.InMemoryCheckpointStore`
      (Arrow IPC + SHA-256), acknowledgement, and ``notify_complete`` right after the ack (so
      snapshots are incremental against the previous checkpoint).
 
@@ -69,7 +69,8 @@ from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.runtime.task import OperatorTask
 from spark_ckpt.state.backend import KeyedStateBackend, ValueStateDescriptor
 from spark_ckpt.state.keygroup import KeyGroupRange
-from spark_ckpt.storage.store import CheckpointStore, InMemoryCheckpointStore
+from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.storage.store import StateStorage
 from spark_ckpt.testing.simulation import barrier_table, stream_rows
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "engine.json"
@@ -330,7 +331,7 @@ def _churn(
 
 
 def _snapshot_and_write(
-    backend: KeyedStateBackend, store: CheckpointStore, cid: int, full: bool
+    backend: KeyedStateBackend, store: StateStorage, cid: int, full: bool
 ) -> tuple[TaskStateHandle, float, float]:
     """(handle, snapshot seconds, write seconds); the checkpoint is then notified complete."""
     t0 = time.perf_counter()

@@ -39,6 +39,7 @@ from spark_ckpt.errors import (
 )
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
+from spark_ckpt.protocol.trace import Phase, Tracer
 from spark_ckpt.runtime.config import (
     CheckpointConfig,
     CheckpointingMode,
@@ -72,6 +73,7 @@ __all__ = [
     "ExternalizedCheckpointRetention",
     "JobSpec",
     "KeyedOperator",
+    "Phase",
     "Pipeline",
     "PipelineClient",
     "PipelineFailedError",
@@ -86,6 +88,7 @@ __all__ = [
     "StateError",
     "StopReason",
     "StoreError",
+    "Tracer",
     "__version__",
     "connect_session",
     "local_session",

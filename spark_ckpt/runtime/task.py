@@ -44,6 +44,7 @@ from spark_ckpt.protocol.handle import (
     TaskSnapshot,
     TaskStateHandle,
 )
+from spark_ckpt.protocol.trace import NOOP_TRACER, Phase, Tracer
 from spark_ckpt.runtime.aligner import (
     Abort,
     AbortReason,
@@ -59,7 +60,7 @@ from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.sinks.sink import TRANSACTION_STATE_SCHEMA, Transaction, TwoPhaseCommitSink
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.keygroup import key_groups, range_for_subtask
-from spark_ckpt.storage.store import CheckpointStore
+from spark_ckpt.storage.store import StateStorage
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,11 @@ class OperatorTask:
     *run_async* runs the asynchronous phase of a checkpoint (writing the state, then
     acknowledging): by default inline, on the task's thread; a
     :class:`~spark_ckpt.runtime.snapshot_worker.SnapshotWorker`'s ``submit`` moves it to another
-    thread, in which case ``respond`` is called from that thread too."""
+    thread, in which case ``respond`` is called from that thread too.
+
+    *tracer* receives spans around the operator calls, the sink's ``write`` and
+    ``pre_commit``, the synchronous and asynchronous snapshot phases and the state write (see
+    :mod:`spark_ckpt.protocol.trace`); the state write's span runs where *run_async* runs it."""
 
     def __init__(
         self,
@@ -100,7 +105,7 @@ class OperatorTask:
         channels: Sequence[int],
         operators: Sequence[KeyedOperator],
         parallelism: int,
-        store: CheckpointStore,
+        store: StateStorage,
         respond: Callable[[Response], None],
         clock: Clock,
         mode: AlignmentMode = AlignmentMode.ALIGNED,
@@ -109,6 +114,7 @@ class OperatorTask:
         sink: TwoPhaseCommitSink | None = None,
         source_vertex: str | None = None,
         run_async: Callable[[Callable[[], None]], None] | None = None,
+        tracer: Tracer = NOOP_TRACER,
     ) -> None:
         """*source_vertex*: when the task reads source channels directly (the foreachBatch
         aligner), its acknowledgements also carry the source positions — each channel's
@@ -124,6 +130,7 @@ class OperatorTask:
         self.sink = sink
         self.respond = respond
         self.clock = clock
+        self.tracer = tracer
         self.aligner = BarrierAligner(channels, mode, clock, aligned_timeout_ms=aligned_timeout_ms)
         self.backends: dict[str, KeyedStateBackend] = {}
         for op in self.operators:
@@ -195,9 +202,11 @@ class OperatorTask:
             if isinstance(step, Records):
                 self._process_records(step.table)
             elif isinstance(step, Snapshot):
-                self._snapshot(step)
+                with self.tracer.span(Phase.SNAPSHOT_SYNC):
+                    self._snapshot(step)
             elif isinstance(step, Complete):
-                self._complete(step)
+                with self.tracer.span(Phase.SNAPSHOT_ASYNC):
+                    self._complete(step)
             elif isinstance(step, Abort):
                 self._in_progress.pop(step.checkpoint_id, None)
                 for backend in self.backends.values():
@@ -227,9 +236,11 @@ class OperatorTask:
         for op in self.operators:
             if out is None or out.num_rows == 0:
                 return
-            out = op.process_batch(out, self.backends[op.uid])
+            with self.tracer.span(Phase.OPERATOR):
+                out = op.process_batch(out, self.backends[op.uid])
         if out is not None and out.num_rows and self.sink is not None:
-            self.sink.write(self.sink_uid, self.task_id.subtask, out)
+            with self.tracer.span(Phase.SINK_WRITE):
+                self.sink.write(self.sink_uid, self.task_id.subtask, out)
 
     # -- checkpointing -------------------------------------------------------------------------
     def _snapshot(self, step: Snapshot) -> None:
@@ -241,7 +252,8 @@ class OperatorTask:
         base = min(self.backends[op.uid].base_checkpoint_id for op in self.operators)
         snaps = [self.backends[op.uid].snapshot(cid, full=full) for op in self.operators]
         if self.sink is not None:
-            self._sealed[cid] = self.sink.pre_commit(self.sink_uid, self.task_id.subtask, cid)
+            with self.tracer.span(Phase.SINK_PRE_COMMIT):
+                self._sealed[cid] = self.sink.pre_commit(self.sink_uid, self.task_id.subtask, cid)
         self._in_progress[cid] = _SnapshotInProgress(snaps, step, self.clock.now_ms() - start, base)
 
     def _complete(self, step: Complete) -> None:
@@ -284,7 +296,8 @@ class OperatorTask:
         def write_and_acknowledge() -> None:
             async_start = self.clock.now_ms()
             try:
-                handle = self.store.write_task_state(cid, snapshot)
+                with self.tracer.span(Phase.SNAPSHOT_WRITE):
+                    handle = self.store.write_task_state(cid, snapshot)
             except SparkCkptError as e:
                 self.respond(DeclineCheckpoint(cid, self.task_id, f"writing state failed: {e}"))
                 return
@@ -312,7 +325,8 @@ class OperatorTask:
         checkpoint, is read from the sink when not given)."""
         if self.sink is not None:
             if sink_committed is None:
-                sink_committed = self.sink.committed_checkpoint()
+                with self.tracer.span(Phase.COMMITTED_CHECKPOINT):
+                    sink_committed = self.sink.committed_checkpoint()
             committed = min(checkpoint_id, sink_committed)
             for cid in [c for c in self._sealed if c <= committed]:
                 del self._sealed[cid]
@@ -339,7 +353,7 @@ def _run_inline(job: Callable[[], None]) -> None:
 
 
 def sealed_transactions(
-    checkpoint: CompletedCheckpoint, store: CheckpointStore, vertex: str
+    checkpoint: CompletedCheckpoint, store: StateStorage, vertex: str
 ) -> list[Transaction]:
     """The sink transactions recorded in *checkpoint* by the subtasks of *vertex*."""
     txns: dict[str, Transaction] = {}
@@ -356,7 +370,7 @@ def sealed_transactions(
 
 
 def commit_checkpoint(
-    sink: TwoPhaseCommitSink, checkpoint: CompletedCheckpoint, store: CheckpointStore, vertex: str
+    sink: TwoPhaseCommitSink, checkpoint: CompletedCheckpoint, store: StateStorage, vertex: str
 ) -> bool:
     """The global committer's step after *checkpoint* completed: commit every transaction it
     records, at once. Idempotent; returns False when it was already committed."""
@@ -368,7 +382,7 @@ def commit_checkpoint(
 def recover_sink(
     sink: TwoPhaseCommitSink,
     checkpoint: CompletedCheckpoint | None,
-    store: CheckpointStore,
+    store: StateStorage,
     vertex: str,
     *,
     staged_before_ms: int | None = None,

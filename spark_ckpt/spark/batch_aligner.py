@@ -73,6 +73,7 @@ from spark_ckpt.protocol.barrier import (
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock
 from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
+from spark_ckpt.protocol.trace import NOOP_TRACER, Phase, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
@@ -83,7 +84,7 @@ from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox
 from spark_ckpt.spark.run import RunFiles
 from spark_ckpt.state.keygroup import subtasks_for_keys
-from spark_ckpt.storage.store import CheckpointStore
+from spark_ckpt.storage.store import WorkerStorage
 
 
 class BatchAligner:
@@ -97,7 +98,7 @@ class BatchAligner:
     def __init__(
         self,
         root: str,
-        store: CheckpointStore,
+        store: WorkerStorage,
         *,
         operators: Sequence[KeyedOperator],
         channels: int,
@@ -112,9 +113,14 @@ class BatchAligner:
         pipelined: bool = False,
         restore_from: CompletedCheckpoint | None = None,
         run_id: str | None = None,
+        tracer: Tracer = NOOP_TRACER,
     ) -> None:
         """*run_id*: acknowledgements go to the run's mailbox box and abort notifications
-        are read from the run's files (see :mod:`spark_ckpt.spark.run`)."""
+        are read from the run's files (see :mod:`spark_ckpt.spark.run`). *tracer* receives
+        spans around routing, completion handling and polls, mailbox posts, and (through
+        the tasks) the operators, the sink and the snapshot phases
+        (:mod:`spark_ckpt.protocol.trace`): on the thread processing the batch, and on the
+        snapshot worker's thread for what runs there (``async_snapshots``)."""
         self.root = root
         self.store = store
         self.operators = tuple(operators)
@@ -126,6 +132,7 @@ class BatchAligner:
         self.run = RunFiles(root, run_id) if run_id else None
         self._aborted_seen: set[int] = set()
         self.clock: Clock = clock or SystemClock()
+        self.tracer = tracer
         self._outbox: list[AcknowledgeCheckpoint | DeclineCheckpoint] = []
         self.sink = sink
         self.worker = SnapshotWorker() if async_snapshots else None
@@ -146,6 +153,7 @@ class BatchAligner:
                 sink=sink,
                 source_vertex=SOURCE_TASK.vertex,
                 run_async=None if self.worker is None else self.worker.submit,
+                tracer=tracer,
             )
             for s in range(parallelism)
         ]
@@ -190,12 +198,14 @@ class BatchAligner:
     def process(self, table: pa.Table) -> None:
         """Process one micro-batch (rows of every channel, channel order kept), on the calling
         thread. Not thread-safe: one batch at a time (:meth:`submit` ensures it)."""
-        self._notify_completed()
+        with self.tracer.span(Phase.NOTIFY_COMPLETED):
+            self._notify_completed()
         if table.num_rows:
             table = self._observe(table)
         cuts = self._cuts(table.schema)
         if table.num_rows or cuts is not None:
-            parts = self._route(table) if table.num_rows else [table] * self.parallelism
+            with self.tracer.span(Phase.ROUTE):
+                parts = self._route(table) if table.num_rows else [table] * self.parallelism
             for task, part in zip(self.tasks, parts, strict=True):
                 if cuts is not None:
                     part = pa.concat_tables([part, cuts])
@@ -204,7 +214,8 @@ class BatchAligner:
             self.rows_processed += table.num_rows
         for task in self.tasks:
             task.tick()
-        self._flush()
+        with self.tracer.span(Phase.MAILBOX):
+            self._flush()
 
     def _observe(self, table: pa.Table) -> pa.Table:
         """Track each channel's consumed position and barrier arrivals; drop the real barriers
@@ -322,19 +333,21 @@ class BatchAligner:
     def _poll_completions(self) -> list[tuple[int, int | None]]:
         """(checkpoint id, the sink's committed checkpoint) of each checkpoint completed since
         the last call, oldest first. Reads the store (and the sink, once)."""
-        newer = sorted(
-            c.checkpoint_id
-            for c in self.store.list_completed()
-            if c.checkpoint_id > self._completed_seen
-        )
+        with self.tracer.span(Phase.LIST_COMPLETED):
+            completed = self.store.list_completed()
+        newer = sorted(c.checkpoint_id for c in completed if c.checkpoint_id > self._completed_seen)
         if not newer:
             return []
         self._completed_seen = newer[-1]
-        committed = self.sink.committed_checkpoint() if self.sink is not None else None
+        committed = None
+        if self.sink is not None:
+            with self.tracer.span(Phase.COMMITTED_CHECKPOINT):
+                committed = self.sink.committed_checkpoint()
         return [(cid, committed) for cid in newer]
 
     def _post(self, message: Response) -> None:
-        self.mailbox.post(message)
+        with self.tracer.span(Phase.MAILBOX):
+            self.mailbox.post(message)
 
     def drain(self) -> None:
         """Wait until the micro-batch in flight (``pipelined``) is processed and the

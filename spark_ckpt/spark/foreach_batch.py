@@ -7,7 +7,8 @@ locks, open files or restored state:
 
 * :class:`AlignerSpec` — frozen: the run id, the operators (plain picklable objects; their
   state lives in the state backend, not in them), the channel count, the parallelism, the
-  alignment mode, the output table;
+  alignment mode, the output table, the tracer (:mod:`spark_ckpt.protocol.trace`; it must be
+  picklable too);
 * :class:`ForeachBatchFunction` — holds a spec; at its first call in a process it builds the
   :class:`~spark_ckpt.spark.batch_aligner.BatchAligner` (threads, keyed state restored from the
   run's restore point, the Delta sink). Pickling it drops the runtime.
@@ -29,16 +30,21 @@ from typing import Any
 import pyarrow as pa
 
 from spark_ckpt.errors import ProtocolError
+from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.spark.batch_aligner import BatchAligner, collect_arrow
 from spark_ckpt.spark.run import RunFiles
+from spark_ckpt.storage.store import WorkerStorage
 from spark_ckpt.testing import faults
 
 
 @dataclass(frozen=True)
 class AlignerSpec:
-    """Everything a run's foreachBatch aligner is built from (picklable)."""
+    """Everything a run's foreachBatch aligner is built from (picklable). *tracer* receives
+    the aligner's spans (:mod:`spark_ckpt.protocol.trace`) in the process that builds it —
+    where foreachBatch runs — on the batch's thread and the snapshot worker's thread; it
+    must be picklable and cheap. Default: no tracing."""
 
     root: str
     pipeline: str
@@ -52,6 +58,7 @@ class AlignerSpec:
     max_parallelism: int = 128
     vertex: str = ""
     pipelined: bool = True
+    tracer: Tracer = NOOP_TRACER
 
     @property
     def vertex_name(self) -> str:
@@ -69,7 +76,7 @@ class AlignerSpec:
                 f"run {self.run_id} has no restore point: its coordinator did not start "
                 "(the foreachBatch function must consume this run's ckpt-source)"
             )
-        store = faults.faulty_store(DeltaCheckpointStore(self.root), self.root)
+        store: WorkerStorage = faults.faulty_store(DeltaCheckpointStore(self.root), self.root)
         restored = None if point.checkpoint_id is None else store.get(point.checkpoint_id)
         return BatchAligner(
             self.root,
@@ -86,6 +93,7 @@ class AlignerSpec:
             pipelined=self.pipelined,
             restore_from=restored,
             run_id=self.run_id,
+            tracer=self.tracer,
         )
 
 

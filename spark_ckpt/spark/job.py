@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.operator import KeyedOperator
 
 Source = Mapping[str, object]
@@ -25,7 +26,9 @@ class JobSpec:
     pipeline's configuration says) into the Delta table *output*, exactly-once, on
     *parallelism* subtasks. *vertex*: the task vertex name (default: the first operator's
     uid). *pipelined*: process a micro-batch while Spark reads the next (see
-    :class:`~spark_ckpt.spark.batch_aligner.BatchAligner`)."""
+    :class:`~spark_ckpt.spark.batch_aligner.BatchAligner`). *tracer*: receives the engine's
+    spans where the foreachBatch function runs (picklable and cheap; see
+    :mod:`spark_ckpt.protocol.trace`), injected like the clock."""
 
     source: Source
     operators: tuple[KeyedOperator, ...]
@@ -33,6 +36,7 @@ class JobSpec:
     parallelism: int = 2
     vertex: str | None = None
     pipelined: bool = True
+    tracer: Tracer = NOOP_TRACER
 
     @staticmethod
     def of(
@@ -43,10 +47,11 @@ class JobSpec:
         parallelism: int = 2,
         vertex: str | None = None,
         pipelined: bool = True,
+        tracer: Tracer = NOOP_TRACER,
     ) -> JobSpec:
         """A validated spec: at least one operator; a local *output* made absolute."""
         ops = (operators,) if isinstance(operators, KeyedOperator) else tuple(operators)
         if not ops:
             raise ConfigError("operators", (), "at least one KeyedOperator")
         out = output if "://" in output else os.path.abspath(output)
-        return JobSpec(dict(source), ops, out, parallelism, vertex, pipelined)
+        return JobSpec(dict(source), ops, out, parallelism, vertex, pipelined, tracer)

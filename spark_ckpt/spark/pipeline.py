@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.spark.client import PipelineClient
@@ -159,11 +160,14 @@ class Pipeline:
         parallelism: int = 2,
         vertex: str | None = None,
         pipelined: bool = True,
+        tracer: Tracer = NOOP_TRACER,
     ) -> PreparedRun:
         """Everything one run of the job needs before its query starts (see
         :class:`~spark_ckpt.spark.job.JobSpec` for the arguments). Callers that drive the
         query themselves (benchmarks) start ``dataframe`` with ``function`` (or a wrapper
-        calling it) as the ``foreachBatch`` function."""
+        calling it) as the ``foreachBatch`` function. *tracer*: receives the run's engine
+        spans where foreachBatch runs (picklable, cheap; see
+        :mod:`spark_ckpt.protocol.trace`)."""
         job = JobSpec.of(
             source,
             operators,
@@ -171,6 +175,7 @@ class Pipeline:
             parallelism=parallelism,
             vertex=vertex,
             pipelined=pipelined,
+            tracer=tracer,
         )
         return self._prepare(job)
 
@@ -199,6 +204,7 @@ class Pipeline:
             max_parallelism=self.config.max_parallelism,
             vertex=job.vertex or "",
             pipelined=job.pipelined,
+            tracer=job.tracer,
         )
         sink = SinkSpec("delta", job.output, spec.vertex_name)
         topology = Topology(spec.vertex_name, job.parallelism, sink, run_id)
@@ -218,12 +224,14 @@ class Pipeline:
         pipelined: bool = True,
         available_now: bool = False,
         trigger_s: float | None = None,
+        tracer: Tracer = NOOP_TRACER,
     ) -> PipelineRun:
         """Start one run of the job (see :class:`~spark_ckpt.spark.job.JobSpec`). The run
         restores from the latest completed checkpoint whose data verifies (chosen by its
         coordinator when the query starts). A failed run is not restarted: :meth:`run` does
         that. *available_now*: process what is available, then end with a final checkpoint;
-        *trigger_s*: a processing-time trigger interval (default: as fast as possible)."""
+        *trigger_s*: a processing-time trigger interval (default: as fast as possible);
+        *tracer*: see :meth:`prepare`."""
         job = JobSpec.of(
             source,
             operators,
@@ -231,6 +239,7 @@ class Pipeline:
             parallelism=parallelism,
             vertex=vertex,
             pipelined=pipelined,
+            tracer=tracer,
         )
         return self._start(job, available_now, trigger_s, attempt=1)
 
@@ -268,9 +277,10 @@ class Pipeline:
         duration_s: float | None = None,
         on_checkpoint: Callable[[CompletedCheckpoint], None] | None = None,
         poll_s: float = 0.5,
+        tracer: Tracer = NOOP_TRACER,
     ) -> RunResult:
-        """Run the job (see :meth:`start` for its arguments) until the query finishes
-        (``available_now``), *duration_s* passes, Ctrl-C, or a stop request (CLI
+        """Run the job (see :meth:`start` and :meth:`prepare` for its arguments) until the
+        query finishes (``available_now``), *duration_s* passes, Ctrl-C, or a stop request (CLI
         ``spark-ckpt stop``, :meth:`PipelineClient.stop
         <spark_ckpt.spark.client.PipelineClient.stop>`) — the last three stop with a final
         checkpoint. *on_checkpoint* is called with each completed checkpoint, once. A failed
@@ -286,6 +296,7 @@ class Pipeline:
             parallelism=parallelism,
             vertex=vertex,
             pipelined=pipelined,
+            tracer=tracer,
         )
 
         def start(attempt: int) -> PipelineRun:

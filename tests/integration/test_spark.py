@@ -14,10 +14,11 @@ source, option validation, and a savepoint taken while a query runs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ import pytest
 from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS, SnapshotType
+from spark_ckpt.protocol.trace import Phase
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.sources.generator import GeneratorSpec
@@ -572,3 +574,37 @@ def test_abort_notifications_reach_the_tasks(spark: SparkSession, tmp_path: Path
     assert hit
     folded = key_counts(job.spec, job.ends)
     assert count_rows(read_table(job.output)) == running_counts(folded)
+
+
+# -- the tracing hook ---------------------------------------------------------------------------
+
+
+class RecordingTracer:
+    """Counts spans per phase (classic Spark calls the foreachBatch function in this process,
+    so the tracer handed to the pipeline is the one that records)."""
+
+    def __init__(self) -> None:
+        self.spans: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def span(self, phase: Phase) -> Iterator[None]:
+        self.spans[phase.value] += 1
+        yield
+
+
+def test_a_tracer_given_to_the_pipeline_receives_the_engines_spans(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``Pipeline.run(tracer=...)``: the engine's phases are traced while the job runs."""
+    tracer = RecordingTracer()
+    pipeline = Pipeline(spark, "traced", config=config(), root=str(tmp_path / "root"))
+    result = pipeline.run(
+        {"source": "generator", "seed": 3, "channels": 2, "rate": 0, "backlog": 200, "keys": 20},
+        RunningCount("counter", "user_id"),
+        output=str(tmp_path / "out"),
+        available_now=True,
+        tracer=tracer,
+    )
+    assert result.last_checkpoint is not None
+    for phase in (Phase.ROUTE, Phase.OPERATOR, Phase.SINK_WRITE, Phase.SNAPSHOT_SYNC):
+        assert tracer.spans[phase.value] > 0, tracer.spans

@@ -39,7 +39,7 @@ from spark_ckpt.spark.mailbox import (
     write_topology,
 )
 from spark_ckpt.spark.run import RunFiles, new_run_id
-from spark_ckpt.storage.store import InMemoryCheckpointStore
+from spark_ckpt.storage.memory import InMemoryCheckpointStore
 
 CHANNELS = 3
 BACKLOG = (240, 30, 30)  # channel 0 lags: 8 batches deep at 30 rows per channel and batch
