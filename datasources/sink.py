@@ -24,7 +24,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
@@ -42,11 +42,19 @@ from spark_ckpt.protocol.handle import (
 )
 from spark_ckpt.runtime.task import SINK_TRANSACTIONS, task_state_uid
 from spark_ckpt.sinks.ledger import SinkEvent, SinkLedger, split_at_barriers
-from spark_ckpt.sinks.sink import TRANSACTION_STATE_SCHEMA, Transaction
+from spark_ckpt.sinks.sink import (
+    TRANSACTION_STATE_SCHEMA,
+    CommitProgress,
+    SinkCommitter,
+    Transaction,
+)
 from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox, SinkSpec, Topology, read_topology, write_topology
 from spark_ckpt.spark.source_options import default_root
 from spark_ckpt.storage.store import StateStorage
+
+if TYPE_CHECKING:
+    from spark_ckpt.delta.sink_writer import DeltaSinkWriter
 
 FORMAT = "ckpt-sink"
 _KEYS = frozenset({"pipeline", "path", "store", "uid", "checkpointlocation"})
@@ -98,12 +106,19 @@ class CkptSinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
 
-    def _sink(self) -> Any:
-        from spark_ckpt.delta.sink import DeltaSink
+    def _writer(self) -> DeltaSinkWriter:
+        """The sink's writer, on an executor: stages files, never touches the Delta log."""
+        from spark_ckpt.delta.sink_target import DeltaSinkTarget
+        from spark_ckpt.delta.sink_writer import DeltaSinkWriter
 
-        return DeltaSink(
+        target = DeltaSinkTarget(
             self.options.path, pipeline=self.options.pipeline, sink_uid=self.options.uid
         )
+        return DeltaSinkWriter(target)
+
+    def _progress(self) -> CommitProgress:
+        """What the sink's committer (the coordinator) has committed, read on the driver."""
+        return sink_from_spec(self.options.spec, pipeline=self.options.pipeline)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkMessage:
         """Executor: stage the partition's runs of data rows, report files and barriers."""
@@ -116,8 +131,8 @@ class CkptSinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
             raise ProtocolError(
                 f"ckpt-sink needs the barrier columns of ckpt-source; missing {missing}"
             )
-        sink = self._sink()
-        events = split_at_barriers(table, lambda rows: sink.stage(rows, subtask=0).to_json())
+        writer = self._writer()
+        events = split_at_barriers(table, lambda rows: writer.stage(rows, subtask=0).to_json())
         return SinkMessage(tuple(json.dumps(e.to_dict()) for e in events))
 
     def _ledger_path(self) -> str:
@@ -141,8 +156,7 @@ class CkptSinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
             for e in m.events
         ]
         ready = ledger.apply(batchId, events)
-        sink = self._sink()
-        ledger.committed(sink.committed_checkpoint())
+        ledger.committed(self._progress().committed_checkpoint())
         if ready:
             store: StateStorage = DeltaCheckpointStore(self.options.root)
             mailbox = Mailbox(self.options.root)
@@ -194,14 +208,16 @@ class CkptSink(DataSource):  # type: ignore[misc]
         return CkptSinkWriter(o)
 
 
-def sink_from_spec(spec: SinkSpec, *, pipeline: str) -> Any:
-    """The committer-side sink for a topology's :class:`SinkSpec`: a
-    :class:`~spark_ckpt.delta.sink.DeltaSink` for kind ``delta`` (the foreachBatch aligner's
-    output) and ``ckpt-sink``."""
+def sink_from_spec(spec: SinkSpec, *, pipeline: str) -> SinkCommitter:
+    """The committer of a topology's :class:`SinkSpec`, for the coordinator (the global
+    committer, driver side): a :class:`~spark_ckpt.delta.sink_committer.DeltaSinkCommitter`
+    for kind ``delta`` (the foreachBatch aligner's output) and ``ckpt-sink``."""
     if spec.kind not in ("delta", FORMAT):
         raise ConfigError("sink", spec.kind, f"delta or {FORMAT}")
-    from spark_ckpt.delta.sink import DeltaSink
+    from spark_ckpt.delta.sink_committer import DeltaSinkCommitter
+    from spark_ckpt.delta.sink_target import DeltaSinkTarget
 
-    return DeltaSink(
+    target = DeltaSinkTarget(
         spec.path, pipeline=pipeline, sink_uid=spec.sink_uid, storage_options=spec.options or None
     )
+    return DeltaSinkCommitter(target)

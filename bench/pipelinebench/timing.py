@@ -36,9 +36,9 @@ PHASES = (
     "notify_other",  # rest of applying completions (incremental base bookkeeping)
     "route",  # rows to subtasks by key group
     "operator",  # RunningCount.process_batch (keyed state get/put)
-    "sink_write",  # DeltaSink.write: encoding into the in-progress Parquet file
+    "sink_write",  # DeltaSinkWriter.write: encoding into the in-progress Parquet file
     "snapshot_sync",  # the synchronous snapshot minus pre_commit: state backend snapshot
-    "sink_pre_commit",  # DeltaSink.pre_commit: closing the in-progress file, sealing
+    "sink_pre_commit",  # DeltaSinkWriter.pre_commit: closing the in-progress file, sealing
     "snapshot_async",  # the asynchronous phase on the task's thread (+ the write when inline)
     "mailbox",  # acks posted as files
     "aligner_other",  # the rest of BatchAligner.submit (barrier alignment, filtering, tick)

@@ -57,7 +57,12 @@ from spark_ckpt.runtime.aligner import (
 )
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.operator import KeyedOperator
-from spark_ckpt.sinks.sink import TRANSACTION_STATE_SCHEMA, Transaction, TwoPhaseCommitSink
+from spark_ckpt.sinks.sink import (
+    TRANSACTION_STATE_SCHEMA,
+    SinkCommitter,
+    Transaction,
+    TransactionalSink,
+)
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.keygroup import key_groups, range_for_subtask
 from spark_ckpt.storage.store import StateStorage
@@ -111,14 +116,18 @@ class OperatorTask:
         mode: AlignmentMode = AlignmentMode.ALIGNED,
         aligned_timeout_ms: int = 0,
         max_parallelism: int = 128,
-        sink: TwoPhaseCommitSink | None = None,
+        sink: TransactionalSink | None = None,
         source_vertex: str | None = None,
         run_async: Callable[[Callable[[], None]], None] | None = None,
         tracer: Tracer = NOOP_TRACER,
     ) -> None:
         """*source_vertex*: when the task reads source channels directly (the foreachBatch
         aligner), its acknowledgements also carry the source positions — each channel's
-        barrier offset — under that vertex name, since the source itself does not ack."""
+        barrier offset — under that vertex name, since the source itself does not ack.
+
+        *sink*: the task stages its output through the sink's writer (in the task's process)
+        and only reads the committer's committed checkpoint (:meth:`notify_complete`); it
+        never commits — the job's global committer does."""
         if not operators:
             raise SparkCkptError("an operator task needs at least one operator")
         self.task_id = task_id
@@ -240,7 +249,7 @@ class OperatorTask:
                 out = op.process_batch(out, self.backends[op.uid])
         if out is not None and out.num_rows and self.sink is not None:
             with self.tracer.span(Phase.SINK_WRITE):
-                self.sink.write(self.sink_uid, self.task_id.subtask, out)
+                self.sink.writer.write(self.sink_uid, self.task_id.subtask, out)
 
     # -- checkpointing -------------------------------------------------------------------------
     def _snapshot(self, step: Snapshot) -> None:
@@ -253,7 +262,9 @@ class OperatorTask:
         snaps = [self.backends[op.uid].snapshot(cid, full=full) for op in self.operators]
         if self.sink is not None:
             with self.tracer.span(Phase.SINK_PRE_COMMIT):
-                self._sealed[cid] = self.sink.pre_commit(self.sink_uid, self.task_id.subtask, cid)
+                self._sealed[cid] = self.sink.writer.pre_commit(
+                    self.sink_uid, self.task_id.subtask, cid
+                )
         self._in_progress[cid] = _SnapshotInProgress(snaps, step, self.clock.now_ms() - start, base)
 
     def _complete(self, step: Complete) -> None:
@@ -326,7 +337,7 @@ class OperatorTask:
         if self.sink is not None:
             if sink_committed is None:
                 with self.tracer.span(Phase.COMMITTED_CHECKPOINT):
-                    sink_committed = self.sink.committed_checkpoint()
+                    sink_committed = self.sink.committer.committed_checkpoint()
             committed = min(checkpoint_id, sink_committed)
             for cid in [c for c in self._sealed if c <= committed]:
                 del self._sealed[cid]
@@ -370,17 +381,17 @@ def sealed_transactions(
 
 
 def commit_checkpoint(
-    sink: TwoPhaseCommitSink, checkpoint: CompletedCheckpoint, store: StateStorage, vertex: str
+    committer: SinkCommitter, checkpoint: CompletedCheckpoint, store: StateStorage, vertex: str
 ) -> bool:
     """The global committer's step after *checkpoint* completed: commit every transaction it
     records, at once. Idempotent; returns False when it was already committed."""
-    return sink.commit_checkpoint(
+    return committer.commit_checkpoint(
         checkpoint.checkpoint_id, sealed_transactions(checkpoint, store, vertex)
     )
 
 
 def recover_sink(
-    sink: TwoPhaseCommitSink,
+    committer: SinkCommitter,
     checkpoint: CompletedCheckpoint | None,
     store: StateStorage,
     vertex: str,
@@ -392,7 +403,7 @@ def recover_sink(
     *staged_before_ms*, when given: later ones belong to the run that is starting).
 
     First the sink is rolled back to the restored checkpoint
-    (:meth:`~spark_ckpt.sinks.sink.TwoPhaseCommitSink.roll_back_to`): output of later checkpoints
+    (:meth:`~spark_ckpt.sinks.sink.SinkCommitter.roll_back_to`): output of later checkpoints
     that it committed (the restore fell back past a damaged newest checkpoint, or an older
     checkpoint was restored on purpose) is withdrawn, since the job replays it — afterwards
     the sink holds exactly the output of checkpoints <= the restored one. The roll back
@@ -403,7 +414,7 @@ def recover_sink(
     nothing is rolled back: a pipeline starting on an existing table leaves it alone.
     Idempotent. Run once per job start."""
     if checkpoint is not None:
-        withdrawn = sink.roll_back_to(checkpoint.checkpoint_id)
+        withdrawn = committer.roll_back_to(checkpoint.checkpoint_id)
         if withdrawn:
             log.warning(
                 "restoring checkpoint %d: withdrew %d committed output files of later "
@@ -412,5 +423,5 @@ def recover_sink(
                 len(withdrawn),
             )
     txns = sealed_transactions(checkpoint, store, vertex) if checkpoint is not None else []
-    sink.recover(vertex, txns, staged_before_ms=staged_before_ms)
+    committer.recover(vertex, txns, staged_before_ms=staged_before_ms)
     return txns

@@ -78,7 +78,7 @@ from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
 from spark_ckpt.runtime.task import OperatorTask, Response
-from spark_ckpt.sinks.sink import TwoPhaseCommitSink
+from spark_ckpt.sinks.sink import TransactionalSink
 from spark_ckpt.sources.channel_batch import barrier_rows
 from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox
@@ -106,7 +106,7 @@ class BatchAligner:
         mode: AlignmentMode = AlignmentMode.ALIGNED,
         aligned_timeout_ms: int = 0,
         max_parallelism: int = 128,
-        sink: TwoPhaseCommitSink | None = None,
+        sink: TransactionalSink | None = None,
         vertex: str | None = None,
         clock: Clock | None = None,
         async_snapshots: bool = False,
@@ -120,7 +120,10 @@ class BatchAligner:
         spans around routing, completion handling and polls, mailbox posts, and (through
         the tasks) the operators, the sink and the snapshot phases
         (:mod:`spark_ckpt.protocol.trace`): on the thread processing the batch, and on the
-        snapshot worker's thread for what runs there (``async_snapshots``)."""
+        snapshot worker's thread for what runs there (``async_snapshots``). *sink*: the
+        tasks stage output through its writer in this process (where foreachBatch runs);
+        its committer is only read for the committed checkpoint — the run's coordinator
+        commits."""
         self.root = root
         self.store = store
         self.operators = tuple(operators)
@@ -342,7 +345,7 @@ class BatchAligner:
         committed = None
         if self.sink is not None:
             with self.tracer.span(Phase.COMMITTED_CHECKPOINT):
-                committed = self.sink.committed_checkpoint()
+                committed = self.sink.committer.committed_checkpoint()
         return [(cid, committed) for cid in newer]
 
     def _post(self, message: Response) -> None:

@@ -39,7 +39,7 @@ from spark_ckpt.runtime.coordinator import (
     JobStatus,
 )
 from spark_ckpt.runtime.task import commit_checkpoint, recover_sink
-from spark_ckpt.sinks.sink import TwoPhaseCommitSink
+from spark_ckpt.sinks.sink import SinkCommitter
 from spark_ckpt.spark.mailbox import (
     Mailbox,
     Request,
@@ -64,7 +64,8 @@ STOP = "stop"
 #: Completed-checkpoint property naming the run whose coordinator took it.
 RUN = "run"
 
-SinkFactory = Callable[[SinkSpec], TwoPhaseCommitSink]
+#: Builds the committer of a topology's sink: the host is its global committer (driver side).
+SinkFactory = Callable[[SinkSpec], SinkCommitter]
 
 #: Recovery discards staged output of earlier runs only: files staged before this host started,
 #: less this margin for clock skew between executors and the driver. Files of the starting run
@@ -104,7 +105,7 @@ class CoordinatorHost:
         self._restored: CompletedCheckpoint | None = None
         self._aborted: list[int] = []
         self.coordinator: CheckpointCoordinator | None = None
-        self.sink: TwoPhaseCommitSink | None = None
+        self.sink: SinkCommitter | None = None
         self.stopping: CheckpointRequest | None = None
         self._barriers: list[CheckpointBarrier] = []
         self._committed: set[int] = set()

@@ -36,7 +36,7 @@ from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.coordinator import CheckpointCoordinator, CoordinatorStatus, JobStatus
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
 from spark_ckpt.runtime.task import OperatorTask, commit_checkpoint, recover_sink
-from spark_ckpt.sinks.sink import MemorySink
+from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.sources.channel_batch import barrier_rows, data_rows, stream_schema
 from spark_ckpt.state.backend import KeyedStateBackend, ValueStateDescriptor
 from spark_ckpt.state.keygroup import subtasks_for_keys
@@ -163,7 +163,7 @@ class SimulatedJob:
         self.parallelism = parallelism
         restored = self.store.latest_completed()
         self.restored_from = restored
-        recover_sink(self.sink, restored, self.store, VERTEX)
+        recover_sink(self.sink.committer, restored, self.store, VERTEX)
         offsets = restored.offsets() if restored else {}
         self.sources = [
             SourceSplit(c, self.logs[c], offsets.get((SOURCE, c), 0))
@@ -275,7 +275,7 @@ class SimulatedJob:
                     checkpoint = self.store.get(cid)
                 except CheckpointNotFoundError:
                     continue  # retained no more: a later checkpoint carries its transactions
-                commit_checkpoint(self.sink, checkpoint, self.store, VERTEX)
+                commit_checkpoint(self.sink.committer, checkpoint, self.store, VERTEX)
                 continue
             if task.vertex != VERTEX:
                 continue

@@ -29,10 +29,12 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_ckpt.delta.sink import DeltaSink, DeltaStats, StagedFile, delta_stats, staged_files
+from spark_ckpt.delta.sink import DeltaSink
+from spark_ckpt.delta.staged_file import StagedFile, staged_files
+from spark_ckpt.delta.stats import DeltaStats, delta_stats
 from spark_ckpt.errors import ConfigError, ProtocolError, StoreError
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
-from spark_ckpt.sinks.sink import Transaction, TwoPhaseCommitSink
+from spark_ckpt.sinks.sink import Transaction, TransactionalSink
 
 OP = "out"
 T0 = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC)
@@ -121,33 +123,33 @@ def committed_paths(table: Path) -> set[str]:
 def test_round_trip_one_atomic_commit_per_checkpoint(tmp_path: Path) -> None:
     root = tmp_path / "t"
     sink = make_sink(root)
-    _: TwoPhaseCommitSink = sink  # structurally a 2PC sink (checked by mypy)
+    _: TransactionalSink = sink  # structurally a 2PC sink (checked by mypy)
     expected: list[Row] = []
     for subtask, (first, n) in enumerate([(0, 3), (100, 5)]):
         for part in (rows(first, n - 1), rows(first + n - 1, 1)):
-            sink.write(OP, subtask, batch(part, barrier_columns=True))
+            sink.writer.write(OP, subtask, batch(part, barrier_columns=True))
             expected += part
-    sink.write(OP, 1, batch([]))  # empty batches stage nothing
-    txns = [sink.pre_commit(OP, s, 1) for s in (0, 1)]
+    sink.writer.write(OP, 1, batch([]))  # empty batches stage nothing
+    txns = [sink.writer.pre_commit(OP, s, 1) for s in (0, 1)]
     assert [len(t.payload) for t in txns] == [1, 1]
     # Staged, sealed, but invisible: no table yet, only loose files.
     assert not (root / "_delta_log").exists()
-    assert sink.read().num_rows == 0 and sink.committed_checkpoint() == 0
+    assert sink.committer.read().num_rows == 0 and sink.committer.committed_checkpoint() == 0
     assert len(parquet_files(root)) == 2
 
-    assert sink.commit_checkpoint(1, txns) is True
+    assert sink.committer.commit_checkpoint(1, txns) is True
     assert content(replay(root)) == sorted(expected)
-    assert content(sink.read()) == sorted(expected)
-    assert sink.committed_checkpoint() == 1
+    assert content(sink.committer.read()) == sorted(expected)
+    assert sink.committer.committed_checkpoint() == 1
     assert [v for v, _ in log_actions(root)] == [0]  # both subtasks in one commit
 
     # Checkpoint 2: staged data stays invisible until its commit.
     more = rows(200, 4)
-    sink.write(OP, 0, batch(more))
-    txn2 = [sink.pre_commit(OP, s, 2) for s in (0, 1)]
+    sink.writer.write(OP, 0, batch(more))
+    txn2 = [sink.writer.pre_commit(OP, s, 2) for s in (0, 1)]
     assert txn2[1].payload == ()  # an empty transaction is fine
     assert content(replay(root)) == sorted(expected)
-    assert sink.commit_checkpoint(2, txn2) is True
+    assert sink.committer.commit_checkpoint(2, txn2) is True
     assert content(replay(root)) == sorted(expected + more)
     assert [v for v, _ in log_actions(root)] == [0, 1]
     app = [a["txn"] for _, acts in log_actions(root) for a in acts if "txn" in a]
@@ -160,12 +162,12 @@ def test_round_trip_one_atomic_commit_per_checkpoint(tmp_path: Path) -> None:
 def test_buffering_stages_files_at_the_target_size(tmp_path: Path) -> None:
     sink = make_sink(tmp_path / "t", target_file_bytes=1)  # every write is its own file
     for i in range(3):
-        sink.write(OP, 0, batch(rows(10 * i, 2)))
+        sink.writer.write(OP, 0, batch(rows(10 * i, 2)))
     assert len(parquet_files(tmp_path / "t")) == 3  # staged before the seal
-    txn = sink.pre_commit(OP, 0, 1)
+    txn = sink.writer.pre_commit(OP, 0, 1)
     assert len(txn.payload) == 3
     assert sum(f.rows for f in staged_files(txn)) == 6
-    sink.commit_checkpoint(1, [txn])
+    sink.committer.commit_checkpoint(1, [txn])
     assert content(replay(tmp_path / "t")) == sorted(rows(0, 2) + rows(10, 2) + rows(20, 2))
 
 
@@ -173,31 +175,32 @@ def test_writes_are_encoded_into_one_in_progress_file_per_subtask(tmp_path: Path
     root = tmp_path / "t"
     sink = make_sink(root)
     for i in range(3):
-        sink.write(OP, 0, batch(rows(10 * i, 2)))
-    sink.write(OP, 1, batch(rows(100, 1)))
+        sink.writer.write(OP, 0, batch(rows(10 * i, 2)))
+    sink.writer.write(OP, 1, batch(rows(100, 1)))
     assert len(parquet_files(root)) == 2  # encoded as written, before the seal
-    txn = sink.pre_commit(OP, 0, 1)
+    txn = sink.writer.pre_commit(OP, 0, 1)
     [f] = staged_files(txn)
     meta = pq.read_metadata(root / f.path)
     assert (meta.num_rows, meta.num_row_groups) == (6, 3)  # a row group per write
     stats = json.loads(f.stats)
     assert (stats["numRecords"], stats["minValues"]["id"], stats["maxValues"]["id"]) == (6, 0, 21)
     # a schema change rolls the file: one file per schema
-    sink.write(OP, 0, batch(rows(30, 1)))
-    sink.write(OP, 0, batch(rows(40, 1)).drop_columns(["name"]))
-    assert [g.rows for g in staged_files(sink.pre_commit(OP, 0, 2))] == [1, 1]
-    sink.commit_checkpoint(1, [txn, sink.pre_commit(OP, 1, 1)])
+    sink.writer.write(OP, 0, batch(rows(30, 1)))
+    sink.writer.write(OP, 0, batch(rows(40, 1)).drop_columns(["name"]))
+    assert [g.rows for g in staged_files(sink.writer.pre_commit(OP, 0, 2))] == [1, 1]
+    sink.committer.commit_checkpoint(1, [txn, sink.writer.pre_commit(OP, 1, 1)])
     assert content(replay(root)) == sorted(rows(0, 2) + rows(10, 2) + rows(20, 2) + rows(100, 1))
 
 
 def test_recover_deletes_in_progress_files(tmp_path: Path) -> None:
     root = tmp_path / "t"
     sink = make_sink(root)
-    sink.write(OP, 0, batch(rows(0, 2)))
+    sink.writer.write(OP, 0, batch(rows(0, 2)))
     assert len(parquet_files(root)) == 1
-    sink.recover(OP, [])
+    sink.writer.discard(OP)  # the writer's open transaction ...
+    sink.committer.recover(OP, [])  # ... and the committer's orphan sweep
     assert parquet_files(root) == set()
-    assert sink.pre_commit(OP, 0, 1).payload == ()  # nothing left open
+    assert sink.writer.pre_commit(OP, 0, 1).payload == ()  # nothing left open
 
 
 @settings(max_examples=100, deadline=None)
@@ -243,23 +246,23 @@ def test_statistics_accumulated_over_writes_equal_those_of_the_whole_file(
 def test_commits_are_idempotent(tmp_path: Path) -> None:
     root = tmp_path / "t"
     sink = make_sink(root)
-    sink.write(OP, 0, batch(rows(0, 3)))
-    a = sink.pre_commit(OP, 0, 1)
-    assert sink.commit_checkpoint(1, [a]) is True
-    assert sink.commit_checkpoint(1, [a]) is False  # replay of the same checkpoint
-    assert make_sink(root).commit_checkpoint(1, [a]) is False  # ... by another instance
-    sink.commit(a)  # per-transaction commit of a committed transaction: no-op
+    sink.writer.write(OP, 0, batch(rows(0, 3)))
+    a = sink.writer.pre_commit(OP, 0, 1)
+    assert sink.committer.commit_checkpoint(1, [a]) is True
+    assert sink.committer.commit_checkpoint(1, [a]) is False  # replay of the same checkpoint
+    assert make_sink(root).committer.commit_checkpoint(1, [a]) is False  # ... by another instance
+    sink.committer.commit(a)  # per-transaction commit of a committed transaction: no-op
     assert len(log_actions(root)) == 1
 
     # A committed transaction included again in a later checkpoint is not added twice.
-    sink.write(OP, 0, batch(rows(10, 2)))
-    b = sink.pre_commit(OP, 0, 2)
-    assert sink.commit_checkpoint(2, [a, b]) is True
+    sink.writer.write(OP, 0, batch(rows(10, 2)))
+    b = sink.writer.pre_commit(OP, 0, 2)
+    assert sink.committer.commit_checkpoint(2, [a, b]) is True
     assert content(replay(root)) == sorted(rows(0, 3) + rows(10, 2))
 
     # An older checkpoint after a newer one: a no-op (the newer one contained it).
-    assert sink.commit_checkpoint(1, [a]) is False
-    assert sink.committed_checkpoint() == 2
+    assert sink.committer.commit_checkpoint(1, [a]) is False
+    assert sink.committer.committed_checkpoint() == 2
 
 
 def test_per_subtask_commit_keeps_the_checkpoint_version(tmp_path: Path) -> None:
@@ -267,16 +270,16 @@ def test_per_subtask_commit_keeps_the_checkpoint_version(tmp_path: Path) -> None
     a later ``commit_checkpoint`` of it still adds the other subtasks' files."""
     root = tmp_path / "t"
     sink = make_sink(root)
-    sink.write(OP, 0, batch(rows(0, 2)))
-    sink.write(OP, 1, batch(rows(50, 2)))
-    t0, t1 = sink.pre_commit(OP, 0, 3), sink.pre_commit(OP, 1, 3)
-    sink.commit(t0)
-    sink.commit(t0)
-    assert sink.committed_checkpoint() == 0
+    sink.writer.write(OP, 0, batch(rows(0, 2)))
+    sink.writer.write(OP, 1, batch(rows(50, 2)))
+    t0, t1 = sink.writer.pre_commit(OP, 0, 3), sink.writer.pre_commit(OP, 1, 3)
+    sink.committer.commit(t0)
+    sink.committer.commit(t0)
+    assert sink.committer.committed_checkpoint() == 0
     assert content(replay(root)) == sorted(rows(0, 2))
-    assert sink.commit_checkpoint(3, [t0, t1]) is True
+    assert sink.committer.commit_checkpoint(3, [t0, t1]) is True
     assert content(replay(root)) == sorted(rows(0, 2) + rows(50, 2))
-    assert sink.committed_checkpoint() == 3
+    assert sink.committer.committed_checkpoint() == 3
 
 
 # --------------------------------------------------------------- abort and recovery
@@ -285,45 +288,45 @@ def test_per_subtask_commit_keeps_the_checkpoint_version(tmp_path: Path) -> None
 def test_abort_deletes_staged_files_but_never_committed_ones(tmp_path: Path) -> None:
     root = tmp_path / "t"
     sink = make_sink(root)
-    sink.write(OP, 0, batch(rows(0, 2)))
-    kept = sink.pre_commit(OP, 0, 1)
-    sink.commit_checkpoint(1, [kept])
-    sink.write(OP, 0, batch(rows(10, 2)))
-    dropped = sink.pre_commit(OP, 0, 2)
+    sink.writer.write(OP, 0, batch(rows(0, 2)))
+    kept = sink.writer.pre_commit(OP, 0, 1)
+    sink.committer.commit_checkpoint(1, [kept])
+    sink.writer.write(OP, 0, batch(rows(10, 2)))
+    dropped = sink.writer.pre_commit(OP, 0, 2)
     assert len(parquet_files(root)) == 2
-    sink.abort(dropped)
-    sink.abort(dropped)  # missing files are fine
-    sink.abort(kept)  # referenced by the table: kept
+    sink.committer.abort(dropped)
+    sink.committer.abort(dropped)  # missing files are fine
+    sink.committer.abort(kept)  # referenced by the table: kept
     assert parquet_files(root) == committed_paths(root)
     assert content(replay(root)) == sorted(rows(0, 2))
     with pytest.raises(StoreError, match="gone"):
-        sink.commit_checkpoint(2, [dropped])
+        sink.committer.commit_checkpoint(2, [dropped])
     assert content(replay(root)) == sorted(rows(0, 2))
 
 
 def test_recover_commits_restored_transactions_and_deletes_orphans(tmp_path: Path) -> None:
     root = tmp_path / "t"
     old = make_sink(root, target_file_bytes=1)
-    old.write(OP, 0, batch(rows(0, 2)))
-    old.write(OP, 1, batch(rows(20, 2)))
-    restored = [old.pre_commit(OP, 0, 4), old.pre_commit(OP, 1, 4)]  # in checkpoint 4
-    old.write(OP, 0, batch(rows(40, 2)))
-    orphan_sealed = old.pre_commit(OP, 0, 5)  # checkpoint 5 never completed
-    old.write(OP, 1, batch(rows(60, 2)))  # staged, never sealed
+    old.writer.write(OP, 0, batch(rows(0, 2)))
+    old.writer.write(OP, 1, batch(rows(20, 2)))
+    restored = [old.writer.pre_commit(OP, 0, 4), old.writer.pre_commit(OP, 1, 4)]  # in checkpoint 4
+    old.writer.write(OP, 0, batch(rows(40, 2)))
+    orphan_sealed = old.writer.pre_commit(OP, 0, 5)  # checkpoint 5 never completed
+    old.writer.write(OP, 1, batch(rows(60, 2)))  # staged, never sealed
     assert len(parquet_files(root)) == 4
     foreign = root / "part-00000-someone-else.c000.snappy.parquet"
     pq.write_table(batch(rows(99, 1)), foreign)  # not this sink's: never touched
 
     new = make_sink(root)  # the restarted job
-    new.recover(OP, restored)
+    new.committer.recover(OP, restored)
     assert content(replay(root)) == sorted(rows(0, 2) + rows(20, 2))
-    assert new.committed_checkpoint() == 4
+    assert new.committer.committed_checkpoint() == 4
     assert parquet_files(root) == committed_paths(root) | {foreign.name}
-    new.recover(OP, restored)  # idempotent
+    new.committer.recover(OP, restored)  # idempotent
     assert content(replay(root)) == sorted(rows(0, 2) + rows(20, 2))
     assert len(log_actions(root)) == 1
     with pytest.raises(StoreError):
-        new.commit_checkpoint(5, [orphan_sealed])
+        new.committer.commit_checkpoint(5, [orphan_sealed])
 
 
 def test_recover_spares_files_staged_by_the_starting_run(tmp_path: Path) -> None:
@@ -331,30 +334,30 @@ def test_recover_spares_files_staged_by_the_starting_run(tmp_path: Path) -> None
     sink and recovers it: recovery with a cutoff deletes only files staged before it."""
     root = tmp_path / "t"
     old = make_sink(root, target_file_bytes=1)
-    old.write(OP, 0, batch(rows(0, 2)))
-    old.pre_commit(OP, 0, 1)  # staged by an earlier run, never committed: an orphan
+    old.writer.write(OP, 0, batch(rows(0, 2)))
+    old.writer.pre_commit(OP, 0, 1)  # staged by an earlier run, never committed: an orphan
     (orphan,) = parquet_files(root)
     os.utime(root / orphan, (1_000, 1_000))  # long ago
     cutoff_ms = 2_000_000
-    current = make_sink(root).stage(batch(rows(10, 2)), subtask=0)  # the starting run (now)
-    make_sink(root).recover(OP, [], staged_before_ms=cutoff_ms)
+    current = make_sink(root).writer.stage(batch(rows(10, 2)), subtask=0)  # the starting run (now)
+    make_sink(root).committer.recover(OP, [], staged_before_ms=cutoff_ms)
     assert parquet_files(root) == {current.path}
 
 
 def test_schema_mismatch_is_a_protocol_error_naming_the_columns(tmp_path: Path) -> None:
     root = tmp_path / "t"
     sink = make_sink(root)
-    sink.write(OP, 0, batch(rows(0, 2)))
-    sink.commit_checkpoint(1, [sink.pre_commit(OP, 0, 1)])
-    sink.write(OP, 0, pa.table({"id": ["x"], "extra": [1.5]}))
-    bad = sink.pre_commit(OP, 0, 2)
+    sink.writer.write(OP, 0, batch(rows(0, 2)))
+    sink.committer.commit_checkpoint(1, [sink.writer.pre_commit(OP, 0, 1)])
+    sink.writer.write(OP, 0, pa.table({"id": ["x"], "extra": [1.5]}))
+    bad = sink.writer.pre_commit(OP, 0, 2)
     with pytest.raises(ProtocolError) as err:
-        sink.commit_checkpoint(2, [bad])
+        sink.committer.commit_checkpoint(2, [bad])
     for word in ("extra", "name", "ts", "id"):
         assert word in str(err.value)
     assert content(replay(root)) == sorted(rows(0, 2))
     with pytest.raises(ProtocolError, match="Delta"):
-        sink.stage(pa.table({"d": pa.array([1], pa.duration("s"))}), subtask=0)
+        sink.writer.stage(pa.table({"d": pa.array([1], pa.duration("s"))}), subtask=0)
     with pytest.raises(ConfigError):
         make_sink(tmp_path / "p", partition_by=["id"])
 
@@ -400,7 +403,7 @@ CHILD = """
 import json, os, signal, sys
 import pyarrow as pa
 from spark_ckpt.delta.sink import DeltaSink
-from spark_ckpt.sinks.sink import Transaction, TwoPhaseCommitSink
+from spark_ckpt.sinks.sink import Transaction
 sink = DeltaSink(sys.argv[1], pipeline="pipe", sink_uid="sink", target_file_bytes=1)
 mode = sys.argv[2]
 
@@ -410,17 +413,17 @@ def batch(first, n):
                      "ts": pa.array([0] * n, pa.timestamp("us", tz="UTC"))})
 
 if mode == "crash":
-    sink.write("out", 0, batch(100, 3))
-    sealed = sink.pre_commit("out", 0, 7)
-    sink.write("out", 1, batch(200, 3))
-    sink.write("out", 1, batch(300, 3))   # staged, never sealed
+    sink.writer.write("out", 0, batch(100, 3))
+    sealed = sink.writer.pre_commit("out", 0, 7)
+    sink.writer.write("out", 1, batch(200, 3))
+    sink.writer.write("out", 1, batch(300, 3))   # staged, never sealed
     print(sealed.to_json(), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 else:
     txns = [[Transaction.from_json(t) for t in ts] for ts in json.loads(sys.argv[3])]
     print("ready", flush=True)
     sys.stdin.readline()                  # released together with the other committer
-    out = [sink.commit_checkpoint(cid + 1, ts) for cid, ts in enumerate(txns)]
+    out = [sink.committer.commit_checkpoint(cid + 1, ts) for cid, ts in enumerate(txns)]
     print(json.dumps(out), flush=True)
 """
 
@@ -437,8 +440,8 @@ def run_child(*args: str) -> subprocess.Popen[str]:
 def test_killed_writer_leaves_the_table_unchanged(tmp_path: Path) -> None:
     root = tmp_path / "t"
     sink = make_sink(root)
-    sink.write(OP, 0, batch(rows(0, 2)))
-    sink.commit_checkpoint(1, [sink.pre_commit(OP, 0, 1)])
+    sink.writer.write(OP, 0, batch(rows(0, 2)))
+    sink.committer.commit_checkpoint(1, [sink.writer.pre_commit(OP, 0, 1)])
     before = log_actions(root)
 
     child = run_child(str(root), "crash")
@@ -450,11 +453,11 @@ def test_killed_writer_leaves_the_table_unchanged(tmp_path: Path) -> None:
     assert len(parquet_files(root)) == 4  # 1 committed + 3 staged by the child
 
     # Restart from a checkpoint that recorded nothing of the child: all orphans go.
-    make_sink(root).recover(OP, [])
+    make_sink(root).committer.recover(OP, [])
     assert parquet_files(root) == committed_paths(root)
     assert content(replay(root)) == sorted(rows(0, 2))
     with pytest.raises(StoreError):
-        make_sink(root).commit(sealed)
+        make_sink(root).committer.commit(sealed)
 
 
 def test_killed_writer_sealed_transaction_is_recovered(tmp_path: Path) -> None:
@@ -463,7 +466,7 @@ def test_killed_writer_sealed_transaction_is_recovered(tmp_path: Path) -> None:
     out, _ = child.communicate()
     assert child.returncode == -signal.SIGKILL
     sealed = Transaction.from_json(out.strip())
-    make_sink(root).recover(OP, [sealed])  # restored checkpoint 7 recorded it
+    make_sink(root).committer.recover(OP, [sealed])  # restored checkpoint 7 recorded it
     assert content(replay(root))[0][0] == 100
     assert sorted(r[0] for r in content(replay(root))) == [100, 101, 102]
     assert parquet_files(root) == committed_paths(root)
@@ -474,11 +477,11 @@ def test_racing_committers_add_the_data_once(tmp_path: Path) -> None:
     (appending) at the same time: each checkpoint is committed by exactly one of them."""
     root = tmp_path / "t"
     sink = make_sink(root)
-    sink.write(OP, 0, batch(rows(0, 3)))
-    sink.write(OP, 1, batch(rows(10, 3)))
-    cp1 = [sink.pre_commit(OP, 0, 1), sink.pre_commit(OP, 1, 1)]
-    sink.write(OP, 0, batch(rows(20, 3)))
-    cp2 = [sink.pre_commit(OP, 0, 2), sink.pre_commit(OP, 1, 2)]
+    sink.writer.write(OP, 0, batch(rows(0, 3)))
+    sink.writer.write(OP, 1, batch(rows(10, 3)))
+    cp1 = [sink.writer.pre_commit(OP, 0, 1), sink.writer.pre_commit(OP, 1, 1)]
+    sink.writer.write(OP, 0, batch(rows(20, 3)))
+    cp2 = [sink.writer.pre_commit(OP, 0, 2), sink.writer.pre_commit(OP, 1, 2)]
     arg = json.dumps([[t.to_json() for t in cp1], [t.to_json() for t in cp2]])
     children = [run_child(str(root), "commit", arg) for _ in range(2)]
     for c in children:
@@ -495,8 +498,8 @@ def test_racing_committers_add_the_data_once(tmp_path: Path) -> None:
     assert [sum(r[i] for r in results) for i in (0, 1)] == [1, 1]
     expected = sorted(rows(0, 3) + rows(10, 3) + rows(20, 3))
     assert content(replay(root)) == expected
-    assert content(sink.read()) == expected
-    assert sink.committed_checkpoint() == 2
+    assert content(sink.committer.read()) == expected
+    assert sink.committer.committed_checkpoint() == 2
 
 
 # ----------------------------------------------------------------- second readers
@@ -505,9 +508,9 @@ def test_racing_committers_add_the_data_once(tmp_path: Path) -> None:
 def test_second_readers_and_protocol(tmp_path: Path) -> None:
     root = tmp_path / "t"
     sink = make_sink(root)
-    sink.write(OP, 0, batch(rows(0, 4), barrier_columns=True))
-    sink.write(OP, 1, batch(rows(9, 2), barrier_columns=True))
-    sink.commit_checkpoint(1, [sink.pre_commit(OP, s, 1) for s in (0, 1)])
+    sink.writer.write(OP, 0, batch(rows(0, 4), barrier_columns=True))
+    sink.writer.write(OP, 1, batch(rows(9, 2), barrier_columns=True))
+    sink.committer.commit_checkpoint(1, [sink.writer.pre_commit(OP, s, 1) for s in (0, 1)])
 
     df = pl.read_delta(str(root))
     assert df.columns == ["id", "name", "ts"]  # barrier columns dropped
@@ -567,39 +570,39 @@ def test_model(ops: list[Op], small_files: bool) -> None:
             if kind == "write":
                 rs = rows(next_id, b)
                 next_id += b
-                sink.write(OP, a % 2, batch(rs))
+                sink.writer.write(OP, a % 2, batch(rs))
                 open_rows[a % 2] += rs
             elif kind == "checkpoint":
                 cid += 1
                 for s in (0, 1):
-                    pending.append((sink.pre_commit(OP, s, cid), open_rows[s]))
+                    pending.append((sink.writer.pre_commit(OP, s, cid), open_rows[s]))
                     open_rows[s] = []
             elif kind == "complete" and pending:
                 ids = sorted({t.checkpoint_id for t, _ in pending})
                 n = ids[a % len(ids)]
                 upto = [(t, r) for t, r in pending if t.checkpoint_id <= n]
-                sink.commit_checkpoint(n, [t for t, _ in upto])
+                sink.committer.commit_checkpoint(n, [t for t, _ in upto])
                 committed += [r for _, rs in upto for r in rs]
                 pending = [(t, r) for t, r in pending if t.checkpoint_id > n]
             elif kind == "commit_one" and pending:
                 t, rs = pending.pop(a % len(pending))
-                sink.commit(t)
+                sink.committer.commit(t)
                 committed += rs
             elif kind == "abort_one" and pending:
                 t, _ = pending.pop(a % len(pending))
-                sink.abort(t)
+                sink.committer.abort(t)
             elif kind == "crash":
                 # The restored checkpoint recorded the pending transactions up to some id.
                 ids = sorted({t.checkpoint_id for t, _ in pending})
                 limit = ids[(a - 1) % len(ids)] if ids and a else 0
                 restored = [(t, r) for t, r in pending if t.checkpoint_id <= limit]
                 sink = make_sink(root, **kw)
-                sink.recover(OP, [t for t, _ in restored])
+                sink.committer.recover(OP, [t for t, _ in restored])
                 committed += [r for _, rs in restored for r in rs]
                 pending, open_rows = [], {0: [], 1: []}
                 assert parquet_files(root) == (committed_paths(root) if root.exists() else set())
             assert content(replay(root) if root.exists() else pa.table({})) == sorted(committed)
-        assert content(sink.read()) == sorted(committed)
+        assert content(sink.committer.read()) == sorted(committed)
 
 
 # ------------------------------------------------------------------------ roll back
@@ -624,12 +627,12 @@ def append_foreign(root: Path, rs: Sequence[Row]) -> None:
     write_deltalake(str(root), foreign(rs), mode="append")  # a plain append, no app id
 
 
-def seal(sink: TwoPhaseCommitSink, cid: int, rs: Sequence[Row]) -> list[Transaction]:
+def seal(sink: TransactionalSink, cid: int, rs: Sequence[Row]) -> list[Transaction]:
     """Stage *rs* split over two subtasks and seal both transactions of checkpoint *cid*."""
     half = len(rs) // 2
     for subtask, part in enumerate((rs[:half], rs[half:])):
-        sink.write(OP, subtask, batch(part))
-    return [sink.pre_commit(OP, s, cid) for s in (0, 1)]
+        sink.writer.write(OP, subtask, batch(part))
+    return [sink.writer.pre_commit(OP, s, cid) for s in (0, 1)]
 
 
 def polars_rows(root: Path) -> list[Row]:
@@ -674,16 +677,16 @@ def test_roll_back_removes_the_output_of_later_checkpoints_only(tmp_path: Path) 
     other = [(900 + i, f"other-{i}", T0) for i in range(2)]
     for c in (1, 2, 3, 4):
         out[c] = rows(100 * c, c + 1)
-        assert sink.commit_checkpoint(c, seal(sink, c, out[c]))
+        assert sink.committer.commit_checkpoint(c, seal(sink, c, out[c]))
         if c == 3:
             append_foreign(root, other)  # another writer, between checkpoints 3 and 4
     adds = added_by_commit(root)  # versions: 0..2 = checkpoints 1..3, 3 = other, 4 = ckpt 4
     assert_table(root, [*out[1], *out[2], *out[3], *out[4], *other], 4)
 
-    removed = sink.roll_back_to(2)
+    removed = sink.committer.roll_back_to(2)
     assert sorted(removed) == sorted(adds[2] | adds[4])  # both files of checkpoints 3 and 4
     assert_table(root, [*out[1], *out[2], *other], 2)
-    assert sink.committed_checkpoint() == 2
+    assert sink.committer.committed_checkpoint() == 2
     (version, last), *_ = reversed(log_actions(root))
     assert version == 5  # one commit: the removes and the app transaction
     assert sorted(a["remove"]["path"] for a in last if "remove" in a) == sorted(removed)
@@ -693,17 +696,17 @@ def test_roll_back_removes_the_output_of_later_checkpoints_only(tmp_path: Path) 
     assert all((root / p).exists() for p in removed)  # logically removed, still on disk
 
     # Idempotent: no new commit.
-    assert sink.roll_back_to(2) == [] and sink.roll_back_to(3) == []
-    assert make_sink(root).roll_back_to(2) == []
+    assert sink.committer.roll_back_to(2) == [] and sink.committer.roll_back_to(3) == []
+    assert make_sink(root).committer.roll_back_to(2) == []
     assert len(log_actions(root)) == 6
 
     # The next checkpoint (ids are never reused) commits normally and is visible.
     out[5] = rows(500, 3)
-    assert sink.commit_checkpoint(5, seal(sink, 5, out[5])) is True
+    assert sink.committer.commit_checkpoint(5, seal(sink, 5, out[5])) is True
     assert_table(root, [*out[1], *out[2], *out[5], *other], 5)
 
     # Recovery's orphan sweep deletes the removed files; the table is unchanged.
-    make_sink(root).recover(OP, [])
+    make_sink(root).committer.recover(OP, [])
     assert not any((root / p).exists() for p in removed)
     assert_table(root, [*out[1], *out[2], *out[5], *other], 5)
 
@@ -711,16 +714,16 @@ def test_roll_back_removes_the_output_of_later_checkpoints_only(tmp_path: Path) 
 def test_roll_back_is_a_no_op_without_a_table_or_later_output(tmp_path: Path) -> None:
     root = tmp_path / "t"
     sink = make_sink(root)
-    assert sink.roll_back_to(3) == []
+    assert sink.committer.roll_back_to(3) == []
     assert not root.exists()
     append_foreign(root, rows(0, 1))  # a table without this sink's app id
-    assert sink.roll_back_to(3) == [] and sink.roll_back_to(0) == []
-    assert sink.commit_checkpoint(3, seal(sink, 3, rows(10, 2)))
-    assert sink.roll_back_to(3) == [] and sink.roll_back_to(7) == []
+    assert sink.committer.roll_back_to(3) == [] and sink.committer.roll_back_to(0) == []
+    assert sink.committer.commit_checkpoint(3, seal(sink, 3, rows(10, 2)))
+    assert sink.committer.roll_back_to(3) == [] and sink.committer.roll_back_to(7) == []
     assert len(log_actions(root)) == 2
     assert_table(root, rows(0, 1) + rows(10, 2), 3)
     with pytest.raises(ProtocolError):
-        sink.roll_back_to(-1)
+        sink.committer.roll_back_to(-1)
 
 
 def test_roll_back_to_before_the_first_commit_removes_all_output(tmp_path: Path) -> None:
@@ -728,11 +731,11 @@ def test_roll_back_to_before_the_first_commit_removes_all_output(tmp_path: Path)
     sink = make_sink(root)
     append_foreign(root, rows(0, 1))
     for c in (3, 4):
-        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
-    assert len(sink.roll_back_to(2)) == 4
+        sink.committer.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+    assert len(sink.committer.roll_back_to(2)) == 4
     assert_table(root, rows(0, 1), 2)
-    assert len(sink.roll_back_to(0)) == 0  # version 2 -> 0: nothing left to remove
-    assert sink.committed_checkpoint() == 0
+    assert len(sink.committer.roll_back_to(0)) == 0  # version 2 -> 0: nothing left to remove
+    assert sink.committer.committed_checkpoint() == 0
 
 
 def test_roll_back_then_recover_restores_a_checkpoint_whose_commit_was_lost(
@@ -743,21 +746,21 @@ def test_roll_back_then_recover_restores_a_checkpoint_whose_commit_was_lost(
     transactions — in that order, as ``recover_sink`` does — adds 2's back."""
     root = tmp_path / "t"
     sink = make_sink(root)
-    sink.commit_checkpoint(1, seal(sink, 1, rows(10, 2)))
+    sink.committer.commit_checkpoint(1, seal(sink, 1, rows(10, 2)))
     t2 = seal(sink, 2, rows(20, 2))  # checkpoint 2's state: t2
     t3 = seal(sink, 3, rows(30, 2))
-    sink.commit_checkpoint(3, [*t2, *t3])  # checkpoint 3's state: t2 + t3
+    sink.committer.commit_checkpoint(3, [*t2, *t3])  # checkpoint 3's state: t2 + t3
     assert_table(root, rows(10, 2) + rows(20, 2) + rows(30, 2), 3)
 
     new = make_sink(root)  # the restarted job
-    assert len(new.roll_back_to(2)) == 4
-    new.recover(OP, t2)
+    assert len(new.committer.roll_back_to(2)) == 4
+    new.committer.recover(OP, t2)
     assert_table(root, rows(10, 2) + rows(20, 2), 2)
     active = pa.table(DeltaTable(str(root)).get_add_actions(flatten=True)).column("path")
     assert parquet_files(root) == set(active.to_pylist())  # checkpoint 3's files were swept
-    new.recover(OP, t2)  # idempotent
-    assert new.roll_back_to(2) == []
-    assert new.commit_checkpoint(4, seal(new, 4, rows(40, 2)))
+    new.committer.recover(OP, t2)  # idempotent
+    assert new.committer.roll_back_to(2) == []
+    assert new.committer.commit_checkpoint(4, seal(new, 4, rows(40, 2)))
     assert_table(root, rows(10, 2) + rows(20, 2) + rows(40, 2), 4)
 
 
@@ -765,18 +768,18 @@ def test_roll_back_skips_output_that_another_writer_compacted(tmp_path: Path) ->
     root = tmp_path / "t"
     sink = make_sink(root)
     for c in (1, 2):
-        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+        sink.committer.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
     DeltaTable(str(root)).optimize.compact()  # rewrites 1 and 2: not ours any more
     for c in (3, 4):
-        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
-    assert len(sink.roll_back_to(2)) == 4
+        sink.committer.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+    assert len(sink.committer.roll_back_to(2)) == 4
     assert_table(root, rows(10, 2) + rows(20, 2), 2)
 
     for c in (5, 6):
-        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+        sink.committer.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
     DeltaTable(str(root)).optimize.compact()  # 6's output compacted: cannot be rolled back
-    assert sink.roll_back_to(5) == []
-    assert sink.committed_checkpoint() == 5
+    assert sink.committer.roll_back_to(5) == []
+    assert sink.committer.committed_checkpoint() == 5
     assert_table(root, rows(10, 2) + rows(20, 2) + rows(50, 2) + rows(60, 2), 5)
 
 
@@ -788,22 +791,22 @@ def test_roll_back_redoes_its_work_after_losing_a_commit_race(
     root = tmp_path / "t"
     sink = make_sink(root)
     for c in (1, 2, 3):
-        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+        sink.committer.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
     racer = make_sink(root)  # another committer of the same sink (a late global committer)
     staged = seal(racer, 4, rows(40, 2))
     calls = []
-    real = sink._added_after
+    real = sink.committer._added_after
 
     def interleaved(*args: Any) -> set[str]:
         found = real(*args)
         calls.append(len(found))
         if len(calls) == 1:
-            racer.commit_checkpoint(4, staged)
+            racer.committer.commit_checkpoint(4, staged)
             append_foreign(root, rows(90, 1))
         return found
 
-    monkeypatch.setattr(sink, "_added_after", interleaved)
-    assert len(sink.roll_back_to(1)) == 6  # checkpoints 2, 3 and the racing 4
+    monkeypatch.setattr(sink.committer, "_added_after", interleaved)
+    assert len(sink.committer.roll_back_to(1)) == 6  # checkpoints 2, 3 and the racing 4
     assert calls == [4, 6]
     assert_table(root, rows(10, 2) + rows(90, 1), 1)
     assert len(log_actions(root)) == 6  # 3 + racer + foreign + one roll back
@@ -815,8 +818,8 @@ def test_roll_back_gives_up_after_max_attempts(
     root = tmp_path / "t"
     sink = make_sink(root, max_attempts=3)
     for c in (1, 2):
-        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
-    real = sink._added_after
+        sink.committer.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+    real = sink.committer._added_after
     n = iter(range(100))
 
     def always_beaten(*args: Any) -> set[str]:
@@ -824,9 +827,9 @@ def test_roll_back_gives_up_after_max_attempts(
         append_foreign(root, rows(90 + next(n), 1))
         return found
 
-    monkeypatch.setattr(sink, "_added_after", always_beaten)
+    monkeypatch.setattr(sink.committer, "_added_after", always_beaten)
     with pytest.raises(StoreError, match="lost 3 commit races"):
-        sink.roll_back_to(1)
+        sink.committer.roll_back_to(1)
     assert_table(root, rows(10, 2) + rows(20, 2) + rows(90, 3), 2)
 
 
@@ -844,37 +847,37 @@ def test_roll_back_reads_past_a_cleaned_up_log_only_when_it_can(tmp_path: Path) 
     clean_up_log(a)
     sink = make_sink(a)
     for c in (3, 4):
-        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
-    assert len(sink.roll_back_to(2)) == 4
+        sink.committer.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+    assert len(sink.committer.roll_back_to(2)) == 4
     assert polars_rows(a) == sorted(rows(1000, 1) + rows(1001, 1) + rows(1002, 1))
     assert deltalake_rows(a) == polars_rows(a)
-    assert sink.committed_checkpoint() == 2
+    assert sink.committer.committed_checkpoint() == 2
 
     # The commit that says where to stop has been cleaned up: a clear StoreError.
     b = tmp_path / "b"
     sink = make_sink(b)
     for c in (1, 2, 3):
-        sink.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
+        sink.committer.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
     clean_up_log(b)  # keeps only commit 2 (checkpoint 3) and its log checkpoint
-    sink.commit_checkpoint(4, seal(sink, 4, rows(40, 2)))
+    sink.committer.commit_checkpoint(4, seal(sink, 4, rows(40, 2)))
     for back in (1, 2):
         with pytest.raises(StoreError, match=r"commit 1 .* has been cleaned up"):
-            make_sink(b).roll_back_to(back)
-    assert make_sink(b).committed_checkpoint() == 4
-    assert len(make_sink(b).roll_back_to(3)) == 2  # only needs commits 2 and 3
+            make_sink(b).committer.roll_back_to(back)
+    assert make_sink(b).committer.committed_checkpoint() == 4
+    assert len(make_sink(b).committer.roll_back_to(3)) == 2  # only needs commits 2 and 3
     assert polars_rows(b) == sorted(rows(10, 2) + rows(20, 2) + rows(30, 2))
 
     # Every commit of this sink has been cleaned up, only another writer's is left.
     c = tmp_path / "c"
     sink = make_sink(c)
     for cid in (1, 2):
-        sink.commit_checkpoint(cid, seal(sink, cid, rows(10 * cid, 2)))
+        sink.committer.commit_checkpoint(cid, seal(sink, cid, rows(10 * cid, 2)))
     append_foreign(c, rows(90, 1))
     clean_up_log(c)
     with pytest.raises(StoreError, match=r"commit 1 .* has been cleaned up"):
-        make_sink(c).roll_back_to(1)
+        make_sink(c).committer.roll_back_to(1)
     assert polars_rows(c) == sorted(rows(10, 2) + rows(20, 2) + rows(90, 1))
-    assert make_sink(c).committed_checkpoint() == 2
+    assert make_sink(c).committer.committed_checkpoint() == 2
 
 
 # A model of restores: each step is a checkpoint (committed, or its commit lost in a crash),
@@ -893,7 +896,7 @@ restore_steps = st.lists(
 
 def run_restore_model(
     steps: Sequence[Step],
-    new_sink: Callable[[], TwoPhaseCommitSink],
+    new_sink: Callable[[], TransactionalSink],
     read_ids: Callable[[], list[int]],
     append: Callable[[list[Row]], None] | None,
     *,
@@ -921,7 +924,7 @@ def run_restore_model(
             states[last] = list(pending)
             if kind == "checkpoint":
                 exists |= any(sealed[t.checkpoint_id] for t in pending)
-                assert sink.commit_checkpoint(last, pending) is exists
+                assert sink.committer.commit_checkpoint(last, pending) is exists
                 committed |= {t.checkpoint_id for t in pending}
                 pending = []
                 version = last if exists else version
@@ -934,15 +937,15 @@ def run_restore_model(
         elif kind == "restore" and sealed:
             r = sorted(sealed)[a % len(sealed)]
             sink = new_sink()  # the restarted job
-            sink.roll_back_to(r)
-            sink.recover(OP, states[r])
+            sink.committer.roll_back_to(r)
+            sink.committer.recover(OP, states[r])
             sealed = {c: rs for c, rs in sealed.items() if c <= r}
             states = {c: t for c, t in states.items() if c <= r}
             committed = set(sealed)  # what r's commits and r's state hold
             pending = []
             exists |= any(sealed[t.checkpoint_id] for t in states[r])
             version = r if exists else version
-        assert sink.committed_checkpoint() == version
+        assert sink.committer.committed_checkpoint() == version
         want = [r[0] for c in committed for r in sealed[c]] + [r[0] for r in other]
         assert read_ids() == sorted(want)
 

@@ -207,7 +207,7 @@ def run(actions: list[tuple[Any, ...]], mode: AlignmentMode | str, store: Checkp
     # (b) the committed output against the fold over the whole input
     counts, _ = fold(job, {(SOURCE, c): log.num_rows for c, log in enumerate(job.logs)})
     expected = Counter((k, i) for k, n in counts.items() for i in range(1, n + 1))
-    out = job.sink.output()
+    out = job.sink.committer.output()
     got: Counter[tuple[int, int]] = Counter(
         zip(out.column("user_id").to_pylist(), out.column("count").to_pylist(), strict=True)
         if out
@@ -283,12 +283,17 @@ def test_completed_but_uncommitted_output_is_recovered_and_committed() -> None:
     for s in range(2):
         job.deliver(s, [0, 1], 100)
     job.deliver_acks(100)
-    assert req.completed is not None and job.sink.output() is None  # completed, not committed
+    assert (
+        req.completed is not None and job.sink.committer.output() is None
+    )  # completed, not committed
     job.crash()
-    out = job.sink.output()
+    out = job.sink.committer.output()
     assert out is not None and out.num_rows == 60  # committed by recovery, before any replay
     job.finish()
     run_counts = Counter(
-        zip(*(job.sink.output().column(c).to_pylist() for c in ("user_id", "count")), strict=True)
+        zip(
+            *(job.sink.committer.output().column(c).to_pylist() for c in ("user_id", "count")),
+            strict=True,
+        )
     )  # type: ignore[union-attr]
     assert all(n == 1 for n in run_counts.values())

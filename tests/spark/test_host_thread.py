@@ -16,7 +16,7 @@ from spark_ckpt.errors import TolerableFailuresExceededError
 from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
-from spark_ckpt.sinks.sink import MemorySink
+from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.spark.host import CoordinatorHost, HostThread
 from spark_ckpt.spark.mailbox import (
     Mailbox,
@@ -46,7 +46,7 @@ def hosted(root: Path) -> tuple[HostThread, ManualClock]:
         str(root),
         config,
         store,
-        sink_factory=lambda _: sink,
+        sink_factory=lambda _: sink.committer,
         clock=clock,
         defer_after_completion=True,
     )

@@ -24,7 +24,7 @@ from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.coordinator import RequestStatus
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.operator import RunningCount
-from spark_ckpt.sinks.sink import MemorySink
+from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
 from spark_ckpt.sources.generator import GENERATOR_SCHEMA, GeneratorSpec
 from spark_ckpt.sources.stream_offset import StreamOffset, fair_limits
@@ -78,7 +78,12 @@ class SparkLikeRun:
             root, Topology("counter", parallelism, SinkSpec("memory", "-", "counter")), run_id
         )
         self.host = CoordinatorHost(
-            root, config, store, sink_factory=lambda spec: sink, clock=clock, run_id=run_id
+            root,
+            config,
+            store,
+            sink_factory=lambda spec: sink.committer,
+            clock=clock,
+            run_id=run_id,
         )
         latest = self.host.start_run()  # initialOffset
         self.aligner = BatchAligner(  # built at the first foreachBatch call, from the run's files
@@ -135,7 +140,7 @@ def expected_output() -> Counter[tuple[int, int]]:
 
 
 def output(sink: MemorySink) -> Counter[tuple[int, int]]:
-    out = sink.output()
+    out = sink.committer.output()
     if out is None:
         return Counter()
     return Counter(
@@ -227,7 +232,7 @@ def drive(root: Path, mode_name: str, script: list[tuple[Any, ...]], threads: st
     assert latest is not None and latest.offsets() == {
         ("source", c): BACKLOG[c] for c in range(CHANNELS)
     }
-    assert sink.committed_checkpoint() == latest.checkpoint_id
+    assert sink.committer.committed_checkpoint() == latest.checkpoint_id
     got, exp = output(sink), expected_output()
     if ckpt_mode is CheckpointingMode.EXACTLY_ONCE:
         assert got == exp

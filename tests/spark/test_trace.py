@@ -19,7 +19,7 @@ from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.protocol.trace import NOOP_TRACER, NoopTracer, Phase, Tracer
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
-from spark_ckpt.sinks.sink import MemorySink
+from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
 from spark_ckpt.sources.generator import GENERATOR_SCHEMA, GeneratorSpec
 from spark_ckpt.sources.stream_offset import StreamOffset, fair_limits
@@ -74,7 +74,7 @@ def run_engine(root: Path, tracer: Tracer, *, async_snapshots: bool) -> None:
         str(root),
         CheckpointConfig(interval_ms=50, retained_checkpoints=2),
         store,
-        sink_factory=lambda spec: sink,
+        sink_factory=lambda spec: sink.committer,
         clock=clock,
         run_id=run_id,
     )

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_delta_sink import (
     OP,
+    Row,
     Step,
     batch,
     content,
@@ -30,13 +31,14 @@ from test_delta_sink import (
 )
 
 from spark_ckpt.runtime import task
-from spark_ckpt.sinks.sink import MemorySink, TwoPhaseCommitSink
+from spark_ckpt.sinks.memory import MemorySink
+from spark_ckpt.sinks.sink import TransactionalSink
 
 
-def commit(sink: object, checkpoint_id: int, first: int, n: int) -> list:  # type: ignore[type-arg]
-    sink.write(OP, 0, batch(rows(first, n)))  # type: ignore[attr-defined]
-    txn = sink.pre_commit(OP, 0, checkpoint_id)  # type: ignore[attr-defined]
-    assert sink.commit_checkpoint(checkpoint_id, [txn])  # type: ignore[attr-defined]
+def commit(sink: TransactionalSink, checkpoint_id: int, first: int, n: int) -> list[Row]:
+    sink.writer.write(OP, 0, batch(rows(first, n)))
+    txn = sink.writer.pre_commit(OP, 0, checkpoint_id)
+    assert sink.committer.commit_checkpoint(checkpoint_id, [txn])
     return rows(first, n)
 
 
@@ -52,15 +54,17 @@ def test_roll_back_withdraws_later_output_only(tmp_path: Path) -> None:
         }
     )
     write_deltalake(str(root), other, mode="append")  # another writer, after checkpoint 4
-    withdrawn = sink.roll_back_to(2)
+    withdrawn = sink.committer.roll_back_to(2)
     assert len(withdrawn) == 2
     expected = [*out[1], *out[2], (999, "other", rows(0, 1)[0][2])]
     assert content(replay(root)) == sorted(expected)
     assert sorted(pl.read_delta(str(root)).get_column("id").to_list()) == sorted(
         r[0] for r in expected
     )
-    assert sink.committed_checkpoint() == 2
-    assert sink.roll_back_to(2) == [] and sink.roll_back_to(3) == []  # idempotent
+    assert sink.committer.committed_checkpoint() == 2
+    assert (
+        sink.committer.roll_back_to(2) == [] and sink.committer.roll_back_to(3) == []
+    )  # idempotent
     out[5] = commit(sink, 5, 500, 2)  # later checkpoints commit normally
     assert content(replay(root)) == sorted(expected + out[5])
     protocol = [a["protocol"] for _, acts in log_actions(root) for a in acts if "protocol" in a]
@@ -70,10 +74,10 @@ def test_roll_back_withdraws_later_output_only(tmp_path: Path) -> None:
 
 def test_roll_back_without_table_or_later_output_is_a_no_op(tmp_path: Path) -> None:
     sink = make_sink(tmp_path / "t")
-    assert sink.roll_back_to(3) == []
+    assert sink.committer.roll_back_to(3) == []
     commit(sink, 3, 0, 2)
-    assert sink.roll_back_to(3) == [] and sink.roll_back_to(7) == []
-    assert sink.committed_checkpoint() == 3
+    assert sink.committer.roll_back_to(3) == [] and sink.committer.roll_back_to(7) == []
+    assert sink.committer.committed_checkpoint() == 3
 
 
 @settings(max_examples=15, deadline=None)
@@ -92,17 +96,17 @@ def test_roll_back_matches_a_plain_model(
         commit(sinks[1], c, 10 * c, n)
     back = data.draw(st.integers(0, len(sizes)))
     for sink in sinks:
-        sink.roll_back_to(back)
-        assert sink.committed_checkpoint() == (back if back < len(sizes) else len(sizes))
+        sink.committer.roll_back_to(back)
+        assert sink.committer.committed_checkpoint() == (back if back < len(sizes) else len(sizes))
     expected = sorted(r for c, rs in model if c <= back for r in rs)
     assert content(replay(root)) == expected
-    memory = sinks[1].output()
+    memory = sinks[1].committer.output()
     ids = [] if memory is None else sorted(memory.column("id").to_pylist())
     assert ids == [r[0] for r in expected]
 
 
 def memory_ids(sink: MemorySink) -> list[int]:
-    out = sink.output()
+    out = sink.committer.output()
     return [] if out is None else sorted(out.column("id").to_pylist())
 
 
@@ -110,15 +114,19 @@ def test_memory_sink_roll_back() -> None:
     sink = MemorySink()
     for c in (1, 2, 3, 4):
         commit(sink, c, 10 * c, 2)
-    assert sink.roll_back_to(2) == [f"{OP}/0/3", f"{OP}/0/4"]
+    assert sink.committer.roll_back_to(2) == [f"{OP}/0/3", f"{OP}/0/4"]
     assert memory_ids(sink) == [10, 11, 20, 21]
-    assert sink.committed_checkpoint() == 2
-    assert sink.roll_back_to(2) == [] and sink.roll_back_to(3) == []  # idempotent
+    assert sink.committer.committed_checkpoint() == 2
+    assert (
+        sink.committer.roll_back_to(2) == [] and sink.committer.roll_back_to(3) == []
+    )  # idempotent
     commit(sink, 5, 50, 1)  # later checkpoints commit normally
     assert memory_ids(sink) == [10, 11, 20, 21, 50]
-    sink.recover(OP, [])  # the withdrawn transactions are discarded like other staged ones
-    assert sink.roll_back_to(0) == [f"{OP}/0/1", f"{OP}/0/2", f"{OP}/0/5"]
-    assert memory_ids(sink) == [] and sink.committed_checkpoint() == 0
+    sink.committer.recover(
+        OP, []
+    )  # the withdrawn transactions are discarded like other staged ones
+    assert sink.committer.roll_back_to(0) == [f"{OP}/0/1", f"{OP}/0/2", f"{OP}/0/5"]
+    assert memory_ids(sink) == [] and sink.committer.committed_checkpoint() == 0
 
 
 def test_memory_sink_recover_after_roll_back_commits_the_restored_transactions() -> None:
@@ -127,17 +135,17 @@ def test_memory_sink_recover_after_roll_back_commits_the_restored_transactions()
     though the committed checkpoint already reads 2."""
     sink = MemorySink()
     commit(sink, 1, 10, 2)
-    sink.write(OP, 0, batch(rows(20, 2)))
-    t2 = sink.pre_commit(OP, 0, 2)
-    sink.write(OP, 0, batch(rows(30, 2)))
-    t3 = sink.pre_commit(OP, 0, 3)
-    assert sink.commit_checkpoint(3, [t2, t3])
+    sink.writer.write(OP, 0, batch(rows(20, 2)))
+    t2 = sink.writer.pre_commit(OP, 0, 2)
+    sink.writer.write(OP, 0, batch(rows(30, 2)))
+    t3 = sink.writer.pre_commit(OP, 0, 3)
+    assert sink.committer.commit_checkpoint(3, [t2, t3])
     sink.crash()
-    assert sink.roll_back_to(2) == [t2.txn_id, t3.txn_id]
-    sink.recover(OP, [t2])
+    assert sink.committer.roll_back_to(2) == [t2.txn_id, t3.txn_id]
+    sink.committer.recover(OP, [t2])
     assert memory_ids(sink) == [10, 11, 20, 21]
-    assert sink.committed_checkpoint() == 2
-    sink.recover(OP, [t2])  # idempotent
+    assert sink.committer.committed_checkpoint() == 2
+    sink.committer.recover(OP, [t2])  # idempotent
     assert memory_ids(sink) == [10, 11, 20, 21]
 
 
@@ -149,7 +157,7 @@ def test_recover_sink_rolls_back_before_committing_the_restored_checkpoint(
     one (3): the result is exactly the output of checkpoints <= 2. Without a checkpoint (a
     fresh start) nothing is rolled back."""
     root = tmp_path / "t"
-    sink: TwoPhaseCommitSink = MemorySink() if kind == "memory" else make_sink(root)
+    sink: TransactionalSink = MemorySink() if kind == "memory" else make_sink(root)
 
     def ids() -> list[int]:
         if isinstance(sink, MemorySink):
@@ -157,23 +165,23 @@ def test_recover_sink_rolls_back_before_committing_the_restored_checkpoint(
         return sorted(r[0] for r in content(replay(root)))
 
     t1 = seal(sink, 1, rows(10, 2))
-    assert sink.commit_checkpoint(1, t1)
+    assert sink.committer.commit_checkpoint(1, t1)
     t2 = seal(sink, 2, rows(20, 2))  # checkpoint 2 completed, its commit was lost
     t3 = seal(sink, 3, rows(30, 2))
-    assert sink.commit_checkpoint(3, [*t2, *t3])
+    assert sink.committer.commit_checkpoint(3, [*t2, *t3])
     states = {2: t2, 3: [*t2, *t3]}  # what each checkpoint's state records
     monkeypatch.setattr(
         task, "sealed_transactions", lambda cp, store, vertex: states[cp.checkpoint_id]
     )
     store = SimpleNamespace()  # unused: sealed_transactions is replaced
 
-    task.recover_sink(sink, None, store, OP)  # type: ignore[arg-type]
-    assert ids() == [10, 11, 20, 21, 30, 31] and sink.committed_checkpoint() == 3
+    task.recover_sink(sink.committer, None, store, OP)  # type: ignore[arg-type]
+    assert ids() == [10, 11, 20, 21, 30, 31] and sink.committer.committed_checkpoint() == 3
     restored = SimpleNamespace(checkpoint_id=2)  # the newest (3) was damaged
-    assert task.recover_sink(sink, restored, store, OP) == t2  # type: ignore[arg-type]
-    assert ids() == [10, 11, 20, 21] and sink.committed_checkpoint() == 2
-    task.recover_sink(sink, restored, store, OP)  # type: ignore[arg-type]
-    assert ids() == [10, 11, 20, 21] and sink.committed_checkpoint() == 2
+    assert task.recover_sink(sink.committer, restored, store, OP) == t2  # type: ignore[arg-type]
+    assert ids() == [10, 11, 20, 21] and sink.committer.committed_checkpoint() == 2
+    task.recover_sink(sink.committer, restored, store, OP)  # type: ignore[arg-type]
+    assert ids() == [10, 11, 20, 21] and sink.committer.committed_checkpoint() == 2
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,0 +1,80 @@
+"""Where a Delta sink writes: the table, the file system rooted at it, and the sink's
+identity in it — shared by the sink's writer and committer, which may be built in different
+processes from the same arguments."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+
+import pyarrow.fs as pafs
+
+from spark_ckpt.delta.errors import delta_boundary
+from spark_ckpt.delta.part_file import is_part_file_name
+from spark_ckpt.errors import ConfigError, StoreError
+
+
+class DeltaSinkTarget:
+    """The Delta table at *table_uri* (a local path or a URI delta-rs understands;
+    *storage_options* are passed to delta-rs) as sink vertex *sink_uid* of *pipeline* writes
+    it. Staging and reading go through :attr:`fs`, a pyarrow file system whose root is the
+    table root (default: a ``SubTreeFileSystem`` over
+    ``pyarrow.fs.FileSystem.from_uri(table_uri)``; pass *filesystem* for object stores whose
+    credentials pyarrow does not find by itself).
+
+    :attr:`app_id` (``spark-ckpt/<pipeline>/<sink_uid>``) is the Delta app transaction id of
+    the sink's commits; :attr:`tag`, a hash of it, is part of every file name the sink
+    stages. ``partition_by`` is accepted for API stability but only ``()`` is supported
+    (staging would have to write Hive-style partition directories and partition values).
+    Immutable; cheap to build (it does not load the table)."""
+
+    def __init__(
+        self,
+        table_uri: str,
+        *,
+        pipeline: str,
+        sink_uid: str,
+        storage_options: dict[str, str] | None = None,
+        partition_by: Sequence[str] = (),
+        filesystem: pafs.FileSystem | None = None,
+    ) -> None:
+        if tuple(partition_by):
+            raise ConfigError("partition_by", tuple(partition_by), "() (unpartitioned tables)")
+        if "://" not in table_uri:
+            table_uri = os.path.abspath(table_uri)
+        self.table_uri = table_uri.rstrip("/")
+        self.pipeline = pipeline
+        self.sink_uid = sink_uid
+        self.storage_options = storage_options
+        self.app_id = f"spark-ckpt/{pipeline}/{sink_uid}"
+        #: Part of every staged file name of this sink (hex, 12 chars).
+        self.tag = hashlib.sha256(self.app_id.encode()).hexdigest()[:12]
+        if filesystem is None:
+            what = f"resolving the file system of {self.table_uri}"
+            with delta_boundary(what, StoreError):
+                base, root = pafs.FileSystem.from_uri(self.table_uri)
+            #: The file system the table root lives on, and the root's path in it ("" when
+            #: *filesystem* was given: it is rooted at the table already).
+            self.base_fs: pafs.FileSystem = base
+            self.root: str = root
+            filesystem = pafs.SubTreeFileSystem(root, base)
+        else:
+            self.base_fs, self.root = filesystem, ""
+        self.fs: pafs.FileSystem = filesystem
+
+    def is_staged_name(self, path: str) -> bool:
+        """Whether *path* (relative to the table root) is a file this sink stages."""
+        return is_part_file_name(path, self.tag)
+
+    def staged_paths(self, *, before_ms: int | None = None) -> list[str]:
+        """Every file of this sink under the table root, committed or not (sorted); with
+        *before_ms*, only those last modified before that time (ms since the epoch)."""
+        with delta_boundary(f"listing {self.table_uri}", StoreError):
+            infos = self.fs.get_file_info(pafs.FileSelector("", allow_not_found=True))
+        return sorted(
+            i.base_name
+            for i in infos
+            if self.is_staged_name(i.base_name)
+            and (before_ms is None or i.mtime_ns is None or i.mtime_ns // 1_000_000 < before_ms)
+        )
