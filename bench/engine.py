@@ -67,7 +67,9 @@ from spark_ckpt.protocol.handle import (
 from spark_ckpt.runtime.aligner import AlignmentMode, BarrierAligner, Records
 from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.runtime.task import OperatorTask
-from spark_ckpt.state.backend import KeyedStateBackend, ValueStateDescriptor
+from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.descriptor import ValueStateDescriptor
+from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.state.keygroup import KeyGroupRange
 from spark_ckpt.storage.memory import InMemoryCheckpointStore
 from spark_ckpt.storage.store import StateStorage
@@ -203,13 +205,13 @@ def run_pipeline(batches: Sequence[pa.Table], mode: AlignmentMode) -> int:
     """Aligner + RunningCount on a keyed state backend; snapshot steps are ignored."""
     aligner = BarrierAligner(range(CHANNELS), mode, ManualClock(0))
     op = RunningCount("counter", "user_id")
-    backend = KeyedStateBackend.for_subtask(op.uid, 0, 1, op.key_type, MAX_PARALLELISM)
-    op.open(backend)
+    state = StateHandle(KeyedStateBackend.for_subtask(op.uid, 0, 1, op.key_type, MAX_PARALLELISM))
+    op.open(state)
     rows = 0
     for batch in batches:
         for step in aligner.process(batch):
             if isinstance(step, Records):
-                op.process_batch(step.table, backend)
+                op.process_batch(step.table, state)
                 rows += step.table.num_rows
     return rows
 

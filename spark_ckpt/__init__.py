@@ -55,8 +55,12 @@ from spark_ckpt.spark.pipeline import Pipeline
 from spark_ckpt.spark.pipeline_run import PipelineRun
 from spark_ckpt.spark.session import connect_session, local_session
 from spark_ckpt.spark.supervisor import RunResult, StopReason
-
-# PENDING-STATE-SPLIT
+from spark_ckpt.state.descriptor import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ValueStateDescriptor,
+)
+from spark_ckpt.state.handle import StateHandle
 
 __version__ = "0.1.0"
 
@@ -73,6 +77,8 @@ __all__ = [
     "ExternalizedCheckpointRetention",
     "JobSpec",
     "KeyedOperator",
+    "ListStateDescriptor",
+    "MapStateDescriptor",
     "Phase",
     "Pipeline",
     "PipelineClient",
@@ -86,9 +92,11 @@ __all__ = [
     "SnapshotType",
     "SparkCkptError",
     "StateError",
+    "StateHandle",
     "StopReason",
     "StoreError",
     "Tracer",
+    "ValueStateDescriptor",
     "__version__",
     "connect_session",
     "local_session",

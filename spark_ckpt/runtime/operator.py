@@ -5,13 +5,16 @@ the program changes) and keyed by one column. Two ways to write one:
 
 * **vectorized** (the fast path): subclass :class:`KeyedOperator` and implement
   :meth:`~KeyedOperator.process_batch` — a function over an Arrow table of records (all of them
-  in this subtask's key groups) and the subtask's
-  :class:`~spark_ckpt.state.backend.KeyedStateBackend`,
+  in this subtask's key groups) and the subtask's :class:`~spark_ckpt.state.handle.StateHandle`,
   using its vectorized ``get_values``/``put_values``. :class:`RunningCount` is the example:
   no Python loop over rows;
 * **per record** (Flink's ``KeyedProcessFunction`` style): subclass :class:`RecordOperator`
   and implement :meth:`~RecordOperator.process_record`; the adapter sets the current key for
   every row. Convenient, but a Python call per row.
+
+Operators see their state only through the :class:`~spark_ckpt.state.handle.StateHandle` the
+task hands them (registration, per-record and vectorized access, operator list state); the
+task keeps the backend and takes the snapshots.
 
 Operators run wherever the task runs (the driver in the foreachBatch aligner). They must be
 deterministic functions of (state, input) for exactly-once output to be reproducible on replay.
@@ -28,7 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_ckpt.errors import StateError
-from spark_ckpt.state.backend import KeyedStateBackend, ValueStateDescriptor
+from spark_ckpt.state.descriptor import ValueStateDescriptor
+from spark_ckpt.state.handle import StateHandle
 
 
 class KeyedOperator(ABC):
@@ -41,13 +45,15 @@ class KeyedOperator(ABC):
         self.key_column = key_column
         self.key_type = key_type
 
-    def open(self, state: KeyedStateBackend) -> None:  # noqa: B027 - optional hook
-        """Register state descriptors. Called once per subtask, before restore and input."""
+    def open(self, state: StateHandle) -> None:  # noqa: B027 - optional hook
+        """Register state descriptors on *state*. Called once per subtask, before restore and
+        input."""
 
     @abstractmethod
-    def process_batch(self, batch: pa.Table, state: KeyedStateBackend) -> pa.Table | None:
-        """Process *batch* (rows in input order per channel) and return the output rows, or
-        None. Must not keep references into *state* across calls."""
+    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+        """Process *batch* (rows in input order per channel, all in the subtask's key groups)
+        with the subtask's *state* and return the output rows, or None. Must not keep
+        references into *state* across calls."""
 
     @property
     def output_schema(self) -> pa.Schema | None:
@@ -60,11 +66,10 @@ class RecordOperator(KeyedOperator):
     key set; it yields output rows as dicts matching :attr:`output_schema`."""
 
     @abstractmethod
-    def process_record(
-        self, row: dict[str, Any], state: KeyedStateBackend
-    ) -> Iterable[dict[str, Any]]: ...
+    def process_record(self, row: dict[str, Any], state: StateHandle) -> Iterable[dict[str, Any]]:
+        """Process *row*, whose key is *state*'s current key, and yield the output rows."""
 
-    def process_batch(self, batch: pa.Table, state: KeyedStateBackend) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
         out: list[dict[str, Any]] = []
         for row in batch.to_pylist():
             state.set_current_key(row[self.key_column])
@@ -112,10 +117,10 @@ class RunningCount(KeyedOperator):
     def output_schema(self) -> pa.Schema:
         return pa.schema([pa.field(self.key_column, self.key_type), pa.field("count", pa.int64())])
 
-    def open(self, state: KeyedStateBackend) -> None:
+    def open(self, state: StateHandle) -> None:
         state.value_state(self.COUNT)
 
-    def process_batch(self, batch: pa.Table, state: KeyedStateBackend) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
         if batch.num_rows == 0:
             return None
         keys = batch.column(self.key_column)

@@ -64,7 +64,9 @@ from spark_ckpt.sinks.sink import (
     TransactionalSink,
 )
 from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.state.keygroup import key_groups, range_for_subtask
+from spark_ckpt.state.restore import restore_backend
 from spark_ckpt.storage.store import StateStorage
 
 log = logging.getLogger(__name__)
@@ -142,6 +144,7 @@ class OperatorTask:
         self.tracer = tracer
         self.aligner = BarrierAligner(channels, mode, clock, aligned_timeout_ms=aligned_timeout_ms)
         self.backends: dict[str, KeyedStateBackend] = {}
+        self._handles: dict[str, StateHandle] = {}  # what the operators see of their backends
         for op in self.operators:
             backend = KeyedStateBackend(
                 op.uid,
@@ -151,8 +154,10 @@ class OperatorTask:
                 max_parallelism,
                 parallelism=parallelism,
             )
-            op.open(backend)
+            handle = StateHandle(backend)
+            op.open(handle)
             self.backends[op.uid] = backend
+            self._handles[op.uid] = handle
         self._in_progress: dict[int, _SnapshotInProgress] = {}
         self._sealed: dict[int, Transaction] = {}
         self._acked: dict[int, TaskStateHandle] = {}
@@ -178,7 +183,9 @@ class OperatorTask:
         if checkpoint is None:
             return
         for op in self.operators:
-            self.backends[op.uid].restore(checkpoint.operator_blobs(op.uid), self.store.read_blob)
+            restore_backend(
+                self.backends[op.uid], checkpoint.operator_blobs(op.uid), self.store.read_blob
+            )
         channel_refs = sorted(
             (b for b in checkpoint.operator_blobs(self.state_uid) if b.kind is BlobKind.CHANNEL),
             key=lambda b: (b.channel, b.subtask),
@@ -246,7 +253,7 @@ class OperatorTask:
             if out is None or out.num_rows == 0:
                 return
             with self.tracer.span(Phase.OPERATOR):
-                out = op.process_batch(out, self.backends[op.uid])
+                out = op.process_batch(out, self._handles[op.uid])
         if out is not None and out.num_rows and self.sink is not None:
             with self.tracer.span(Phase.SINK_WRITE):
                 self.sink.writer.write(self.sink_uid, self.task_id.subtask, out)

@@ -57,7 +57,7 @@ import pyarrow as pa
 
 from spark_ckpt.errors import SparkCkptError, StoreError
 from spark_ckpt.runtime.operator import KeyedOperator
-from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.storage.store import CheckpointStore
 
 #: The environment variable that switches fail points on.
@@ -252,9 +252,9 @@ class FaultyOperator(KeyedOperator):
     def output_schema(self) -> pa.Schema | None:
         return self.inner.output_schema
 
-    def open(self, state: KeyedStateBackend) -> None:
+    def open(self, state: StateHandle) -> None:
         self.inner.open(state)
 
-    def process_batch(self, batch: pa.Table, state: KeyedStateBackend) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
         hit(self.root, Fault.OPERATOR, lambda: {"rows": batch.num_rows})
         return self.inner.process_batch(batch, state)

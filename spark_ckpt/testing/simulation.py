@@ -38,7 +38,8 @@ from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
 from spark_ckpt.runtime.task import OperatorTask, commit_checkpoint, recover_sink
 from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.sources.channel_batch import barrier_rows, data_rows, stream_schema
-from spark_ckpt.state.backend import KeyedStateBackend, ValueStateDescriptor
+from spark_ckpt.state.descriptor import ValueStateDescriptor
+from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.state.keygroup import subtasks_for_keys
 from spark_ckpt.storage.store import CheckpointStore
 
@@ -56,10 +57,10 @@ class AmountTotals(KeyedOperator):
     def __init__(self, uid: str = "totals") -> None:
         super().__init__(uid, "user_id", pa.int64())
 
-    def open(self, state: KeyedStateBackend) -> None:
+    def open(self, state: StateHandle) -> None:
         state.value_state(self.TOTAL)
 
-    def process_batch(self, batch: pa.Table, state: KeyedStateBackend) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
         grouped = batch.group_by("user_id").aggregate([("amount", "sum")])
         keys = grouped.column("user_id")
         before = state.get_values(self.TOTAL, keys).fill_null(0)

@@ -36,7 +36,7 @@ from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.sources.generator import GeneratorSpec
 from spark_ckpt.spark.host import STOP
 from spark_ckpt.spark.pipeline import Pipeline
-from spark_ckpt.state.backend import restore_backends
+from spark_ckpt.state.restore import restore_backends
 from spark_ckpt.testing import faults
 
 if TYPE_CHECKING:

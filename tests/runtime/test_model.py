@@ -32,7 +32,9 @@ from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.runtime.task import task_state_uid
 from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.state.keygroup import range_for_subtask
+from spark_ckpt.state.restore import restore_backend
 from spark_ckpt.storage.memory import InMemoryCheckpointStore
 from spark_ckpt.storage.store import CheckpointStore, StateStorage
 from spark_ckpt.testing.simulation import SOURCE, VERTEX, AmountTotals, SimulatedJob, SimulationSpec
@@ -112,8 +114,8 @@ def restored_state(
         kgr = range_for_subtask(128, parallelism, s)
         for op, out in ((RunningCount("counter", "user_id"), counts), (AmountTotals(), totals)):
             backend = KeyedStateBackend(op.uid, s, pa.int64(), kgr, 128, parallelism=parallelism)
-            op.open(backend)
-            backend.restore(cp.operator_blobs(op.uid), store.read_blob)
+            op.open(StateHandle(backend))
+            restore_backend(backend, cp.operator_blobs(op.uid), store.read_blob)
             desc = RunningCount.COUNT if op.uid == "counter" else AmountTotals.TOTAL
             table = backend.to_table(desc)
             for k, v in zip(

@@ -19,15 +19,13 @@ from hypothesis import strategies as st
 
 from spark_ckpt.errors import CorruptCheckpointError, StateError
 from spark_ckpt.protocol.handle import BlobKind, BlobRef, TaskSnapshot, TaskStateHandle
-from spark_ckpt.state.backend import (
-    MAX_CHAIN_DELTAS,
+from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.descriptor import (
     META_KEY_GROUP_HASH,
     META_STATE_KIND,
-    KeyedStateBackend,
     ListStateDescriptor,
     MapStateDescriptor,
     ValueStateDescriptor,
-    restore_backends,
 )
 from spark_ckpt.state.keygroup import (
     HASH_NAME,
@@ -36,6 +34,8 @@ from spark_ckpt.state.keygroup import (
     key_groups,
     range_for_subtask,
 )
+from spark_ckpt.state.restore import restore_backend, restore_backends
+from spark_ckpt.state.snapshot import MAX_CHAIN_DELTAS
 from spark_ckpt.storage.memory import InMemoryCheckpointStore
 
 INT64 = pa.int64()
@@ -430,18 +430,18 @@ def test_restore_refuses_state_that_does_not_fit() -> None:
     fresh = backend(max_p=8)
     fresh.value_state(ValueStateDescriptor("count", pa.string()))
     with pytest.raises(StateError):
-        fresh.restore(h.blobs, store.read_blob)
+        restore_backend(fresh, h.blobs, store.read_blob)
     with pytest.raises(StateError):  # another max_parallelism
         restore_backends("op", pa.int64(), 1, h.blobs, store.read_blob, 16)
     with pytest.raises(StateError):  # another key type
         restore_backends("op", pa.string(), 1, h.blobs, store.read_blob, 8)
     no_parallelism = KeyedStateBackend("op", 0, pa.int64(), KeyGroupRange(0, 7), 8)
     with pytest.raises(StateError):  # operator state needs the parallelism
-        no_parallelism.restore(h.blobs, store.read_blob)
+        restore_backend(no_parallelism, h.blobs, store.read_blob)
     with pytest.raises(StateError):  # not a fresh backend
-        b.restore(h.blobs, store.read_blob)
+        restore_backend(b, h.blobs, store.read_blob)
     other = KeyedStateBackend.for_subtask("other-op", 0, 1, pa.int64(), 8)
-    other.restore(h.blobs, store.read_blob)  # blobs of other operators are ignored
+    restore_backend(other, h.blobs, store.read_blob)  # blobs of other operators are ignored
     assert other.value_count() == 0
 
 

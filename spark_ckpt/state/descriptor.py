@@ -1,0 +1,227 @@
+"""State descriptors and the on-disk format of state blobs.
+
+A descriptor names a state and fixes its Arrow types: :class:`ValueStateDescriptor` (one
+value per key), :class:`ListStateDescriptor` (a list per key) and
+:class:`MapStateDescriptor` (a map per key); operator (non-keyed) list state is registered by
+name and element type alone. Descriptors are immutable and compared by value: registering the
+same name twice with different types is an error.
+
+Blob schemas (Arrow schema metadata carries the key-group hash, ``max_parallelism``, the
+state kind and the types, under the ``META_*`` keys below):
+
+* value state: ``key_group int32 not null, key <key_type> not null, value <value_type>``;
+* list state:  ``key_group, key, value list<element_type>``;
+* map state:   ``key_group, key, value map<map_key_type, map_value_type>``;
+* DELTA blobs add ``deleted bool not null``; deleted rows have a null value;
+* operator list state (``BlobKind.OPERATOR``, one blob per state per subtask):
+  ``value <element_type>``.
+
+Stored values are the Python objects Arrow's ``to_pylist`` yields (lists for list state,
+dicts for map state); :func:`python_value`, :func:`to_column` and :func:`from_column` convert
+between them and Arrow.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar, Final, TypeAlias
+
+import pyarrow as pa
+
+from spark_ckpt.errors import StateError
+from spark_ckpt.protocol.handle import BlobKind
+from spark_ckpt.state.keygroup import HASH_NAME
+
+#: Schema metadata keys of state blobs.
+META_STATE_NAME: Final = b"spark_ckpt.state_name"
+META_STATE_KIND: Final = b"spark_ckpt.state_kind"
+META_KEY_GROUP_HASH: Final = b"spark_ckpt.key_group_hash"
+META_MAX_PARALLELISM: Final = b"spark_ckpt.max_parallelism"
+META_KEY_TYPE: Final = b"spark_ckpt.key_type"
+META_VALUE_TYPE: Final = b"spark_ckpt.value_type"
+META_BLOB_KIND: Final = b"spark_ckpt.blob_kind"
+
+#: Blob kinds of keyed state (a chain is one FULL blob followed by DELTA blobs).
+KEYED_BLOB_KINDS: Final = (BlobKind.KEYED_FULL, BlobKind.KEYED_DELTA)
+
+#: Exceptions Arrow (or Python) raises when a value does not convert to an Arrow type.
+CONVERSION_ERRORS: Final = (
+    pa.ArrowInvalid,
+    pa.ArrowTypeError,
+    TypeError,
+    ValueError,
+    OverflowError,
+)
+
+
+class StateKind(StrEnum):
+    """What a state holds per key (or, for ``OPERATOR_LIST``, per subtask)."""
+
+    VALUE = "value"
+    LIST = "list"
+    MAP = "map"
+    OPERATOR_LIST = "operator_list"
+
+
+def check_arrow_type(what: str, t: object) -> None:
+    """:class:`StateError` unless *t* is an Arrow data type."""
+    if not isinstance(t, pa.DataType):
+        raise StateError(f"{what} must be a pyarrow DataType, got {t!r}")
+
+
+def check_state_name(name: object) -> None:
+    """:class:`StateError` unless *name* is a non-empty string."""
+    if not isinstance(name, str) or not name:
+        raise StateError(f"state name must be a non-empty string, got {name!r}")
+
+
+@dataclass(frozen=True)
+class ValueStateDescriptor:
+    """One value of type *value_type* per key."""
+
+    name: str
+    value_type: pa.DataType
+    kind: ClassVar[StateKind] = StateKind.VALUE
+
+    def __post_init__(self) -> None:
+        check_state_name(self.name)
+        check_arrow_type("value_type", self.value_type)
+
+    @property
+    def column_type(self) -> pa.DataType:
+        """Arrow type of the ``value`` column of this state's blobs."""
+        return self.value_type
+
+
+@dataclass(frozen=True)
+class ListStateDescriptor:
+    """A list of non-null elements of type *element_type* per key."""
+
+    name: str
+    element_type: pa.DataType
+    kind: ClassVar[StateKind] = StateKind.LIST
+
+    def __post_init__(self) -> None:
+        check_state_name(self.name)
+        check_arrow_type("element_type", self.element_type)
+
+    @property
+    def column_type(self) -> pa.DataType:
+        return pa.list_(self.element_type)
+
+
+@dataclass(frozen=True)
+class MapStateDescriptor:
+    """A map from non-null *map_key_type* (a primitive type) to *map_value_type* per key."""
+
+    name: str
+    map_key_type: pa.DataType
+    map_value_type: pa.DataType
+    kind: ClassVar[StateKind] = StateKind.MAP
+
+    def __post_init__(self) -> None:
+        check_state_name(self.name)
+        check_arrow_type("map_key_type", self.map_key_type)
+        check_arrow_type("map_value_type", self.map_value_type)
+        if pa.types.is_nested(self.map_key_type):
+            raise StateError(f"map key type must be primitive, got {self.map_key_type}")
+
+    @property
+    def column_type(self) -> pa.DataType:
+        return pa.map_(self.map_key_type, self.map_value_type)
+
+
+StateDescriptor: TypeAlias = ValueStateDescriptor | ListStateDescriptor | MapStateDescriptor
+
+
+def descriptor_from_column(name: str, kind: StateKind, column_type: pa.DataType) -> StateDescriptor:
+    """The descriptor whose blobs have a ``value`` column of *column_type*; StateError if
+    the type does not fit *kind*."""
+    if kind is StateKind.VALUE:
+        return ValueStateDescriptor(name, column_type)
+    if kind is StateKind.LIST and pa.types.is_list(column_type):
+        return ListStateDescriptor(name, column_type.value_type)
+    if kind is StateKind.MAP and pa.types.is_map(column_type):
+        return MapStateDescriptor(name, column_type.key_type, column_type.item_type)
+    raise StateError(
+        f"state {name!r}: value column of type {column_type} does not fit {kind.value}"
+    )
+
+
+def _metadata(
+    name: str,
+    kind: StateKind,
+    key_type: pa.DataType | None,
+    value_type: pa.DataType,
+    max_parallelism: int,
+    blob_kind: BlobKind,
+) -> dict[bytes, bytes]:
+    meta = {
+        META_STATE_NAME: name.encode(),
+        META_STATE_KIND: kind.value.encode(),
+        META_VALUE_TYPE: str(value_type).encode(),
+        META_BLOB_KIND: blob_kind.value.encode(),
+    }
+    if key_type is not None:
+        meta[META_KEY_TYPE] = str(key_type).encode()
+        meta[META_KEY_GROUP_HASH] = HASH_NAME.encode()
+        meta[META_MAX_PARALLELISM] = str(max_parallelism).encode()
+    return meta
+
+
+@functools.lru_cache(maxsize=1024)
+def keyed_blob_schema(
+    descriptor: StateDescriptor, key_type: pa.DataType, max_parallelism: int, delta: bool
+) -> pa.Schema:
+    """Schema of the FULL (``delta=False``) or DELTA blobs of *descriptor*. Cached: schemas
+    are immutable."""
+    fields = [
+        pa.field("key_group", pa.int32(), nullable=False),
+        pa.field("key", key_type, nullable=False),
+        pa.field("value", descriptor.column_type),
+    ]
+    if delta:
+        fields.append(pa.field("deleted", pa.bool_(), nullable=False))
+    blob_kind = BlobKind.KEYED_DELTA if delta else BlobKind.KEYED_FULL
+    meta = _metadata(
+        descriptor.name,
+        descriptor.kind,
+        key_type,
+        descriptor.column_type,
+        max_parallelism,
+        blob_kind,
+    )
+    return pa.schema(fields, metadata=meta)
+
+
+def operator_blob_schema(name: str, element_type: pa.DataType) -> pa.Schema:
+    """Schema of the OPERATOR blob of operator list state *name*."""
+    meta = _metadata(name, StateKind.OPERATOR_LIST, None, element_type, 0, BlobKind.OPERATOR)
+    return pa.schema([pa.field("value", element_type)], metadata=meta)
+
+
+def to_column(kind: StateKind, values: Iterable[Any]) -> list[Any]:
+    """Stored Python values -> what ``pa.array`` takes for the value column."""
+    if kind is StateKind.MAP:
+        return [None if m is None else list(m.items()) for m in values]
+    return list(values)
+
+
+def from_column(kind: StateKind, column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A value column -> stored Python values."""
+    values: list[Any] = column.to_pylist()
+    if kind is StateKind.MAP:
+        return [None if m is None else dict(m) for m in values]
+    return values
+
+
+def python_value(value: Any, arrow_type: pa.DataType, what: str) -> Any:
+    """*value* as the Python object Arrow yields for *arrow_type*; StateError (naming it
+    *what*) if it does not convert."""
+    try:
+        return pa.scalar(value, type=arrow_type).as_py()
+    except CONVERSION_ERRORS as e:
+        raise StateError(f"{what} {value!r} is not a valid {arrow_type}") from e

@@ -1,0 +1,459 @@
+"""The snapshot strategy of a state backend: full and incremental snapshots, the change log
+they read, and the bookkeeping of pending and completed snapshots.
+
+Snapshots follow Flink: :meth:`SnapshotStrategy.snapshot` is the synchronous phase — it
+builds Arrow tables (which copies the state) and returns a
+:class:`~spark_ckpt.protocol.handle.TaskSnapshot`; the store writes it later, on any thread.
+Keyed state is cut into one blob per state name per snapshot, covering the subtask's
+key-group range, its rows sorted by key group and carrying it (Flink's keyed-state files with
+key-group offsets play the same role): a restore at another parallelism keeps the rows of the
+key groups it owns. Incremental snapshots (the default) keep, per state, a chain
+``[FULL, DELTA, DELTA, ...]`` (``BlobRef.seq`` 0, 1, 2, ...):
+
+* a state unchanged since the *base* (the last checkpoint whose completion was notified, or
+  the restored checkpoint) reuses the base's chain (``TaskSnapshot.reused``);
+* a changed state gets a DELTA blob with exactly the keys changed since the base — their
+  current value, or a tombstone (``deleted = true``) — appended to the base chain;
+* the chain is replaced by a new FULL blob (seq 0) when the base chain already holds
+  :data:`MAX_CHAIN_DELTAS` deltas, or when the delta rows a restore would replay (the chain's
+  deltas plus the new one) exceed :data:`MAX_DELTA_ROWS_RATIO` times the state's current
+  number of keys. So a restore replays at most 8 deltas and at most 1.5 times the live rows. A
+  state that became empty is dropped (no blob at all);
+* after a restore at another parallelism there is no base chain of exactly this subtask's
+  key groups, so the first snapshot is full.
+
+``snapshot(full=True)`` (savepoints) writes only FULL blobs. The changes made before
+snapshot *n* are kept until a checkpoint ``>= n`` completes; snapshots taken while earlier
+ones are pending (max concurrent checkpoints > 1) and snapshots after an abort contain every
+change since the base, so nothing is lost whatever the order of completions and aborts.
+
+What changed is recorded by the backend on every mutation into a :class:`StateChanges` (the
+change log) per keyed state, so a snapshot reads only what changed, deduplicated with Arrow
+kernels, not the whole state. Blob schemas: :mod:`spark_ckpt.state.descriptor`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_ckpt.errors import CorruptCheckpointError, StateError
+from spark_ckpt.protocol.handle import (
+    BlobKind,
+    BlobRef,
+    StateBlob,
+    TaskId,
+    TaskSnapshot,
+    TaskStateHandle,
+)
+from spark_ckpt.state.descriptor import (
+    KEYED_BLOB_KINDS,
+    StateDescriptor,
+    keyed_blob_schema,
+    operator_blob_schema,
+    to_column,
+)
+from spark_ckpt.state.keygroup import KeyGroupRange
+from spark_ckpt.state.operator_state import OperatorListState
+
+#: A chain holding this many deltas is replaced by a FULL blob at the next change.
+MAX_CHAIN_DELTAS: Final = 8
+#: A chain whose delta rows (with the new delta) exceed this fraction of the key group's
+#: live keys is replaced by a FULL blob.
+MAX_DELTA_ROWS_RATIO: Final = 0.5
+
+#: Column names of a change log (and, with ``deleted``, of a DELTA blob).
+LOG_COLUMNS: Final = ("key_group", "key", "value")
+
+
+def _last_occurrences(keys: pa.Array) -> npt.NDArray[np.int64]:
+    """Positions of the last occurrence of each distinct key of *keys*, ascending."""
+    if len(keys) == 0:
+        return np.empty(0, dtype=np.int64)
+    codes = keys.dictionary_encode().indices.to_numpy()
+    last = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
+    np.maximum.at(last, codes, np.arange(len(codes), dtype=np.int64))
+    return np.sort(last)
+
+
+class StateChanges:
+    """What changed in one keyed state during an interval (between two snapshots, or
+    several such intervals merged), which is what an incremental snapshot writes.
+
+    Two kinds of records, because the two APIs mutate differently:
+
+    * the vectorized API (``put_values`` / ``clear_values``) appends its input, as Arrow
+      columns ``key_group, key, value`` (a null value: the key was cleared), to a *log* in
+      call order — O(1) per call, no per-row Python. The last logged value of a key is its
+      value at the end of the interval unless the per-record API changed it afterwards;
+    * the per-record API records the key in ``keys`` (per key group): the value is read
+      from the state when the snapshot is taken (values of list and map state are mutable
+      objects, so they cannot be captured earlier).
+
+    A delta therefore reads the log (last occurrence per key wins), then overrides it with
+    the current value of every per-record key. The log is compacted (deduplicated) when it
+    outgrows ``2 *`` the state's live keys, so memory stays proportional to the state."""
+
+    __slots__ = ("keys", "log", "log_rows")
+
+    def __init__(self) -> None:
+        self.log: list[pa.Table] = []
+        self.log_rows = 0
+        self.keys: dict[int, set[Any]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.log_rows or self.keys)
+
+    def append_log(
+        self,
+        key_groups: npt.NDArray[np.integer],
+        keys: pa.Array,
+        values: pa.Array,
+        live_rows: int,
+    ) -> None:
+        """Record a vectorized change of *keys* to *values* (a null value clears its key);
+        *live_rows* is the state's current number of keys (it bounds the log)."""
+        table = pa.table(
+            [pa.array(key_groups, type=pa.int32()), keys, values], names=list(LOG_COLUMNS)
+        )
+        self.log.append(table)
+        self.log_rows += table.num_rows
+        if self.log_rows > 65_536 + 2 * live_rows and len(self.log) > 1:
+            compacted = self.compacted_log()
+            self.log = [compacted]
+            self.log_rows = compacted.num_rows
+
+    def touch(self, key_group: int, key: Any) -> None:
+        """Record a per-record change of *key* (its value is read at snapshot time)."""
+        keys = self.keys.get(key_group)
+        if keys is None:
+            keys = self.keys[key_group] = set()
+        keys.add(key)
+
+    def compacted_log(self) -> pa.Table:
+        """The log with one row per key: its last occurrence."""
+        table = pa.concat_tables(self.log).combine_chunks() if len(self.log) > 1 else self.log[0]
+        positions = _last_occurrences(table.column("key").combine_chunks())
+        if len(positions) == table.num_rows:
+            return table
+        return table.take(pa.array(positions))
+
+    def then(self, later: StateChanges) -> StateChanges:
+        """These changes followed by *later* ones (neither is modified)."""
+        merged = StateChanges()
+        merged.log = [*self.log, *later.log]
+        merged.log_rows = self.log_rows + later.log_rows
+        for source in (self.keys, later.keys):
+            for kg, keys in source.items():
+                merged.keys.setdefault(kg, set()).update(keys)
+        return merged
+
+
+class TrackedState(Protocol):
+    """What a snapshot reads of one keyed state (the backend's storage implements it): its
+    descriptor, its entries per key group, and the changes since the last snapshot, which
+    the strategy takes (replaces by a fresh :class:`StateChanges`) when it snapshots."""
+
+    @property
+    def descriptor(self) -> StateDescriptor: ...
+
+    @property
+    def groups(self) -> dict[int, dict[Any, Any]]: ...
+
+    changes: StateChanges
+
+    def count(self) -> int:
+        """Number of keys with an entry."""
+        ...
+
+
+def _take_changes(state: TrackedState) -> StateChanges:
+    taken = state.changes
+    state.changes = StateChanges()
+    return taken
+
+
+def _kg_column(groups: list[int], sizes: list[int]) -> pa.Array:
+    return pa.array(np.repeat(np.asarray(groups, dtype=np.int32), sizes), type=pa.int32())
+
+
+def full_table(state: TrackedState, key_type: pa.DataType, max_parallelism: int) -> pa.Table:
+    """FULL blob of *state*: every key, sorted by key group."""
+    desc = state.descriptor
+    groups = [kg for kg in sorted(state.groups) if state.groups[kg]]
+    keys: list[Any] = []
+    values: list[Any] = []
+    sizes: list[int] = []
+    for kg in groups:
+        group = state.groups[kg]
+        keys.extend(group)
+        values.extend(group.values())
+        sizes.append(len(group))
+    schema = keyed_blob_schema(desc, key_type, max_parallelism, delta=False)
+    return pa.table(
+        [
+            _kg_column(groups, sizes),
+            pa.array(keys, type=key_type),
+            pa.array(to_column(desc.kind, values), type=desc.column_type),
+        ],
+        schema=schema,
+    )
+
+
+def delta_table(
+    state: TrackedState, changes: StateChanges, key_type: pa.DataType, max_parallelism: int
+) -> pa.Table:
+    """DELTA blob of *changes* (see :class:`StateChanges`), sorted by key group: the current
+    value of every changed key, or a tombstone (``deleted``, null value) for keys no longer
+    present."""
+    desc = state.descriptor
+    schema = keyed_blob_schema(desc, key_type, max_parallelism, delta=True)
+    parts: list[pa.Table] = []
+    touched = [k for keys in changes.keys.values() for k in keys]
+    if changes.log:
+        logged = changes.compacted_log()
+        if touched:  # the per-record API changed these later: read below
+            stale = pc.is_in(logged.column("key"), value_set=pa.array(touched, key_type))
+            logged = logged.filter(pc.invert(stale))
+        value = logged.column("value")
+        parts.append(pa.Table.from_arrays([*logged.columns, value.is_null()], schema=schema))
+    if touched:
+        groups = sorted(changes.keys)
+        keys: list[Any] = []
+        values: list[Any] = []
+        sizes: list[int] = []
+        member: list[bool] = []
+        for kg in groups:
+            segment = changes.keys[kg]  # an unmodified set iterates in the same order twice
+            group = state.groups.get(kg, {})
+            keys.extend(segment)
+            values.extend(map(group.get, segment))
+            member.extend(map(group.__contains__, segment))
+            sizes.append(len(segment))
+        parts.append(
+            pa.table(
+                [
+                    _kg_column(groups, sizes),
+                    pa.array(keys, type=key_type),
+                    pa.array(to_column(desc.kind, values), type=desc.column_type),
+                    pa.array(np.logical_not(np.asarray(member, dtype=np.bool_))),
+                ],
+                schema=schema,
+            )
+        )
+    table = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
+    kgs = table.column("key_group").to_numpy()
+    if len(kgs) > 1 and bool(np.any(kgs[1:] < kgs[:-1])):
+        order = np.argsort(kgs.astype(np.int16), kind="stable")
+        table = table.take(pa.array(order))
+    return table
+
+
+def checked_chain(refs: Sequence[BlobRef]) -> tuple[BlobRef, ...]:
+    """The refs of one chain (one state of one subtask) in seq order; CorruptCheckpointError
+    unless they are one FULL blob (seq 0) followed by DELTAs with seq 1, 2, ... without
+    gaps, all covering the same key groups."""
+    chain = sorted(set(refs), key=lambda r: r.seq)
+    first = chain[0]
+    for expected_seq, ref in enumerate(chain):
+        expected_kind = BlobKind.KEYED_FULL if expected_seq == 0 else BlobKind.KEYED_DELTA
+        if (
+            ref.seq != expected_seq
+            or ref.kind is not expected_kind
+            or (ref.subtask, ref.key_group_start, ref.key_group_end)
+            != (first.subtask, first.key_group_start, first.key_group_end)
+        ):
+            raise CorruptCheckpointError(
+                f"state {first.state_name!r} of subtask {first.subtask}: chain "
+                f"{[(r.kind.value, r.seq, r.key_group_start, r.key_group_end) for r in chain]} "
+                "is not one full blob followed by consecutive deltas of the same key groups"
+            )
+    return tuple(chain)
+
+
+def _needs_full(chain: tuple[BlobRef, ...], new_delta_rows: int, live_rows: int) -> bool:
+    if len(chain) - 1 >= MAX_CHAIN_DELTAS:
+        return True
+    delta_rows = sum(r.rows for r in chain[1:]) + new_delta_rows
+    return delta_rows > MAX_DELTA_ROWS_RATIO * live_rows
+
+
+@dataclass
+class _PendingSnapshot:
+    """A snapshot taken but neither completed nor aborted, with the changes made between the
+    previous snapshot and it, per state name."""
+
+    checkpoint_id: int
+    changes: dict[str, StateChanges]
+
+
+class SnapshotStrategy:
+    """Snapshots of the states of subtask *task_id*, which owns the key groups
+    *key_group_range* of *max_parallelism* (see the module docstring), and what they build
+    on: the base chains, the pending snapshots and their changes. It holds no state itself:
+    every call receives the backend's keyed states (by name). Same threading contract as the
+    backend: every call comes from the task thread."""
+
+    def __init__(
+        self,
+        task_id: TaskId,
+        key_type: pa.DataType,
+        key_group_range: KeyGroupRange,
+        max_parallelism: int,
+    ) -> None:
+        self.task_id = task_id
+        self.key_type = key_type
+        self.key_group_range = key_group_range
+        self.max_parallelism = max_parallelism
+        self._base: dict[str, tuple[BlobRef, ...]] = {}
+        self._base_id = 0
+        self._last_snapshot_id = 0
+        self._pending: list[_PendingSnapshot] = []
+
+    @property
+    def base_checkpoint_id(self) -> int:
+        """The checkpoint the next incremental snapshot builds on (0: none)."""
+        return self._base_id
+
+    @property
+    def has_history(self) -> bool:
+        """Whether a snapshot was taken or a base adopted (a restore needs neither)."""
+        return bool(self._pending or self._base or self._last_snapshot_id)
+
+    def pending_snapshots(self) -> list[int]:
+        """Ids of snapshots neither completed nor aborted, oldest first."""
+        return [p.checkpoint_id for p in self._pending]
+
+    def snapshot(
+        self,
+        checkpoint_id: int,
+        keyed: Mapping[str, TrackedState],
+        operator: Mapping[str, OperatorListState],
+        full: bool = False,
+    ) -> TaskSnapshot:
+        """Synchronous phase of checkpoint *checkpoint_id* over the *keyed* and *operator*
+        states: a consistent, immutable copy (later updates do not affect it). Incremental
+        unless *full*. Takes the keyed states' changes. Ids must increase from snapshot to
+        snapshot."""
+        if checkpoint_id <= self._last_snapshot_id:
+            raise StateError(
+                f"snapshot {checkpoint_id} is not newer than snapshot {self._last_snapshot_id}"
+            )
+        new_blobs: list[StateBlob] = []
+        reused: list[BlobRef] = []
+        for name in sorted(keyed):
+            state = keyed[name]
+            changed = self._changes_since_base(name, state)
+            chain = self._base.get(name, ())
+            if not full and chain and not changed:
+                reused.extend(chain)
+                continue
+            live = state.count()
+            delta = None
+            if not full and chain and not _needs_full(chain, 0, live):
+                delta = delta_table(state, changed, self.key_type, self.max_parallelism)
+                if _needs_full(chain, delta.num_rows, live):
+                    delta = None
+            if delta is not None:
+                new_blobs.append(self._blob(BlobKind.KEYED_DELTA, name, delta, len(chain)))
+                reused.extend(chain)
+            elif live:
+                table = full_table(state, self.key_type, self.max_parallelism)
+                new_blobs.append(self._blob(BlobKind.KEYED_FULL, name, table, 0))
+        for name in sorted(operator):
+            op = operator[name]
+            table = pa.table(
+                [pa.array(op.get(), type=op.element_type)],
+                schema=operator_blob_schema(name, op.element_type),
+            )
+            new_blobs.append(self._blob(BlobKind.OPERATOR, name, table, 0))
+        changes = {n: _take_changes(s) for n, s in keyed.items() if s.changes}
+        self._pending.append(_PendingSnapshot(checkpoint_id, changes))
+        self._last_snapshot_id = checkpoint_id
+        return TaskSnapshot(self.task_id, tuple(new_blobs), tuple(reused))
+
+    def _blob(self, kind: BlobKind, name: str, table: pa.Table, seq: int) -> StateBlob:
+        keyed = kind in KEYED_BLOB_KINDS
+        return StateBlob(
+            operator_uid=self.task_id.vertex,
+            subtask=self.task_id.subtask,
+            kind=kind,
+            state_name=name,
+            table=table,
+            key_group_start=self.key_group_range.start if keyed else -1,
+            key_group_end=self.key_group_range.end if keyed else -1,
+            seq=seq,
+        )
+
+    def _changes_since_base(self, name: str, state: TrackedState) -> StateChanges:
+        """Changes of state *name* since the base: pending snapshots' changes, then the
+        changes since the last snapshot."""
+        changes = state.changes
+        for pending in reversed(self._pending):
+            earlier = pending.changes.get(name)
+            if earlier:
+                changes = earlier.then(changes)
+        return changes
+
+    def notify_checkpoint_complete(self, checkpoint_id: int, handle: TaskStateHandle) -> None:
+        """Checkpoint *checkpoint_id* completed, and *handle* is what the store wrote for this
+        subtask's snapshot of it: its chains become the base of the next incremental
+        snapshot, and the changes up to that snapshot are forgotten. Notifications of
+        checkpoints older than the base are ignored (idempotent)."""
+        if checkpoint_id <= self._base_id:
+            return
+        if checkpoint_id not in self.pending_snapshots():
+            raise StateError(f"checkpoint {checkpoint_id} completed but was never snapshotted here")
+        if handle.task != self.task_id:
+            raise StateError(f"handle of {handle.task} notified to {self.task_id}")
+        chains: dict[str, list[BlobRef]] = {}
+        for ref in handle.blobs:
+            if ref.kind in KEYED_BLOB_KINDS:
+                chains.setdefault(ref.state_name, []).append(ref)
+        self._base = {name: checked_chain(refs) for name, refs in chains.items()}
+        self._base_id = checkpoint_id
+        self._pending = [p for p in self._pending if p.checkpoint_id > checkpoint_id]
+
+    def notify_checkpoint_aborted(
+        self, checkpoint_id: int, keyed: Mapping[str, TrackedState]
+    ) -> None:
+        """Checkpoint *checkpoint_id* was aborted: its changes go to the next snapshot (they
+        stay part of every later delta until a later checkpoint completes), merged into the
+        next pending snapshot's or, if none, into the *keyed* states' current changes.
+        Unknown ids are ignored (idempotent)."""
+        for i, pending in enumerate(self._pending):
+            if pending.checkpoint_id != checkpoint_id:
+                continue
+            del self._pending[i]
+            if i < len(self._pending):
+                target = self._pending[i].changes
+                for name, earlier in pending.changes.items():
+                    later = target.get(name)
+                    target[name] = earlier if later is None else earlier.then(later)
+            else:
+                for name, earlier in pending.changes.items():
+                    state = keyed[name]
+                    state.changes = earlier.then(state.changes)
+            return
+
+    def adopt_restored(
+        self,
+        checkpoint_id: int,
+        base: Mapping[str, tuple[BlobRef, ...]],
+        keyed: Mapping[str, TrackedState],
+    ) -> None:
+        """The *keyed* states were just restored from checkpoint *checkpoint_id* (0: none):
+        *base* (chains covering exactly this subtask's key groups, by state name) is the
+        base of the next incremental snapshot, the next snapshot id must exceed
+        *checkpoint_id*, and the states' changes so far are dropped."""
+        self._base = dict(base)
+        self._base_id = checkpoint_id
+        self._last_snapshot_id = checkpoint_id
+        for state in keyed.values():
+            _take_changes(state)
