@@ -41,6 +41,24 @@ from spark_ckpt.runtime.aligner import (
     Snapshot,
     Step,
 )
+from spark_ckpt.runtime.alignment.barrier_handler import create_barrier_handler
+from spark_ckpt.runtime.alignment.barrier_handler_state import (
+    AlternatingCollectingBarriers,
+    AlternatingWaitingForFirstBarrier,
+    BarrierHandlerState,
+    CollectingBarriers,
+    CollectingBarriersUnaligned,
+    WaitingForFirstBarrier,
+    WaitingForFirstBarrierUnaligned,
+)
+from spark_ckpt.runtime.alignment.barrier_ledger import BarrierLedger
+from spark_ckpt.runtime.alignment.barrier_tracker import BarrierTracker
+from spark_ckpt.runtime.alignment.channel_buffer import ChannelBuffer
+from spark_ckpt.runtime.alignment.context import AlignmentContext
+from spark_ckpt.runtime.alignment.single_checkpoint_handler import (
+    SingleCheckpointBarrierHandler,
+)
+from spark_ckpt.runtime.alignment.step_output import StepOutput
 
 SCHEMA = pa.schema([pa.field("v", pa.int64()), *BARRIER_FIELDS])
 ALIGNED, UNALIGNED, ALO = (
@@ -797,3 +815,89 @@ def test_random_interleavings_against_oracle(sc: dict[str, Any]) -> None:
         assert set(h.completes) == set(range(1, n_ckpts + 1))
         assert not h.aborts
         assert all(not snap.unaligned for snap, _ in h.snapshots.values())
+
+
+# --- the handler's lifecycle as state objects (spark_ckpt.runtime.alignment) ----------------
+
+
+class _Handlers:
+    """A barrier handler with its context, driven directly (events admitted by the ledger)."""
+
+    def __init__(self, mode: AlignmentMode, timeout: int = 0, channels: int = 2) -> None:
+        self.clock = ManualClock()
+        chans = tuple(range(channels))
+        self.ctx = AlignmentContext(
+            chans, self.clock, BarrierLedger(chans), ChannelBuffer(), StepOutput()
+        )
+        self.handler = create_barrier_handler(mode, self.ctx, timeout)
+
+    @property
+    def state(self) -> BarrierHandlerState:
+        assert isinstance(self.handler, SingleCheckpointBarrierHandler)
+        return self.handler.state
+
+    def kind(self) -> type[BarrierHandlerState]:
+        """The current state's class, read through a call so that mypy does not narrow it."""
+        return type(self.state)
+
+    def barrier(self, ch: int, n: int, ts: int = 0, **flags: Any) -> list[Step]:
+        b = CheckpointBarrier(n, ts, **flags)
+        if self.ctx.ledger.admit_barrier(ch, n):
+            self.handler.barrier_received(ch, 0, b)
+        return self.ctx.output.take()
+
+
+def test_aligned_with_timeout_states_alternate() -> None:
+    h = _Handlers(ALIGNED, timeout=10)
+    idle = h.state
+    assert type(idle) is AlternatingWaitingForFirstBarrier and idle.phase is AlignerState.IDLE
+    assert h.barrier(0, 1) == []
+    assert h.kind() is AlternatingCollectingBarriers and h.handler.blocked_channels == {0}
+    h.clock.advance(10)
+    h.handler.check_timeout()
+    assert kinds(h.ctx.output.take()) == ["Snapshot"]
+    assert h.kind() is CollectingBarriersUnaligned and not h.handler.blocked_channels
+    assert kinds(h.barrier(1, 1)) == ["Complete"]
+    assert h.state is idle  # every collecting state returns to the idle state it came from
+    assert kinds(h.barrier(0, 2, ts=10, snapshot_type=SnapshotType.SAVEPOINT)) == []
+    assert h.kind() is CollectingBarriers  # savepoints: plain, no timeout
+    h.clock.advance(100)
+    h.handler.check_timeout()
+    assert h.kind() is CollectingBarriers and h.ctx.output.take() == []
+    assert kinds(h.barrier(1, 3, ts=110)) == ["Abort"]  # subsumed: idle receives barrier 3
+    assert h.kind() is AlternatingCollectingBarriers
+    assert h.handler.pending_checkpoints == (3,)
+
+
+def test_unaligned_states() -> None:
+    h = _Handlers(UNALIGNED)
+    idle = h.state
+    assert type(idle) is WaitingForFirstBarrierUnaligned
+    assert kinds(h.barrier(0, 1)) == ["Snapshot"]
+    assert h.kind() is CollectingBarriersUnaligned
+    assert h.handler.abort(2, AbortReason.COORDINATOR, "") is False  # not the pending one
+    assert h.handler.abort(1, AbortReason.COORDINATOR, "") is True
+    assert kinds(h.ctx.output.take()) == ["Abort"] and h.state is idle
+    assert kinds(h.barrier(0, 2, final=True)) == [] and h.kind() is CollectingBarriers
+    h.handler.end_of_input(1, 0)
+    assert kinds(h.ctx.output.take()) == ["Snapshot", "Complete"] and h.state is idle
+
+
+def test_aligned_without_timeout_and_at_least_once_handlers() -> None:
+    h = _Handlers(ALIGNED)
+    assert h.kind() is WaitingForFirstBarrier
+    h.barrier(0, 1)
+    assert h.kind() is CollectingBarriers
+    h.clock.advance(10**6)
+    h.handler.check_timeout()
+    assert h.kind() is CollectingBarriers
+    assert kinds(h.barrier(0, 2, unaligned=True)) == ["Abort", "Snapshot"]
+    assert h.kind() is CollectingBarriersUnaligned
+    t = _Handlers(ALO)
+    tracker = t.handler
+    assert isinstance(tracker, BarrierTracker) and tracker.phase is AlignerState.IDLE
+    t.barrier(0, 1)
+    t.barrier(0, 2)
+    assert t.handler.phase is AlignerState.TRACKING and t.handler.pending_checkpoints == (1, 2)
+    assert kinds(t.barrier(1, 2)) == ["Snapshot", "Complete", "Abort"]
+    assert not t.handler.pending_checkpoints
