@@ -37,7 +37,7 @@ from spark_ckpt.errors import (
     StateError,
     StoreError,
 )
-from spark_ckpt.protocol.barrier import SnapshotType
+from spark_ckpt.protocol.barrier import BARRIER_COLUMNS, SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.trace import Phase, Tracer
 from spark_ckpt.runtime.config import (
@@ -51,7 +51,7 @@ from spark_ckpt.runtime.operator import KeyedOperator, RecordOperator, RunningCo
 from spark_ckpt.runtime.restart import RestartStrategies
 from spark_ckpt.spark.client import CheckpointSummary, PipelineClient
 from spark_ckpt.spark.job import JobSpec
-from spark_ckpt.spark.pipeline import Pipeline
+from spark_ckpt.spark.pipeline import Pipeline, register_data_sources
 from spark_ckpt.spark.pipeline_run import PipelineRun
 from spark_ckpt.spark.session import connect_session, local_session
 from spark_ckpt.spark.supervisor import RunResult, StopReason
@@ -65,6 +65,7 @@ from spark_ckpt.state.handle import StateHandle
 __version__ = "0.1.0"
 
 __all__ = [
+    "BARRIER_COLUMNS",
     "CheckpointConfig",
     "CheckpointError",
     "CheckpointStats",
@@ -101,5 +102,6 @@ __all__ = [
     "connect_session",
     "local_session",
     "minutes",
+    "register_data_sources",
     "seconds",
 ]
