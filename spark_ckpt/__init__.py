@@ -50,7 +50,6 @@ from spark_ckpt.runtime.config import (
 from spark_ckpt.runtime.operator import KeyedOperator, RecordOperator, RunningCount
 from spark_ckpt.runtime.restart import RestartStrategies
 from spark_ckpt.spark.client import CheckpointSummary, PipelineClient
-from spark_ckpt.spark.job import JobSpec
 from spark_ckpt.spark.pipeline import Pipeline, register_data_sources
 from spark_ckpt.spark.pipeline_run import PipelineRun
 from spark_ckpt.spark.session import connect_session, local_session
@@ -76,7 +75,6 @@ __all__ = [
     "CorruptCheckpointError",
     "EnvironmentSetupError",
     "ExternalizedCheckpointRetention",
-    "JobSpec",
     "KeyedOperator",
     "ListStateDescriptor",
     "MapStateDescriptor",
