@@ -47,7 +47,12 @@ from spark_ckpt.runtime.coordinator import CheckpointRequest, RequestStatus
 from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
 from spark_ckpt.sources.channel_source import ChannelSource, ReadPlan
 from spark_ckpt.sources.stream_offset import StreamOffset, fair_limits
-from spark_ckpt.spark.host import SOURCE_TASK, CoordinatorHost, HostThread
+from spark_ckpt.spark.host import (
+    SOURCE_TASK,
+    CoordinatorHost,
+    HostThread,
+    exit_quietly_if_channel_closed,
+)
 from spark_ckpt.spark.source_options import SourceOptions
 from spark_ckpt.testing import faults
 
@@ -265,9 +270,11 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         """Nothing to do: positions are committed by checkpoints, not by Spark batches."""
 
     def stop(self) -> None:
-        """Source runner, when the query stops: stop the coordinator's thread."""
+        """Source runner, when the query stops: stop the coordinator's thread; a stop that
+        Spark signalled by closing the runner's channel ends the process without a trace."""
         if self._host is not None:
             self._host.stop()
+        exit_quietly_if_channel_closed()
 
 
 class CkptSource(DataSource):  # type: ignore[misc]

@@ -21,7 +21,10 @@ Fail points (:mod:`spark_ckpt.testing.faults`): ``before-sink-commit`` and ``sin
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -71,6 +74,7 @@ SinkFactory = Callable[[SinkSpec], SinkCommitter]
 #: less this margin for clock skew between executors and the driver. Files of the starting run
 #: (a ``ckpt-sink`` query stages its first micro-batch before the coordinator hears of it) stay.
 STAGING_CLOCK_SKEW_MS = 10_000
+
 
 class CoordinatorHost:
     """See the module docstring. Single-threaded: call :meth:`poll` from one place."""
@@ -426,3 +430,21 @@ class HostThread:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+
+def exit_quietly_if_channel_closed() -> None:
+    """Source runner, from the stream reader's ``stop()``: end the process without a trace
+    when the JVM closed the runner's channel.
+
+    Spark stops a query's source runner by closing its socket; the runner's loop then reads
+    end-of-file, calls ``reader.stop()`` in a ``finally`` and would print the ``EOFError``'s
+    stack trace to the job's console while the JVM is killing it. A user who stops a pipeline
+    must see no stack trace, so once the coordinator's thread has stopped, a stop caused by
+    that end-of-file exits here with status 0 (the runner exits anyway; nothing of ours is
+    left to run). Any other exception propagates to Spark as before.
+    """
+    if isinstance(sys.exc_info()[1], EOFError):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(0)

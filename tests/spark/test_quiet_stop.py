@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import subprocess
+import sys
 import traceback
 from typing import Any
 
@@ -134,3 +136,39 @@ def test_first_ctrl_c_asks_for_a_stop_second_raises_without_py4j_logs(
                 raise
     assert signal.getsignal(signal.SIGINT) is before
     assert caplog.records == []
+
+
+#: The shape of Spark's source runner loop (python_streaming_source_runner.main): read a
+#: function id, ``reader.stop()`` in a ``finally``, then print the exception and exit(-1).
+RUNNER = """
+import sys, traceback
+from spark_ckpt.spark.host import exit_quietly_if_channel_closed
+def read_int():
+    raise {error}("channel")
+try:
+    try:
+        read_int()
+    finally:
+        exit_quietly_if_channel_closed()
+except BaseException:
+    print(traceback.format_exc(), file=sys.stderr)
+    sys.exit(-1)
+"""
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "traced"), [("EOFError", 0, False), ("ValueError", 255, True)]
+)
+def test_a_source_runner_whose_channel_closed_exits_without_a_trace(
+    error: str, status: int, traced: bool
+) -> None:
+    """Spark stops a source runner by closing its socket; the runner's end-of-file must not
+    reach the console as a stack trace. Any other error still does."""
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER.format(error=error)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == status, done.stderr
+    assert ("Traceback (most recent call last)" in done.stderr) == traced, done.stderr
