@@ -85,6 +85,7 @@ def open_host(options: SourceOptions) -> CoordinatorHost:
         sink_factory=lambda spec: sink_from_spec(spec, pipeline=options.pipeline),
         defer_after_completion=True,  # run by a HostThread
         run_id=options.run_id,
+        pipeline=options.pipeline,
     )
 
 

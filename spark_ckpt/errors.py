@@ -85,6 +85,14 @@ class StateError(SparkCkptError):
     snapshot that does not fit the operator it is restored into."""
 
 
+class RestoreError(SparkCkptError):
+    """A checkpoint or savepoint cannot be restored into this pipeline as it is now: state
+    of an operator uid no operator claims (without allow-non-restored-state), a changed
+    source channel count or max parallelism, a savepoint of another pipeline (without
+    force), a restore source that does not exist. Raised before any run starts; never
+    retried. The message names what differs."""
+
+
 class ProtocolError(SparkCkptError):
     """A message broke the checkpoint protocol (for example a barrier on an unknown channel or
     a record that does not match the channel's schema)."""

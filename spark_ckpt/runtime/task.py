@@ -57,6 +57,7 @@ from spark_ckpt.runtime.aligner import (
 )
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.runtime.restore_settings import output_checkpoint
 from spark_ckpt.sinks.sink import (
     TRANSACTION_STATE_SCHEMA,
     SinkCommitter,
@@ -421,7 +422,8 @@ def recover_sink(
     nothing is rolled back: a pipeline starting on an existing table leaves it alone.
     Idempotent. Run once per job start."""
     if checkpoint is not None:
-        withdrawn = committer.roll_back_to(checkpoint.checkpoint_id)
+        # a checkpoint a restore created stands for the one it was restored from
+        withdrawn = committer.roll_back_to(output_checkpoint(checkpoint))
         if withdrawn:
             log.warning(
                 "restoring checkpoint %d: withdrew %d committed output files of later "

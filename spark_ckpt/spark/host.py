@@ -29,7 +29,8 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from spark_ckpt.errors import CorruptCheckpointError, FencedError, ProtocolError
+from spark_ckpt.delta.savepoint import export_savepoint, savepoint_directory
+from spark_ckpt.errors import CorruptCheckpointError, FencedError, ProtocolError, StoreError
 from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock
@@ -41,6 +42,7 @@ from spark_ckpt.runtime.coordinator import (
     CoordinatorStatus,
     JobStatus,
 )
+from spark_ckpt.runtime.restore_settings import PIPELINE
 from spark_ckpt.runtime.task import commit_checkpoint, recover_sink
 from spark_ckpt.sinks.sink import SinkCommitter
 from spark_ckpt.spark.mailbox import (
@@ -88,12 +90,15 @@ class CoordinatorHost:
         clock: Clock | None = None,
         defer_after_completion: bool = False,
         run_id: str | None = None,
+        pipeline: str = "",
     ) -> None:
-        """*run_id*: the run (see :mod:`spark_ckpt.spark.run`) this host coordinates. Its topology
+        """*pipeline*: the pipeline's name (recorded on savepoints). *run_id*: the run (see
+        :mod:`spark_ckpt.spark.run`) this host coordinates. Its topology
         is the run's own, read once by :meth:`start_run`; its tasks answer in the run's
         mailbox box. Without it (a ``ckpt-sink`` query) the host follows the root's shared
         topology, re-read on every poll."""
         self.root = root
+        self.pipeline = pipeline
         self.run_id = run_id
         self.run = RunFiles(root, run_id) if run_id else None
         self.defer_after_completion = defer_after_completion
@@ -136,6 +141,8 @@ class CoordinatorHost:
         if self.sink is not None and self.topology is not None:
             faults.hit(self.root, faults.Fault.SINK_COMMIT, lambda: {"checkpoint_id": cp_id})
             commit_checkpoint(self.sink, cp, self.store, self.topology.vertex)
+        if cp.is_savepoint:
+            self._export(cp)
         log.info(
             "completed %s %d in %d ms (%d bytes)",
             cp.snapshot_type.value,
@@ -143,6 +150,27 @@ class CoordinatorHost:
             cp.stats.end_to_end_ms,
             cp.stats.state_bytes,
         )
+
+    def _export(self, savepoint: CompletedCheckpoint) -> None:
+        """Write the self-contained copy of a completed savepoint into its directory (after
+        its sink commit: the copy is what a stop-with-savepoint leaves behind). A failure is
+        logged; whoever waits for the copy reports it."""
+        directory = savepoint_directory(self.root, savepoint)
+        try:
+            export_savepoint(
+                self.store,
+                savepoint,
+                directory,
+                pipeline=savepoint.properties.get(PIPELINE, self.pipeline),
+                max_parallelism=self.config.max_parallelism,
+            )
+        except StoreError as e:
+            log.error(
+                "savepoint %d could not be exported to %s: %s",
+                savepoint.checkpoint_id,
+                directory,
+                e,
+            )
 
     def notify_aborted(self, task: TaskId, checkpoint_id: int, reason: str) -> None:
         """Publish the abort to the run's tasks (``aborted.json``, read with their completion
@@ -257,7 +285,7 @@ class CoordinatorHost:
             # run started): acting on it now would surprise whoever runs the pipeline now
             log.warning("ignoring expired %s request %s", request.kind.value, request.request_id)
             return
-        props = {REQUEST_ID: request.request_id}
+        props = {REQUEST_ID: request.request_id, PIPELINE: self.pipeline}
         if self.run_id is not None:
             props[RUN] = self.run_id
         if request.kind is RequestKind.CHECKPOINT:

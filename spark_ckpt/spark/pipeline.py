@@ -53,11 +53,14 @@ from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
+from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
 from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.foreach_batch import AlignerSpec, ForeachBatchFunction
+from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.job import JobSpec, Operators, Source
 from spark_ckpt.spark.mailbox import SinkSpec, Topology, write_topology
 from spark_ckpt.spark.pipeline_run import PipelineRun
+from spark_ckpt.spark.restore import prepare_restore
 from spark_ckpt.spark.run import RunFiles, Runs, RunState, new_run_id
 from spark_ckpt.spark.source_options import SourceOptions, default_root
 from spark_ckpt.spark.supervisor import Interrupts, RunResult, RunSupervisor
@@ -225,13 +228,15 @@ class Pipeline:
         available_now: bool = False,
         trigger_s: float | None = None,
         tracer: Tracer = NOOP_TRACER,
+        restore: RestoreSettings | None = None,
     ) -> PipelineRun:
         """Start one run of the job (see :class:`~spark_ckpt.spark.job.JobSpec`). The run
         restores from the latest completed checkpoint whose data verifies (chosen by its
         coordinator when the query starts). A failed run is not restarted: :meth:`run` does
         that. *available_now*: process what is available, then end with a final checkpoint;
         *trigger_s*: a processing-time trigger interval (default: as fast as possible);
-        *tracer*: see :meth:`prepare`."""
+        *tracer*: see :meth:`prepare`; *restore*: where to restore from (default: the
+        latest completed checkpoint), see :meth:`restore`."""
         job = JobSpec.of(
             source,
             operators,
@@ -241,7 +246,28 @@ class Pipeline:
             pipelined=pipelined,
             tracer=tracer,
         )
+        self._restore(job, restore)
         return self._start(job, available_now, trigger_s, attempt=1)
+
+    def shape(self, job: JobSpec) -> PipelineShape:
+        """What a restore of *job* is checked against (uids, channels, max parallelism)."""
+        from datasources.source import open_channel_source
+
+        parsed = SourceOptions.parse(self.source_options(**job.source))
+        return PipelineShape(
+            pipeline=self.name,
+            operator_uids=tuple(op.uid for op in job.operators),
+            vertex=job.vertex or job.operators[0].uid,
+            channels={SOURCE_TASK.vertex: open_channel_source(parsed).channels},
+            max_parallelism=self.config.max_parallelism,
+        )
+
+    def _restore(
+        self, job: JobSpec, settings: RestoreSettings | None
+    ) -> CompletedCheckpoint | None:
+        """Before the first run: resolve, check and install the restore point (see
+        :mod:`spark_ckpt.spark.restore`). Raises :class:`~spark_ckpt.errors.RestoreError`."""
+        return prepare_restore(self.store, self.shape(job), settings or RestoreSettings.latest())
 
     def _start(
         self, job: JobSpec, available_now: bool, trigger_s: float | None, attempt: int
@@ -278,6 +304,7 @@ class Pipeline:
         on_checkpoint: Callable[[CompletedCheckpoint], None] | None = None,
         poll_s: float = 0.5,
         tracer: Tracer = NOOP_TRACER,
+        restore: RestoreSettings | None = None,
     ) -> RunResult:
         """Run the job (see :meth:`start` and :meth:`prepare` for its arguments) until the
         query finishes (``available_now``), *duration_s* passes, Ctrl-C, or a stop request (CLI
@@ -288,7 +315,11 @@ class Pipeline:
         restart strategy allows; beyond it :class:`~spark_ckpt.errors.PipelineFailedError`
         carrying the strategy's reason and the last failure. A pipeline taken over by
         another driver raises :class:`~spark_ckpt.errors.PipelineFencedError` at once (no
-        restart)."""
+        restart). *restore*: where the first run restores from (default: the latest
+        completed checkpoint; a savepoint, a checkpoint by id or as of a time, see
+        :class:`~spark_ckpt.runtime.restore_settings.RestoreSettings`), checked against the
+        job before anything starts (:class:`~spark_ckpt.errors.RestoreError`); restarts
+        restore the latest checkpoint of the new lineage."""
         job = JobSpec.of(
             source,
             operators,
@@ -298,6 +329,7 @@ class Pipeline:
             pipelined=pipelined,
             tracer=tracer,
         )
+        self._restore(job, restore)
 
         def start(attempt: int) -> PipelineRun:
             return self._start(job, available_now, trigger_s, attempt)

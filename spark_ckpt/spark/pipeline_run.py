@@ -25,6 +25,7 @@ from spark_ckpt.spark.foreach_batch import ForeachBatchFunction
 from spark_ckpt.spark.host import RUN
 from spark_ckpt.spark.mailbox import Mailbox, RequestKind, read_topology
 from spark_ckpt.spark.run import RunFiles, RunState, RunStatus
+from spark_ckpt.spark.savepoints import wait_exported
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -127,6 +128,8 @@ class PipelineRun:
         the batch carrying it was processed before its ``foreachBatch`` call returned."""
         self.report(RunState.STOPPING, restored_from=self.restored_from, stop_request=request_id)
         self._wait_committed(final)
+        if final.is_savepoint:  # the query's source runner exports it: not before that
+            wait_exported(self.pipeline.root, final, timeout_s=120.0)
         stop_query(self.query)
         self.retire()
         end_job(self.pipeline, JobStatus.FINISHED if final.is_savepoint else JobStatus.CANCELED)

@@ -237,7 +237,6 @@ class RunFiles:
         _remove_dir(self._fs, self._dir)
 
 
-
 class Runs:
     """Every run of the pipeline root *root*."""
 

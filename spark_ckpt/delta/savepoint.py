@@ -1,0 +1,197 @@
+"""Savepoint directories: self-contained savepoints on disk, and finding checkpoints in time.
+
+A savepoint lives in its own directory, ``<savepoint dir>/savepoint-<pipeline>-<id>``, which
+is itself a checkpoint-store root (:mod:`spark_ckpt.delta.store_tables`): the four Delta
+tables ``checkpoints`` (one lease row and one ``completed`` row: the savepoint's metadata
+JSON and checksum, with the properties ``pipeline``, ``max_parallelism`` and ``format``),
+``operator_state`` (every keyed and operator state blob as a FULL blob written by the
+savepoint itself: Arrow IPC payloads with their checksums), ``channel_state`` (empty:
+savepoints are aligned) and ``source_offsets`` (each source channel's position). It
+references nothing outside itself, so it can be copied or moved to another path or machine
+and restored from there; retention of the pipeline's root never touches it.
+
+The online export (:func:`export_savepoint`) runs in the coordinator host when a savepoint
+completes; :func:`open_savepoint` opens one for a restore or offline reading;
+:func:`list_savepoints` and :func:`dispose_savepoint` back the CLI and the client;
+:func:`checkpoint_as_of` finds "the latest completed checkpoint at or before T" in the Delta
+history of a root's checkpoint log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import datetime
+
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from spark_ckpt.delta.errors import delta_boundary
+from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.store_tables import StoreTable
+from spark_ckpt.errors import CheckpointNotFoundError, RestoreError, StoreError
+from spark_ckpt.protocol.barrier import SnapshotType
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.runtime.restore_settings import MAX_PARALLELISM, PIPELINE
+from spark_ckpt.storage.store import StateStorage
+from spark_ckpt.storage.transfer import copy_checkpoint
+
+log = logging.getLogger(__name__)
+
+#: Version of the savepoint directory layout (the ``format`` property).
+FORMAT_VERSION = "1"
+FORMAT = "format"
+#: Completed-checkpoint property: where the coordinator exported a savepoint.
+SAVEPOINT_PATH = "savepoint_path"
+#: Completed-checkpoint property: the directory a savepoint was requested into.
+SAVEPOINT_DIR = "savepoint_dir"
+#: Where savepoints go when neither the request nor ``savepoint.dir`` names a directory.
+DEFAULT_SUBDIR = "savepoints"
+
+
+def _join(directory: str, name: str) -> str:
+    return (
+        f"{directory.rstrip('/')}/{name}" if "://" in directory else os.path.join(directory, name)
+    )
+
+
+def savepoint_directory(root: str, checkpoint: CompletedCheckpoint) -> str:
+    """The directory a savepoint of *root* goes into: the requested one (target or
+    ``savepoint.dir``), else ``<root>/savepoints``."""
+    directory = checkpoint.properties.get(SAVEPOINT_DIR) or _join(root, DEFAULT_SUBDIR)
+    return directory if "://" in directory else os.path.abspath(directory)
+
+
+def savepoint_path(directory: str, pipeline: str, checkpoint_id: int) -> str:
+    """``<directory>/savepoint-<pipeline>-<id>``."""
+    return _join(directory, f"savepoint-{pipeline}-{checkpoint_id}")
+
+
+@dataclass(frozen=True)
+class Savepoint:
+    """A savepoint directory and the savepoint it holds."""
+
+    path: str
+    checkpoint: CompletedCheckpoint
+
+    @property
+    def pipeline(self) -> str:
+        return self.checkpoint.properties.get(PIPELINE, "")
+
+
+def export_savepoint(
+    source: StateStorage,
+    checkpoint: CompletedCheckpoint,
+    directory: str,
+    *,
+    pipeline: str,
+    max_parallelism: int,
+) -> Savepoint:
+    """Write *checkpoint* (a completed savepoint of a pipeline's root, read from *source*)
+    into its own directory under *directory*; idempotent (a savepoint already exported
+    there is returned as it is). Raises :class:`StoreError` if the directory holds
+    something else."""
+    path = savepoint_path(directory, pipeline, checkpoint.checkpoint_id)
+    store = DeltaCheckpointStore(path)
+    existing = store.list_completed()
+    if existing:
+        if [c.checkpoint_id for c in existing] != [checkpoint.checkpoint_id]:
+            raise StoreError(f"{path} holds other checkpoints: not exporting savepoint there")
+        return Savepoint(path, existing[0])
+    properties = dict(checkpoint.properties)
+    properties.update(
+        {PIPELINE: pipeline, MAX_PARALLELISM: str(max_parallelism), FORMAT: FORMAT_VERSION}
+    )
+    properties.pop(SAVEPOINT_PATH, None)
+    lease = store.acquire()
+    copy = copy_checkpoint(
+        source,
+        checkpoint,
+        store,
+        store,
+        lease,
+        checkpoint_id=checkpoint.checkpoint_id,
+        snapshot_type=SnapshotType.SAVEPOINT,
+        properties=properties,
+    )
+    log.info("savepoint %d exported to %s", checkpoint.checkpoint_id, path)
+    return Savepoint(path, copy)
+
+
+def _exists(path: str) -> bool:
+    fs, where = pafs.FileSystem.from_uri(path if "://" in path else os.path.abspath(path))
+    return fs.get_file_info(where).type is not pafs.FileType.NotFound
+
+
+def open_savepoint(path: str) -> tuple[DeltaCheckpointStore, Savepoint]:
+    """The store of the savepoint directory *path* and the savepoint in it. Raises
+    :class:`RestoreError` if *path* does not exist or holds no savepoint."""
+    if not _exists(path):
+        raise RestoreError(f"no savepoint at {path}: the directory does not exist")
+    store = DeltaCheckpointStore(path)
+    try:
+        found = store.list_completed()
+    except CheckpointNotFoundError:
+        found = []
+    savepoints = [c for c in found if c.is_savepoint]
+    if len(savepoints) != 1 or len(found) != 1:
+        raise RestoreError(f"{path} is not a savepoint directory (no single savepoint in it)")
+    return store, Savepoint(path, savepoints[0])
+
+
+def list_savepoints(directory: str) -> list[Savepoint]:
+    """The savepoint directories directly under *directory*, oldest savepoint first
+    (directories that are not savepoints are skipped). Empty if *directory* is absent."""
+    if not _exists(directory):
+        return []
+    fs, where = pafs.FileSystem.from_uri(
+        directory if "://" in directory else os.path.abspath(directory)
+    )
+    found: list[Savepoint] = []
+    for info in fs.get_file_info(pafs.FileSelector(where)):
+        if info.type is not pafs.FileType.Directory or not info.base_name.startswith("savepoint-"):
+            continue
+        path = _join(directory, info.base_name)
+        try:
+            found.append(open_savepoint(path)[1])
+        except (RestoreError, StoreError) as e:
+            log.warning("skipping %s: %s", path, e)
+    return sorted(found, key=lambda s: (s.checkpoint.stats.completed_ms, s.path))
+
+
+def dispose_savepoint(path: str) -> Savepoint:
+    """Delete the savepoint directory *path* (Flink's ``savepoint --dispose``); refuses a
+    directory that is not a savepoint. Returns what was deleted."""
+    _, savepoint = open_savepoint(path)
+    fs, where = pafs.FileSystem.from_uri(path if "://" in path else os.path.abspath(path))
+    with delta_boundary(f"dispose savepoint {path}", StoreError):
+        fs.delete_dir(where)
+    return savepoint
+
+
+def checkpoint_as_of(root: str, time: datetime) -> int:
+    """The id of the latest checkpoint that had completed at or before *time* in the root
+    *root*, read from the Delta history of its checkpoint log (the log as of that time:
+    checkpoints retention removed later are found too, and then refused by the caller as not
+    retained). Raises :class:`RestoreError` if the log did not exist yet or held no
+    completed checkpoint then."""
+    uri = DeltaCheckpointStore(root).table_uri(StoreTable.CHECKPOINTS)
+    try:
+        table = DeltaTable(uri)
+    except (DeltaError, TableNotFoundError, OSError) as e:
+        raise RestoreError(f"no checkpoint log under {root}") from e
+    try:
+        table.load_as_version(time)
+    except (DeltaError, ValueError) as e:
+        raise RestoreError(
+            f"no checkpoint of {root} had completed at or before {time.isoformat()}"
+        ) from e
+    with delta_boundary(f"read {uri} as of {time.isoformat()}", StoreError):
+        rows = table.to_pyarrow_table(columns=["record", "checkpoint_id", "committed_at"])
+    completed = rows.filter(pc.equal(rows["record"], "completed"))
+    if completed.num_rows == 0:
+        raise RestoreError(f"no checkpoint of {root} had completed at or before {time.isoformat()}")
+    return int(pc.max(completed["checkpoint_id"]).as_py())
