@@ -19,10 +19,11 @@ import sys
 import time
 from collections.abc import Sequence
 
-from spark_ckpt.errors import PipelineFailedError
+from spark_ckpt.errors import ConfigError, PipelineFailedError, RestoreError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
+from spark_ckpt.runtime.restore_settings import RestoreSettings, parse_time
 from spark_ckpt.sources.stream_offset import BarrierPlacement
 from spark_ckpt.testing import faults
 
@@ -44,7 +45,30 @@ def build_config(args: argparse.Namespace) -> CheckpointConfig:
         "restart-strategy.fixed-delay.attempts": str(args.restarts),
         "restart-strategy.fixed-delay.delay": args.restart_delay,
     }
+    if args.savepoint_dir:
+        options["savepoint.dir"] = os.path.abspath(args.savepoint_dir)
     return CheckpointConfig.from_options(options)
+
+
+def restore_settings(args: argparse.Namespace) -> RestoreSettings:
+    """The ``--restore-*`` options as :class:`RestoreSettings` (ConfigError if bad)."""
+    allow = bool(args.allow_non_restored_state)
+    if args.restore_savepoint:
+        return RestoreSettings.savepoint(
+            os.path.abspath(args.restore_savepoint),
+            allow_non_restored_state=allow,
+            force=args.force,
+        )
+    root = os.path.abspath(args.restore_root) if args.restore_root else None
+    if args.restore_checkpoint is not None:
+        return RestoreSettings.checkpoint(
+            args.restore_checkpoint, root, allow_non_restored_state=allow
+        )
+    if args.restore_as_of:
+        return RestoreSettings.as_of(
+            parse_time(args.restore_as_of), root, allow_non_restored_state=allow
+        )
+    return RestoreSettings.latest(allow_non_restored_state=allow)
 
 
 def committed_rows(path: str) -> int:
@@ -113,8 +137,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="URL",
         help="run under Spark Connect: sc://host:port, or local[2] for a local Connect server",
     )
+    p.add_argument("--uid", default="counter", help="uid of the running-count operator")
+    p.add_argument("--savepoint-dir", default=None, help="default directory of savepoints")
+    restore = p.add_argument_group(
+        "restore", "where the first run restores from (default: the latest checkpoint)"
+    )
+    where = restore.add_mutually_exclusive_group()
+    where.add_argument("--restore-savepoint", metavar="PATH", help="a savepoint directory")
+    where.add_argument(
+        "--restore-checkpoint",
+        metavar="ID",
+        type=int,
+        help="a retained checkpoint of the root (or of --restore-root)",
+    )
+    where.add_argument(
+        "--restore-as-of",
+        metavar="TIME",
+        help="the latest checkpoint completed at or before TIME (ISO-8601, UTC if no zone, "
+        "or epoch ms)",
+    )
+    restore.add_argument("--restore-root", metavar="ROOT", help="another pipeline's root")
+    restore.add_argument(
+        "--allow-non-restored-state",
+        action="store_true",
+        help="drop state of operator uids the pipeline no longer has instead of refusing",
+    )
+    restore.add_argument(
+        "--force", action="store_true", help="restore a savepoint of another pipeline"
+    )
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    try:
+        settings = restore_settings(args)
+    except ConfigError as e:
+        p.error(str(e))
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from spark_ckpt.spark.pipeline import Pipeline
@@ -164,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"rows committed {committed_rows(output):>10}  t={time.monotonic() - started:.1f}s"
         )
 
-    operator: KeyedOperator = RunningCount("counter", "user_id")
+    operator: KeyedOperator = RunningCount(args.uid, "user_id")
     if faults.enabled():  # crash and chaos tests arm fail points in the operator
         operator = faults.FaultyOperator(operator, root)
     try:
@@ -176,8 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             available_now=args.available_now,
             duration_s=None if args.available_now or args.seconds <= 0 else args.seconds,
             on_checkpoint=progress,
+            restore=settings,
         )
-    except PipelineFailedError as e:
+    except (PipelineFailedError, RestoreError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         spark.stop()
         return 1

@@ -69,6 +69,9 @@ class Request:
     #: Wall-clock time (epoch ms) after which the request must not be acted on: the client
     #: stopped waiting for it. None: never expires.
     expires_ms: int | None = None
+    #: For STOP: read every channel up to where it was when the request arrived before the
+    #: final checkpoint (Flink's ``stop --drain``).
+    drain: bool = False
 
     def expired(self, now_ms: int) -> bool:
         return self.expires_ms is not None and now_ms > self.expires_ms
@@ -81,6 +84,7 @@ class Request:
             "target": self.target,
             "savepoint": self.savepoint,
             "expires_ms": self.expires_ms,
+            "drain": self.drain,
         }
 
     @staticmethod
@@ -92,6 +96,7 @@ class Request:
             d.get("target"),
             bool(d.get("savepoint", False)),
             None if expires is None else int(expires),
+            bool(d.get("drain", False)),
         )
 
 
