@@ -25,12 +25,22 @@ Snapshots are delegated to the backend's :class:`~spark_ckpt.state.snapshot.Snap
 (full and incremental, see :mod:`spark_ckpt.state.snapshot`); a fresh backend is loaded from a
 checkpoint by :func:`spark_ckpt.state.restore.restore_backend` (any parallelism).
 Descriptors and blob schemas: :mod:`spark_ckpt.state.descriptor`.
+
+Restored state and schema evolution. A state loaded by a restore under a descriptor no
+operator registered yet is *unclaimed* (:meth:`KeyedStateBackend.unclaimed_states`). The first
+registration claims it: with the stored descriptor as is, with a changed but compatible
+descriptor after migrating the loaded values to it (vectorized, one Arrow column per state:
+:mod:`spark_ckpt.state.schema_evolution`), and StateError naming the operator, the state and
+the field for an incompatible change. Once claimed (or registered before the restore, which
+migrates the stored blobs instead), a state's descriptor is fixed: registering other types
+is an error.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -47,7 +57,9 @@ from spark_ckpt.state.descriptor import (
     ValueStateDescriptor,
     check_arrow_type,
     check_state_name,
+    from_column,
     python_value,
+    to_column,
 )
 from spark_ckpt.state.keygroup import (
     DEFAULT_MAX_PARALLELISM,
@@ -58,6 +70,12 @@ from spark_ckpt.state.keygroup import (
     range_for_subtask,
 )
 from spark_ckpt.state.operator_state import OperatorListState
+from spark_ckpt.state.schema_evolution import (
+    Migration,
+    descriptor_migration,
+    plan_migration,
+    state_label,
+)
 from spark_ckpt.state.snapshot import SnapshotStrategy, StateChanges, full_table
 
 #: Keys or values as the vectorized API takes them: an Arrow array or a Python sequence.
@@ -318,6 +336,9 @@ class KeyedStateBackend:
         self.parallelism = parallelism
         self._states: dict[str, KeyedStateTable] = {}
         self._operator_states: dict[str, OperatorListState] = {}
+        # restored states no registration has claimed yet (see the module docstring)
+        self._unclaimed: set[str] = set()
+        self._unclaimed_operator: set[str] = set()
         self._current_key: Any = None
         self._current_group = -1
         self._has_current = False
@@ -349,23 +370,86 @@ class KeyedStateBackend:
 
     # -- registration ----------------------------------------------------------------------
     def register(self, descriptor: StateDescriptor) -> KeyedStateTable:
-        """The storage of keyed state *descriptor*, registered on first use. StateError if
-        the name is taken by operator state or by a descriptor of other types. (The state
-        package's own entry point, used by restore; operators use the typed views.)"""
+        """The storage of keyed state *descriptor*, registered on first use. A restored,
+        unclaimed state of that name is claimed: migrated to *descriptor* if its stored
+        descriptor differs (:mod:`~spark_ckpt.state.schema_evolution`; StateError naming
+        the field if incompatible). StateError if the name is taken by operator state or by
+        a claimed descriptor of other types. (The state package's own entry point; operators
+        use the typed views.)"""
         if not isinstance(
             descriptor, ValueStateDescriptor | ListStateDescriptor | MapStateDescriptor
         ):
             raise StateError(f"not a state descriptor: {descriptor!r}")
-        state = self._states.get(descriptor.name)
+        name = descriptor.name
+        state = self._states.get(name)
         if state is None:
-            if descriptor.name in self._operator_states:
-                raise StateError(f"state {descriptor.name!r} is already operator state")
-            state = self._states[descriptor.name] = KeyedStateTable(descriptor)
+            if name in self._operator_states:
+                raise StateError(f"state {name!r} is already operator state")
+            state = self._states[name] = KeyedStateTable(descriptor)
         elif state.descriptor != descriptor:
-            raise StateError(
-                f"state {descriptor.name!r} is registered as {state.descriptor}, not {descriptor}"
-            )
+            if name not in self._unclaimed:
+                raise StateError(
+                    f"state {name!r} is registered as {state.descriptor}, not {descriptor}"
+                )
+            migration = descriptor_migration(state.descriptor, descriptor, self.operator_uid)
+            self._migrate_loaded(state, migration, descriptor)
+        self._unclaimed.discard(name)
         return state
+
+    def restored_state(self, stored: StateDescriptor) -> tuple[KeyedStateTable, Migration]:
+        """For restore: the storage that rows of keyed state written with descriptor
+        *stored* go to, and the migration of their value column. A state registered before
+        the restore keeps its descriptor (the stored column is migrated to it, or
+        StateError); a new one is registered as *stored*, unclaimed. A state loaded
+        unclaimed from a blob of another type (a chain written across an evolution) moves to
+        whichever of the two types the other migrates to."""
+        name = stored.name
+        state = self._states.get(name)
+        if state is None:
+            if name in self._operator_states:
+                raise StateError(
+                    f"{state_label(name, self.operator_uid)}: changed from {stored.kind.value} "
+                    "state to operator list state: incompatible"
+                )
+            state = self._states[name] = KeyedStateTable(stored)
+            self._unclaimed.add(name)
+        elif state.descriptor != stored and name in self._unclaimed:
+            try:
+                forward = descriptor_migration(state.descriptor, stored, self.operator_uid)
+            except StateError:
+                pass  # the other direction, below
+            else:
+                self._migrate_loaded(state, forward, stored)
+        return state, descriptor_migration(stored, state.descriptor, self.operator_uid)
+
+    @staticmethod
+    def _migrate_loaded(
+        state: KeyedStateTable, migration: Migration, descriptor: StateDescriptor
+    ) -> None:
+        """Rewrite the values *state* holds with *migration* (one Arrow column for all key
+        groups) and make *descriptor* its descriptor."""
+        if not migration.is_identity:
+            old = state.descriptor
+            groups = [kg for kg in sorted(state.groups) if state.groups[kg]]
+            values = [v for kg in groups for v in state.groups[kg].values()]
+            column = pa.array(to_column(old.kind, values), type=old.column_type)
+            migrated = iter(from_column(descriptor.kind, migration(column)))
+            for kg in groups:
+                group = state.groups[kg]
+                state.groups[kg] = dict(zip(group, islice(migrated, len(group)), strict=True))
+        state.descriptor = descriptor
+
+    def unclaimed_states(self) -> list[str]:
+        """Names of restored states (keyed and operator) no registration has claimed yet."""
+        return sorted(self._unclaimed | self._unclaimed_operator)
+
+    def registered_states(self) -> tuple[list[str], list[str]]:
+        """Names of the claimed keyed states and claimed operator states (registered by the
+        operator, before or after a restore)."""
+        return (
+            sorted(set(self._states) - self._unclaimed),
+            sorted(set(self._operator_states) - self._unclaimed_operator),
+        )
 
     def value_state(self, descriptor: ValueStateDescriptor) -> ValueState:
         """The per-record view of value state *descriptor* (registered on first use)."""
@@ -388,7 +472,9 @@ class KeyedStateBackend:
             raise StateError(f"expected a {cls.__name__}, got {descriptor!r}")
 
     def operator_list_state(self, name: str, element_type: pa.DataType) -> OperatorListState:
-        """Operator list state *name* (registered on first use)."""
+        """Operator list state *name* (registered on first use). A restored, unclaimed
+        operator state of that name is claimed, its elements migrated to *element_type* if
+        they were stored as another type (StateError if incompatible)."""
         check_state_name(name)
         check_arrow_type("element_type", element_type)
         state = self._operator_states.get(name)
@@ -397,10 +483,45 @@ class KeyedStateBackend:
                 raise StateError(f"state {name!r} is already keyed state")
             state = self._operator_states[name] = OperatorListState(name, element_type)
         elif state.element_type != element_type:
+            if name not in self._unclaimed_operator:
+                raise StateError(
+                    f"operator state {name!r} holds {state.element_type}, not {element_type}"
+                )
+            migration = plan_migration(
+                state.element_type,
+                element_type,
+                state=name,
+                operator_uid=self.operator_uid,
+                operator_state=True,
+            )
+            migrated = migration(pa.array(state.get(), type=state.element_type))
+            state = self._operator_states[name] = OperatorListState(name, element_type)
+            state.update(migrated.to_pylist())
+        self._unclaimed_operator.discard(name)
+        return state
+
+    def restored_operator_state(self, name: str, element_type: pa.DataType) -> OperatorListState:
+        """For restore: operator list state *name* to load elements of *element_type* into
+        (already migrated by the caller to the registered type, if any): the registered
+        state, or a new unclaimed one."""
+        state = self._operator_states.get(name)
+        if state is None:
+            if name in self._states:
+                raise StateError(
+                    f"{state_label(name, self.operator_uid)}: changed from operator list state "
+                    f"to {self._states[name].descriptor.kind.value} state: incompatible"
+                )
+            state = self._operator_states[name] = OperatorListState(name, element_type)
+            self._unclaimed_operator.add(name)
+        elif state.element_type != element_type:
             raise StateError(
                 f"operator state {name!r} holds {state.element_type}, not {element_type}"
             )
         return state
+
+    def operator_state_types(self) -> dict[str, pa.DataType]:
+        """Element type of every operator list state, by name."""
+        return {n: s.element_type for n, s in self._operator_states.items()}
 
     def descriptors(self) -> list[StateDescriptor]:
         """Every keyed state, registered or restored, by name."""

@@ -8,10 +8,25 @@ keeps the rows of the key groups it owns. Operator list state is concatenated in
 order and dealt round-robin (:mod:`spark_ckpt.state.operator_state`). A restored chain covering
 exactly the backend's range becomes the base of its next incremental snapshot
 (:mod:`spark_ckpt.state.snapshot`); after a rescale the next snapshot is full.
+
+State schema evolution (:mod:`spark_ckpt.state.schema_evolution`). Tasks open their operators
+before restoring them, and ``open`` registers the operator's descriptors, so the restore
+matches the checkpoint's states against the states *registered* on the backend:
+
+* a stored state whose registered descriptor differs is migrated blob by blob to it (a
+  vectorized Arrow rewrite of the value column), or refused with StateError naming the
+  operator, the state and the field; its next snapshot is full (no chain mixes types);
+* a registered state with nothing stored starts empty;
+* a stored state no registration claims is dropped (logged at INFO) — when the operator
+  registered anything at all. A backend on which nothing is registered (an operator that
+  registers lazily, or a restore for inspection/rescaling) adopts every stored state under
+  its stored descriptor, *unclaimed*; a later registration claims it, migrating it then
+  (:meth:`~spark_ckpt.state.backend.KeyedStateBackend.register`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from itertools import compress, pairwise
 from typing import Any
@@ -28,12 +43,21 @@ from spark_ckpt.state.descriptor import (
     META_MAX_PARALLELISM,
     META_STATE_KIND,
     META_STATE_NAME,
+    StateDescriptor,
     StateKind,
     descriptor_from_column,
     from_column,
 )
 from spark_ckpt.state.keygroup import DEFAULT_MAX_PARALLELISM, HASH_NAME, key_group_indices
+from spark_ckpt.state.schema_evolution import (
+    Migration,
+    check_key_type,
+    plan_migration,
+    state_label,
+)
 from spark_ckpt.state.snapshot import checked_chain
+
+log = logging.getLogger(__name__)
 
 #: Reads the table of a blob (a store's ``read_blob``).
 BlobReader = Callable[[BlobRef], pa.Table]
@@ -52,13 +76,18 @@ def restore_backend(
     (needs the backend's ``parallelism``). A restored chain covering exactly the backend's
     range becomes the base of its next incremental snapshot. Raises
     :class:`CorruptCheckpointError` for broken chains or unreadable blobs and
-    :class:`StateError` for state that does not fit the backend (schema, key type, hash,
-    ``max_parallelism``)."""
+    :class:`StateError` for state that does not fit the backend (key type, hash,
+    ``max_parallelism``, or a state whose registered descriptor is not a compatible evolution
+    of the stored one; see the module docstring for schema evolution, added and removed
+    states)."""
     if backend.holds_state():
         raise StateError("restore needs a fresh backend: this one already holds state")
     if backend.has_snapshot_history:
         raise StateError("restore needs a fresh backend: this one has taken snapshots")
     mine = [r for r in refs if r.operator_uid == backend.operator_uid]
+    keyed_names, operator_names = backend.registered_states()
+    declared = bool(keyed_names or operator_names)
+    dropped: set[str] = set()
     chains: dict[tuple[str, int, int, int], list[BlobRef]] = {}
     operator: dict[str, list[BlobRef]] = {}
     own = backend.key_group_range
@@ -75,25 +104,59 @@ def restore_backend(
         elif ref.kind is BlobKind.OPERATOR:
             operator.setdefault(ref.state_name, []).append(ref)
     per_state: dict[str, list[tuple[BlobRef, ...]]] = {}
+    stored_as: dict[str, list[StateDescriptor]] = {}
     for key in sorted(chains):
         chain = checked_chain(chains[key])
+        if declared and key[0] not in keyed_names:
+            _check_not_operator_state(backend, key[0], operator_names)
+            dropped.add(key[0])
+            continue
         for ref in chain:
-            _apply_blob(backend, ref, read_blob(ref))
+            stored_as.setdefault(key[0], []).append(_apply_blob(backend, ref, read_blob(ref)))
         per_state.setdefault(key[0], []).append(chain)
     for name in sorted(operator):
+        if declared and name not in operator_names:
+            if name in keyed_names:
+                raise StateError(
+                    f"{state_label(name, backend.operator_uid)}: changed from operator list "
+                    "state to keyed state: incompatible"
+                )
+            dropped.add(name)
+            continue
         _restore_operator_state(backend, name, operator[name], read_blob)
+    for name in sorted(dropped):
+        log.info(
+            "%s, subtask %d: not registered by the operator, dropped from the restored state",
+            state_label(name, backend.operator_uid),
+            backend.subtask,
+        )
+    # a state migrated to another descriptor starts a new chain (full snapshot)
+    current = {d.name: d for d in backend.descriptors()}
     base = {
         name: found[0]
         for name, found in per_state.items()
         if len(found) == 1
         and (found[0][0].key_group_start, found[0][0].key_group_end) == (own.start, own.end)
+        and all(d == current.get(name) for d in stored_as.get(name, ()))
     }
     backend.adopt_restored(max((r.checkpoint_id for r in mine), default=0), base)
 
 
-def _apply_blob(backend: KeyedStateBackend, ref: BlobRef, table: pa.Table) -> None:
+def _check_not_operator_state(
+    backend: KeyedStateBackend, name: str, operator_names: Sequence[str]
+) -> None:
+    if name in operator_names:
+        raise StateError(
+            f"{state_label(name, backend.operator_uid)}: changed from keyed state to "
+            "operator list state: incompatible"
+        )
+
+
+def _apply_blob(backend: KeyedStateBackend, ref: BlobRef, table: pa.Table) -> StateDescriptor:
     """Apply one keyed blob (FULL: upsert its rows; DELTA: upsert live rows, drop deleted
-    ones) restricted to *backend*'s key groups, after checking that it fits *backend*."""
+    ones) restricted to *backend*'s key groups, after checking that it fits *backend*, its
+    values migrated to the state's registered descriptor. Returns the descriptor the blob
+    was written with."""
     name = ref.state_name
     schema = table.schema
     meta = schema.metadata or {}
@@ -119,17 +182,15 @@ def _apply_blob(backend: KeyedStateBackend, ref: BlobRef, table: pa.Table) -> No
         raise CorruptCheckpointError(
             f"blob {ref.kind.value} of state {name!r} has columns {schema.names}, expected {names}"
         )
-    if schema.field("key").type != backend.key_type:
-        raise StateError(
-            f"state {name!r} has keys of type {schema.field('key').type}, this backend "
-            f"{backend.key_type}"
-        )
+    check_key_type(
+        schema.field("key").type, backend.key_type, state=name, operator_uid=backend.operator_uid
+    )
     try:
         kind = StateKind(meta.get(META_STATE_KIND, b"").decode())
     except ValueError as e:
         raise StateError(f"state {name!r}: unknown state kind in blob metadata") from e
-    desc = descriptor_from_column(name, kind, schema.field("value").type)
-    state = backend.register(desc)
+    stored_desc = descriptor_from_column(name, kind, schema.field("value").type)
+    state, migration = backend.restored_state(stored_desc)
     key_column = table.column("key").combine_chunks()
     kgs = key_group_indices(key_column, backend.max_parallelism).astype(np.int64)
     stored = table.column("key_group").to_numpy().astype(np.int64)
@@ -146,7 +207,7 @@ def _apply_blob(backend: KeyedStateBackend, ref: BlobRef, table: pa.Table) -> No
     kgs = kgs[order]
     taken = table.take(pa.array(order))
     keys = taken.column("key").to_pylist()
-    values = from_column(kind, taken.column("value"))
+    values = from_column(kind, migration(taken.column("value")))
     deleted = taken.column("deleted").to_pylist() if delta else None
     starts = np.flatnonzero(np.diff(kgs)) + 1
     bounds = [0, *starts.tolist(), len(kgs)]
@@ -163,6 +224,7 @@ def _apply_blob(backend: KeyedStateBackend, ref: BlobRef, table: pa.Table) -> No
         group.update(zip(compress(seg_keys, live), compress(seg_values, live), strict=True))
         for k in compress(seg_keys, dead):
             group.pop(k, None)
+    return stored_desc
 
 
 def _restore_operator_state(
@@ -182,8 +244,7 @@ def _restore_operator_state(
             f"restoring operator state {name!r} needs the backend's parallelism "
             "(use KeyedStateBackend.for_subtask)"
         )
-    elements: list[Any] = []
-    element_type: pa.DataType | None = None
+    columns: list[pa.ChunkedArray] = []
     for subtask in sorted(by_subtask):
         table = read_blob(by_subtask[subtask])
         meta = table.schema.metadata or {}
@@ -191,13 +252,30 @@ def _restore_operator_state(
             StateKind.OPERATOR_LIST.value.encode()
         ):
             raise StateError(f"blob of operator state {name!r} is not an operator list")
-        t = table.schema.field("value").type
-        if element_type is not None and t != element_type:
-            raise StateError(f"operator state {name!r} has elements of {t} and {element_type}")
-        element_type = t
-        elements.extend(table.column("value").to_pylist())
-    assert element_type is not None
-    state = backend.operator_list_state(name, element_type)
+        columns.append(table.column("value"))
+    uid = backend.operator_uid
+
+    def migration(source: pa.DataType, target: pa.DataType) -> Migration:
+        return plan_migration(source, target, state=name, operator_uid=uid, operator_state=True)
+
+    # the registered element type, else the type every stored one migrates to
+    target: pa.DataType | None = backend.operator_state_types().get(name)
+    if target is None:
+        for column in columns:
+            if target is None or target == column.type:
+                target = column.type
+                continue
+            try:
+                migration(target, column.type)
+            except StateError:
+                migration(column.type, target)  # raises when neither direction works
+            else:
+                target = column.type
+    assert target is not None
+    elements: list[Any] = []
+    for column in columns:
+        elements.extend(migration(column.type, target)(column).to_pylist())
+    state = backend.restored_operator_state(name, target)
     state.update(elements[backend.subtask :: backend.parallelism])
 
 
