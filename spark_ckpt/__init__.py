@@ -26,6 +26,7 @@ from spark_ckpt.spark.environment import ensure_pyspark_python
 ensure_pyspark_python()
 
 # ruff: noqa: E402 - the environment is set before anything else is imported
+from spark_ckpt.delta.savepoint import Savepoint, dispose_savepoint, list_savepoints
 from spark_ckpt.errors import (
     CheckpointError,
     ConfigError,
@@ -33,10 +34,12 @@ from spark_ckpt.errors import (
     EnvironmentSetupError,
     PipelineFailedError,
     PipelineFencedError,
+    RestoreError,
     SparkCkptError,
     StateError,
     StoreError,
 )
+from spark_ckpt.offline import SavepointWriter, StateReader, write_savepoint
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS, SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.trace import Phase, Tracer
@@ -49,6 +52,7 @@ from spark_ckpt.runtime.config import (
 )
 from spark_ckpt.runtime.operator import KeyedOperator, RecordOperator, RunningCount
 from spark_ckpt.runtime.restart import RestartStrategies
+from spark_ckpt.runtime.restore_settings import RestoreSettings
 from spark_ckpt.spark.client import CheckpointSummary, PipelineClient
 from spark_ckpt.spark.pipeline import Pipeline, register_data_sources
 from spark_ckpt.spark.pipeline_run import PipelineRun
@@ -86,20 +90,28 @@ __all__ = [
     "PipelineRun",
     "RecordOperator",
     "RestartStrategies",
+    "RestoreError",
+    "RestoreSettings",
     "RunResult",
     "RunningCount",
+    "Savepoint",
+    "SavepointWriter",
     "SnapshotType",
     "SparkCkptError",
     "StateError",
     "StateHandle",
+    "StateReader",
     "StopReason",
     "StoreError",
     "Tracer",
     "ValueStateDescriptor",
     "__version__",
     "connect_session",
+    "dispose_savepoint",
+    "list_savepoints",
     "local_session",
     "minutes",
     "register_data_sources",
     "seconds",
+    "write_savepoint",
 ]

@@ -74,13 +74,16 @@ log = logging.getLogger(__name__)
 
 
 def register_data_sources(spark: SparkSession) -> None:
-    """Register ``ckpt-source`` and ``ckpt-sink`` explicitly (auto-registration needs the
-    ``pyspark_*`` shims on the workers' path; this works everywhere, Spark Connect too)."""
+    """Register ``ckpt-source``, ``ckpt-sink`` and ``ckpt-state`` (batch reads of checkpoint
+    and savepoint state) explicitly (auto-registration needs the ``pyspark_*`` shims on the
+    workers' path; this works everywhere, Spark Connect too)."""
     from datasources.sink import CkptSink
     from datasources.source import CkptSource
+    from datasources.state import CkptStateSource
 
     spark.dataSource.register(CkptSource)
     spark.dataSource.register(CkptSink)
+    spark.dataSource.register(CkptStateSource)
 
 
 def alignment_mode(config: CheckpointConfig) -> tuple[AlignmentMode, int]:
