@@ -29,7 +29,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_ckpt.errors import ProtocolError
+from spark_ckpt.errors import ProtocolError, StateError
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.operator import KeyedOperator
@@ -67,7 +68,6 @@ class AlignerSpec:
     def build(self) -> BatchAligner:
         """The runtime, in the calling process: restores from the run's restore point, which
         the run's coordinator published before the first micro-batch (``initialOffset``)."""
-        from spark_ckpt.delta.sink import DeltaSink
         from spark_ckpt.delta.store import DeltaCheckpointStore
 
         point = RunFiles(self.root, self.run_id).restore_point()
@@ -78,6 +78,17 @@ class AlignerSpec:
             )
         store: WorkerStorage = faults.faulty_store(DeltaCheckpointStore(self.root), self.root)
         restored = None if point.checkpoint_id is None else store.get(point.checkpoint_id)
+        try:
+            return self._aligner(store, restored)
+        except StateError as e:
+            # the state does not fit the operators (an incompatible schema change): every
+            # restart would fail the same way, so the run tells its driver not to retry
+            RunFiles(self.root, self.run_id).write_fatal(f"{type(e).__name__}: {e}")
+            raise
+
+    def _aligner(self, store: WorkerStorage, restored: CompletedCheckpoint | None) -> BatchAligner:
+        from spark_ckpt.delta.sink import DeltaSink
+
         return BatchAligner(
             self.root,
             store,

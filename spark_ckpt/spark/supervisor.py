@@ -104,9 +104,13 @@ class RunSupervisor:
                 fatal = self._fatal(run)
                 if fatal is not None:
                     run.report(RunState.FENCED, error=fatal)
+                    what = (
+                        "was taken over by another driver, or cannot restore"
+                        if fatal.startswith("FencedError")
+                        else "cannot restore its state"
+                    )
                     raise PipelineFencedError(
-                        f"pipeline {pipeline.name!r} was taken over by another driver, or "
-                        f"cannot restore: {fatal}"
+                        f"pipeline {pipeline.name!r} {what}: {fatal}"
                     ) from None
                 run.report(RunState.FAILED, error=failure)
                 failures.append(failure)

@@ -30,7 +30,7 @@ from spark_ckpt import (
     StateHandle,
     ValueStateDescriptor,
 )
-from spark_ckpt.errors import PipelineFailedError
+from spark_ckpt.errors import PipelineFencedError
 from spark_ckpt.runtime.operator import rank_within_key
 from spark_ckpt.sources.generator import GeneratorSpec
 from spark_ckpt.state.restore import restore_backends
@@ -105,8 +105,10 @@ def running_counts(counts: Counter[int]) -> Counter[tuple[int, int]]:
     return Counter((k, i) for k, n in counts.items() for i in range(1, n + 1))
 
 
-def run(spark: SparkSession, base: Path, backlog: tuple[int, ...], op: EvolvingCount) -> Any:
-    config = CheckpointConfig.from_options({"checkpoint.interval": "300ms"})
+def run(
+    spark: SparkSession, base: Path, backlog: tuple[int, ...], op: EvolvingCount, **options: str
+) -> Any:
+    config = CheckpointConfig.from_options({"checkpoint.interval": "300ms", **options})
     pipeline = Pipeline(spark, "evolve", config=config, root=str(base / "root"))
     source = {
         "source": "generator",
@@ -158,10 +160,17 @@ def test_widened_state_continues_and_incompatible_change_fails_the_run(
     )
     assert got_stats == expected_stats
 
-    # an incompatible change: the run fails naming operator, state and change
-    with pytest.raises(PipelineFailedError) as failed:
-        run(spark, tmp_path, third, EvolvingCount(pa.string(), NEW_STATS, 3))
+    # an incompatible change: the run fails naming operator, state and change, at once
+    # although the restart strategy would allow restarts (a restart cannot mend it)
+    restarts = {
+        "restart-strategy": "fixed-delay",
+        "restart-strategy.fixed-delay.attempts": "3",
+        "restart-strategy.fixed-delay.delay": "100ms",
+    }
+    with pytest.raises(PipelineFencedError) as failed:
+        run(spark, tmp_path, third, EvolvingCount(pa.string(), NEW_STATS, 3), **restarts)
     message = str(failed.value)
+    assert "cannot restore its state" in message, message
     assert (
         "StateError: state 'count' of operator 'counter': value type changed from int64 to "
         "string: incompatible"
