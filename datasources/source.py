@@ -124,6 +124,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         self._target: list[int] | None = None  # Trigger.AvailableNow: read up to here
         self._final: CheckpointRequest | None = None
         self._stop_at: tuple[int, ...] | None = None
+        self._drain_to: list[int] | None = None  # a stop with drain reads up to here
 
     # -- lazily opened, in the source runner ---------------------------------------------------
     @property
@@ -187,10 +188,22 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
                 self._stop_at = offset.barriers[-1].positions
         if self._stop_at is not None:
             heads = [min(h, s) for h, s in zip(heads, self._stop_at, strict=True)]
+        elif self._drain_to is not None or self.host.draining:
+            heads = self._drain(offset, heads)
         if self._target is not None:
             offset = self._available_now(offset, heads)
         end = offset.advance(fair_limits(offset.positions, heads, max_rows))
         return start if end.is_idle_after(begin) else end.to_dict()
+
+    def _drain(self, offset: StreamOffset, heads: list[int]) -> list[int]:
+        """A stop with drain: read up to the heads as of the request, then let the host take
+        the final checkpoint (its barrier lands exactly there)."""
+        if self._drain_to is None:
+            self._drain_to = list(heads)
+        heads = [min(h, t) for h, t in zip(heads, self._drain_to, strict=True)]
+        if list(offset.positions) == heads:
+            self.host.call(CoordinatorHost.finish_drain)
+        return heads
 
     def _available_now(self, offset: StreamOffset, heads: Sequence[int]) -> StreamOffset:
         """Trigger.AvailableNow ends with a final checkpoint at the target positions: once all

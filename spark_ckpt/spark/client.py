@@ -26,6 +26,7 @@ from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.spark.host import REQUEST_ID
 from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
 from spark_ckpt.spark.run import Runs, RunState, RunStatus
+from spark_ckpt.spark.savepoints import exported_path, wait_exported
 
 if TYPE_CHECKING:
     from spark_ckpt.delta.store import DeltaCheckpointStore
@@ -89,12 +90,15 @@ class PipelineClient:
         target: str | None = None,
         savepoint: bool = False,
         timeout_s: float = 120.0,
+        drain: bool = False,
     ) -> str:
         """Post a request to the running coordinator and return its id; it expires after
-        *timeout_s*."""
+        *timeout_s*. *drain* (STOP): read the input available now before the final
+        checkpoint."""
         request_id = uuid.uuid4().hex
         expires = SystemClock().now_ms() + int(timeout_s * 1000)
-        name = self.mailbox.post(Request(request_id, kind, target, savepoint, expires))
+        request = Request(request_id, kind, target, savepoint, expires, drain)
+        name = self.mailbox.post(request)
         self._posted[request_id] = (name, kind)
         return request_id
 
@@ -147,17 +151,33 @@ class PipelineClient:
         return self.wait_for(self.request(RequestKind.CHECKPOINT, timeout_s=timeout_s), timeout_s)
 
     def savepoint(self, target: str | None = None, timeout_s: float = 120.0) -> CompletedCheckpoint:
-        """Trigger a savepoint now and wait for it to complete."""
+        """Trigger a savepoint now (into directory *target*, default ``savepoint.dir``, else
+        ``<root>/savepoints``) and wait until it completed and its self-contained copy is
+        written (:meth:`savepoint_path` says where)."""
         request_id = self.request(RequestKind.SAVEPOINT, target, timeout_s=timeout_s)
-        return self.wait_for(request_id, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        savepoint = self.wait_for(request_id, timeout_s)
+        wait_exported(self.root, savepoint, max(0.0, deadline - time.monotonic()))
+        return savepoint
 
-    def stop(self, *, savepoint: bool = False, timeout_s: float = 120.0) -> CompletedCheckpoint:
+    def savepoint_path(self, savepoint: CompletedCheckpoint) -> str:
+        """The directory of the self-contained copy of a savepoint of this pipeline (see
+        :mod:`spark_ckpt.delta.savepoint`)."""
+        return exported_path(self.root, savepoint)
+
+    def stop(
+        self, *, savepoint: bool = False, drain: bool = False, timeout_s: float = 120.0
+    ) -> CompletedCheckpoint:
         """Stop the running pipeline with a final checkpoint (or savepoint) and wait until it
         has stopped; returns the final checkpoint. The process that supervises the run
         (:meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>`) ends the query once
-        the final checkpoint's output is committed. A request nobody acted on within
-        *timeout_s* is taken back."""
-        request_id = self.request(RequestKind.STOP, savepoint=savepoint, timeout_s=timeout_s)
+        the final checkpoint's output is committed (and a savepoint's copy written). With
+        *drain*, the sources are first read up to where they were when the request arrived
+        (Flink's ``stop --drain``). A request nobody acted on within *timeout_s* is taken
+        back."""
+        request_id = self.request(
+            RequestKind.STOP, savepoint=savepoint, timeout_s=timeout_s, drain=drain
+        )
         deadline = time.monotonic() + timeout_s
         try:
             final = self.wait_for(request_id, timeout_s)

@@ -116,6 +116,8 @@ class CoordinatorHost:
         self.coordinator: CheckpointCoordinator | None = None
         self.sink: SinkCommitter | None = None
         self.stopping: CheckpointRequest | None = None
+        #: A stop with drain waiting for the sources to catch up (see :meth:`finish_drain`).
+        self.draining: Request | None = None
         self._barriers: list[CheckpointBarrier] = []
         self._committed: set[int] = set()
 
@@ -294,12 +296,32 @@ class CoordinatorHost:
             coordinator.trigger_savepoint(request.target, props)
         else:
             coordinator.stop_periodic_trigger()
-            props[STOP] = request.request_id
-            self.stopping = (
-                coordinator.trigger_savepoint(request.target, props)
-                if request.savepoint
-                else coordinator.trigger_checkpoint(props, final=True)
-            )
+            if request.drain:
+                # the source reader drains the channels first, then calls finish_drain
+                self.draining = self.draining or request
+                return
+            self._trigger_stop(coordinator, request, props)
+
+    def _trigger_stop(
+        self, coordinator: CheckpointCoordinator, request: Request, props: dict[str, str]
+    ) -> None:
+        props[STOP] = request.request_id
+        self.stopping = (
+            coordinator.trigger_savepoint(request.target, props)
+            if request.savepoint
+            else coordinator.trigger_checkpoint(props, final=True)
+        )
+
+    def finish_drain(self) -> None:
+        """Source runner: the channels reached the positions they had when the draining stop
+        request arrived; take its final checkpoint (or savepoint) now. Idempotent."""
+        request, self.draining = self.draining, None
+        if request is None or self.coordinator is None:
+            return
+        props = {REQUEST_ID: request.request_id, PIPELINE: self.pipeline}
+        if self.run_id is not None:
+            props[RUN] = self.run_id
+        self._trigger_stop(self.coordinator, request, props)
 
     def _install(self, topology: Topology) -> None:
         if self.coordinator is not None:
@@ -373,6 +395,7 @@ class HostThread:
         self._queue_lock = threading.Lock()
         self._barriers: list[CheckpointBarrier] = []
         self._stopping: CheckpointRequest | None = None
+        self._draining = False
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -402,6 +425,7 @@ class HostThread:
         with self._host_lock:
             barriers = self.host.poll(tick=False)
             stopping = self.host.stopping
+            self._draining = self.host.draining is not None
         self._queue(barriers, stopping)
         with self._host_lock:  # separately: latestOffset may tick in between
             self.host.maintain()
@@ -444,6 +468,11 @@ class HostThread:
         queued by it)."""
         with self._queue_lock:
             return self._stopping
+
+    @property
+    def draining(self) -> bool:
+        """Whether a stop with drain waits for the channels (as of the last poll)."""
+        return self._draining
 
     def poll_now(self) -> list[CheckpointBarrier]:
         """One poll on the caller's thread, then :meth:`take_barriers`: for callers that

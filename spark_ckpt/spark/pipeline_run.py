@@ -91,16 +91,19 @@ class PipelineRun:
 
     # -- stopping ---------------------------------------------------------------------------
     def stop(
-        self, *, savepoint: bool = False, timeout_s: float = 120.0
+        self, *, savepoint: bool = False, drain: bool = False, timeout_s: float = 120.0
     ) -> CompletedCheckpoint | None:
         """Stop with a final checkpoint (or savepoint): request it, wait until it completed
         and its output is committed, then stop the query without interrupting a micro-batch.
-        Returns it (the latest completed checkpoint if the query had ended)."""
+        *drain*: read the input available now first. Returns it (the latest completed
+        checkpoint if the query had ended)."""
         client = self.pipeline.client
         if not self.query.isActive:
             self.retire()
             return client.latest()
-        request_id = client.request(RequestKind.STOP, savepoint=savepoint, timeout_s=timeout_s)
+        request_id = client.request(
+            RequestKind.STOP, savepoint=savepoint, timeout_s=timeout_s, drain=drain
+        )
         final = client.wait_for(request_id, timeout_s)
         self.finish_stop(final, request_id)
         return final

@@ -63,6 +63,8 @@ class DemoArgs:
     parallelism: int = 2
     #: run under Spark Connect (``--remote``), e.g. ``"local[2]"``; None: classic Spark
     remote: str | None = None
+    #: default directory of savepoints (``--savepoint-dir``)
+    savepoint_dir: Path | None = None
 
     def argv(self) -> list[str]:
         args = [
@@ -110,6 +112,8 @@ class DemoArgs:
             args += ["--input", str(self.input)]
         if self.remote is not None:
             args += ["--remote", self.remote]
+        if self.savepoint_dir is not None:
+            args += ["--savepoint-dir", str(self.savepoint_dir)]
         if self.max_rows_per_trigger is not None:
             args += ["--max-rows-per-trigger", str(self.max_rows_per_trigger)]
             args += ["--barrier-placement", self.barrier_placement]

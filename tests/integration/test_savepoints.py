@@ -12,7 +12,10 @@ pipeline's savepoint, missing sources), listing and disposing savepoints.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -28,6 +31,7 @@ from spark_ckpt.delta.savepoint import dispose_savepoint, list_savepoints, open_
 from spark_ckpt.errors import RestoreError
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM, RestoreSettings
 from spark_ckpt.sources.generator import GeneratorSpec
+from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -250,3 +254,66 @@ def test_dispose_deletes_a_savepoint_and_refuses_anything_else(tmp_path: Path) -
     with pytest.raises(RestoreError, match="not a savepoint"):
         dispose_savepoint(str(tmp_path / "not-a-savepoint"))
     assert (tmp_path / "not-a-savepoint").exists()
+
+
+# -- stop with a savepoint, with and without drain (the demo job in a subprocess) -------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drain", [False, True], ids=["no-drain", "drain"])
+def test_stop_with_savepoint_with_and_without_drain(tmp_path: Path, drain: bool) -> None:
+    """``spark-ckpt savepoint stop [--drain]`` on a job reading a 4000-row backlog per channel
+    100 rows per micro-batch: with drain the final savepoint is at the end of the input,
+    without it wherever the stop found the channels. Either way the output is exactly the
+    running count over the input before the savepoint's positions, and the savepoint is in
+    the configured ``savepoint.dir``."""
+    launcher = DemoLauncher(tmp_path)
+    args = DemoArgs(
+        root=tmp_path / "root",
+        output=tmp_path / "out",
+        pipeline="drain",
+        backlog="4000",
+        channels=2,
+        keys=20,
+        interval="500ms",
+        max_rows_per_trigger=100,
+        savepoint_dir=tmp_path / "savepoints",
+    )
+    run = launcher.start(args)
+    try:
+        launcher.wait_until(
+            run, lambda: "checkpoint " in run.tail(5), RUN_TIMEOUT_S, "a first checkpoint"
+        )
+        done = cli(
+            "savepoint",
+            "stop",
+            "--root",
+            str(args.root),
+            "--timeout",
+            "240",
+            "--json",
+            *(["--drain"] if drain else []),
+        )
+        assert done.returncode == 0, done.stderr + run.tail()
+        assert run.wait(120) == 0, run.tail()
+    finally:
+        assert launcher.cleanup() == []
+    [answer] = [json.loads(line) for line in done.stdout.splitlines()]
+    ends = [answer["offsets"][f"source/{c}"] for c in range(2)]
+    if drain:
+        assert ends == [4000, 4000], ends
+    else:
+        assert all(e < 4000 for e in ends), ends
+    assert answer["type"] == "savepoint"
+    assert Path(answer["path"]).parent == tmp_path / "savepoints"
+    _, sp = open_savepoint(answer["path"])
+    assert [o.offset for o in sp.checkpoint.source_offsets()] == ends
+    expected = running_counts(key_counts(args.spec(), [0, 0], ends))
+    assert output(tmp_path / "out") == expected
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).parent / "spark-ckpt"
+    return subprocess.run(
+        [str(script), *args], capture_output=True, text=True, timeout=600, check=False
+    )
