@@ -57,7 +57,7 @@ from spark_ckpt.runtime.aligner import (
 )
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.operator import KeyedOperator
-from spark_ckpt.runtime.restore_settings import output_checkpoint
+from spark_ckpt.runtime.restore_settings import RESTORED_FROM, output_checkpoint
 from spark_ckpt.sinks.sink import (
     TRANSACTION_STATE_SCHEMA,
     SinkCommitter,
@@ -183,9 +183,15 @@ class OperatorTask:
         (:func:`recover_sink`). Call before the first input."""
         if checkpoint is None:
             return
+        # the first checkpoint after a restore a user asked for (savepoint, older checkpoint)
+        # is full: the new lineage never builds on the restored chains
+        incremental = RESTORED_FROM not in checkpoint.properties
         for op in self.operators:
             restore_backend(
-                self.backends[op.uid], checkpoint.operator_blobs(op.uid), self.store.read_blob
+                self.backends[op.uid],
+                checkpoint.operator_blobs(op.uid),
+                self.store.read_blob,
+                incremental_base=incremental,
             )
         channel_refs = sorted(
             (b for b in checkpoint.operator_blobs(self.state_uid) if b.kind is BlobKind.CHANNEL),

@@ -64,7 +64,11 @@ BlobReader = Callable[[BlobRef], pa.Table]
 
 
 def restore_backend(
-    backend: KeyedStateBackend, refs: Sequence[BlobRef], read_blob: BlobReader
+    backend: KeyedStateBackend,
+    refs: Sequence[BlobRef],
+    read_blob: BlobReader,
+    *,
+    incremental_base: bool = True,
 ) -> None:
     """Load *backend*'s share of a completed checkpoint into it; *backend* must be fresh (no
     state entries, no snapshots taken, not restored before).
@@ -74,7 +78,9 @@ def restore_backend(
     key-group range overlaps the backend's is read, its FULL blob then its DELTAs in ``seq``
     order, keeping the rows of the backend's key groups. Operator state: dealt round-robin
     (needs the backend's ``parallelism``). A restored chain covering exactly the backend's
-    range becomes the base of its next incremental snapshot. Raises
+    range becomes the base of its next incremental snapshot, unless *incremental_base* is
+    false (then the next snapshot is full: the first checkpoint after a restore from a
+    savepoint, Flink's NO_CLAIM). Raises
     :class:`CorruptCheckpointError` for broken chains or unreadable blobs and
     :class:`StateError` for state that does not fit the backend (key type, hash,
     ``max_parallelism``, or a state whose registered descriptor is not a compatible evolution
@@ -135,7 +141,8 @@ def restore_backend(
     base = {
         name: found[0]
         for name, found in per_state.items()
-        if len(found) == 1
+        if incremental_base
+        and len(found) == 1
         and (found[0][0].key_group_start, found[0][0].key_group_end) == (own.start, own.end)
         and all(d == current.get(name) for d in stored_as.get(name, ()))
     }
