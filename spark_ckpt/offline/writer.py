@@ -392,7 +392,16 @@ class SavepointWriter:
         return self
 
     def rename_operator(self, old_uid: str, new_uid: str) -> SavepointWriter:
-        """Move all state of operator *old_uid* to *new_uid* (which must hold none)."""
+        """Move all state of operator *old_uid* to *new_uid* (which must hold none). A task
+        vertex is named after its first operator, so the task state of vertex *old_uid*
+        (``_task:<old_uid>``: the sink's transactions) moves to ``_task:<new_uid>`` too."""
+        task_old, task_new = TASK_STATE_PREFIX + old_uid, TASK_STATE_PREFIX + new_uid
+        if (
+            not old_uid.startswith(TASK_STATE_PREFIX)
+            and task_old in self._operators
+            and task_new not in self._operators
+        ):
+            self.rename_operator(task_old, task_new)
         op = self._operator(old_uid)
         if not new_uid:
             raise ConfigError("new_uid", new_uid, "a non-empty operator uid")

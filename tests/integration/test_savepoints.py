@@ -24,9 +24,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import polars as pl
+import pyarrow.compute as pc
 import pytest
 
-from spark_ckpt import CheckpointConfig, Pipeline, RunningCount, RunResult
+from spark_ckpt import (
+    CheckpointConfig,
+    Pipeline,
+    RunningCount,
+    RunResult,
+    SavepointWriter,
+    StateReader,
+)
 from spark_ckpt.delta.savepoint import dispose_savepoint, list_savepoints, open_savepoint
 from spark_ckpt.errors import RestoreError
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM, RestoreSettings
@@ -317,3 +325,68 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(script), *args], capture_output=True, text=True, timeout=600, check=False
     )
+
+
+# -- offline state changes round-trip through a restore -------------------------------------
+
+
+def continued_counts(
+    counts_before: Counter[int], rows_after: Counter[int], offset: int = 0
+) -> Counter[tuple[int, int]]:
+    """Output of a running count that starts from *counts_before* (+ *offset*) per key and
+    then sees *rows_after*: ``(key, before + i)`` for ``i`` in ``1..after``."""
+    return Counter(
+        (k, counts_before.get(k, 0) + offset + i)
+        for k, n in rows_after.items()
+        for i in range(1, n + 1)
+    )
+
+
+@pytest.mark.parametrize("change", ["rename", "edit", "max-parallelism", "drop", "bootstrap"])
+def test_an_offline_state_change_round_trips_through_a_restore(
+    spark: SparkSession, savepoint_dir: Path, tmp_path: Path, change: str
+) -> None:
+    """Read the savepoint's state, change it offline into a new savepoint, restore a pipeline
+    from that and run it over more input: the output continues from the changed state."""
+    before = key_counts(spec(120), [0, 0], [120, 120])
+    after = key_counts(spec(300), [120, 120], [300, 300])
+    reader = StateReader.open(str(savepoint_dir))
+    state = reader.keyed("counter", "count")
+    assert dict(zip(state["key"].to_pylist(), state["value"].to_pylist(), strict=True)) == before
+    uid, options, offset, counts_before = "counter", {}, 0, before
+    writer = SavepointWriter.from_existing(str(savepoint_dir))
+    if change == "rename":
+        uid = "counter_v2"
+        writer = writer.rename_operator("counter", uid)
+    elif change == "edit":
+        writer = writer.map_values(
+            "counter", "count", lambda t: t.set_column(1, "value", pc.add(t["value"], 1000))
+        )
+        offset = 1000
+    elif change == "max-parallelism":
+        writer = writer.with_max_parallelism(64)
+        options = {"state.max-parallelism": "64"}
+    elif change == "drop":
+        writer = writer.remove_operator("counter")
+        counts_before = Counter()
+    else:  # a new pipeline's state, bootstrapped from a table: every key starts at 5
+        writer = (
+            SavepointWriter.new("counts", max_parallelism=128, parallelism=2)
+            .with_keyed_state("counter", "count", {"key": list(range(KEYS)), "value": [5] * KEYS})
+            .with_source_offsets({("source", 0): 120, ("source", 1): 120})
+        )
+        counts_before = Counter(dict.fromkeys(range(KEYS), 5))
+    changed = tmp_path / "changed"
+    writer.write(str(changed))
+    p = pipeline(spark, tmp_path / "root", **options)
+    bounded_run(p, 300, tmp_path / "out", uid=uid, restore=RestoreSettings.savepoint(str(changed)))
+    expected = continued_counts(counts_before, after, offset)
+    assert output(tmp_path / "out") == expected
+    final = StateReader.open(str(tmp_path / "root"))
+    restored = final.keyed(uid, "count")
+    got = dict(zip(restored["key"].to_pylist(), restored["value"].to_pylist(), strict=True))
+    totals = Counter(counts_before)
+    for k in totals:
+        totals[k] += offset
+    totals.update(after)
+    assert got == dict(totals)
