@@ -177,7 +177,7 @@ def test_recover_sink_rolls_back_before_committing_the_restored_checkpoint(
 
     task.recover_sink(sink.committer, None, store, OP)  # type: ignore[arg-type]
     assert ids() == [10, 11, 20, 21, 30, 31] and sink.committer.committed_checkpoint() == 3
-    restored = SimpleNamespace(checkpoint_id=2)  # the newest (3) was damaged
+    restored = SimpleNamespace(checkpoint_id=2, properties={})  # the newest (3) was damaged
     assert task.recover_sink(sink.committer, restored, store, OP) == t2  # type: ignore[arg-type]
     assert ids() == [10, 11, 20, 21] and sink.committer.committed_checkpoint() == 2
     task.recover_sink(sink.committer, restored, store, OP)  # type: ignore[arg-type]

@@ -13,11 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from spark_ckpt.delta.savepoint import (
+    SAVEPOINT_DIR,
+    export_savepoint,
+    open_savepoint,
+    savepoint_directory,
+)
 from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.errors import CheckpointError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.handle import TaskId, TaskStateHandle
+from spark_ckpt.runtime.restore_settings import PIPELINE
 from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.host import REQUEST_ID, STOP
 from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
@@ -28,7 +35,8 @@ RUN = "run-1"
 
 class StandInCoordinator:
     """Answers each request in the mailbox with a completed checkpoint (a savepoint when
-    asked); after a stop's checkpoint it reports the run STOPPED *stop_delay_s* later."""
+    asked, exported into its directory); after a stop's checkpoint it reports the run
+    STOPPED *stop_delay_s* later."""
 
     def __init__(self, root: Path, stop_delay_s: float = 0.6) -> None:
         self.root = str(root)
@@ -58,16 +66,20 @@ class StandInCoordinator:
                 props = {REQUEST_ID: message.request_id}
                 if message.kind is RequestKind.STOP:
                     props[STOP] = message.request_id
-                self.store.commit(
-                    lease,
-                    CompletedCheckpoint(
-                        next_id,
-                        SnapshotType.SAVEPOINT if savepoint else SnapshotType.CHECKPOINT,
-                        (TaskStateHandle(TaskId("t")),),
-                        CheckpointStats(1000 * next_id, 1000 * next_id + 10 * next_id),
-                        props,
-                    ),
+                props[PIPELINE] = "p"
+                if message.target:
+                    props[SAVEPOINT_DIR] = message.target
+                cp = CompletedCheckpoint(
+                    next_id,
+                    SnapshotType.SAVEPOINT if savepoint else SnapshotType.CHECKPOINT,
+                    (TaskStateHandle(TaskId("t")),),
+                    CheckpointStats(1000 * next_id, 1000 * next_id + 10 * next_id),
+                    props,
                 )
+                self.store.commit(lease, cp)
+                if savepoint:  # as the coordinator host does after the completion
+                    directory = savepoint_directory(self.root, cp)
+                    export_savepoint(self.store, cp, directory, pipeline="p", max_parallelism=128)
                 next_id += 1
                 if message.kind is RequestKind.STOP:
                     time.sleep(self.stop_delay_s)
@@ -88,11 +100,20 @@ def test_checkpoint_and_savepoint_requests_are_answered(root: Path) -> None:
     with StandInCoordinator(root):
         cp = client.checkpoint(timeout_s=30)
         sp = client.savepoint(timeout_s=30)
+        elsewhere = client.savepoint(str(root.parent / "elsewhere"), timeout_s=30)
     assert cp.snapshot_type is SnapshotType.CHECKPOINT
     assert sp.snapshot_type is SnapshotType.SAVEPOINT
-    assert [c.checkpoint_id for c in client.checkpoints()] == [cp.checkpoint_id, sp.checkpoint_id]
-    assert client.latest() == sp
+    ids = [cp.checkpoint_id, sp.checkpoint_id, elsewhere.checkpoint_id]
+    assert [c.checkpoint_id for c in client.checkpoints()] == ids
+    assert client.latest() == elsewhere
     assert client.latest(include_savepoints=False) == cp
+    # the savepoints were written where asked: the default directory and the target
+    assert client.savepoint_path(sp) == str(root / "savepoints" / f"savepoint-p-{ids[1]}")
+    assert client.savepoint_path(elsewhere).startswith(str(root.parent / "elsewhere"))
+    for savepoint in (sp, elsewhere):
+        assert open_savepoint(client.savepoint_path(savepoint))[1].checkpoint.checkpoint_id == (
+            savepoint.checkpoint_id
+        )
 
 
 def test_stop_returns_once_the_run_reports_stopped(root: Path) -> None:
