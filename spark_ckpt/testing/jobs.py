@@ -65,6 +65,8 @@ class DemoArgs:
     remote: str | None = None
     #: default directory of savepoints (``--savepoint-dir``)
     savepoint_dir: Path | None = None
+    #: further command-line arguments (e.g. ``("--restore-savepoint", path)``)
+    extra: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
         args = [
@@ -121,7 +123,7 @@ class DemoArgs:
             args.append("--available-now")
         else:
             args += ["--seconds", repr(self.seconds)]
-        return args
+        return args + list(self.extra)
 
     def spec(self) -> GeneratorSpec:
         """The generator behind the job's input (same parsing rules as the job's options)."""

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -232,7 +234,7 @@ def test_restore_an_older_checkpoint_by_id_and_as_of_a_time(
 ) -> None:
     """Three bounded runs (100, 200, 300 rows per channel); restoring the first run's final
     checkpoint rolls the output back to it, then the job goes on exactly-once."""
-    p = pipeline(spark, tmp_path / "root", **{"checkpoint.retained": "10"})
+    p = pipeline(spark, tmp_path / "root", **{"checkpoint.retained": "100"})
     out = tmp_path / "out"
     bounded_run(p, 100, out)
     first = p.client.latest()
@@ -250,6 +252,12 @@ def test_restore_an_older_checkpoint_by_id_and_as_of_a_time(
     assert restored and restored[-1].offsets() == first.offsets()
 
     bounded_run(p, 300, out, restore=RestoreSettings.checkpoint(first.checkpoint_id))
+    assert output(out) == running_counts(key_counts(spec(300), [0, 0], [300, 300]))
+    # the same checkpoint of this root, restored into another root by its path and id
+    other = pipeline(spark, tmp_path / "other-root")
+    bounded_run(
+        other, 300, out, restore=RestoreSettings.checkpoint(first.checkpoint_id, str(p.root))
+    )
     assert output(out) == running_counts(key_counts(spec(300), [0, 0], [300, 300]))
     with pytest.raises(RestoreError, match="no checkpoint"):
         bounded_run(p, 300, out, restore=RestoreSettings.as_of(datetime(2000, 1, 1, tzinfo=UTC)))
@@ -318,6 +326,20 @@ def test_stop_with_savepoint_with_and_without_drain(tmp_path: Path, drain: bool)
     assert [o.offset for o in sp.checkpoint.source_offsets()] == ends
     expected = running_counts(key_counts(args.spec(), [0, 0], ends))
     assert output(tmp_path / "out") == expected
+    if not drain:
+        return
+    # the demo's --restore-savepoint: a new root, more input, the same output table
+    more = replace(
+        args, root=tmp_path / "root2", backlog="5000", available_now=True, max_rows_per_trigger=None
+    )
+    restored_run = launcher.start(replace(more, extra=("--restore-savepoint", answer["path"])))
+    try:
+        assert restored_run.wait(RUN_TIMEOUT_S) == 0, restored_run.tail()
+    finally:
+        assert launcher.cleanup() == []
+    restored_from = re.search(r"restored from: (\d+)", restored_run.tail())
+    assert restored_from and int(restored_from.group(1)) > answer["id"], restored_run.tail()
+    assert output(tmp_path / "out") == running_counts(key_counts(more.spec(), [0, 0], [5000, 5000]))
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
