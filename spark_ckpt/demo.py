@@ -170,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = restore_settings(args)
     except ConfigError as e:
-        p.error(str(e))
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from spark_ckpt.spark.pipeline import Pipeline

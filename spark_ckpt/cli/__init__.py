@@ -1,76 +1,146 @@
 """``spark-ckpt``: the command line.
 
-* ``spark-ckpt demo …`` — the main job (see :mod:`spark_ckpt.demo`);
-* ``spark-ckpt checkpoints --root R`` — completed checkpoints and savepoints of a pipeline;
-* ``spark-ckpt savepoint --root R [--target DIR]`` / ``checkpoint`` / ``stop`` — ask the
-  running pipeline's coordinator and wait for the answer.
+::
 
-Every command goes through :class:`~spark_ckpt.spark.client.PipelineClient`, the client that
-the pipeline object and notebooks use too.
+    spark-ckpt demo …                                  the main job (spark_ckpt.demo), with
+                                                       --restore-savepoint/-checkpoint/-as-of
+    spark-ckpt checkpoints list  --root R              retained checkpoints and savepoints
+    spark-ckpt checkpoints show ID --root R            one checkpoint: subtasks, state, positions
+    spark-ckpt checkpoint --root R                     trigger a checkpoint and wait for it
+    spark-ckpt savepoint trigger --root R [--target D] trigger a savepoint; prints its path
+    spark-ckpt savepoint stop --root R [--drain]       stop the pipeline with a savepoint
+    spark-ckpt savepoint list --dir D | --root R       savepoints in a directory
+    spark-ckpt savepoint dispose PATH                  delete a savepoint
+    spark-ckpt stop --root R [--savepoint] [--drain]   stop with a final checkpoint
+    spark-ckpt state read --path P [--uid U --state S] state of a checkpoint/savepoint
+    spark-ckpt stats --root R [--plot FILE.png]        durations, sizes, alignment, failures
+
+Tables by default, ``--json`` (JSON lines) for scripts. Bad input (a missing root, an
+unknown id, a bad time or file type) prints one ``error: …`` line and exits with 2; a request
+the pipeline did not answer in time exits with 1. Requests and queries go through
+:class:`~spark_ckpt.spark.client.PipelineClient`, the client of the pipeline object and the
+notebooks.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
-from spark_ckpt.errors import CheckpointError, SparkCkptError
+from spark_ckpt.cli import commands
+from spark_ckpt.errors import SparkCkptError
 
-if TYPE_CHECKING:
-    from spark_ckpt.spark.client import PipelineClient
-
-
-def _client(root: str) -> PipelineClient:
-    from spark_ckpt.spark.client import PipelineClient
-
-    return PipelineClient(root)
+Command = Callable[[argparse.Namespace], int]
 
 
-def cmd_checkpoints(args: argparse.Namespace) -> int:
-    for cp in _client(args.root).checkpoints():
-        s = cp.stats
-        print(
-            json.dumps(
-                {
-                    "id": cp.checkpoint_id,
-                    "type": cp.snapshot_type.value,
-                    "duration_ms": s.end_to_end_ms,
-                    "state_bytes": s.state_bytes,
-                    "bytes_written": s.bytes_written,
-                    "alignment_ms": s.max_alignment_ms,
-                    "offsets": {f"{k[0]}/{k[1]}": v for k, v in sorted(cp.offsets().items())},
-                    "properties": dict(cp.properties),
-                }
-            )
+def _command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    text: str,
+    func: Command,
+    *,
+    root: bool = True,
+    timeout: bool = False,
+) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=text, description=text)
+    if root:
+        p.add_argument("--root", required=True, help="the pipeline root")
+    if timeout:
+        p.add_argument(
+            "--timeout", type=float, default=120.0, help="seconds to wait for the answer"
         )
-    return 0
+    p.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    p.set_defaults(func=func)
+    return p
 
 
-def cmd_request(args: argparse.Namespace) -> int:
-    """Post a checkpoint/savepoint/stop request through the pipeline's client and wait for
-    its answer. ``stop`` waits until the running pipeline has stopped (its final checkpoint
-    completed, its output committed, its query ended). The request expires with
-    ``--timeout``: a pipeline started later never acts on it."""
-    client = _client(args.root)
-    try:
-        if args.command == "stop":
-            answer = client.stop(savepoint=args.savepoint, timeout_s=args.timeout)
-        elif args.command == "savepoint":
-            answer = client.savepoint(args.target, timeout_s=args.timeout)
-        else:
-            answer = client.checkpoint(timeout_s=args.timeout)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(
-        json.dumps(
-            {"id": answer.checkpoint_id, "type": answer.snapshot_type.value, **answer.properties}
-        )
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spark-ckpt",
+        description="Flink-style checkpoints and savepoints for Spark Structured Streaming.",
     )
-    return 0
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("demo", help="run the main job (see `spark-ckpt demo --help`)")
+
+    cps = sub.add_parser("checkpoints", help="list or show completed checkpoints")
+    cps_sub = cps.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _command(
+        cps_sub, "list", "retained completed checkpoints and savepoints", commands.checkpoints_list
+    )
+    show = _command(
+        cps_sub, "show", "one completed checkpoint in detail", commands.checkpoints_show
+    )
+    show.add_argument("id", type=int, help="checkpoint id")
+
+    _command(
+        sub,
+        "checkpoint",
+        "trigger a checkpoint and wait for it",
+        commands.checkpoint_trigger,
+        timeout=True,
+    )
+
+    sps = sub.add_parser("savepoint", help="trigger, stop with, list or dispose savepoints")
+    sps_sub = sps.add_subparsers(dest="action", required=True, metavar="ACTION")
+    trig = _command(
+        sps_sub,
+        "trigger",
+        "trigger a savepoint of the running pipeline; prints where it was written",
+        commands.savepoint_trigger,
+        timeout=True,
+    )
+    trig.add_argument("--target", default=None, help="savepoint directory (default savepoint.dir)")
+    sp_stop = _command(
+        sps_sub,
+        "stop",
+        "stop the running pipeline with a final savepoint",
+        commands.stop,
+        timeout=True,
+    )
+    sp_stop.add_argument("--drain", action="store_true", help="read all available input first")
+    sp_stop.set_defaults(savepoint=True)
+    lst = _command(
+        sps_sub, "list", "the savepoints in a directory", commands.savepoint_list, root=False
+    )
+    lst.add_argument("--dir", default=None, help="a savepoint directory")
+    lst.add_argument("--root", default=None, help="a pipeline root (lists ROOT/savepoints)")
+    disp = _command(
+        sps_sub, "dispose", "delete a savepoint directory", commands.savepoint_dispose, root=False
+    )
+    disp.add_argument("path", help="the savepoint's directory")
+
+    st = _command(
+        sub,
+        "stop",
+        "stop the running pipeline with a final checkpoint (or --savepoint)",
+        commands.stop,
+        timeout=True,
+    )
+    st.add_argument("--savepoint", action="store_true", help="a savepoint instead of a checkpoint")
+    st.add_argument("--drain", action="store_true", help="read all available input first")
+
+    state = sub.add_parser("state", help="read the state of a checkpoint or savepoint")
+    state_sub = state.add_subparsers(dest="action", required=True, metavar="ACTION")
+    rd = _command(
+        state_sub,
+        "read",
+        "list the states of a checkpoint or savepoint, or read one (a table, Parquet or CSV)",
+        commands.state_read,
+        root=False,
+    )
+    rd.add_argument("--path", required=True, help="a pipeline root or a savepoint directory")
+    rd.add_argument("--checkpoint", type=int, default=None, help="checkpoint id (default latest)")
+    rd.add_argument("--uid", default=None, help="operator uid")
+    rd.add_argument("--state", default=None, help="state name")
+    rd.add_argument("--out", default=None, help="write all rows to FILE.parquet or FILE.csv")
+    rd.add_argument("--limit", type=int, default=20, help="rows to print (0: all)")
+
+    sts = _command(
+        sub, "stats", "per-checkpoint duration, size, alignment and failures", commands.stats
+    )
+    sts.add_argument("--plot", default=None, metavar="FILE.png", help="also draw them over time")
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,26 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from spark_ckpt.demo import main as demo
 
         return demo(argv[1:])
-    p = argparse.ArgumentParser(prog="spark-ckpt", description="Flink-style checkpoints for Spark")
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run the main job (see `spark-ckpt demo --help`)")
-    c = sub.add_parser("checkpoints", help="list completed checkpoints and savepoints")
-    c.add_argument("--root", required=True)
-    c.set_defaults(func=cmd_checkpoints)
-    for name, text in (
-        ("checkpoint", "trigger a checkpoint"),
-        ("savepoint", "trigger a savepoint"),
-        ("stop", "stop the running pipeline with a final checkpoint (or --savepoint)"),
-    ):
-        r = sub.add_parser(name, help=text)
-        r.add_argument("--root", required=True)
-        r.add_argument("--timeout", type=float, default=120.0)
-        if name == "savepoint":
-            r.add_argument("--target", default=None)
-        if name == "stop":
-            r.add_argument("--savepoint", action="store_true")
-        r.set_defaults(func=cmd_request)
-    args = p.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         return int(args.func(args))
     except SparkCkptError as e:

@@ -34,6 +34,8 @@ guards the cache of the parsed log.
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,11 +56,13 @@ from spark_ckpt.delta.store_tables import (
     store_boundary,
 )
 from spark_ckpt.errors import CorruptCheckpointError, FencedError, StoreError
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.storage.lease import ID_BLOCK, CoordinatorLease
 from spark_ckpt.storage.metadata import parse_completed
 from spark_ckpt.storage.retention import retention_plan
-from spark_ckpt.storage.store import CompletedCheckpoints
+from spark_ckpt.storage.store import MAX_FAILED_RECORDS, CompletedCheckpoints
+
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
@@ -68,6 +72,7 @@ class LogRecord(StrEnum):
 
     LEASE = "lease"
     COMPLETED = "completed"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class _LogView:
     max_epoch: int
     next_id: int  # the largest id_end ever leased (1 when nothing was leased)
     completed: Mapping[int, tuple[str, str]]  # id -> (metadata json, checksum)
+    failed: frozenset[int] = frozenset()  # ids with a failed-checkpoint record
 
 
 class DeltaCheckpointLog(CompletedCheckpoints):
@@ -177,6 +183,59 @@ class DeltaCheckpointLog(CompletedCheckpoints):
 
         self._fenced(f"commit of checkpoint {cid}", lease, action)
 
+    # -- failed checkpoints ----------------------------------------------------------------
+    def record_failure(self, lease: CoordinatorLease, failed: FailedCheckpoint) -> None:
+        """Fenced append of a ``failed`` row (metadata: the record's JSON and its SHA-256);
+        a no-op if the id has one."""
+        text = failed.to_json()
+        row = rows_table(
+            CHECKPOINTS_SCHEMA,
+            {
+                "record": [LogRecord.FAILED.value],
+                "epoch": [lease.epoch],
+                "checkpoint_id": [failed.checkpoint_id],
+                "snapshot_type": [failed.snapshot_type.value],
+                "trigger_ts": [failed.trigger_ms * 1000],
+                "completed_ts": [failed.failed_ms * 1000],
+                "metadata": [text],
+                "checksum": [hashlib.sha256(text.encode()).hexdigest()],
+                "committed_at": [self._tables.now()],
+            },
+        )
+
+        def action(dt: DeltaTable, view: _LogView) -> None:
+            if failed.checkpoint_id in view.failed:
+                return
+            write_deltalake(dt, row, mode="append", commit_properties=no_rebase())
+            self._remember(dt, view, failed=failed.checkpoint_id)
+
+        self._fenced(f"record of failed checkpoint {failed.checkpoint_id}", lease, action)
+
+    def list_failed(self) -> list[FailedCheckpoint]:
+        """Every ``failed`` row, by id; a row that fails its checksum is skipped with a
+        WARNING (statistics never fail a caller)."""
+        with store_boundary("listing failed checkpoints", reading=True):
+            dt = self._tables.load(StoreTable.CHECKPOINTS)
+            if dt is None:
+                return []
+            t = self._tables.scan(dt, ["record", "checkpoint_id", "metadata", "checksum"])
+        rows = t.filter(pc.equal(t["record"], LogRecord.FAILED.value))
+        out: dict[int, FailedCheckpoint] = {}
+        for cid, text, digest in zip(
+            rows["checkpoint_id"].to_pylist(),
+            rows["metadata"].to_pylist(),
+            rows["checksum"].to_pylist(),
+            strict=True,
+        ):
+            if text is None or hashlib.sha256(text.encode()).hexdigest() != digest:
+                log.warning("failed-checkpoint record %s is damaged; skipped", cid)
+                continue
+            try:
+                out.setdefault(int(cid), FailedCheckpoint.from_json(text))
+            except CorruptCheckpointError as e:
+                log.warning("failed-checkpoint record %s is damaged; skipped: %s", cid, e)
+        return [out[k] for k in sorted(out)]
+
     # -- removal ---------------------------------------------------------------------------
     def retire(
         self, lease: CoordinatorLease, retained: int, keep_from: int | None = None
@@ -189,7 +248,7 @@ class DeltaCheckpointLog(CompletedCheckpoints):
         def action(dt: DeltaTable, view: _LogView) -> tuple[list[CompletedCheckpoint], list[int]]:
             kept, dropped = retention_plan(_parse(view), retained, keep_from)
             ids = [c.checkpoint_id for c in dropped]
-            self._delete_completed(dt, view, ids)
+            self._delete_completed(dt, view, ids, failed=sorted(view.failed)[:-MAX_FAILED_RECORDS])
             return kept, ids
 
         return self._fenced("retain", lease, action)
@@ -248,13 +307,24 @@ class DeltaCheckpointLog(CompletedCheckpoints):
         self._remember(dt, view, lease=lease)
         return lease
 
-    def _delete_completed(self, dt: DeltaTable, view: _LogView, ids: Sequence[int]) -> None:
-        """Fenced removal of completed rows (one commit on the checked snapshot *view*)."""
-        if not ids:
+    def _delete_completed(
+        self, dt: DeltaTable, view: _LogView, ids: Sequence[int], failed: Sequence[int] = ()
+    ) -> None:
+        """Fenced removal of completed rows *ids* and failed-checkpoint rows *failed* (one
+        commit on the checked snapshot *view*)."""
+        if not ids and not failed:
             return
-        predicate = f"record = '{LogRecord.COMPLETED.value}' AND checkpoint_id IN {sql_list(ids)}"
-        dt.delete(predicate, commit_properties=no_rebase())
-        self._remember(dt, view, removed=ids)
+        parts = []
+        if ids:
+            parts.append(
+                f"(record = '{LogRecord.COMPLETED.value}' AND checkpoint_id IN {sql_list(ids)})"
+            )
+        if failed:
+            parts.append(
+                f"(record = '{LogRecord.FAILED.value}' AND checkpoint_id IN {sql_list(failed)})"
+            )
+        dt.delete(" OR ".join(parts), commit_properties=no_rebase())
+        self._remember(dt, view, removed=ids, failed_removed=failed)
 
     # -- the parsed log --------------------------------------------------------------------
     def _view(self, dt: DeltaTable) -> _LogView:
@@ -277,6 +347,8 @@ class DeltaCheckpointLog(CompletedCheckpoints):
         lease: CoordinatorLease | None = None,
         completed: tuple[int, tuple[str, str]] | None = None,
         removed: Sequence[int] = (),
+        failed: int | None = None,
+        failed_removed: Sequence[int] = (),
     ) -> None:
         """After a no-rebase commit made on the snapshot *view*: cache the log it produced,
         *view* plus that commit, so the next fenced step need not scan the table again. Only
@@ -288,11 +360,15 @@ class DeltaCheckpointLog(CompletedCheckpoints):
         done = {k: v for k, v in view.completed.items() if k not in gone}
         if completed is not None:
             done[completed[0]] = completed[1]
+        failed_ids = (view.failed - set(failed_removed)) | (
+            {failed} if failed is not None else set()
+        )
         after = _LogView(
             view.version + 1,
             max(view.max_epoch, lease.epoch if lease else 0),
             max(view.next_id, lease.end_id if lease else 0),
             done,
+            frozenset(failed_ids),
         )
         with self._lock:
             self._view_cache = after
@@ -303,6 +379,7 @@ class DeltaCheckpointLog(CompletedCheckpoints):
         )
         leases = t.filter(pc.equal(t["record"], LogRecord.LEASE.value))
         done = t.filter(pc.equal(t["record"], LogRecord.COMPLETED.value))
+        failed = t.filter(pc.equal(t["record"], LogRecord.FAILED.value))
         max_epoch = pc.max(leases["epoch"]).as_py() if leases.num_rows else 0
         next_id = pc.max(leases["id_end"]).as_py() if leases.num_rows else 1
         completed: dict[int, tuple[str, str]] = {}
@@ -317,7 +394,13 @@ class DeltaCheckpointLog(CompletedCheckpoints):
             previous = completed.setdefault(cid, (text, digest))
             if previous != (text, digest):
                 raise CorruptCheckpointError(f"checkpoint {cid} was committed twice, differently")
-        return _LogView(dt.version(), int(max_epoch or 0), int(next_id or 1), completed)
+        return _LogView(
+            dt.version(),
+            int(max_epoch or 0),
+            int(next_id or 1),
+            completed,
+            frozenset(int(i) for i in failed["checkpoint_id"].to_pylist()),
+        )
 
 
 def _parse(view: _LogView) -> list[CompletedCheckpoint]:

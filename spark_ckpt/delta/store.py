@@ -44,7 +44,7 @@ from spark_ckpt.delta.checkpoint_log import DeltaCheckpointLog
 from spark_ckpt.delta.garbage_collector import DeltaGarbageCollector
 from spark_ckpt.delta.store_tables import StoreTable, StoreTables
 from spark_ckpt.errors import CorruptCheckpointError, StoreError
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock
 from spark_ckpt.protocol.handle import BlobRef, TaskSnapshot, TaskStateHandle
 from spark_ckpt.storage.lease import CoordinatorLease
@@ -102,6 +102,13 @@ class DeltaCheckpointStore(CheckpointStore):
         id is already committed. Every referenced blob must have been written
         (:class:`StoreError` otherwise)."""
         self._log.commit(lease, checkpoint, check_written=self._blobs.check_written)
+
+    def record_failure(self, lease: CoordinatorLease, failed: FailedCheckpoint) -> None:
+        """A ``failed`` row in ``checkpoints``: fenced, idempotent per id."""
+        self._log.record_failure(lease, failed)
+
+    def list_failed(self) -> list[FailedCheckpoint]:
+        return self._log.list_failed()
 
     def list_completed_lenient(
         self,

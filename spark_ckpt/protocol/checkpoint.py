@@ -142,3 +142,58 @@ class CompletedCheckpoint:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptCheckpointError(f"checkpoint metadata is malformed: {e}") from e
+
+
+@dataclass(frozen=True)
+class FailedCheckpoint:
+    """A checkpoint (or savepoint) that was triggered and then aborted: declined by a task,
+    expired, subsumed, or cancelled by a failure or shutdown. Recorded durably next to the
+    completed ones (:meth:`~spark_ckpt.storage.store.CheckpointLog.record_failure`), with the
+    figures of the tasks that had acknowledged before the abort. ``reason`` is a
+    :class:`~spark_ckpt.runtime.failure.CheckpointFailureReason` value."""
+
+    checkpoint_id: int
+    snapshot_type: SnapshotType
+    trigger_ms: int
+    failed_ms: int
+    reason: str
+    message: str = ""
+    task_metrics: Mapping[str, CheckpointMetrics] = field(default_factory=dict)
+
+    @property
+    def duration_ms(self) -> int:
+        return self.failed_ms - self.trigger_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "checkpoint_id": self.checkpoint_id,
+            "type": self.snapshot_type.value,
+            "trigger_ms": self.trigger_ms,
+            "failed_ms": self.failed_ms,
+            "duration_ms": self.duration_ms,
+            "reason": self.reason,
+            "message": self.message,
+            "task_metrics": {k: v.to_dict() for k, v in sorted(self.task_metrics.items())},
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str) -> FailedCheckpoint:
+        try:
+            d = json.loads(text)
+            return FailedCheckpoint(
+                checkpoint_id=int(d["checkpoint_id"]),
+                snapshot_type=SnapshotType(d["type"]),
+                trigger_ms=int(d["trigger_ms"]),
+                failed_ms=int(d["failed_ms"]),
+                reason=str(d["reason"]),
+                message=str(d.get("message", "")),
+                task_metrics={
+                    str(k): CheckpointMetrics.from_dict(v)
+                    for k, v in d.get("task_metrics", {}).items()
+                },
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptCheckpointError(f"failed-checkpoint record is malformed: {e}") from e

@@ -44,7 +44,7 @@ from spark_ckpt.errors import (
     TolerableFailuresExceededError,
 )
 from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock
 from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
 from spark_ckpt.runtime.config import (
@@ -134,6 +134,11 @@ _DISCARD_ON: dict[ExternalizedCheckpointRetention, frozenset[JobStatus]] = {
     ),
     ExternalizedCheckpointRetention.RETAIN_ON_CANCELLATION: frozenset(),
 }
+
+
+def _priority(req: CheckpointRequest) -> int:
+    """Queue order of a request: savepoints and final checkpoints (0) before the rest (1)."""
+    return 0 if req.snapshot_type is SnapshotType.SAVEPOINT or req.final or req.forced else 1
 
 
 def discards_checkpoints(retention: ExternalizedCheckpointRetention, status: JobStatus) -> bool:
@@ -241,9 +246,7 @@ class CheckpointCoordinator:
         """The job restored from *checkpoint* (by default assumed to be the latest completed
         one): until a task reports its own incremental base, retention keeps everything
         from there. Call before :meth:`start`."""
-        self._bases = (
-            {t: checkpoint.checkpoint_id for t in self.tasks_to_ack} if checkpoint else {}
-        )
+        self._bases = {t: checkpoint.checkpoint_id for t in self.tasks_to_ack} if checkpoint else {}
 
     def start(self) -> None:
         """Start periodic triggering (if an interval is configured)."""
@@ -332,8 +335,14 @@ class CheckpointCoordinator:
         )
 
     def _request(self, req: CheckpointRequest) -> CheckpointRequest:
+        """Queue *req* behind the requests of its priority and ahead of lower ones (Flink's
+        ``CheckpointRequestDecider``): savepoints and final (stop) checkpoints come before
+        manual checkpoints, so a savepoint or stop never waits behind queued checkpoints;
+        being forced, they then trigger at once (past max concurrent and min pause)."""
         self._ensure_running()
-        self._queue.append(req)
+        rank = _priority(req)
+        at = next((i for i, q in enumerate(self._queue) if _priority(q) > rank), len(self._queue))
+        self._queue.insert(at, req)
         self._trigger_what_is_allowed()
         return req
 
@@ -565,6 +574,7 @@ class CheckpointCoordinator:
         self.history.append(
             HistoryEntry(cid, pending.snapshot_type, pending.trigger_ms, now, failure=failure)
         )
+        self._record_failure(pending, failure, now)
         req = self._requests_by_id.pop(cid, None)
         if req is not None:
             req.status = RequestStatus.FAILED
@@ -578,6 +588,28 @@ class CheckpointCoordinator:
             except TolerableFailuresExceededError as e:
                 self._fail(e)
                 raise
+
+    def _record_failure(
+        self, pending: PendingCheckpoint, failure: CheckpointFailure, now: int
+    ) -> None:
+        """Keep the failure in the store next to the completed checkpoints, with the figures
+        of the tasks that acknowledged. Statistics never fail the job: a store error is
+        logged (a fenced coordinator records nothing)."""
+        record = FailedCheckpoint(
+            checkpoint_id=pending.checkpoint_id,
+            snapshot_type=pending.snapshot_type,
+            trigger_ms=pending.trigger_ms,
+            failed_ms=now,
+            reason=failure.reason.value,
+            message=failure.message,
+            task_metrics={str(t): a.metrics for t, a in sorted(pending.acks.items())},
+        )
+        try:
+            self.store.record_failure(self._lease, record)
+        except FencedError:
+            pass
+        except StoreError as e:
+            log.warning("checkpoint %d: failure not recorded: %s", pending.checkpoint_id, e)
 
     def _fail(self, cause: Exception) -> None:
         self.failure_cause = cause

@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from statistics import mean
 from typing import TYPE_CHECKING
 
 from spark_ckpt.errors import CheckpointError
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.spark.host import REQUEST_ID
 from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
@@ -48,7 +50,8 @@ class Span:
 class CheckpointSummary:
     """Statistics over the retained completed checkpoints and savepoints (Flink's checkpoint
     summary): counts, the latest, and min/avg/max of end-to-end duration, state size and
-    alignment time. Spans are None when nothing is retained."""
+    alignment time; the failed and aborted checkpoints on record by reason, and the last.
+    Spans are None when nothing is retained."""
 
     checkpoints: int
     savepoints: int
@@ -56,6 +59,9 @@ class CheckpointSummary:
     duration_ms: Span | None
     state_bytes: Span | None
     alignment_ms: Span | None
+    #: failed and aborted checkpoints on record, by reason (a CheckpointFailureReason value)
+    failures: Mapping[str, int] = field(default_factory=dict)
+    last_failure: FailedCheckpoint | None = None
 
 
 def _span(values: list[int]) -> Span | None:
@@ -199,6 +205,7 @@ class PipelineClient:
     def stats(self) -> CheckpointSummary:
         """Statistics over the retained checkpoints (see :class:`CheckpointSummary`)."""
         completed = self.checkpoints()
+        failed = self.failures()
         return CheckpointSummary(
             checkpoints=sum(not c.is_savepoint for c in completed),
             savepoints=sum(c.is_savepoint for c in completed),
@@ -206,7 +213,14 @@ class PipelineClient:
             duration_ms=_span([c.stats.end_to_end_ms for c in completed]),
             state_bytes=_span([c.stats.state_bytes for c in completed]),
             alignment_ms=_span([c.stats.max_alignment_ms for c in completed]),
+            failures=dict(sorted(Counter(f.reason for f in failed).items())),
+            last_failure=failed[-1] if failed else None,
         )
+
+    def failures(self) -> list[FailedCheckpoint]:
+        """The failed and aborted checkpoints on record (the newest 100 or more), by id: the
+        reason, the message, and the figures of the subtasks that had acknowledged."""
+        return self.store.list_failed()
 
     def runs(self) -> list[RunStatus]:
         """The status of each recent run (attempt) of the pipeline."""

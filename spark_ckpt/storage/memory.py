@@ -20,7 +20,7 @@ from spark_ckpt.errors import (
     FencedError,
     StoreError,
 )
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.handle import (
     BlobRef,
     TaskSnapshot,
@@ -32,7 +32,7 @@ from spark_ckpt.protocol.handle import (
 from spark_ckpt.storage.lease import ID_BLOCK, CoordinatorLease
 from spark_ckpt.storage.metadata import parse_completed
 from spark_ckpt.storage.retention import garbage_blobs, retention_plan
-from spark_ckpt.storage.store import CheckpointStore
+from spark_ckpt.storage.store import MAX_FAILED_RECORDS, CheckpointStore
 
 
 class InMemoryCheckpointStore(CheckpointStore):
@@ -45,6 +45,7 @@ class InMemoryCheckpointStore(CheckpointStore):
         self._next_id = 1
         self._blobs: dict[tuple[object, ...], tuple[BlobRef, bytes]] = {}
         self._completed: dict[int, tuple[str, str]] = {}  # id -> (json, checksum)
+        self._failed: dict[int, str] = {}  # id -> json of the FailedCheckpoint
 
     # -- fencing and ids -------------------------------------------------------------------
     def acquire(self) -> CoordinatorLease:
@@ -125,10 +126,22 @@ class InMemoryCheckpointStore(CheckpointStore):
             self._check(lease)
             for c in dropped:
                 self._completed.pop(c.checkpoint_id, None)
+            for cid in sorted(self._failed)[:-MAX_FAILED_RECORDS]:
+                del self._failed[cid]
             if collect_garbage:
                 for ref in garbage_blobs([r for r, _ in self._blobs.values()], kept):
                     self._blobs.pop(ref.key, None)
         return [c.checkpoint_id for c in dropped]
+
+    def record_failure(self, lease: CoordinatorLease, failed: FailedCheckpoint) -> None:
+        with self._lock:
+            self._check(lease)
+            self._failed.setdefault(failed.checkpoint_id, failed.to_json())
+
+    def list_failed(self) -> list[FailedCheckpoint]:
+        with self._lock:
+            texts = [t for _, t in sorted(self._failed.items())]
+        return [FailedCheckpoint.from_json(t) for t in texts]
 
     def discard(self, lease: CoordinatorLease, checkpoint_ids: Iterable[int]) -> None:
         ids = set(checkpoint_ids)

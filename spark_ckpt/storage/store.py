@@ -77,11 +77,14 @@ from spark_ckpt.errors import (
     CorruptCheckpointError,
     StoreError,
 )
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.handle import BlobRef, TaskSnapshot, TaskStateHandle
 from spark_ckpt.storage.lease import CoordinatorLease
 
 log = logging.getLogger(__name__)
+
+#: How many failed-checkpoint records retention keeps (the newest).
+MAX_FAILED_RECORDS = 100
 
 
 def describe_blob(ref: BlobRef) -> str:
@@ -110,6 +113,12 @@ class CompletedCheckpoints(ABC):
         verification does not hide the others: returns the checkpoints whose metadata
         verifies (oldest first) and one :class:`CorruptCheckpointError` per damaged one
         (with its ``checkpoint_id``, oldest first). Other store errors propagate."""
+
+    @abstractmethod
+    def list_failed(self) -> list[FailedCheckpoint]:
+        """The failed and aborted checkpoints recorded by
+        :meth:`CheckpointLog.record_failure` (the newest :data:`MAX_FAILED_RECORDS` or
+        more), by id."""
 
     def list_completed(self) -> list[CompletedCheckpoint]:
         """Every visible completed checkpoint and savepoint, oldest first. Raises
@@ -154,6 +163,12 @@ class CheckpointLog(CompletedCheckpoints):
     def commit(self, lease: CoordinatorLease, checkpoint: CompletedCheckpoint) -> None:
         """The completion commit. Idempotent per checkpoint id; fenced. Every blob the
         checkpoint references must have been written (:class:`StoreError` otherwise)."""
+
+    @abstractmethod
+    def record_failure(self, lease: CoordinatorLease, failed: FailedCheckpoint) -> None:
+        """Record a failed or aborted checkpoint next to the completed ones (statistics that
+        outlive the coordinator). Fenced; idempotent per checkpoint id. Retention keeps the
+        newest :data:`MAX_FAILED_RECORDS` records."""
 
     @abstractmethod
     def retain(

@@ -34,6 +34,7 @@ from conftest import output_rows, read_delta, running_count_rows
 from deltalake import write_deltalake
 
 from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher, DemoRun
 
@@ -298,6 +299,17 @@ def test_storage_failing_for_a_while_is_tolerated(job: Job) -> None:
     job.wait_checkpoint_after(run, max(before, refused))
     job.stop(run)
     assert restarts_of(run) == 0, run.tail()
+    # the declined checkpoints are on record after the job, with their reason, for any
+    # client and for ``spark-ckpt stats``
+    declined = [f for f in PipelineClient(str(job.root)).failures() if f.reason == "declined"]
+    # (two refused writes: one or two declined checkpoints, as the subtasks meet them)
+    assert declined and all(f.checkpoint_id > before for f in declined), declined
+    assert all("No space left on device" in f.message for f in declined), declined
+    stats = cli("stats", "--root", str(job.root), "--json")
+    assert stats.returncode == 0, stats.stderr
+    rows = [json.loads(line) for line in stats.stdout.splitlines()]
+    failed_ids = {r["checkpoint_id"] for r in rows if r["status"] == "failed"}
+    assert {f.checkpoint_id for f in declined} <= failed_ids
     job.drain_and_check()
 
 

@@ -754,3 +754,39 @@ def test_random_interleavings_delta(
     tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, object]]
 ) -> None:
     _run_model(lambda: _delta_backend(tmp_path_factory.mktemp("model")), ops)
+
+
+# ------------------------------------------------------------------ failed checkpoints
+
+
+def test_failed_checkpoints_are_recorded_fenced_idempotent_and_pruned(backend: Backend) -> None:
+    """Records outlive the coordinator (a fresh handle reads them), a repeated record changes
+    nothing, a superseded lease records nothing, completed checkpoints are unaffected, and
+    retention keeps the newest MAX_FAILED_RECORDS."""
+    from spark_ckpt.protocol.checkpoint import FailedCheckpoint
+    from spark_ckpt.protocol.handle import CheckpointMetrics
+    from spark_ckpt.storage.store import MAX_FAILED_RECORDS
+
+    store = backend.open()
+    lease = store.acquire()
+    done = write_and_commit(store, lease, lease.first_id, blob(BlobKind.OPERATOR, kv(("a", 1))))
+
+    def failed(cid: int) -> FailedCheckpoint:
+        metrics = {"op#0": CheckpointMetrics(1, 2, 3, 4, 5, 6)}
+        return FailedCheckpoint(
+            cid, SnapshotType.CHECKPOINT, 10 * cid, 10 * cid + 7, "expired", "late", metrics
+        )
+
+    store.record_failure(lease, failed(lease.first_id + 1))
+    store.record_failure(lease, failed(lease.first_id + 1))
+    assert backend.open().list_failed() == [failed(lease.first_id + 1)]
+    assert store.list_completed() == [done]
+    newer = store.acquire()
+    with pytest.raises(FencedError):
+        store.record_failure(lease, failed(lease.first_id + 2))
+    base = newer.first_id
+    for cid in range(base, base + MAX_FAILED_RECORDS + 5):
+        store.record_failure(newer, failed(cid))
+    store.retain(newer, 5)
+    kept = [f.checkpoint_id for f in backend.open().list_failed()]
+    assert kept == list(range(base + 5, base + MAX_FAILED_RECORDS + 5))

@@ -1,0 +1,313 @@
+"""The commands of ``spark-ckpt`` (see :mod:`spark_ckpt.cli` for the command line).
+
+Each command takes the parsed arguments, prints a readable table (or JSON lines with
+``--json``) to stdout and returns the exit status. Bad input raises a
+:class:`~spark_ckpt.errors.SparkCkptError`, which :func:`spark_ckpt.cli.main` prints as one
+``error: …`` line (exit status 2); a request nobody answered exits with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from spark_ckpt.cli.table import Row, json_lines, render, size, when
+from spark_ckpt.errors import CheckpointError, CheckpointNotFoundError, ConfigError
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.handle import CheckpointMetrics
+
+if TYPE_CHECKING:
+    from spark_ckpt.spark.client import PipelineClient
+
+
+_NO_METRICS = CheckpointMetrics()
+
+
+def client(root: str) -> PipelineClient:
+    """The client of the pipeline root *root*; :class:`CheckpointNotFoundError` if there is
+    no pipeline root there (a local path that does not exist or has no checkpoint log)."""
+    from spark_ckpt.spark.client import PipelineClient
+
+    if "://" not in root and not os.path.isdir(os.path.join(root, "checkpoints")):
+        raise CheckpointNotFoundError(f"no pipeline root at {os.path.abspath(root)}")
+    return PipelineClient(root)
+
+
+def emit(
+    args: argparse.Namespace, rows: Sequence[Row], columns: Sequence[str] | None = None
+) -> None:
+    print(json_lines(rows) if args.json else render(rows, columns))
+
+
+def checkpoint_row(cp: CompletedCheckpoint) -> dict[str, Any]:
+    s = cp.stats
+    return {
+        "id": cp.checkpoint_id,
+        "type": cp.snapshot_type.value,
+        "completed": when(s.completed_ms),
+        "duration_ms": s.end_to_end_ms,
+        "state": size(s.state_bytes),
+        "written": size(s.bytes_written),
+        "channel_state": size(s.channel_state_bytes),
+        "alignment_ms": s.max_alignment_ms,
+        "start_delay_ms": s.max_start_delay_ms,
+        "restored_from": cp.properties.get("restored_from", ""),
+    }
+
+
+def checkpoint_json(cp: CompletedCheckpoint) -> dict[str, Any]:
+    s = cp.stats
+    return {
+        "id": cp.checkpoint_id,
+        "type": cp.snapshot_type.value,
+        "trigger_ms": s.trigger_ms,
+        "completed_ms": s.completed_ms,
+        "duration_ms": s.end_to_end_ms,
+        "state_bytes": s.state_bytes,
+        "bytes_written": s.bytes_written,
+        "channel_state_bytes": s.channel_state_bytes,
+        "alignment_ms": s.max_alignment_ms,
+        "start_delay_ms": s.max_start_delay_ms,
+        "offsets": {f"{k[0]}/{k[1]}": v for k, v in sorted(cp.offsets().items())},
+        "properties": dict(cp.properties),
+    }
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+def checkpoints_list(args: argparse.Namespace) -> int:
+    cps = client(args.root).checkpoints()
+    if args.json:
+        print(json_lines([checkpoint_json(c) for c in cps]))
+    else:
+        print(render([checkpoint_row(c) for c in cps]))
+    return 0
+
+
+def checkpoints_show(args: argparse.Namespace) -> int:
+    cp = client(args.root).store.get(args.id)
+    if args.json:
+        detail = checkpoint_json(cp)
+        detail["tasks"] = [
+            {"task": str(t.task), **cp.stats.task_metrics.get(str(t.task), _NO_METRICS).to_dict()}
+            for t in cp.tasks
+        ]
+        detail["blobs"] = [b.to_dict() for b in cp.blobs()]
+        print(json_lines([detail]))
+        return 0
+    print(render([checkpoint_row(cp)]))
+    print("\nproperties")
+    print(render([{"key": k, "value": v} for k, v in sorted(cp.properties.items())]))
+    print("\nsubtasks")
+    rows = []
+    for t in cp.tasks:
+        m = cp.stats.task_metrics.get(str(t.task), _NO_METRICS)
+        rows.append(
+            {
+                "subtask": str(t.task),
+                "sync_ms": m.sync_ms,
+                "async_ms": m.async_ms,
+                "alignment_ms": m.alignment_ms,
+                "start_delay_ms": m.start_delay_ms,
+                "state": size(t.state_bytes()),
+                "channel_state": size(t.channel_state_bytes()),
+            }
+        )
+    print(render(rows))
+    print("\nstate")
+    states: dict[tuple[str, str, str], list[int]] = {}
+    for b in cp.blobs():
+        agg = states.setdefault((b.operator_uid, b.state_name, b.kind.value), [0, 0, 0])
+        agg[0] += 1
+        agg[1] += b.rows
+        agg[2] += b.nbytes
+    print(
+        render(
+            [
+                {"uid": u, "state": n, "kind": k, "blobs": a[0], "rows": a[1], "size": size(a[2])}
+                for (u, n, k), a in sorted(states.items())
+            ]
+        )
+    )
+    print("\nsource positions")
+    print(
+        render(
+            [{"source": s, "channel": c, "offset": o} for (s, c), o in sorted(cp.offsets().items())]
+        )
+    )
+    return 0
+
+
+# -- requests ---------------------------------------------------------------------------------
+def _answer(args: argparse.Namespace, cp: CompletedCheckpoint, extra: dict[str, Any]) -> None:
+    row = {**checkpoint_json(cp), **extra} if args.json else {**checkpoint_row(cp), **extra}
+    emit(args, [row])
+
+
+def checkpoint_trigger(args: argparse.Namespace) -> int:
+    c = client(args.root)
+    try:
+        cp = c.checkpoint(timeout_s=args.timeout)
+    except CheckpointError as e:
+        print(f"error: {e}", flush=True, file=_stderr())
+        return 1
+    _answer(args, cp, {})
+    return 0
+
+
+def savepoint_trigger(args: argparse.Namespace) -> int:
+    c = client(args.root)
+    try:
+        sp = c.savepoint(args.target, timeout_s=args.timeout)
+        path = _exported(c, sp, args.timeout)
+    except CheckpointError as e:
+        print(f"error: {e}", flush=True, file=_stderr())
+        return 1
+    _answer(args, sp, {"path": path})
+    return 0
+
+
+def stop(args: argparse.Namespace) -> int:
+    """``stop`` and ``savepoint stop``: a final checkpoint (or savepoint), then the run ends."""
+    c = client(args.root)
+    savepoint = bool(getattr(args, "savepoint", False))
+    try:
+        final = c.stop(savepoint=savepoint, drain=args.drain, timeout_s=args.timeout)
+        extra = {"path": _exported(c, final, args.timeout)} if final.is_savepoint else {}
+    except CheckpointError as e:
+        print(f"error: {e}", flush=True, file=_stderr())
+        return 1
+    _answer(args, final, extra)
+    return 0
+
+
+def _exported(c: PipelineClient, savepoint: CompletedCheckpoint, timeout_s: float) -> str:
+    from spark_ckpt.spark.savepoints import wait_exported
+
+    return wait_exported(c.root, savepoint, timeout_s).path
+
+
+def _stderr() -> Any:
+    import sys
+
+    return sys.stderr
+
+
+# -- savepoints -------------------------------------------------------------------------------
+def savepoint_list(args: argparse.Namespace) -> int:
+    from spark_ckpt.delta.savepoint import DEFAULT_SUBDIR, list_savepoints
+
+    if args.dir is None and args.root is None:
+        raise ConfigError("savepoint list", "", "--dir DIR or --root ROOT")
+    directory = args.dir or os.path.join(args.root, DEFAULT_SUBDIR)
+    if "://" not in directory and not os.path.isdir(directory):
+        raise CheckpointNotFoundError(f"no savepoint directory at {os.path.abspath(directory)}")
+    found = list_savepoints(directory)
+    rows = [
+        {
+            "path": s.path,
+            "id": s.checkpoint.checkpoint_id,
+            "pipeline": s.pipeline,
+            "completed": when(s.checkpoint.stats.completed_ms),
+            "state": size(s.checkpoint.stats.state_bytes),
+        }
+        for s in found
+    ]
+    emit(args, rows)
+    return 0
+
+
+def savepoint_dispose(args: argparse.Namespace) -> int:
+    from spark_ckpt.delta.savepoint import dispose_savepoint
+
+    gone = dispose_savepoint(args.path)
+    emit(args, [{"disposed": gone.path, "id": gone.checkpoint.checkpoint_id}])
+    return 0
+
+
+# -- state ------------------------------------------------------------------------------------
+def state_read(args: argparse.Namespace) -> int:
+    from spark_ckpt.offline import StateReader
+
+    if "://" not in args.path and not os.path.isdir(args.path):
+        raise CheckpointNotFoundError(f"no checkpoint store at {os.path.abspath(args.path)}")
+    reader = StateReader.open(args.path, args.checkpoint)
+    if args.uid is None:
+        rows = [
+            {"uid": uid, "state": name, "kind": reader.state_kind(uid, name)}
+            for uid in reader.uids()
+            for name in reader.state_names(uid)
+        ]
+        emit(args, rows)
+        return 0
+    if args.state is None:
+        raise ConfigError("state read", "", "--state NAME with --uid (list them without --uid)")
+    if args.state in reader.keyed_state_names(args.uid):
+        table = reader.keyed(args.uid, args.state)
+    else:
+        table = reader.operator_state(args.uid, args.state)
+    if args.out:
+        _write_table(table, args.out)
+        print(f"{table.num_rows} rows written to {args.out}")
+        return 0
+    rows = table.slice(0, args.limit).to_pylist() if args.limit else table.to_pylist()
+    emit(args, rows)
+    if not args.json and args.limit and table.num_rows > args.limit:
+        print(f"... {table.num_rows - args.limit} more rows (--limit 0 for all, --out FILE)")
+    return 0
+
+
+def _write_table(table: Any, path: str) -> None:
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path)
+    elif ext == ".csv":
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, path)
+    else:
+        raise ConfigError("--out", path, "a file name ending in .parquet or .csv")
+
+
+# -- statistics -------------------------------------------------------------------------------
+def stats(args: argparse.Namespace) -> int:
+    c = client(args.root)
+    completed = c.checkpoints()
+    failures = c.failures()
+    if args.json:
+        rows: list[Row] = [{"status": "completed", **checkpoint_json(cp)} for cp in completed]
+        rows += [{"status": "failed", **f.to_dict()} for f in failures]
+        print(json_lines(rows))
+    else:
+        summary = c.stats()
+        print(
+            f"{summary.checkpoints} checkpoints, {summary.savepoints} savepoints retained; "
+            f"{len(failures)} failed or aborted"
+        )
+        print(render([checkpoint_row(cp) for cp in completed]))
+        if failures:
+            print("\nfailed and aborted checkpoints")
+            print(
+                render(
+                    [
+                        {
+                            "id": f.checkpoint_id,
+                            "failed": when(f.failed_ms),
+                            "duration_ms": f.duration_ms,
+                            "reason": f.reason,
+                            "message": f.message,
+                        }
+                        for f in failures
+                    ]
+                )
+            )
+    if args.plot:
+        from spark_ckpt.spark.stats_plot import plot_checkpoint_stats
+
+        plot_checkpoint_stats(c.root, args.plot, client=c)
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0

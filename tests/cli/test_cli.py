@@ -1,0 +1,264 @@
+"""``spark-ckpt`` through the installed console script, on a pipeline root and savepoint
+directory built without Spark (real Delta tables). Oracles are the values the test wrote.
+
+The request commands (``checkpoint``, ``savepoint trigger|stop``, ``stop``) need a running
+pipeline: tests/integration (test_faults, test_savepoints) drive them against real jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from spark_ckpt.delta.savepoint import export_savepoint
+from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.protocol.barrier import SnapshotType
+from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
+from spark_ckpt.protocol.handle import CheckpointMetrics, SourceOffset
+from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.descriptor import ValueStateDescriptor
+from spark_ckpt.state.keygroup import key_group_indices, subtask_for_key_group
+
+COUNT = ValueStateDescriptor("count", pa.int64())
+ORACLE = {k: 10 * k + 1 for k in range(40)}
+
+
+def key_group(key: int) -> int:
+    return int(key_group_indices(pa.array([key], pa.int64()), 128)[0])
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).parent / "spark-ckpt"
+    return subprocess.run(
+        [str(script), *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Checkpoints 1..3 of operator 'counter' (2 subtasks); 3 is a savepoint, exported."""
+    base = tmp_path_factory.mktemp("cli")
+    store = DeltaCheckpointStore(str(base / "root"))
+    lease = store.acquire()
+    backends = [KeyedStateBackend.for_subtask("counter", i, 2, pa.int64(), 128) for i in range(2)]
+    for i, b in enumerate(backends):
+        mine = [k for k in ORACLE if subtask_for_key_group(128, 2, key_group(k)) == i]
+        b.put_values(
+            COUNT, pa.array(mine, pa.int64()), pa.array([ORACLE[k] for k in mine], pa.int64())
+        )
+    for n in range(3):
+        cid = lease.first_id + n
+        handles = []
+        for b in backends:
+            snap = b.snapshot(cid, full=True)
+            offsets = (SourceOffset("source", 0, 100 * (n + 1)), SourceOffset("source", 1, 7))
+            snap = type(snap)(snap.task, snap.new_blobs, snap.reused, offsets)
+            handles.append(store.write_task_state(cid, snap))
+        metrics = {
+            str(h.task): CheckpointMetrics(3, 40 + n, 5, 2, h.state_bytes()) for h in handles
+        }
+        kind = SnapshotType.SAVEPOINT if n == 2 else SnapshotType.CHECKPOINT
+        cp = CompletedCheckpoint(
+            cid,
+            kind,
+            tuple(sorted(handles, key=lambda h: h.task)),
+            CheckpointStats(
+                1_000_000 * (n + 1), 1_000_000 * (n + 1) + 50 + n, 100, 100, 0, metrics
+            ),
+            {"pipeline": "counts"},
+        )
+        store.commit(lease, cp)
+        for b, h in zip(backends, handles, strict=True):
+            b.notify_checkpoint_complete(cid, h)
+    export_savepoint(store, cp, str(base / "savepoints"), pipeline="counts", max_parallelism=128)
+    return base / "root"
+
+
+def lines(text: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def assert_one_error_line(done: subprocess.CompletedProcess[str], text: str) -> None:
+    assert done.returncode == 2, done
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
+    assert text in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_checkpoints_list_as_a_table_and_as_json(root: Path) -> None:
+    table = cli("checkpoints", "list", "--root", str(root))
+    assert table.returncode == 0, table.stderr
+    header, rule, *rows = table.stdout.splitlines()
+    assert header.split()[:3] == ["id", "type", "completed"] and set(rule) <= {"-", " "}
+    assert [r.split()[1] for r in rows] == ["checkpoint", "checkpoint", "savepoint"]
+    js = lines(cli("checkpoints", "list", "--root", str(root), "--json").stdout)
+    assert [r["type"] for r in js] == ["checkpoint", "checkpoint", "savepoint"]
+    assert [r["duration_ms"] for r in js] == [50, 51, 52]
+    assert js[0]["offsets"] == {"source/0": 100, "source/1": 7}
+
+
+def test_checkpoints_show_has_subtasks_state_and_positions(root: Path) -> None:
+    first = lines(cli("checkpoints", "list", "--root", str(root), "--json").stdout)[0]["id"]
+    shown = cli("checkpoints", "show", str(first), "--root", str(root))
+    assert shown.returncode == 0, shown.stderr
+    for part in ("subtasks", "counter#0", "counter#1", "state", "count", "source positions"):
+        assert part in shown.stdout, shown.stdout
+    [detail] = lines(cli("checkpoints", "show", str(first), "--root", str(root), "--json").stdout)
+    assert {t["task"] for t in detail["tasks"]} == {"counter#0", "counter#1"}
+    assert all(t["async_ms"] == 40 for t in detail["tasks"])
+    assert sum(b["rows"] for b in detail["blobs"]) == len(ORACLE)
+
+
+def test_state_read_prints_writes_parquet_and_csv(root: Path, tmp_path: Path) -> None:
+    listed = lines(cli("state", "read", "--path", str(root), "--json").stdout)
+    assert {"uid": "counter", "state": "count", "kind": "value"} in listed
+    rows = lines(
+        cli(
+            "state",
+            "read",
+            "--path",
+            str(root),
+            "--uid",
+            "counter",
+            "--state",
+            "count",
+            "--json",
+            "--limit",
+            "0",
+        ).stdout
+    )
+    assert {r["key"]: r["value"] for r in rows} == ORACLE
+    out = tmp_path / "count.parquet"
+    done = cli(
+        "state",
+        "read",
+        "--path",
+        str(root),
+        "--uid",
+        "counter",
+        "--state",
+        "count",
+        "--out",
+        str(out),
+    )
+    assert done.returncode == 0, done.stderr
+    table = pq.read_table(out)
+    assert dict(zip(table["key"].to_pylist(), table["value"].to_pylist(), strict=True)) == ORACLE
+    csv = tmp_path / "count.csv"
+    assert (
+        cli(
+            "state",
+            "read",
+            "--path",
+            str(root),
+            "--uid",
+            "counter",
+            "--state",
+            "count",
+            "--out",
+            str(csv),
+        ).returncode
+        == 0
+    )
+    assert csv.read_text().splitlines()[0].replace('"', "") == "key,value"
+
+
+def test_savepoint_list_and_dispose(root: Path) -> None:
+    directory = root.parent / "savepoints"
+    [sp] = lines(cli("savepoint", "list", "--dir", str(directory), "--json").stdout)
+    assert sp["pipeline"] == "counts" and Path(str(sp["path"])).is_dir()
+    read = lines(
+        cli(
+            "state",
+            "read",
+            "--path",
+            str(sp["path"]),
+            "--uid",
+            "counter",
+            "--state",
+            "count",
+            "--json",
+            "--limit",
+            "0",
+        ).stdout
+    )
+    assert {r["key"]: r["value"] for r in read} == ORACLE
+    not_savepoint = cli("savepoint", "dispose", str(root))
+    assert_one_error_line(not_savepoint, "not a savepoint directory")
+    assert root.is_dir()
+    done = cli("savepoint", "dispose", str(sp["path"]), "--json")
+    assert done.returncode == 0, done.stderr
+    assert not Path(str(sp["path"])).exists()
+    assert cli("savepoint", "list", "--dir", str(directory)).stdout.strip() == "(none)"
+
+
+def test_stats_prints_a_summary_and_draws_the_plot(root: Path, tmp_path: Path) -> None:
+    plot = tmp_path / "stats.png"
+    done = cli("stats", "--root", str(root), "--plot", str(plot))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("2 checkpoints, 1 savepoints retained; 0 failed or aborted")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    js = lines(cli("stats", "--root", str(root), "--json").stdout)
+    assert [r["status"] for r in js] == ["completed"] * 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("checkpoints", "list", "--root", "/nonexistent/root"), "no pipeline root at"),
+        (("stats", "--root", "/nonexistent/root"), "no pipeline root at"),
+        (("checkpoints", "show", "999999", "--root", "ROOT"), "no completed checkpoint 999999"),
+        (("state", "read", "--path", "ROOT", "--checkpoint", "999999"), "999999"),
+        (("state", "read", "--path", "ROOT", "--uid", "nobody", "--state", "count"), "nobody"),
+        (
+            (
+                "state",
+                "read",
+                "--path",
+                "ROOT",
+                "--uid",
+                "counter",
+                "--state",
+                "count",
+                "--out",
+                "x.txt",
+            ),
+            ".parquet or .csv",
+        ),
+        (("stats", "--root", "ROOT", "--plot", "x.gif"), ".png"),
+        (("savepoint", "list", "--dir", "/nonexistent/sp"), "no savepoint directory"),
+        (("savepoint", "dispose", "/nonexistent/sp"), "does not exist"),
+        (("demo", "--restore-as-of", "yesterday"), "ISO-8601"),
+    ],
+)
+def test_bad_input_gives_one_clear_line(root: Path, args: tuple[str, ...], message: str) -> None:
+    done = cli(*(str(root) if a == "ROOT" else a for a in args))
+    assert_one_error_line(done, message)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        (),
+        ("checkpoints", "list"),
+        ("checkpoints", "show"),
+        ("checkpoint",),
+        ("savepoint", "trigger"),
+        ("savepoint", "stop"),
+        ("savepoint", "list"),
+        ("savepoint", "dispose"),
+        ("stop",),
+        ("state", "read"),
+        ("stats",),
+        ("demo",),
+    ],
+)
+def test_every_command_has_help(command: tuple[str, ...]) -> None:
+    done = cli(*command, "--help")
+    assert done.returncode == 0 and done.stdout.startswith("usage: spark-ckpt"), done
