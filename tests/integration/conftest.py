@@ -39,6 +39,7 @@ from spark_ckpt.testing.jobs import (  # noqa: F401 - re-exported for the tests
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """A local SparkSession shared by the whole test session (``local[2]``, 2 shuffle

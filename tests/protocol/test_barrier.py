@@ -83,6 +83,4 @@ def test_bad_rows_are_protocol_errors() -> None:
         with pytest.raises(ProtocolError):
             event_from_row({"_ckpt_kind": unknown, "_ckpt_checkpoint_id": 3})
     with pytest.raises(ProtocolError):
-        event_from_row(
-            {"_ckpt_kind": 1, "_ckpt_checkpoint_id": 3, "_ckpt_barrier_options": "{"}
-        )
+        event_from_row({"_ckpt_kind": 1, "_ckpt_checkpoint_id": 3, "_ckpt_barrier_options": "{"})
