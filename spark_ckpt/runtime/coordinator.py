@@ -18,7 +18,37 @@ Trigger rules (Flink's ``CheckpointRequestDecider``):
   they queue until allowed;
 * savepoints are forced: they ignore min pause and max concurrent, are always aligned and full,
   and are never subsumed or removed by retention;
+* queued requests are ordered by priority, then by arrival: savepoints and final (stop)
+  checkpoints before manual checkpoints, so a savepoint or stop never waits behind queued
+  checkpoints;
 * nothing is triggered after :meth:`shutdown` (:class:`CoordinatorShutdownError`).
+
+Where these rules differ from Flink's (1.15 and later), on purpose:
+
+* **A savepoint is a recovery point.** When it completes, tasks are notified, so
+  two-phase-commit sinks commit the output up to it. It is kept in the pipeline's own log, so
+  a restart after a failure may restore from it. In Flink, an intermediate savepoint is
+  neither committed by sinks nor used for failover, and only a terminal stop-with-savepoint
+  commits. We keep the savepoint as a recovery point because it is also copied into a
+  self-contained directory that retention never touches: a failure after a savepoint then
+  neither duplicates nor loses committed output.
+* **Stopping with a final checkpoint.** Flink stops with a savepoint, or with a checkpoint
+  since ``stop --type``. Here a stop may also take a final checkpoint. That checkpoint is
+  queued first, like a savepoint, but is not forced: it waits for max concurrent and min
+  pause.
+* **Periodic triggers are not queued.** Flink queues a periodic request like any other and
+  drops periodic requests when the queue is full. Here a due periodic checkpoint fires only
+  when no manual request is waiting. Otherwise it waits and fires once the queue is empty.
+* **Ids come from leased blocks.** Ids are taken from blocks leased in the store (see
+  :class:`~spark_ckpt.storage.lease.CoordinatorLease`), so they leave gaps across restarts.
+  Flink's ``CheckpointIDCounter`` counts one by one.
+* **Retention also keeps every savepoint.** Retention keeps the newest *n* completed
+  checkpoints, every savepoint of the root's log, and every checkpoint a task's incremental
+  state still builds on. Flink's completed-checkpoint store does not hold savepoints, and
+  its shared state registry plays the part of the last rule.
+* **Failures are recorded.** Every failed or aborted checkpoint is kept in the store next to
+  the completed ones (:meth:`~spark_ckpt.storage.store.CheckpointLog.record_failure`). Flink
+  keeps this history only in the JobManager's memory.
 
 Completion: all tasks acknowledged → finalize → commit into the store (fenced) → drop
 subsumed pending checkpoints → retention → notify-complete to every task. Failures (decline,
