@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q --durations=15
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check spark_ckpt datasources tests bench
+	$(VENV)/bin/ruff check spark_ckpt datasources tests bench notebooks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

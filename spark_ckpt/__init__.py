@@ -57,6 +57,7 @@ from spark_ckpt.spark.client import CheckpointSummary, PipelineClient
 from spark_ckpt.spark.pipeline import Pipeline, register_data_sources
 from spark_ckpt.spark.pipeline_run import PipelineRun
 from spark_ckpt.spark.session import connect_session, local_session
+from spark_ckpt.spark.stats_plot import plot_checkpoint_stats
 from spark_ckpt.spark.supervisor import RunResult, StopReason
 from spark_ckpt.state.descriptor import (
     ListStateDescriptor,
@@ -111,6 +112,7 @@ __all__ = [
     "list_savepoints",
     "local_session",
     "minutes",
+    "plot_checkpoint_stats",
     "register_data_sources",
     "seconds",
     "write_savepoint",

@@ -1,0 +1,87 @@
+"""The three notebooks (Databricks source format) run as written: their code cells, in order,
+in one namespace with the test session's ``spark`` and small parameters. Each notebook ends
+with its own checks against simple oracles (every input row counted once, gapless running
+counts, drained savepoint positions, the restored positions); here we also check what they
+leave behind (the plot file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+SEPARATOR = "# COMMAND ----------"
+HEADER = "# Databricks notebook source"
+
+
+def cells(path: Path) -> list[tuple[str, str]]:
+    """(kind, source) of each cell: ``md`` for ``# MAGIC %md`` cells, else ``code``."""
+    text = path.read_text()
+    assert text.startswith(HEADER + "\n"), path
+    out = []
+    for chunk in text[len(HEADER) :].split(SEPARATOR):
+        body = chunk.strip("\n")
+        if not body.strip():
+            continue
+        kind = "md" if body.lstrip().startswith("# MAGIC %md") else "code"
+        out.append((kind, body))
+    return out
+
+
+def run(path: Path, spark: Any, params: dict[str, Any]) -> dict[str, Any]:
+    namespace: dict[str, Any] = {"spark": spark, "__name__": "__notebook__"}
+    code = [body for kind, body in cells(path) if kind == "code"]
+    for i, body in enumerate(code):
+        exec(compile(body, f"{path.name}[{i}]", "exec"), namespace)
+        if i == 0:  # the parameter cell
+            assert set(params) <= namespace.keys(), set(params) - namespace.keys()
+            namespace.update(params)
+    return namespace
+
+
+@pytest.mark.parametrize(
+    "name", ["01_quickstart.py", "02_savepoint_and_upgrade.py", "03_monitoring.py"]
+)
+def test_notebooks_are_in_databricks_source_format(name: str) -> None:
+    parsed = cells(NOTEBOOKS / name)
+    kinds = [k for k, _ in parsed]
+    assert kinds[0] == "md" and "code" in kinds and len(parsed) >= 6
+    for kind, body in parsed:
+        if kind == "md":
+            assert all(line.startswith("# MAGIC") for line in body.splitlines()), body
+    compile((NOTEBOOKS / name).read_text(), name, "exec")  # also plain Python
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_quickstart_notebook(spark: Any, tmp_path: Path) -> None:
+    ns = run(NOTEBOOKS / "01_quickstart.py", spark, {"BASE": str(tmp_path), "ROWS": 300})
+    assert len(ns["out"]) == 600 and len(ns["copied"]) == 600
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_savepoint_and_upgrade_notebook(spark: Any, tmp_path: Path) -> None:
+    ns = run(
+        NOTEBOOKS / "02_savepoint_and_upgrade.py",
+        spark,
+        {"BASE": str(tmp_path), "FIRST_ROWS": 300, "MORE_ROWS": 700},
+    )
+    assert "'counter'" in ns["refused"]
+    assert Path(ns["upgraded"]).is_dir() and Path(ns["savepoint"].path).is_dir()
+    assert len(ns["out"]) == 1400
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_monitoring_notebook(spark: Any, tmp_path: Path) -> None:
+    plot = tmp_path / "checkpoints.png"
+    ns = run(
+        NOTEBOOKS / "03_monitoring.py",
+        spark,
+        {"BASE": str(tmp_path), "BATCHES": [300, 600, 900], "PLOT": str(plot)},
+    )
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    assert len(ns["out"]) == 1800
