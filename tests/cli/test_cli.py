@@ -262,3 +262,17 @@ def test_bad_input_gives_one_clear_line(root: Path, args: tuple[str, ...], messa
 def test_every_command_has_help(command: tuple[str, ...]) -> None:
     done = cli(*command, "--help")
     assert done.returncode == 0 and done.stdout.startswith("usage: spark-ckpt"), done
+
+
+def test_python_dash_m_runs_the_same_command_line(root: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "spark_ckpt.cli", "checkpoints", "list", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert (
+        done.returncode == 0
+        and done.stdout == cli("checkpoints", "list", "--root", str(root)).stdout
+    ), done.stderr
