@@ -25,12 +25,14 @@ if TYPE_CHECKING:
 _NO_METRICS = CheckpointMetrics()
 
 
-def client(root: str) -> PipelineClient:
-    """The client of the pipeline root *root*; :class:`CheckpointNotFoundError` if there is
-    no pipeline root there (a local path that does not exist or has no checkpoint log)."""
+def client(root: str, *, existing: bool = True) -> PipelineClient:
+    """The client of the pipeline root *root*. For queries (*existing*):
+    :class:`CheckpointNotFoundError` if there is no pipeline root there (a local path that
+    does not exist or has no checkpoint log). Requests need none: a pipeline that is starting
+    may not have written its log yet, and an unanswered request times out."""
     from spark_ckpt.spark.client import PipelineClient
 
-    if "://" not in root and not os.path.isdir(os.path.join(root, "checkpoints")):
+    if existing and "://" not in root and not os.path.isdir(os.path.join(root, "checkpoints")):
         raise CheckpointNotFoundError(f"no pipeline root at {os.path.abspath(root)}")
     return PipelineClient(root)
 
@@ -146,7 +148,7 @@ def _answer(args: argparse.Namespace, cp: CompletedCheckpoint, extra: dict[str, 
 
 
 def checkpoint_trigger(args: argparse.Namespace) -> int:
-    c = client(args.root)
+    c = client(args.root, existing=False)
     try:
         cp = c.checkpoint(timeout_s=args.timeout)
     except CheckpointError as e:
@@ -157,7 +159,7 @@ def checkpoint_trigger(args: argparse.Namespace) -> int:
 
 
 def savepoint_trigger(args: argparse.Namespace) -> int:
-    c = client(args.root)
+    c = client(args.root, existing=False)
     try:
         sp = c.savepoint(args.target, timeout_s=args.timeout)
         path = _exported(c, sp, args.timeout)
@@ -170,7 +172,7 @@ def savepoint_trigger(args: argparse.Namespace) -> int:
 
 def stop(args: argparse.Namespace) -> int:
     """``stop`` and ``savepoint stop``: a final checkpoint (or savepoint), then the run ends."""
-    c = client(args.root)
+    c = client(args.root, existing=False)
     savepoint = bool(getattr(args, "savepoint", False))
     try:
         final = c.stop(savepoint=savepoint, drain=args.drain, timeout_s=args.timeout)

@@ -415,7 +415,13 @@ def test_cli_stop_ends_the_job_and_applies_externalized_retention(
     run = job.start(retention=retention)
     job.wait_processed_past_checkpoint(run)
     done = cli(
-        "stop", "--root", job.root, "--timeout", "180", *(["--savepoint"] if savepoint else [])
+        "stop",
+        "--root",
+        job.root,
+        "--timeout",
+        "180",
+        "--json",
+        *(["--savepoint"] if savepoint else []),
     )
     assert done.returncode == 0, done.stderr + run.tail()
     assert run.wait(120) == 0 and "stopped (stop)" in run.tail(), run.tail()
