@@ -126,6 +126,14 @@ def _exists(path: str) -> bool:
     return fs.get_file_info(where).type is not pafs.FileType.NotFound
 
 
+#: What only a pipeline's root holds (runs, mailbox): never mistaken for a savepoint.
+ROOT_MARKERS = ("_runs", "_mailbox", "_spark")
+
+
+def _is_pipeline_root(path: str) -> bool:
+    return any(_exists(_join(path, marker)) for marker in ROOT_MARKERS)
+
+
 def open_savepoint(path: str) -> tuple[DeltaCheckpointStore, Savepoint]:
     """The store of the savepoint directory *path* and the savepoint in it. Raises
     :class:`RestoreError` if *path* does not exist or holds no savepoint."""
@@ -136,9 +144,11 @@ def open_savepoint(path: str) -> tuple[DeltaCheckpointStore, Savepoint]:
         found = store.list_completed()
     except CheckpointNotFoundError:
         found = []
-    savepoints = [c for c in found if c.is_savepoint]
-    if len(savepoints) != 1 or len(found) != 1:
-        raise RestoreError(f"{path} is not a savepoint directory (no single savepoint in it)")
+    savepoints = [c for c in found if c.is_savepoint and FORMAT in c.properties]
+    if len(savepoints) != 1 or len(found) != 1 or _is_pipeline_root(path):
+        raise RestoreError(
+            f"{path} is not a savepoint directory (no single exported savepoint in it)"
+        )
     return store, Savepoint(path, savepoints[0])
 
 

@@ -276,3 +276,20 @@ def test_python_dash_m_runs_the_same_command_line(root: Path) -> None:
         done.returncode == 0
         and done.stdout == cli("checkpoints", "list", "--root", str(root)).stdout
     ), done.stderr
+
+
+def test_dispose_never_deletes_a_pipeline_root_holding_one_savepoint(tmp_path: Path) -> None:
+    """A root whose only checkpoint is a savepoint looks like a savepoint directory but is
+    not one (no export format, a mailbox): dispose refuses it."""
+    store = DeltaCheckpointStore(str(tmp_path / "root"))
+    lease = store.acquire()
+    cp = CompletedCheckpoint(
+        lease.first_id, SnapshotType.SAVEPOINT, (), CheckpointStats(1, 2), {"pipeline": "p"}
+    )
+    store.commit(lease, cp)
+    (tmp_path / "root" / "_mailbox").mkdir()
+    assert_one_error_line(cli("savepoint", "dispose", str(tmp_path / "root")), "not a savepoint")
+    assert (tmp_path / "root" / "checkpoints").is_dir()
+    (tmp_path / "root" / "_mailbox").rmdir()  # even without the marker: no export format
+    assert_one_error_line(cli("savepoint", "dispose", str(tmp_path / "root")), "not a savepoint")
+    assert (tmp_path / "root" / "checkpoints").is_dir()
