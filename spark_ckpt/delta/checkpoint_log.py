@@ -1,5 +1,5 @@
 """The coordinator's log on Delta: the ``checkpoints`` table (leases with fencing, id blocks,
-completed checkpoints).
+completed checkpoints, records of failed checkpoints).
 
 The log side of :class:`~spark_ckpt.delta.store.DeltaCheckpointStore`, used through the
 coordinator view (:class:`~spark_ckpt.storage.store.CheckpointLog`) by the coordinator on the
@@ -23,6 +23,13 @@ How it keeps the contract of :mod:`spark_ckpt.storage.store`:
 * **Retention** deletes ``completed`` rows of dropped checkpoints with ``DeltaTable.delete``
   (copy-on-write), as one fenced commit; removing their blobs afterwards is the garbage
   collector's job (:mod:`spark_ckpt.delta.garbage_collector`).
+* **Failed checkpoints** (:meth:`DeltaCheckpointLog.record_failure`) are ``failed`` rows: a
+  fenced append like the completion commit, a no-op when the id has one (idempotent, race
+  free). Retention deletes all but the newest
+  :data:`~spark_ckpt.storage.store.MAX_FAILED_RECORDS` in its fenced commit. A ``failed``
+  row that fails its checksum is skipped with a WARNING by
+  :meth:`DeltaCheckpointLog.list_failed` (statistics never make the log unreadable); such
+  rows are never read as completed checkpoints.
 * **Integrity.** Metadata is verified against its checksum
   (:func:`~spark_ckpt.storage.metadata.parse_completed`); a completed row without metadata,
   or one committed twice differently, makes the log unreadable

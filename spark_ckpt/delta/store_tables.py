@@ -6,11 +6,17 @@ deletion vectors, no column mapping, no partitioning — the tables are small an
 per checkpoint would only multiply tiny files):
 
 ``<root>/checkpoints``
-    The coordinator's log (:mod:`spark_ckpt.delta.checkpoint_log`), one row per event:
-    ``lease`` rows (``epoch``, id block ``[checkpoint_id, id_end)``) and ``completed`` rows (the
-    canonical metadata JSON of a :class:`~spark_ckpt.protocol.checkpoint.CompletedCheckpoint`
-    with its SHA-256, plus queryable copies of id, type, timestamps and size). Only
-    coordinators write it.
+    The coordinator's log (:mod:`spark_ckpt.delta.checkpoint_log`), one row per event (the
+    ``record`` column says which): ``lease`` rows (``epoch``, id block
+    ``[checkpoint_id, id_end)``), ``completed`` rows (the canonical metadata JSON of a
+    :class:`~spark_ckpt.protocol.checkpoint.CompletedCheckpoint` with its SHA-256, plus
+    queryable copies of id, type, timestamps and size) and ``failed`` rows (the JSON of a
+    :class:`~spark_ckpt.protocol.checkpoint.FailedCheckpoint` — reason, message, figures of
+    the tasks that had acknowledged — with its SHA-256, plus id, type, trigger time and
+    failure time in ``completed_ts``; statistics only, never a restore point). Only
+    coordinators write it. A reader of the table selects its rows by ``record``; ``failed``
+    rows came later, in the same schema, so older readers that select
+    ``record = 'completed'`` see exactly what they saw before.
 ``<root>/operator_state`` / ``<root>/channel_state``
     One row per blob (``KEYED_FULL``/``KEYED_DELTA``/``OPERATOR`` resp. ``CHANNEL``): the
     :class:`~spark_ckpt.protocol.handle.BlobRef` columns, a ``blob_id`` (hash of the blob key,
@@ -80,7 +86,10 @@ CHECKPOINTS_SCHEMA = pa.schema(
 )
 """``checkpoints``: lease rows fill ``epoch``/``checkpoint_id`` (first id)/``id_end``;
 completed rows fill ``epoch`` (the committer's) and every column from ``snapshot_type``
-on."""
+on; failed rows fill ``epoch`` (the recorder's), ``checkpoint_id``, ``snapshot_type``,
+``trigger_ts``, ``completed_ts`` (when it failed), ``metadata`` (the
+:class:`~spark_ckpt.protocol.checkpoint.FailedCheckpoint` JSON), ``checksum`` (its SHA-256)
+and ``committed_at``; ``id_end`` and ``state_bytes`` stay null."""
 
 BLOB_SCHEMA = pa.schema(
     [

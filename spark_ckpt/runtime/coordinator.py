@@ -8,22 +8,29 @@ It runs on the driver, single-threaded: every entry point (:meth:`tick`, :meth:`
 through a :class:`TaskGateway` (in-process in the simulation; through the checkpoint store in
 Spark).
 
-Trigger rules (Flink's ``CheckpointRequestDecider``):
+Trigger rules (after Flink's ``CheckpointRequestDecider``; the differences are listed below):
 
 * periodic: due every ``interval_ms`` from :meth:`start`; a due trigger waits while
-  ``max_concurrent`` checkpoints are pending, and — when ``min_pause_ms > 0`` — while any
-  checkpoint is pending or less than ``min_pause_ms`` passed since the last completion; after
-  it fires at *t* the next one is due at *t + interval*;
+  ``max_concurrent`` checkpoints (savepoints included) are pending, and — when
+  ``min_pause_ms > 0`` — while any checkpoint is pending or less than ``min_pause_ms``
+  passed since the last completion; after it fires at *t* the next one is due at
+  *t + interval*;
 * manual checkpoints (:meth:`trigger_checkpoint`) obey the same limits but not the interval;
   they queue until allowed;
-* savepoints are forced: they ignore min pause and max concurrent, are always aligned and full,
-  and are never subsumed or removed by retention;
-* queued requests are ordered by priority, then by arrival: savepoints and final (stop)
-  checkpoints before manual checkpoints, so a savepoint or stop never waits behind queued
-  checkpoints;
+* savepoints (:meth:`trigger_savepoint`, also for a stop with savepoint) are forced: they
+  ignore min pause and max concurrent, so they trigger at once; they are always aligned and
+  full, never subsumed, and never removed by retention;
+* queued requests are ordered by priority, then by arrival: savepoints (a stop with
+  savepoint too) first, then final (stop) checkpoints, then manual checkpoints, then a due
+  periodic trigger; so a savepoint or stop never waits behind queued checkpoints, and a
+  savepoint not even behind a stop checkpoint that waits for the limits;
+* failures of checkpoints (not savepoints) with a counted reason (see
+  :mod:`spark_ckpt.runtime.failure`) count towards ``tolerable_failed_checkpoints``; every
+  completion resets the count;
 * nothing is triggered after :meth:`shutdown` (:class:`CoordinatorShutdownError`).
 
-Where these rules differ from Flink's (1.15 and later), on purpose:
+Where these rules differ from Flink's (1.15 and later), on purpose — this is the complete
+list; everything else above is Flink's rule:
 
 * **A savepoint is a recovery point.** When it completes, tasks are notified, so
   two-phase-commit sinks commit the output up to it. It is kept in the pipeline's own log, so
@@ -32,13 +39,35 @@ Where these rules differ from Flink's (1.15 and later), on purpose:
   commits. We keep the savepoint as a recovery point because it is also copied into a
   self-contained directory that retention never touches: a failure after a savepoint then
   neither duplicates nor loses committed output.
-* **Stopping with a final checkpoint.** Flink stops with a savepoint, or with a checkpoint
-  since ``stop --type``. Here a stop may also take a final checkpoint. That checkpoint is
-  queued first, like a savepoint, but is not forced: it waits for max concurrent and min
-  pause.
-* **Periodic triggers are not queued.** Flink queues a periodic request like any other and
-  drops periodic requests when the queue is full. Here a due periodic checkpoint fires only
-  when no manual request is waiting. Otherwise it waits and fires once the queue is empty.
+* **Savepoints are always forced.** Flink forces a savepoint only when unaligned checkpoints
+  are disabled (``CheckpointProperties.forSavepoint(!unalignedCheckpointsEnabled)``); with
+  unaligned checkpoints on, its savepoint waits for max concurrent like a checkpoint. Here a
+  savepoint is always aligned and never shares a barrier with an unaligned checkpoint, so it
+  is forced in either mode.
+* **Stopping with a final checkpoint.** Flink stops only with a savepoint (stop-with-savepoint,
+  a synchronous savepoint; a task that declines it fails the job). Here a stop may also take
+  a final checkpoint. That checkpoint is queued first, like a savepoint, but is not forced: it
+  waits for max concurrent and min pause. A failed stop-with-savepoint is not counted (no
+  savepoint failure is) and does not fail the job by itself; a failed final checkpoint
+  counts like any checkpoint.
+* **Manual checkpoints wait for min pause.** In Flink, min pause only holds back periodic
+  requests; a manual (non-forced, non-periodic) checkpoint waits for max concurrent only.
+  Here it waits for both, like a periodic one.
+* **Periodic triggers are not queued.** Flink queues a periodic request like any other (and
+  fails it with ``MINIMUM_TIME_BETWEEN_CHECKPOINTS`` when min pause holds it back, then
+  reschedules). Here a due periodic checkpoint fires only when no manual request is waiting;
+  otherwise it stays due and fires once the queue is empty and the limits allow.
+* **The queue is unbounded.** Flink keeps at most 1000 queued requests and fails the excess
+  with ``TOO_MANY_CHECKPOINT_REQUESTS``. Here requests come from a mailbox polled by one
+  driver loop, and every queued one is kept.
+* **The first periodic checkpoint is due one interval after** :meth:`start`. Flink picks a
+  random initial delay between min pause and the interval.
+* **Failure counting.** Flink counts only declined, expired, I/O and asynchronous-phase
+  failures, never a task failure or a failed finalization, counts a task's decline of a
+  (non-synchronous) savepoint, and ignores failures of checkpoints older than the last
+  completed one. Here expired, declined, finalize-failed and task-failure aborts count, only
+  of checkpoints (never of savepoints), in the order they happen (see
+  :mod:`spark_ckpt.runtime.failure`).
 * **Ids come from leased blocks.** Ids are taken from blocks leased in the store (see
   :class:`~spark_ckpt.storage.lease.CoordinatorLease`), so they leave gaps across restarts.
   Flink's ``CheckpointIDCounter`` counts one by one.
@@ -46,14 +75,23 @@ Where these rules differ from Flink's (1.15 and later), on purpose:
   checkpoints, every savepoint of the root's log, and every checkpoint a task's incremental
   state still builds on. Flink's completed-checkpoint store does not hold savepoints, and
   its shared state registry plays the part of the last rule.
-* **Failures are recorded.** Every failed or aborted checkpoint is kept in the store next to
-  the completed ones (:meth:`~spark_ckpt.storage.store.CheckpointLog.record_failure`). Flink
-  keeps this history only in the JobManager's memory.
+* **Externalized retention.** ``RETAIN_ON_CANCELLATION`` keeps checkpoints even when the job
+  finished (:func:`discards_checkpoints`); Flink discards them then.
+* **Failures are recorded.** Every failed or aborted checkpoint or savepoint — declined,
+  expired, subsumed, failed to finalize, or aborted by a task failure or the shutdown — is
+  kept in the store next to the completed ones, with its reason and the figures of the tasks
+  that had acknowledged
+  (:meth:`~spark_ckpt.storage.store.CheckpointLog.record_failure`, read with
+  :meth:`~spark_ckpt.storage.store.CompletedCheckpoints.list_failed`). Flink keeps this
+  history only in the JobManager's memory. Recording never fails the job: a store error is
+  logged as a WARNING.
 
 Completion: all tasks acknowledged → finalize → commit into the store (fenced) → drop
 subsumed pending checkpoints → retention → notify-complete to every task. Failures (decline,
-timeout, failed commit) abort the checkpoint, notify every task, and count towards
-``tolerable_failed_checkpoints``; exceeding it raises :class:`TolerableFailuresExceededError`.
+timeout, failed commit) abort the checkpoint, notify every task, are recorded in the store,
+and count towards ``tolerable_failed_checkpoints``; exceeding it raises
+:class:`TolerableFailuresExceededError`. A completion or an abort frees a slot: what waited
+for it triggers then (with ``defer_after_completion``, at the next :meth:`tick`).
 Checkpoint ids come from store leases: strictly increasing, never reused, across restarts.
 """
 
@@ -167,8 +205,13 @@ _DISCARD_ON: dict[ExternalizedCheckpointRetention, frozenset[JobStatus]] = {
 
 
 def _priority(req: CheckpointRequest) -> int:
-    """Queue order of a request: savepoints and final checkpoints (0) before the rest (1)."""
-    return 0 if req.snapshot_type is SnapshotType.SAVEPOINT or req.final or req.forced else 1
+    """Queue order of a request: savepoints and other forced requests (0), then final (stop)
+    checkpoints (1), then manual checkpoints (2). A forced request goes ahead of a waiting
+    final checkpoint, as Flink's comparator puts savepoints and forced requests first:
+    otherwise a savepoint would wait behind a stop checkpoint that waits for the limits."""
+    if req.snapshot_type is SnapshotType.SAVEPOINT or req.forced:
+        return 0
+    return 1 if req.final else 2
 
 
 def discards_checkpoints(retention: ExternalizedCheckpointRetention, status: JobStatus) -> bool:
@@ -366,9 +409,11 @@ class CheckpointCoordinator:
 
     def _request(self, req: CheckpointRequest) -> CheckpointRequest:
         """Queue *req* behind the requests of its priority and ahead of lower ones (Flink's
-        ``CheckpointRequestDecider``): savepoints and final (stop) checkpoints come before
-        manual checkpoints, so a savepoint or stop never waits behind queued checkpoints;
-        being forced, they then trigger at once (past max concurrent and min pause)."""
+        ``CheckpointRequestDecider``): savepoints (forced) first, then final (stop)
+        checkpoints, then manual checkpoints, so a savepoint or stop never waits behind
+        queued checkpoints; a savepoint, at the head of the queue and forced, then triggers
+        at once (past max concurrent and min pause). A due periodic checkpoint comes after
+        all of them (see :meth:`_trigger_what_is_allowed`)."""
         self._ensure_running()
         rank = _priority(req)
         at = next((i for i, q in enumerate(self._queue) if _priority(q) > rank), len(self._queue))
@@ -489,6 +534,7 @@ class CheckpointCoordinator:
                 decline.checkpoint_id, reason, f"declined by {decline.task}: {decline.reason}"
             ),
         )
+        self._after_abort()
 
     def fail_pending(self, reason: str) -> None:
         """A task failed: abort every pending checkpoint (TASK_FAILURE)."""
@@ -500,6 +546,14 @@ class CheckpointCoordinator:
                         p.checkpoint_id, CheckpointFailureReason.TASK_FAILURE, reason
                     ),
                 )
+        # nothing is triggered here: the tasks failed, the job restarts
+
+    def _after_abort(self) -> None:
+        """An abort freed a slot: trigger what waited for it, as a completion does (Flink's
+        ``abortPendingCheckpoint`` schedules the queued requests too). With
+        ``defer_after_completion`` that is left to :meth:`tick`."""
+        if not self.defer_after_completion and self.status is CoordinatorStatus.RUNNING:
+            self._trigger_what_is_allowed()
 
     # -- completion and abort ------------------------------------------------------------------
     def _complete(self, pending: PendingCheckpoint) -> None:
@@ -514,6 +568,7 @@ class CheckpointCoordinator:
             self._abort(
                 pending, CheckpointFailure(cid, CheckpointFailureReason.FINALIZE_FAILED, str(e))
             )
+            self._after_abort()
             return
         pending.mark_completed()
         del self._pending[cid]
@@ -623,8 +678,9 @@ class CheckpointCoordinator:
         self, pending: PendingCheckpoint, failure: CheckpointFailure, now: int
     ) -> None:
         """Keep the failure in the store next to the completed checkpoints, with the figures
-        of the tasks that acknowledged. Statistics never fail the job: a store error is
-        logged (a fenced coordinator records nothing)."""
+        of the tasks that acknowledged. Statistics never fail the job: any error of the store
+        is logged as a WARNING and the abort goes on (a fenced coordinator records nothing:
+        the store refuses its writes, and its successor records its own failures)."""
         record = FailedCheckpoint(
             checkpoint_id=pending.checkpoint_id,
             snapshot_type=pending.snapshot_type,
@@ -637,9 +693,14 @@ class CheckpointCoordinator:
         try:
             self.store.record_failure(self._lease, record)
         except FencedError:
-            pass
-        except StoreError as e:
-            log.warning("checkpoint %d: failure not recorded: %s", pending.checkpoint_id, e)
+            log.debug("checkpoint %d: failure not recorded (fenced)", pending.checkpoint_id)
+        except Exception as e:  # statistics must never fail the job
+            log.warning(
+                "checkpoint %d: failure (%s) not recorded: %s",
+                pending.checkpoint_id,
+                failure.reason.value,
+                e,
+            )
 
     def _fail(self, cause: Exception) -> None:
         self.failure_cause = cause

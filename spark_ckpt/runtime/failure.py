@@ -1,9 +1,30 @@
 """Why checkpoints fail, and the tolerable-failure rule.
 
-Mirrors Flink's ``CheckpointFailureReason`` / ``CheckpointFailureManager``: some reasons are
-part of normal operation (a checkpoint subsumed by a newer one, the coordinator shutting down)
-and never count; the others count as *consecutive* failures, reset by every completed
-checkpoint. When the count exceeds ``tolerable_failed_checkpoints`` the job must fail.
+After Flink's ``CheckpointFailureReason`` / ``CheckpointFailureManager``: some reasons are
+part of normal operation (a checkpoint subsumed by a newer one, cancelled, the coordinator
+shutting down, fenced) and never count; the others count as *consecutive* failures, reset by
+every completed checkpoint or savepoint. When the count exceeds
+``tolerable_failed_checkpoints`` the job must fail. Only checkpoints count; the coordinator
+never counts a failed savepoint.
+
+Where this differs from Flink's ``CheckpointFailureManager``:
+
+* **Counted reasons.** Flink counts ``CHECKPOINT_DECLINED``, ``CHECKPOINT_EXPIRED``,
+  ``IO_EXCEPTION`` and ``CHECKPOINT_ASYNC_EXCEPTION`` and ignores ``TASK_FAILURE`` and
+  ``FINALIZE_CHECKPOINT_FAILURE`` (the job fails over anyway, resp. the failure is the
+  JobManager's). Here :attr:`~CheckpointFailureReason.EXPIRED`,
+  :attr:`~CheckpointFailureReason.DECLINED` (which covers a task's I/O and asynchronous
+  failures), :attr:`~CheckpointFailureReason.FINALIZE_FAILED` (the store refused the
+  completion commit: as much a storage failure as a declined write) and
+  :attr:`~CheckpointFailureReason.TASK_FAILURE` count.
+* **Savepoints.** Flink counts a task's decline of a savepoint (and fails the job at once
+  when a task declines a stop-with-savepoint); here savepoint failures never count.
+* **Order.** Flink ignores a failure of a checkpoint older than the last completed one and
+  counts each checkpoint id once; here every counted abort of a checkpoint counts, in the
+  order it happens (the coordinator aborts each pending checkpoint once).
+* **Fewer reasons.** Flink's pre-flight reasons (``TOO_MANY_CHECKPOINT_REQUESTS``,
+  ``MINIMUM_TIME_BETWEEN_CHECKPOINTS``, ``NOT_ALL_REQUIRED_TASKS_RUNNING``, …) do not exist:
+  a request that may not trigger yet waits in the coordinator's queue instead of failing.
 """
 
 from __future__ import annotations
