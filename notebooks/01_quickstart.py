@@ -101,6 +101,19 @@ print(result)
 # COMMAND ----------
 
 # MAGIC %md
+# MAGIC The output table: one `(user_id, count)` row per input row. Rows become visible when the
+# MAGIC checkpoint after them completes, in one Delta commit with that checkpoint's id.
+
+# COMMAND ----------
+
+out = DeltaTable(f"{BASE}/counts_out").to_pandas()
+print(out.sort_values(["user_id", "count"]).head(10))
+commits = DeltaTable(f"{BASE}/counts_out").history(3)
+print([(c.get("version"), c.get("operation")) for c in commits])
+
+# COMMAND ----------
+
+# MAGIC %md
 # MAGIC ## 3. Inspecting the checkpoints
 # MAGIC
 # MAGIC The client reads the pipeline root: completed checkpoints, their statistics, failures.
@@ -159,7 +172,6 @@ state.orderBy("key").show(5)
 
 # COMMAND ----------
 
-out = DeltaTable(f"{BASE}/counts_out").to_pandas()
 assert len(copied) == CHANNELS * ROWS
 assert len(out) == CHANNELS * ROWS
 totals = out.groupby("user_id")["count"].agg(["max", "count"])

@@ -119,9 +119,33 @@ print("refused:", refused)
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC `allow_non_restored_state=True` would drop that state and start `counter_v2` empty.
+# MAGIC `allow_non_restored_state=True` lets the restore go ahead: the state of `counter` is
+# MAGIC dropped and the new operator `counter_v2` starts **empty**, while the sources resume at
+# MAGIC the savepoint's positions. The counts then start again at 1 — the rows before the
+# MAGIC savepoint are forgotten. (Into a scratch root and output here, to look at it.)
+
+# COMMAND ----------
+
+from deltalake import DeltaTable
+
+scratch = Pipeline(spark, "orders", config=config, root=f"{BASE}/root_dropped")
+scratch.run(
+    source(MORE_ROWS),
+    RunningCount("counter_v2", "user_id"),
+    output=f"{BASE}/out_dropped",
+    parallelism=3,
+    available_now=True,
+    restore=RestoreSettings.savepoint(savepoint.path, allow_non_restored_state=True),
+)
+out_dropped = DeltaTable(f"{BASE}/out_dropped").to_pandas()
+print(out_dropped.sort_values(["user_id", "count"]).head(5))
+
+# COMMAND ----------
+
+# MAGIC %md
 # MAGIC Better: carry the state over **offline** — rename the uid in a new savepoint (the old one
-# MAGIC stays as it is), then restore from the new one.
+# MAGIC stays as it is), then restore from the new one. Version 2 then counts on where version 1
+# MAGIC stopped, into the same output table.
 
 # COMMAND ----------
 
@@ -172,11 +196,10 @@ v3.run(
 # MAGIC %md
 # MAGIC ## 4. Checks
 # MAGIC The output of versions 1 and 2 together is exactly one `(key, 1..n)` per input row (no row
-# MAGIC lost or repeated across the upgrade); the seeded pipeline counted on from 100.
+# MAGIC lost or repeated across the upgrade); with the state dropped, each key counted from 1
+# MAGIC again over the rows after the savepoint; the seeded pipeline counted on from 100.
 
 # COMMAND ----------
-
-from deltalake import DeltaTable
 
 out = DeltaTable(f"{BASE}/out").to_pandas()
 assert refused is not None and "'counter'" in refused
@@ -184,6 +207,11 @@ assert [o for o in savepoint.checkpoint.offsets().values()] == [FIRST_ROWS] * CH
 assert len(out) == CHANNELS * MORE_ROWS and not out.duplicated(["user_id", "count"]).any()
 per_key = out.groupby("user_id")["count"].agg(["max", "count"])
 assert (per_key["max"] == per_key["count"]).all()
+# with the state dropped: only the rows after the savepoint, each key counted from 1 again
+assert len(out_dropped) == CHANNELS * (MORE_ROWS - FIRST_ROWS)
+dropped_per_key = out_dropped.groupby("user_id")["count"].agg(["min", "max", "count"])
+assert (dropped_per_key["min"] == 1).all()
+assert (dropped_per_key["max"] == dropped_per_key["count"]).all()
 seeded_out = DeltaTable(f"{BASE}/out_seeded").to_pandas()
 assert len(seeded_out) == CHANNELS * 500 and seeded_out["count"].min() == 101
 print("02 savepoint and upgrade: OK")

@@ -16,6 +16,7 @@ BATCHES = [1000, 2000, 3000]  # rows per channel after each run
 CHANNELS = 2
 KEYS = 25
 PLOT = f"{BASE}/checkpoints.png"
+TIMEOUT_S = 2  # checkpoint timeout; the first run stalls longer than that
 
 # COMMAND ----------
 
@@ -49,21 +50,52 @@ def source(rows: int) -> dict[str, object]:
 
 # MAGIC %md
 # MAGIC ## 1. A pipeline with history
-# MAGIC Three bounded runs, each over more input. We note the time after the first one.
+# MAGIC Three bounded runs, each over more input. We note the time after each one.
+# MAGIC
+# MAGIC The first run is slow at first: its operator stalls on its first micro-batches (think of
+# MAGIC a slow external call), longer than the checkpoint timeout. The checkpoints pending then
+# MAGIC **expire** — failed checkpoints, on record with their reason — and the job goes on (up to
+# MAGIC `checkpoint.tolerable-failures` of them in a row).
 
 # COMMAND ----------
 
-from spark_ckpt import CheckpointConfig, Pipeline, RunningCount
+import pyarrow as pa
+
+from spark_ckpt import CheckpointConfig, Pipeline, RunningCount, StateHandle
+
+
+class SlowStart(RunningCount):
+    """A running count (same uid, same state) that stalls *stall_s* on each of its first
+    *slow_batches* micro-batches (per subtask)."""
+
+    def __init__(self, uid: str, key_column: str, slow_batches: int, stall_s: float) -> None:
+        super().__init__(uid, key_column)
+        self.slow_batches, self.stall_s = slow_batches, stall_s
+
+    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+        if self.slow_batches > 0 and batch.num_rows:
+            self.slow_batches -= 1
+            time.sleep(self.stall_s)
+        return super().process_batch(batch, state)
+
 
 config = CheckpointConfig.from_options(
-    {"checkpoint.interval": "300ms", "checkpoint.retained": "50"}
+    {
+        "checkpoint.interval": "300ms",
+        "checkpoint.timeout": f"{TIMEOUT_S}s",
+        "checkpoint.tolerable-failures": "10",
+        "checkpoint.retained": "50",
+    }
 )
 pipeline = Pipeline(spark, "monitored", config=config, root=f"{BASE}/root")
 marks = []
-for rows in BATCHES:
-    pipeline.run(
-        source(rows), RunningCount("counter", "user_id"), output=f"{BASE}/out", available_now=True
+for i, rows in enumerate(BATCHES):
+    operator = (
+        SlowStart("counter", "user_id", slow_batches=2, stall_s=2 * TIMEOUT_S)
+        if i == 0
+        else RunningCount("counter", "user_id")
     )
+    pipeline.run(source(rows), operator, output=f"{BASE}/out", available_now=True)
     time.sleep(1.0)  # keep the moments apart (Delta commit times are in milliseconds)
     marks.append(datetime.now(UTC))
     time.sleep(1.0)
@@ -89,7 +121,8 @@ print(
     summary.alignment_ms,
 )
 print("failed or aborted, by reason:", summary.failures)
-for f in pipeline.client.failures():
+failures = pipeline.client.failures()
+for f in failures:
     print(f.checkpoint_id, f.reason, f.message)
 plot_checkpoint_stats(pipeline.root, PLOT)
 print("plot:", PLOT)
@@ -132,6 +165,7 @@ out = DeltaTable(f"{BASE}/out").to_pandas()
 with open(PLOT, "rb") as png:
     assert png.read(4) == b"\x89PNG"
 assert summary.checkpoints >= len(BATCHES)
+assert any(f.reason == "expired" for f in failures), failures  # the stalled first run
 assert restored_from and dict(restored_from[-1].offsets()) == {
     ("source", c): BATCHES[0] for c in range(CHANNELS)
 }

@@ -1,8 +1,9 @@
 """The three notebooks (Databricks source format) run as written: their code cells, in order,
 in one namespace with the test session's ``spark`` and small parameters. Each notebook ends
 with its own checks against simple oracles (every input row counted once, gapless running
-counts, drained savepoint positions, the restored positions); here we also check what they
-leave behind (the plot file)."""
+counts, drained savepoint positions, counts from 1 again when state is dropped, an expired
+checkpoint on record, the restored positions); here we also check what they leave behind
+(the plot file)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,8 @@ def test_savepoint_and_upgrade_notebook(spark: Any, tmp_path: Path) -> None:
     assert "'counter'" in ns["refused"]
     assert Path(ns["upgraded"]).is_dir() and Path(ns["savepoint"].path).is_dir()
     assert len(ns["out"]) == 1400
+    # allow_non_restored_state: the rows after the savepoint, counted from 1 again
+    assert len(ns["out_dropped"]) == 800 and ns["out_dropped"]["count"].min() == 1
 
 
 @pytest.mark.spark
@@ -85,3 +88,6 @@ def test_monitoring_notebook(spark: Any, tmp_path: Path) -> None:
     )
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert len(ns["out"]) == 1800
+    # the stalled first run's checkpoint expired, and is on record
+    assert "expired" in {f.reason for f in ns["failures"]}, ns["failures"]
+    assert ns["summary"].failures.get("expired", 0) >= 1
