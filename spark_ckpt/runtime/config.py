@@ -31,7 +31,7 @@ plain digits are milliseconds. Booleans are ``true``/``false``/``yes``/``no``/``
 ====================================  ==========================================  ==========
 Key (Flink aliases)                   Value                                       Default
 ====================================  ==========================================  ==========
-``checkpoint.interval``               duration >= 10 ms, or ``off``/``none``      ``off``
+``checkpoint.interval``               duration >= 10 ms, or ``off``/``none``      ``1s`` (*)
 (``execution.checkpointing.interval``)
 ``checkpoint.mode``                   ``exactly_once`` | ``at_least_once``        exactly once
 (``execution.checkpointing.mode``)    (any case, ``-`` or ``_``)
@@ -49,6 +49,8 @@ Key (Flink aliases)                   Value                                     
 (``execution.checkpointing.aligned-checkpoint-timeout``)
 ``checkpoint.retained``               integer >= 1                                ``1``
 (``execution.checkpointing.num-retained``, ``state.checkpoints.num-retained``)
+``checkpoint.history``                integer >= 1: finished checkpoints the      ``100``
+(``web.checkpoints.history``)         statistics history keeps
 ``checkpoint.externalized-retention`` ``no_externalized_checkpoints`` |           ``retain_o…``
 (``execution.checkpointing.           ``delete_on_cancellation`` |                (see below)
 externalized-checkpoint-retention``)  ``retain_on_cancellation``
@@ -69,6 +71,12 @@ interval`` (``…failure-rate-interval``)
 ``state.max-parallelism``             integer in 1..32768 (number of key groups)  ``128``
 (``pipeline.max-parallelism``)
 ====================================  ==========================================  ==========
+
+(*) Flink's default is ``off``. spark-ckpt checkpoints every second unless told otherwise, in
+every entry point alike (:class:`~spark_ckpt.spark.pipeline.Pipeline`, a raw ``ckpt-source``,
+the builder): a ``ckpt-sink`` query commits its output only at completed checkpoints, so
+without periodic checkpoints it would never commit. ``off`` disables them (savepoints and
+requested checkpoints still work).
 
 Keys outside the reserved namespaces ``checkpoint.``, ``savepoint.``, ``restart-strategy``,
 ``state.`` and ``execution.checkpointing.`` belong to other subsystems and are ignored, as
@@ -100,6 +108,8 @@ from spark_ckpt.runtime.restart import (
     restart_strategy_from_dict,
 )
 
+#: The default checkpoint interval (Flink's default is off; see the module docstring).
+DEFAULT_INTERVAL_MS: Final = 1000
 #: Smallest checkpoint interval (Flink's ``MINIMAL_CHECKPOINT_TIME``).
 MIN_INTERVAL_MS: Final = 10
 #: Largest max parallelism (number of key groups), Flink's ``UPPER_BOUND_MAX_PARALLELISM``.
@@ -352,6 +362,13 @@ _OPTIONS: Final[tuple[_Option, ...]] = (
         "retained_checkpoints",
     ),
     _Option(
+        "checkpoint.history",
+        ("web.checkpoints.history",),
+        _parse_int,
+        _render_str,
+        "history_size",
+    ),
+    _Option(
         "checkpoint.externalized-retention",
         ("execution.checkpointing.externalized-checkpoint-retention",),
         _enum_parser(ExternalizedCheckpointRetention),
@@ -459,7 +476,9 @@ def _known_keys() -> str:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Flink's checkpoint options (durations in ms). Defaults are Flink's.
+    """Flink's checkpoint options (durations in ms). Defaults are Flink's, except
+    ``interval_ms`` (:data:`DEFAULT_INTERVAL_MS`, Flink: off), ``externalized_retention`` and
+    ``history_size`` (100, Flink: 10).
 
     ``interval_ms`` None disables periodic checkpoints (savepoints can still be taken).
     ``aligned_checkpoint_timeout_ms`` only applies with ``unaligned``: an aligned checkpoint
@@ -471,7 +490,9 @@ class CheckpointConfig:
     Validation (in ``__post_init__``) raises :class:`ConfigError` naming the field.
     """
 
-    interval_ms: int | None = None
+    #: Unlike Flink (off), periodic checkpoints every second by default: output committed
+    #: at checkpoints (``ckpt-sink``, the aligner's Delta output) needs them to appear.
+    interval_ms: int | None = DEFAULT_INTERVAL_MS
     mode: CheckpointingMode = CheckpointingMode.EXACTLY_ONCE
     timeout_ms: int = 600_000
     min_pause_ms: int = 0
@@ -480,6 +501,10 @@ class CheckpointConfig:
     unaligned: bool = False
     aligned_checkpoint_timeout_ms: int = 0
     retained_checkpoints: int = 1
+    #: How many finished checkpoints (completed or failed, savepoints too) the statistics
+    #: history in the store keeps, whatever ``retained_checkpoints`` is (Flink's
+    #: ``web.checkpoints.history``, default 10 there; see :mod:`spark_ckpt.storage.history`).
+    history_size: int = 100
     #: Unlike Flink (``NO_EXTERNALIZED_CHECKPOINTS``), checkpoints outlive a stopped job by
     #: default: a Spark user expects a restarted query to resume where it stopped, and a
     #: stop that deleted the checkpoints would make the next run re-emit committed output.
@@ -509,6 +534,7 @@ class CheckpointConfig:
             unit="milliseconds",
         )
         check_int("retained_checkpoints", self.retained_checkpoints, 1)
+        check_int("history_size", self.history_size, 1)
         if not isinstance(self.externalized_retention, ExternalizedCheckpointRetention):
             raise ConfigError(
                 "externalized_retention",
@@ -741,6 +767,9 @@ class CheckpointConfigBuilder:
 
     def set_num_retained_checkpoints(self, retained: int) -> CheckpointConfigBuilder:
         return self._set(retained_checkpoints=retained)
+
+    def set_checkpoint_history_size(self, size: int) -> CheckpointConfigBuilder:
+        return self._set(history_size=size)
 
     def enable_externalized_checkpoints(
         self, retention: ExternalizedCheckpointRetention

@@ -33,7 +33,11 @@ from spark_ckpt.runtime.config import (
 
 def test_defaults_are_flinks() -> None:
     c = CheckpointConfig()
-    assert c.interval_ms is None and not c.periodic
+    # deviates from Flink (off): a checkpoint every second, in every entry point alike
+    assert c.interval_ms == 1000 and c.periodic
+    assert CheckpointConfig.from_options({}).interval_ms == 1000
+    assert CheckpointConfig.builder().build().interval_ms == 1000
+    assert CheckpointConfig.from_options({"checkpoint.interval": "off"}).interval_ms is None
     assert c.mode is CheckpointingMode.EXACTLY_ONCE and c.is_exactly_once
     assert c.timeout_ms == 10 * 60 * 1000
     assert c.min_pause_ms == 0
