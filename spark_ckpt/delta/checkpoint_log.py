@@ -1,5 +1,5 @@
 """The coordinator's log on Delta: the ``checkpoints`` table (leases with fencing, id blocks,
-completed checkpoints, records of failed checkpoints).
+completed checkpoints).
 
 The log side of :class:`~spark_ckpt.delta.store.DeltaCheckpointStore`, used through the
 coordinator view (:class:`~spark_ckpt.storage.store.CheckpointLog`) by the coordinator on the
@@ -23,13 +23,12 @@ How it keeps the contract of :mod:`spark_ckpt.storage.store`:
 * **Retention** deletes ``completed`` rows of dropped checkpoints with ``DeltaTable.delete``
   (copy-on-write), as one fenced commit; removing their blobs afterwards is the garbage
   collector's job (:mod:`spark_ckpt.delta.garbage_collector`).
-* **Failed checkpoints** (:meth:`DeltaCheckpointLog.record_failure`) are ``failed`` rows: a
-  fenced append like the completion commit, a no-op when the id has one (idempotent, race
-  free). Retention deletes all but the newest
-  :data:`~spark_ckpt.storage.store.MAX_FAILED_RECORDS` in its fenced commit. A ``failed``
-  row that fails its checksum is skipped with a WARNING by
-  :meth:`DeltaCheckpointLog.list_failed` (statistics never make the log unreadable); such
-  rows are never read as completed checkpoints.
+* **Failed checkpoints** are recorded in the statistics history
+  (:mod:`spark_ckpt.delta.checkpoint_history`), not here. Roots written by earlier
+  versions may hold ``failed`` rows: :meth:`DeltaCheckpointLog.list_legacy_failed` reads
+  them (a row that fails its checksum is skipped with a WARNING), and retention deletes
+  them in its fenced commit once the history holds them (``drop_legacy_failed``). They are
+  never read as completed checkpoints.
 * **Integrity.** Metadata is verified against its checksum
   (:func:`~spark_ckpt.storage.metadata.parse_completed`); a completed row without metadata,
   or one committed twice differently, makes the log unreadable
@@ -67,7 +66,6 @@ from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.storage.lease import ID_BLOCK, CoordinatorLease
 from spark_ckpt.storage.metadata import parse_completed
 from spark_ckpt.storage.retention import retention_plan
-from spark_ckpt.storage.store import MAX_FAILED_RECORDS, CompletedCheckpoints
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +77,7 @@ class LogRecord(StrEnum):
 
     LEASE = "lease"
     COMPLETED = "completed"
-    FAILED = "failed"
+    FAILED = "failed"  # failure records of earlier versions (now in the history table)
 
 
 @dataclass(frozen=True)
@@ -90,10 +88,10 @@ class _LogView:
     max_epoch: int
     next_id: int  # the largest id_end ever leased (1 when nothing was leased)
     completed: Mapping[int, tuple[str, str]]  # id -> (metadata json, checksum)
-    failed: frozenset[int] = frozenset()  # ids with a failed-checkpoint record
+    failed: frozenset[int] = frozenset()  # ids with a (legacy) failed-checkpoint row
 
 
-class DeltaCheckpointLog(CompletedCheckpoints):
+class DeltaCheckpointLog:
     """The ``checkpoints`` table of *tables* (see the module docstring). *max_attempts*
     bounds the re-attempts of one transaction after losing a commit race.
 
@@ -115,8 +113,9 @@ class DeltaCheckpointLog(CompletedCheckpoints):
         self,
     ) -> tuple[list[CompletedCheckpoint], list[CorruptCheckpointError]]:
         """Every committed checkpoint whose metadata verifies, and an error per completed row
-        whose metadata does not (see the base class). A log that cannot be read at all (a
-        lost data file, a row without metadata) still raises."""
+        whose metadata does not (see
+        :meth:`~spark_ckpt.storage.store.CompletedCheckpoints.list_completed_lenient`). A log
+        that cannot be read at all (a lost data file, a row without metadata) still raises."""
         with store_boundary("listing completed checkpoints", reading=True):
             dt = self._tables.load(StoreTable.CHECKPOINTS)
             if dt is None:
@@ -190,40 +189,24 @@ class DeltaCheckpointLog(CompletedCheckpoints):
 
         self._fenced(f"commit of checkpoint {cid}", lease, action)
 
-    # -- failed checkpoints ----------------------------------------------------------------
-    def record_failure(self, lease: CoordinatorLease, failed: FailedCheckpoint) -> None:
-        """Fenced append of a ``failed`` row (metadata: the record's JSON and its SHA-256);
-        a no-op if the id has one."""
-        text = failed.to_json()
-        row = rows_table(
-            CHECKPOINTS_SCHEMA,
-            {
-                "record": [LogRecord.FAILED.value],
-                "epoch": [lease.epoch],
-                "checkpoint_id": [failed.checkpoint_id],
-                "snapshot_type": [failed.snapshot_type.value],
-                "trigger_ts": [failed.trigger_ms * 1000],
-                "completed_ts": [failed.failed_ms * 1000],
-                "metadata": [text],
-                "checksum": [hashlib.sha256(text.encode()).hexdigest()],
-                "committed_at": [self._tables.now()],
-            },
-        )
+    # -- fencing of the other coordinator tables ------------------------------------------
+    def check_lease(self, lease: CoordinatorLease) -> None:
+        """Raise :class:`FencedError` unless *lease* holds the newest epoch of the log now
+        (for writes to tables other than ``checkpoints``, which fence against it)."""
+        with store_boundary("checking the coordinator lease", reading=True):
+            view = self._view(self._tables.ensure(StoreTable.CHECKPOINTS))
+        if view.max_epoch != lease.epoch:
+            raise FencedError(
+                f"coordinator epoch {lease.epoch} was superseded by epoch {view.max_epoch}"
+            )
 
-        def action(dt: DeltaTable, view: _LogView) -> None:
-            if failed.checkpoint_id in view.failed:
-                return
-            write_deltalake(dt, row, mode="append", commit_properties=no_rebase())
-            self._remember(dt, view, failed=failed.checkpoint_id)
-
-        self._fenced(f"record of failed checkpoint {failed.checkpoint_id}", lease, action)
-
-    def list_failed(self) -> list[FailedCheckpoint]:
-        """Every ``failed`` row, by id; a row that fails its checksum is skipped with a
-        WARNING (statistics never fail a caller)."""
+    # -- failure records of earlier versions -----------------------------------------------
+    def list_legacy_failed(self) -> list[FailedCheckpoint]:
+        """Every ``failed`` row (written by earlier versions), by id; a row that fails its
+        checksum is skipped with a WARNING (statistics never fail a caller)."""
         with store_boundary("listing failed checkpoints", reading=True):
             dt = self._tables.load(StoreTable.CHECKPOINTS)
-            if dt is None:
+            if dt is None or not self._view(dt).failed:
                 return []
             t = self._tables.scan(dt, ["record", "checkpoint_id", "metadata", "checksum"])
         rows = t.filter(pc.equal(t["record"], LogRecord.FAILED.value))
@@ -245,17 +228,27 @@ class DeltaCheckpointLog(CompletedCheckpoints):
 
     # -- removal ---------------------------------------------------------------------------
     def retire(
-        self, lease: CoordinatorLease, retained: int, keep_from: int | None = None
+        self,
+        lease: CoordinatorLease,
+        retained: int,
+        keep_from: int | None = None,
+        *,
+        drop_legacy_failed: bool = False,
     ) -> tuple[list[CompletedCheckpoint], list[int]]:
         """Fenced removal of the completed rows retention drops
-        (:func:`~spark_ckpt.storage.retention.retention_plan`); returns the checkpoints kept
-        and the ids removed."""
-        retention_plan(self.list_completed(), retained)  # validates *retained* first
+        (:func:`~spark_ckpt.storage.retention.retention_plan`) and, with
+        *drop_legacy_failed*, of every ``failed`` row (the caller recorded them in the
+        history first), in one commit; returns the checkpoints kept and the ids removed."""
+        good, bad = self.list_completed_lenient()
+        if bad:
+            raise bad[0]
+        retention_plan(good, retained)  # validates *retained* first
 
         def action(dt: DeltaTable, view: _LogView) -> tuple[list[CompletedCheckpoint], list[int]]:
             kept, dropped = retention_plan(_parse(view), retained, keep_from)
             ids = [c.checkpoint_id for c in dropped]
-            self._delete_completed(dt, view, ids, failed=sorted(view.failed)[:-MAX_FAILED_RECORDS])
+            failed = sorted(view.failed) if drop_legacy_failed else []
+            self._delete_completed(dt, view, ids, failed=failed)
             return kept, ids
 
         return self._fenced("retain", lease, action)

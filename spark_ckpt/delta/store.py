@@ -15,6 +15,10 @@ parts, one job each:
     in the foreachBatch process and the ``ckpt-sink`` commit.
 :class:`~spark_ckpt.delta.garbage_collector.DeltaGarbageCollector`
     Deleting the blobs retention and discard leave unreferenced, and ``VACUUM``.
+:class:`~spark_ckpt.delta.checkpoint_history.DeltaCheckpointHistory`
+    The statistics history (``checkpoint_history``): failure records, and the records of
+    completed checkpoints, written before retention or discard removes them; bounded by
+    its own size, fenced against the log's leases.
 
 How the parts meet the contract: a checkpoint becomes visible with its completion commit to
 the log, which first checks that every referenced blob was written (a crash anywhere earlier
@@ -40,6 +44,7 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 
 from spark_ckpt.delta.blob_store import DeltaBlobStore
+from spark_ckpt.delta.checkpoint_history import DeltaCheckpointHistory
 from spark_ckpt.delta.checkpoint_log import DeltaCheckpointLog
 from spark_ckpt.delta.garbage_collector import DeltaGarbageCollector
 from spark_ckpt.delta.store_tables import StoreTable, StoreTables
@@ -47,6 +52,7 @@ from spark_ckpt.errors import CorruptCheckpointError, StoreError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock
 from spark_ckpt.protocol.handle import BlobRef, TaskSnapshot, TaskStateHandle
+from spark_ckpt.storage.history import DEFAULT_HISTORY_SIZE, CheckpointRecord
 from spark_ckpt.storage.lease import CoordinatorLease
 from spark_ckpt.storage.store import CheckpointStore
 
@@ -78,7 +84,8 @@ class DeltaCheckpointStore(CheckpointStore):
             clock=clock if clock is not None else SystemClock(),
         )
         self._log = DeltaCheckpointLog(self._tables, max_attempts=max_attempts)
-        self._blobs = DeltaBlobStore(self._tables, completed=self._log, max_attempts=max_attempts)
+        self._blobs = DeltaBlobStore(self._tables, completed=self, max_attempts=max_attempts)
+        self._history = DeltaCheckpointHistory(self._tables, self._log, max_attempts=max_attempts)
         self._garbage = DeltaGarbageCollector(self._tables, self._blobs)
 
     # -- locations -------------------------------------------------------------------------
@@ -103,12 +110,18 @@ class DeltaCheckpointStore(CheckpointStore):
         (:class:`StoreError` otherwise)."""
         self._log.commit(lease, checkpoint, check_written=self._blobs.check_written)
 
-    def record_failure(self, lease: CoordinatorLease, failed: FailedCheckpoint) -> None:
-        """A ``failed`` row in ``checkpoints``: fenced, idempotent per id."""
-        self._log.record_failure(lease, failed)
+    def record_failure(
+        self,
+        lease: CoordinatorLease,
+        failed: FailedCheckpoint,
+        *,
+        history_size: int = DEFAULT_HISTORY_SIZE,
+    ) -> None:
+        """A ``failed`` row in ``checkpoint_history``: fenced, idempotent per id."""
+        self._history.record(lease, [CheckpointRecord.failed(failed)], history_size)
 
-    def list_failed(self) -> list[FailedCheckpoint]:
-        return self._log.list_failed()
+    def list_history(self) -> list[CheckpointRecord]:
+        return self._history.history()
 
     def list_completed_lenient(
         self,
@@ -122,16 +135,30 @@ class DeltaCheckpointStore(CheckpointStore):
         keep_from: int | None = None,
         *,
         collect_garbage: bool = True,
+        history_size: int = DEFAULT_HISTORY_SIZE,
     ) -> list[int]:
-        kept, dropped_ids = self._log.retire(lease, retained, keep_from)
+        """Records the completed checkpoints (and failure rows of earlier versions) not in
+        the history yet, then removes what retention drops, and those failure rows, in one
+        fenced commit to the log; then collects garbage."""
+        self._history.record(lease, [], history_size)
+        kept, dropped_ids = self._log.retire(lease, retained, keep_from, drop_legacy_failed=True)
         if collect_garbage:
             self._garbage.collect_retained(kept)
         return dropped_ids
 
-    def discard(self, lease: CoordinatorLease, checkpoint_ids: Iterable[int]) -> None:
+    def discard(
+        self,
+        lease: CoordinatorLease,
+        checkpoint_ids: Iterable[int],
+        *,
+        history_size: int = DEFAULT_HISTORY_SIZE,
+    ) -> None:
         """Remove these checkpoints (committed or not) and every blob written for them that
-        no remaining checkpoint references."""
+        no remaining checkpoint references, after recording the completed checkpoints not
+        in the history yet."""
         ids = sorted(set(checkpoint_ids))
+        if ids:
+            self._history.record(lease, [], history_size)
         kept = self._log.remove(lease, ids)
         if ids:
             self._garbage.collect_discarded(ids, kept)

@@ -1,6 +1,6 @@
 """The Delta tables of the checkpoint store: their layout on disk and shared access to them.
 
-One *root* per pipeline holds four Delta tables, created lazily with explicit schemas and kept
+One *root* per pipeline holds five Delta tables, created lazily with explicit schemas and kept
 readable by Spark's Delta Lake (protocol reader 1 / writer 2, UTC ``timestamp`` columns, no
 deletion vectors, no column mapping, no partitioning — the tables are small and a partition
 per checkpoint would only multiply tiny files):
@@ -10,13 +10,12 @@ per checkpoint would only multiply tiny files):
     ``record`` column says which): ``lease`` rows (``epoch``, id block
     ``[checkpoint_id, id_end)``), ``completed`` rows (the canonical metadata JSON of a
     :class:`~spark_ckpt.protocol.checkpoint.CompletedCheckpoint` with its SHA-256, plus
-    queryable copies of id, type, timestamps and size) and ``failed`` rows (the JSON of a
-    :class:`~spark_ckpt.protocol.checkpoint.FailedCheckpoint` — reason, message, figures of
-    the tasks that had acknowledged — with its SHA-256, plus id, type, trigger time and
-    failure time in ``completed_ts``; statistics only, never a restore point). Only
-    coordinators write it. A reader of the table selects its rows by ``record``; ``failed``
-    rows came later, in the same schema, so older readers that select
-    ``record = 'completed'`` see exactly what they saw before.
+    queryable copies of id, type, timestamps and size). Only coordinators write it. Roots
+    written by earlier versions may also hold ``failed`` rows (the JSON of a
+    :class:`~spark_ckpt.protocol.checkpoint.FailedCheckpoint` with its SHA-256, failure
+    time in ``completed_ts``): failure records from before the history table; the next
+    retention moves them into ``checkpoint_history``. A reader of the table selects its
+    rows by ``record``.
 ``<root>/operator_state`` / ``<root>/channel_state``
     One row per blob (``KEYED_FULL``/``KEYED_DELTA``/``OPERATOR`` resp. ``CHANNEL``): the
     :class:`~spark_ckpt.protocol.handle.BlobRef` columns, a ``blob_id`` (hash of the blob key,
@@ -25,6 +24,12 @@ per checkpoint would only multiply tiny files):
 ``<root>/source_offsets``
     One row per source channel position a task reported (queryable record; restore reads
     offsets from the committed metadata).
+``<root>/checkpoint_history``
+    The checkpoint statistics history (:mod:`spark_ckpt.delta.checkpoint_history`): one
+    row per finished checkpoint or savepoint, completed or failed, the newest
+    ``checkpoint.history`` of them, whatever ``checkpoint.retained`` keeps. Only
+    coordinators write it, fenced; it is rewritten whole at each write, so it is one small
+    data file.
 
 :class:`StoreTables` opens, creates and scans these tables for the store's components; every
 error of delta-rs, Arrow and the file system is translated at :func:`store_boundary`.
@@ -64,6 +69,7 @@ class StoreTable(StrEnum):
     OPERATOR_STATE = "operator_state"
     CHANNEL_STATE = "channel_state"
     SOURCE_OFFSETS = "source_offsets"
+    HISTORY = "checkpoint_history"
 
 
 #: The tables that hold state blobs.
@@ -126,11 +132,56 @@ SOURCE_OFFSETS_SCHEMA = pa.schema(
 )
 """``source_offsets``: ``offset`` is the first data record *not* covered by the checkpoint."""
 
+HISTORY_SCHEMA = pa.schema(
+    [
+        pa.field("checkpoint_id", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("snapshot_type", pa.string(), nullable=False),
+        pa.field("trigger_ts", _TS, nullable=False),
+        pa.field("end_ts", _TS, nullable=False),
+        pa.field("duration_ms", pa.int64(), nullable=False),
+        pa.field("state_bytes", pa.int64(), nullable=False),
+        pa.field("bytes_written", pa.int64(), nullable=False),
+        pa.field("channel_state_bytes", pa.int64(), nullable=False),
+        pa.field("alignment_ms", pa.int64(), nullable=False),
+        pa.field("start_delay_ms", pa.int64(), nullable=False),
+        pa.field("reason", pa.string()),
+        pa.field("message", pa.string()),
+        pa.field("record", pa.string(), nullable=False),
+        pa.field("checksum", pa.string(), nullable=False),
+        pa.field("recorded_at", _TS, nullable=False),
+        pa.field("writer_epoch", pa.int64(), nullable=False),
+        pa.field("dropped_below", pa.int64(), nullable=False),
+    ]
+)
+"""``checkpoint_history``: one row per finished checkpoint or savepoint (see
+:mod:`spark_ckpt.delta.checkpoint_history`). ``status`` is ``completed`` or ``failed``
+(``reason``/``message`` then say why); ``end_ts`` is when it completed or failed; the
+figures of a failed one are those of the subtasks that had acknowledged
+(:attr:`~spark_ckpt.storage.history.CheckpointRecord.figures`). ``record`` is the canonical
+JSON of the :class:`~spark_ckpt.storage.history.CheckpointRecord` (per-subtask metrics,
+properties), ``checksum`` its SHA-256; ``recorded_at`` when the row was first written;
+``writer_epoch`` the lease epoch of the coordinator that wrote the table's current version
+(every write rewrites the table: the fence); ``dropped_below`` the history's floor, one more
+than the largest id its bound ever dropped (the same in every row; see
+:mod:`spark_ckpt.storage.history`)."""
+
 SCHEMAS: Mapping[StoreTable, pa.Schema] = {
     StoreTable.CHECKPOINTS: CHECKPOINTS_SCHEMA,
     StoreTable.OPERATOR_STATE: BLOB_SCHEMA,
     StoreTable.CHANNEL_STATE: BLOB_SCHEMA,
     StoreTable.SOURCE_OFFSETS: SOURCE_OFFSETS_SCHEMA,
+    StoreTable.HISTORY: HISTORY_SCHEMA,
+}
+
+#: Table properties set at creation (plain properties: the protocol stays reader 1 /
+#: writer 2). The history is rewritten at every write, so its removed files and its log
+#: are kept for an hour only (see :mod:`spark_ckpt.delta.checkpoint_history`).
+CONFIGURATION: Mapping[StoreTable, Mapping[str, str]] = {
+    StoreTable.HISTORY: {
+        "delta.logRetentionDuration": "interval 1 hours",
+        "delta.deletedFileRetentionDuration": "interval 1 hours",
+    },
 }
 
 
@@ -185,6 +236,7 @@ class StoreTables:
                 mode="ignore",
                 name=table.value,
                 description=f"spark-ckpt {table.value}",
+                configuration=dict(CONFIGURATION.get(table, {})) or None,
                 storage_options=self._storage_options,
             )
         except DeltaError:

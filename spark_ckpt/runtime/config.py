@@ -107,6 +107,7 @@ from spark_ckpt.runtime.restart import (
     RestartStrategy,
     restart_strategy_from_dict,
 )
+from spark_ckpt.storage.history import DEFAULT_HISTORY_SIZE
 
 #: The default checkpoint interval (Flink's default is off; see the module docstring).
 DEFAULT_INTERVAL_MS: Final = 1000
@@ -504,7 +505,7 @@ class CheckpointConfig:
     #: How many finished checkpoints (completed or failed, savepoints too) the statistics
     #: history in the store keeps, whatever ``retained_checkpoints`` is (Flink's
     #: ``web.checkpoints.history``, default 10 there; see :mod:`spark_ckpt.storage.history`).
-    history_size: int = 100
+    history_size: int = DEFAULT_HISTORY_SIZE
     #: Unlike Flink (``NO_EXTERNALIZED_CHECKPOINTS``), checkpoints outlive a stopped job by
     #: default: a Spark user expects a restarted query to resume where it stopped, and a
     #: stop that deleted the checkpoints would make the next run re-emit committed output.

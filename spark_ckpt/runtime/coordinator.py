@@ -77,14 +77,16 @@ list; everything else above is Flink's rule:
   its shared state registry plays the part of the last rule.
 * **Externalized retention.** ``RETAIN_ON_CANCELLATION`` keeps checkpoints even when the job
   finished (:func:`discards_checkpoints`); Flink discards them then.
-* **Failures are recorded.** Every failed or aborted checkpoint or savepoint — declined,
-  expired, subsumed, failed to finalize, or aborted by a task failure or the shutdown — is
-  kept in the store next to the completed ones, with its reason and the figures of the tasks
-  that had acknowledged
-  (:meth:`~spark_ckpt.storage.store.CheckpointLog.record_failure`, read with
-  :meth:`~spark_ckpt.storage.store.CompletedCheckpoints.list_failed`). Flink keeps this
-  history only in the JobManager's memory. Recording never fails the job: a store error is
-  logged as a WARNING.
+* **The statistics history is durable.** Every failed or aborted checkpoint or savepoint —
+  declined, expired, subsumed, failed to finalize, or aborted by a task failure or the
+  shutdown — is recorded in the store's statistics history, with its reason and the figures
+  of the tasks that had acknowledged
+  (:meth:`~spark_ckpt.storage.store.CheckpointLog.record_failure`); retention records every
+  completed one there before removing it. The history keeps the newest
+  ``config.history_size`` entries whatever ``retained_checkpoints`` is (read with
+  :meth:`~spark_ckpt.storage.store.CompletedCheckpoints.list_history`). Flink keeps this
+  history (``web.checkpoints.history``) only in the JobManager's memory. Recording a failure
+  never fails the job: a store error is logged as a WARNING.
 
 Completion: all tasks acknowledged → finalize → commit into the store (fenced) → drop
 subsumed pending checkpoints → retention → notify-complete to every task. Failures (decline,
@@ -241,8 +243,6 @@ DEFAULT_GARBAGE_EVERY = 8
 class CheckpointCoordinator:
     """See the module docstring. Not thread-safe: drive it from one loop."""
 
-    HISTORY_SIZE = 100
-
     def __init__(
         self,
         config: CheckpointConfig,
@@ -304,7 +304,7 @@ class CheckpointCoordinator:
         self._bases: dict[TaskId, int] = (
             {t: restored.checkpoint_id for t in self.tasks_to_ack} if restored else {}
         )
-        self.history: deque[HistoryEntry] = deque(maxlen=self.HISTORY_SIZE)
+        self.history: deque[HistoryEntry] = deque(maxlen=config.history_size)
         self.num_triggered = 0
         self.num_completed = 0
         self.num_failed = 0
@@ -358,7 +358,7 @@ class CheckpointCoordinator:
         if discards_checkpoints(self.config.externalized_retention, job_status):
             ids = [c.checkpoint_id for c in self.store.list_completed() if not c.is_savepoint]
             if ids:
-                self.store.discard(self._lease, ids)
+                self.store.discard(self._lease, ids, history_size=self.config.history_size)
 
     # -- triggering ------------------------------------------------------------------------
     def tick(self) -> list[CheckpointBarrier]:
@@ -637,6 +637,7 @@ class CheckpointCoordinator:
                     self.config.retained_checkpoints,
                     keep_from,
                     collect_garbage=collect,
+                    history_size=self.config.history_size,
                 )
             )
         except FencedError:
@@ -691,7 +692,7 @@ class CheckpointCoordinator:
             task_metrics={str(t): a.metrics for t, a in sorted(pending.acks.items())},
         )
         try:
-            self.store.record_failure(self._lease, record)
+            self.store.record_failure(self._lease, record, history_size=self.config.history_size)
         except FencedError:
             log.debug("checkpoint %d: failure not recorded (fenced)", pending.checkpoint_id)
         except Exception as e:  # statistics must never fail the job

@@ -2,7 +2,8 @@
 :class:`~spark_ckpt.storage.store.CheckpointStore`, for tests, simulations and benchmarks.
 
 It keeps the whole contract of :mod:`spark_ckpt.storage.store` (fencing, ids, idempotent task
-state and commit, visibility, integrity, retention) within one process and is lost with it.
+state and commit, visibility, integrity, retention, the bounded statistics history) within
+one process and is lost with it.
 Blobs are kept as Arrow IPC bytes with checksums, exactly as the durable store keeps them, so
 corruption is detected the same way. Thread-safe: one lock guards every call.
 """
@@ -29,10 +30,17 @@ from spark_ckpt.protocol.handle import (
     encode_table,
     make_ref,
 )
+from spark_ckpt.storage.history import (
+    DEFAULT_HISTORY_SIZE,
+    CheckpointRecord,
+    bounded,
+    merge_history,
+    unrecorded,
+)
 from spark_ckpt.storage.lease import ID_BLOCK, CoordinatorLease
 from spark_ckpt.storage.metadata import parse_completed
 from spark_ckpt.storage.retention import garbage_blobs, retention_plan
-from spark_ckpt.storage.store import MAX_FAILED_RECORDS, CheckpointStore
+from spark_ckpt.storage.store import CheckpointStore
 
 
 class InMemoryCheckpointStore(CheckpointStore):
@@ -45,7 +53,8 @@ class InMemoryCheckpointStore(CheckpointStore):
         self._next_id = 1
         self._blobs: dict[tuple[object, ...], tuple[BlobRef, bytes]] = {}
         self._completed: dict[int, tuple[str, str]] = {}  # id -> (json, checksum)
-        self._failed: dict[int, str] = {}  # id -> json of the FailedCheckpoint
+        self._history: dict[int, CheckpointRecord] = {}  # the statistics history
+        self._history_floor = 0  # one more than the largest id the bound dropped
 
     # -- fencing and ids -------------------------------------------------------------------
     def acquire(self) -> CoordinatorLease:
@@ -120,33 +129,70 @@ class InMemoryCheckpointStore(CheckpointStore):
         keep_from: int | None = None,
         *,
         collect_garbage: bool = True,
+        history_size: int = DEFAULT_HISTORY_SIZE,
     ) -> list[int]:
-        kept, dropped = retention_plan(self.list_completed(), retained, keep_from)
+        completed = self.list_completed()
+        kept, dropped = retention_plan(completed, retained, keep_from)
+        bounded([], history_size)
         with self._lock:
             self._check(lease)
+            self._record([], completed, history_size)
             for c in dropped:
                 self._completed.pop(c.checkpoint_id, None)
-            for cid in sorted(self._failed)[:-MAX_FAILED_RECORDS]:
-                del self._failed[cid]
             if collect_garbage:
                 for ref in garbage_blobs([r for r, _ in self._blobs.values()], kept):
                     self._blobs.pop(ref.key, None)
         return [c.checkpoint_id for c in dropped]
 
-    def record_failure(self, lease: CoordinatorLease, failed: FailedCheckpoint) -> None:
+    # -- the statistics history ------------------------------------------------------------
+    def record_failure(
+        self,
+        lease: CoordinatorLease,
+        failed: FailedCheckpoint,
+        *,
+        history_size: int = DEFAULT_HISTORY_SIZE,
+    ) -> None:
+        completed, _ = self.list_completed_lenient()
+        bounded([], history_size)
         with self._lock:
             self._check(lease)
-            self._failed.setdefault(failed.checkpoint_id, failed.to_json())
+            self._record([CheckpointRecord.failed(failed)], completed, history_size)
 
-    def list_failed(self) -> list[FailedCheckpoint]:
+    def _record(
+        self,
+        records: Iterable[CheckpointRecord],
+        completed: Iterable[CompletedCheckpoint],
+        history_size: int,
+    ) -> None:
+        """Add *records* and the :func:`unrecorded` ones of *completed* (those not recorded
+        yet) and keep the newest *history_size* (under the lock, lease checked)."""
+        floor = self._history_floor
+        for r in [*records, *unrecorded(self._history, completed, floor=floor)]:
+            if r.checkpoint_id >= floor:
+                self._history.setdefault(r.checkpoint_id, r)
+        kept, self._history_floor = bounded(self._history, history_size, floor)
+        self._history = {i: self._history[i] for i in kept}
+
+    def list_history(self) -> list[CheckpointRecord]:
+        completed, _ = self.list_completed_lenient()
         with self._lock:
-            texts = [t for _, t in sorted(self._failed.items())]
-        return [FailedCheckpoint.from_json(t) for t in texts]
+            recorded = list(self._history.values())
+            floor = self._history_floor
+        return merge_history(recorded, completed, floor=floor)
 
-    def discard(self, lease: CoordinatorLease, checkpoint_ids: Iterable[int]) -> None:
+    def discard(
+        self,
+        lease: CoordinatorLease,
+        checkpoint_ids: Iterable[int],
+        *,
+        history_size: int = DEFAULT_HISTORY_SIZE,
+    ) -> None:
         ids = set(checkpoint_ids)
+        completed = self.list_completed()
+        bounded([], history_size)
         with self._lock:
             self._check(lease)
+            self._record([], completed, history_size)
             for i in ids:
                 self._completed.pop(i, None)
         kept = self.list_completed()

@@ -5,7 +5,8 @@ As in Flink (``CheckpointStorageCoordinatorView`` / ``CheckpointStorageWorkerVie
 
 :class:`CompletedCheckpoints`
     The read side of the log: which checkpoints completed (:meth:`~CompletedCheckpoints.get`,
-    :meth:`~CompletedCheckpoints.list_completed`, :meth:`~CompletedCheckpoints.latest_completed`).
+    :meth:`~CompletedCheckpoints.list_completed`, :meth:`~CompletedCheckpoints.latest_completed`),
+    and the statistics history of finished ones (:meth:`~CompletedCheckpoints.list_history`).
     Read by both sides and by clients; never writes.
 :class:`CheckpointLog` — the **coordinator view**
     Id leases with fencing, the completion commit, retention and discard. Used by the
@@ -62,6 +63,15 @@ Contract every implementation keeps:
   stay, unreferenced and invisible, until a later call collects them (garbage is always
   defined against the checkpoints kept *then*, so nothing is missed; see
   :mod:`spark_ckpt.storage.retention`). :meth:`CheckpointLog.discard` is idempotent too.
+* **History** (:mod:`spark_ckpt.storage.history`): the statistics of finished checkpoints
+  and savepoints, completed or failed, kept apart from the log and bounded by its own size
+  (``history_size``, the newest records by id), never by retention.
+  :meth:`CheckpointLog.record_failure` records a failure; ``retain`` and ``discard`` first
+  record every completed checkpoint of the log not recorded yet
+  (:func:`~spark_ckpt.storage.history.unrecorded`), so removing a checkpoint never loses
+  its statistics. History writes are fenced like every other write and idempotent per id
+  (the first record of an id wins). :meth:`CompletedCheckpoints.list_history` shows the
+  records plus the log's completed checkpoints not recorded yet.
 """
 
 from __future__ import annotations
@@ -79,12 +89,10 @@ from spark_ckpt.errors import (
 )
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.handle import BlobRef, TaskSnapshot, TaskStateHandle
+from spark_ckpt.storage.history import DEFAULT_HISTORY_SIZE, CheckpointRecord
 from spark_ckpt.storage.lease import CoordinatorLease
 
 log = logging.getLogger(__name__)
-
-#: How many failed-checkpoint records retention keeps (the newest).
-MAX_FAILED_RECORDS = 100
 
 
 def describe_blob(ref: BlobRef) -> str:
@@ -115,10 +123,15 @@ class CompletedCheckpoints(ABC):
         (with its ``checkpoint_id``, oldest first). Other store errors propagate."""
 
     @abstractmethod
+    def list_history(self) -> list[CheckpointRecord]:
+        """The statistics history, by id: every record (completed, failed and aborted
+        checkpoints and savepoints; the newest ``history_size`` of the last write), plus the
+        completed checkpoints of the log not recorded yet (see the module docstring). Damaged
+        records are skipped with a WARNING: statistics never fail a reader."""
+
     def list_failed(self) -> list[FailedCheckpoint]:
-        """The failed and aborted checkpoints recorded by
-        :meth:`CheckpointLog.record_failure` (the newest :data:`MAX_FAILED_RECORDS` or
-        more), by id."""
+        """The failed and aborted checkpoints of the history, by id."""
+        return [r.failure for r in self.list_history() if r.failure is not None]
 
     def list_completed(self) -> list[CompletedCheckpoint]:
         """Every visible completed checkpoint and savepoint, oldest first. Raises
@@ -165,10 +178,16 @@ class CheckpointLog(CompletedCheckpoints):
         checkpoint references must have been written (:class:`StoreError` otherwise)."""
 
     @abstractmethod
-    def record_failure(self, lease: CoordinatorLease, failed: FailedCheckpoint) -> None:
-        """Record a failed or aborted checkpoint next to the completed ones (statistics that
-        outlive the coordinator). Fenced; idempotent per checkpoint id. Retention keeps the
-        newest :data:`MAX_FAILED_RECORDS` records."""
+    def record_failure(
+        self,
+        lease: CoordinatorLease,
+        failed: FailedCheckpoint,
+        *,
+        history_size: int = DEFAULT_HISTORY_SIZE,
+    ) -> None:
+        """Record a failed or aborted checkpoint in the history (statistics that outlive the
+        coordinator), which then keeps its newest *history_size* records. Fenced;
+        idempotent per checkpoint id."""
 
     @abstractmethod
     def retain(
@@ -178,14 +197,23 @@ class CheckpointLog(CompletedCheckpoints):
         keep_from: int | None = None,
         *,
         collect_garbage: bool = True,
+        history_size: int = DEFAULT_HISTORY_SIZE,
     ) -> list[int]:
-        """Apply retention (see module docstring); returns the ids removed. Fenced;
-        idempotent."""
+        """Apply retention (see module docstring); returns the ids removed. First records
+        the completed checkpoints not in the history yet (which then keeps its newest
+        *history_size* records). Fenced; idempotent."""
 
     @abstractmethod
-    def discard(self, lease: CoordinatorLease, checkpoint_ids: Iterable[int]) -> None:
-        """Remove these completed checkpoints and the blobs only they reference. Fenced;
-        idempotent."""
+    def discard(
+        self,
+        lease: CoordinatorLease,
+        checkpoint_ids: Iterable[int],
+        *,
+        history_size: int = DEFAULT_HISTORY_SIZE,
+    ) -> None:
+        """Remove these completed checkpoints and the blobs only they reference, after
+        recording the completed checkpoints not in the history yet, as :meth:`retain` does.
+        Fenced; idempotent."""
 
 
 class StateStorage(ABC):

@@ -215,6 +215,7 @@ def test_completion_is_one_small_append(root: Path) -> None:
         StoreTable.OPERATOR_STATE: 0,
         StoreTable.CHANNEL_STATE: 0,
         StoreTable.SOURCE_OFFSETS: 0,
+        StoreTable.HISTORY: 0,  # recorded at the next retention, off the completion path
     }
     _, actions = log_actions(root / "checkpoints")[-1]
     adds = [a["add"] for a in actions if "add" in a]
@@ -627,7 +628,8 @@ def test_deleted_data_file_is_corrupt(root: Path, table: StoreTable) -> None:
     assert not path.exists()
     message = _assert_damaged(root, good, bad)
     assert f"{table.value} blob_id" in message
-    assert f"data file {path.name} is gone" in message  # the lost file is named as the cause
+    # the lost file is named as the cause, by its full path (the store's root in it)
+    assert f"data file {root}/{table.value}/{path.name} is gone" in message
 
 
 def test_damaged_metadata_row_on_disk_is_skipped(root: Path) -> None:

@@ -524,11 +524,14 @@ class FlakyRetainStore(InMemoryCheckpointStore):
         keep_from: int | None = None,
         *,
         collect_garbage: bool = True,
+        history_size: int = 100,
     ) -> list[int]:
         self.calls.append(collect_garbage)
         if self.failing:
             raise self.error
-        return super().retain(lease, retained, keep_from, collect_garbage=collect_garbage)
+        return super().retain(
+            lease, retained, keep_from, collect_garbage=collect_garbage, history_size=history_size
+        )
 
 
 def _complete_one(coord: CheckpointCoordinator, store: InMemoryCheckpointStore) -> int:

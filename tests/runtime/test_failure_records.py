@@ -102,7 +102,9 @@ class FlakyRecords(InMemoryCheckpointStore):
         super().__init__()
         self.error = error
 
-    def record_failure(self, lease: CoordinatorLease, failed: FailedCheckpoint) -> None:
+    def record_failure(
+        self, lease: CoordinatorLease, failed: FailedCheckpoint, *, history_size: int = 100
+    ) -> None:
         raise self.error
 
 

@@ -25,6 +25,7 @@ from spark_ckpt.delta.blob_store import blob_id
 from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.errors import (
     CheckpointNotFoundError,
+    ConfigError,
     CorruptCheckpointError,
     FencedError,
     StoreError,
@@ -756,37 +757,107 @@ def test_random_interleavings_delta(
     _run_model(lambda: _delta_backend(tmp_path_factory.mktemp("model")), ops)
 
 
-# ------------------------------------------------------------------ failed checkpoints
+# ------------------------------------------------------------------ the statistics history
 
 
-def test_failed_checkpoints_are_recorded_fenced_idempotent_and_pruned(backend: Backend) -> None:
-    """Records outlive the coordinator (a fresh handle reads them), a repeated record changes
-    nothing, a superseded lease records nothing, completed checkpoints are unaffected, and
-    retention keeps the newest MAX_FAILED_RECORDS."""
+def _failed(cid: int, reason: str = "expired"):  # type: ignore[no-untyped-def]
     from spark_ckpt.protocol.checkpoint import FailedCheckpoint
     from spark_ckpt.protocol.handle import CheckpointMetrics
-    from spark_ckpt.storage.store import MAX_FAILED_RECORDS
 
+    metrics = {"op#0": CheckpointMetrics(1, 2, 3, 4, 5, 6)}
+    return FailedCheckpoint(
+        cid, SnapshotType.CHECKPOINT, 10 * cid, 10 * cid + 7, reason, "late", metrics
+    )
+
+
+def _history(store: CheckpointStore) -> list[tuple[int, str]]:
+    return [(r.checkpoint_id, r.status.value) for r in store.list_history()]
+
+
+def test_failed_checkpoints_are_recorded_fenced_and_idempotent(backend: Backend) -> None:
+    """Records outlive the coordinator (a fresh handle reads them), a repeated record changes
+    nothing (the first record of an id wins), a superseded lease records nothing, and
+    completed checkpoints are unaffected."""
     store = backend.open()
     lease = store.acquire()
     done = write_and_commit(store, lease, lease.first_id, blob(BlobKind.OPERATOR, kv(("a", 1))))
-
-    def failed(cid: int) -> FailedCheckpoint:
-        metrics = {"op#0": CheckpointMetrics(1, 2, 3, 4, 5, 6)}
-        return FailedCheckpoint(
-            cid, SnapshotType.CHECKPOINT, 10 * cid, 10 * cid + 7, "expired", "late", metrics
-        )
-
-    store.record_failure(lease, failed(lease.first_id + 1))
-    store.record_failure(lease, failed(lease.first_id + 1))
-    assert backend.open().list_failed() == [failed(lease.first_id + 1)]
+    store.record_failure(lease, _failed(lease.first_id + 1))
+    store.record_failure(lease, _failed(lease.first_id + 1))
+    store.record_failure(lease, _failed(lease.first_id + 1, "subsumed"))
+    assert backend.open().list_failed() == [_failed(lease.first_id + 1)]
     assert store.list_completed() == [done]
     newer = store.acquire()
     with pytest.raises(FencedError):
-        store.record_failure(lease, failed(lease.first_id + 2))
-    base = newer.first_id
-    for cid in range(base, base + MAX_FAILED_RECORDS + 5):
-        store.record_failure(newer, failed(cid))
-    store.retain(newer, 5)
-    kept = [f.checkpoint_id for f in backend.open().list_failed()]
-    assert kept == list(range(base + 5, base + MAX_FAILED_RECORDS + 5))
+        store.record_failure(lease, _failed(lease.first_id + 2))
+    assert [f.checkpoint_id for f in backend.open().list_failed()] == [lease.first_id + 1]
+    store.record_failure(newer, _failed(newer.first_id))
+    assert _history(backend.open()) == [
+        (lease.first_id, "completed"),
+        (lease.first_id + 1, "failed"),
+        (newer.first_id, "failed"),
+    ]
+
+
+def test_history_outlives_retention_and_is_bounded_by_its_own_size(backend: Backend) -> None:
+    """With one checkpoint retained, every completed checkpoint stays in the history with
+    its figures; the history keeps the newest *history_size* records by id, completed and
+    failed alike, and a record the bound dropped does not come back."""
+    store = backend.open()
+    lease = store.acquire()
+    base = lease.first_id
+    expected: dict[int, str] = {}  # the oracle: id -> status, in the order things happen
+    cps = {}
+    for i in range(12):
+        cid = base + i
+        if i % 4 == 3:
+            store.record_failure(lease, _failed(cid), history_size=8)
+            expected[cid] = "failed"
+        else:
+            cps[cid] = write_and_commit(store, lease, cid, blob(BlobKind.OPERATOR, kv(("a", i))))
+            expected[cid] = "completed"
+            store.retain(lease, 1, history_size=8)
+        assert ids(store) == [max(cps)]  # retention keeps one checkpoint only
+    newest = sorted(expected)[-8:]
+    got = backend.open().list_history()
+    assert [(r.checkpoint_id, r.status.value) for r in got] == [(c, expected[c]) for c in newest]
+    for r in got:
+        if r.checkpoint_id in cps:  # a completed one's figures are its own
+            assert r.stats == cps[r.checkpoint_id].stats and r.failure is None
+        else:
+            assert r.failure == _failed(r.checkpoint_id)
+    store.retain(lease, 1, history_size=8)  # idempotent
+    assert backend.open().list_history() == got
+    # a smaller bound drops the oldest at the next write, and they stay dropped
+    store.retain(lease, 1, history_size=3)
+    assert [r.checkpoint_id for r in backend.open().list_history()] == newest[-3:]
+    store.retain(lease, 1, history_size=8)
+    assert [r.checkpoint_id for r in backend.open().list_history()] == newest[-3:]
+
+
+def test_history_shows_completed_checkpoints_before_any_retention(backend: Backend) -> None:
+    """A completed checkpoint is in the history as soon as it is committed (read from the
+    log until retention records it), and discard records before it removes."""
+    store = backend.open()
+    lease = store.acquire()
+    a = write_and_commit(store, lease, lease.first_id, blob(BlobKind.OPERATOR, kv(("a", 1))))
+    sp = write_and_commit(
+        store, lease, lease.first_id + 1, blob(BlobKind.OPERATOR, kv(("a", 2))), savepoint=True
+    )
+    assert _history(store) == [(a.checkpoint_id, "completed"), (sp.checkpoint_id, "completed")]
+    assert [r.is_savepoint for r in store.list_history()] == [False, True]
+    store.discard(lease, [a.checkpoint_id])
+    assert ids(store) == [sp.checkpoint_id]
+    assert _history(backend.open()) == [
+        (a.checkpoint_id, "completed"),
+        (sp.checkpoint_id, "completed"),
+    ]
+
+
+def test_history_size_must_be_positive(backend: Backend) -> None:
+    store = backend.open()
+    lease = store.acquire()
+    with pytest.raises(ConfigError):
+        store.retain(lease, 1, history_size=0)
+    with pytest.raises(ConfigError):
+        store.record_failure(lease, _failed(lease.first_id), history_size=0)
+    assert store.list_history() == []
