@@ -350,9 +350,11 @@ class DeltaBlobStore(StateStorage):
                     file_pruning_predicate=[("checkpoint_id", "in", ids)],
                 )
                 bad = damaged_files.setdefault(table, [])
-                for path in dataset.files:
+                where = self._tables.uri(table)
+                for name in dataset.files:  # relative to the table: named by full path
+                    path = f"{where}/{name}"
                     try:
-                        with dataset.filesystem.open_input_file(path) as f:
+                        with dataset.filesystem.open_input_file(name) as f:
                             data = f.read()
                     except FileNotFoundError as e:
                         bad.append(f"data file {path} is gone ({e})")

@@ -11,7 +11,8 @@ references nothing outside itself, so it can be copied or moved to another path 
 and restored from there; retention of the pipeline's root never touches it.
 
 The online export (:func:`export_savepoint`) runs in the coordinator host when a savepoint
-completes; :func:`open_savepoint` opens one for a restore or offline reading;
+completes; :func:`open_savepoint` opens one for a restore or offline reading (every error
+reading a damaged savepoint names its directory);
 :func:`list_savepoints` and :func:`dispose_savepoint` back the CLI and the client;
 :func:`checkpoint_as_of` finds "the latest completed checkpoint at or before T" in the Delta
 history of a root's checkpoint log.
@@ -21,9 +22,12 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
@@ -32,9 +36,15 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from spark_ckpt.delta.errors import delta_boundary
 from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.delta.store_tables import StoreTable
-from spark_ckpt.errors import CheckpointNotFoundError, RestoreError, StoreError
+from spark_ckpt.errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    RestoreError,
+    StoreError,
+)
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.handle import BlobRef
 from spark_ckpt.runtime.restore_settings import MAX_PARALLELISM, PIPELINE
 from spark_ckpt.storage.store import StateStorage
 from spark_ckpt.storage.transfer import copy_checkpoint
@@ -134,12 +144,53 @@ def _is_pipeline_root(path: str) -> bool:
     return any(_exists(_join(path, marker)) for marker in ROOT_MARKERS)
 
 
+@contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """A :class:`StoreError` raised inside names the savepoint directory *path* (a damaged
+    data file is otherwise named by its file name only), keeping its class and checkpoint."""
+    try:
+        yield
+    except StoreError as e:
+        if path in str(e):
+            raise
+        message = f"savepoint {path}: {e}"
+        if isinstance(e, CorruptCheckpointError):
+            raise CorruptCheckpointError(message, checkpoint_id=e.checkpoint_id) from e
+        if isinstance(e, CheckpointNotFoundError):
+            raise CheckpointNotFoundError(message) from e
+        raise StoreError(message) from e
+
+
+class SavepointStore(DeltaCheckpointStore):
+    """The checkpoint store of a savepoint directory (see :func:`open_savepoint`): what it
+    reads for a restore or offline (the listing, verification, blobs) raises errors naming
+    the directory."""
+
+    def list_completed(self) -> list[CompletedCheckpoint]:
+        with _naming(self.root):
+            return super().list_completed()
+
+    def verify(self, checkpoint: CompletedCheckpoint) -> None:
+        with _naming(self.root):
+            super().verify(checkpoint)
+
+    def read_blob(self, ref: BlobRef) -> pa.Table:
+        with _naming(self.root):
+            return super().read_blob(ref)
+
+    def read_blobs(self, refs: Sequence[BlobRef]) -> list[pa.Table]:
+        with _naming(self.root):
+            return super().read_blobs(refs)
+
+
 def open_savepoint(path: str) -> tuple[DeltaCheckpointStore, Savepoint]:
-    """The store of the savepoint directory *path* and the savepoint in it. Raises
-    :class:`RestoreError` if *path* does not exist or holds no savepoint."""
+    """The store of the savepoint directory *path* (a :class:`SavepointStore`) and the
+    savepoint in it. Raises :class:`RestoreError` if *path* does not exist or holds no
+    savepoint, a :class:`StoreError` naming *path* (:class:`CorruptCheckpointError` for a
+    damaged data file) if its checkpoint log cannot be read."""
     if not _exists(path):
         raise RestoreError(f"no savepoint at {path}: the directory does not exist")
-    store = DeltaCheckpointStore(path)
+    store = SavepointStore(path)
     try:
         found = store.list_completed()
     except CheckpointNotFoundError:
