@@ -32,6 +32,7 @@ from pyspark.sql.types import StructType
 
 from spark_ckpt.errors import ConfigError, ProtocolError
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
+from spark_ckpt.protocol.checkpoint import task_state_uid
 from spark_ckpt.protocol.handle import (
     AcknowledgeCheckpoint,
     BlobKind,
@@ -40,7 +41,7 @@ from spark_ckpt.protocol.handle import (
     TaskId,
     TaskSnapshot,
 )
-from spark_ckpt.runtime.task import SINK_TRANSACTIONS, task_state_uid
+from spark_ckpt.runtime.task import SINK_TRANSACTIONS
 from spark_ckpt.sinks.ledger import SinkEvent, SinkLedger, split_at_barriers
 from spark_ckpt.sinks.sink import (
     TRANSACTION_STATE_SCHEMA,
@@ -111,9 +112,7 @@ class CkptSinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         from spark_ckpt.delta.sink_target import DeltaSinkTarget
         from spark_ckpt.delta.sink_writer import DeltaSinkWriter
 
-        target = DeltaSinkTarget(
-            self.options.path, pipeline=self.options.pipeline, sink_uid=self.options.uid
-        )
+        target = DeltaSinkTarget(self.options.path, pipeline=self.options.pipeline)
         return DeltaSinkWriter(target)
 
     def _progress(self) -> CommitProgress:
@@ -217,7 +216,5 @@ def sink_from_spec(spec: SinkSpec, *, pipeline: str) -> SinkCommitter:
     from spark_ckpt.delta.sink_committer import DeltaSinkCommitter
     from spark_ckpt.delta.sink_target import DeltaSinkTarget
 
-    target = DeltaSinkTarget(
-        spec.path, pipeline=pipeline, sink_uid=spec.sink_uid, storage_options=spec.options or None
-    )
+    target = DeltaSinkTarget(spec.path, pipeline=pipeline, storage_options=spec.options or None)
     return DeltaSinkCommitter(target)

@@ -21,7 +21,9 @@ The design follows Flink's ``TwoPhaseCommitSinkFunction`` (and Arroyo's Delta si
    (:class:`~spark_ckpt.delta.sink_committer.DeltaSinkCommitter`, in the global
    committer, driver side), as are steps 4 and 5. ``commit_checkpoint`` makes
    every file of all transactions of checkpoint *n* visible in **one** Delta commit that also
-   records the app transaction ``spark-ckpt/<pipeline>/<sink_uid>`` at version *n*.
+   records the app transaction ``spark-ckpt/<pipeline>`` at version *n*: the identity of
+   the output belongs to the pipeline and the table, not to the operator chain, so every
+   version of the job that writes the table commits under it.
    ``commit`` (one transaction) adds one transaction's files and leaves the version where
    it is.
 4. **Abort / recover** delete staged files that never became part of the table.
@@ -47,8 +49,8 @@ Invariants and why they give exactly-once output:
   records every sealed, uncommitted transaction <= *n'* of every subtask
   (``OperatorTask._complete`` in :mod:`spark_ckpt.runtime.task`): if *n'* > *n* was committed
   first, it contained the transactions of *n*. Consequently ``commit_checkpoint`` must be
-  given **all** transactions of the checkpoint in one call, and one sink (one ``sink_uid``)
-  serves one sink vertex.
+  given **all** transactions of the checkpoint in one call, and a pipeline writes a table
+  through one sink vertex.
 * **The app version is monotone except for a roll back at restore.** A job that restores
   checkpoint *r* replays its input from *r*'s source positions, so the table must then hold
   exactly the output of checkpoints <= *r* — also when it already holds output of later ones
@@ -99,7 +101,7 @@ from spark_ckpt.delta.sink_writer import DEFAULT_TARGET_FILE_BYTES, DeltaSinkWri
 class DeltaSink:
     """A :class:`~spark_ckpt.sinks.sink.TransactionalSink` into the Delta table at
     *table_uri*: a :class:`DeltaSinkWriter` and a :class:`DeltaSinkCommitter` over one
-    :class:`DeltaSinkTarget` (see it for *pipeline*, *sink_uid*, *storage_options*,
+    :class:`DeltaSinkTarget` (see it for *pipeline*, *storage_options*,
     *partition_by* and *filesystem*), for a process that runs tasks of the sink vertex and
     reads what was committed (the foreachBatch aligner) or does both (tests). A process that
     plays only one role builds only that one from a target. *target_file_bytes*: see
@@ -111,7 +113,6 @@ class DeltaSink:
         table_uri: str,
         *,
         pipeline: str,
-        sink_uid: str,
         storage_options: dict[str, str] | None = None,
         partition_by: Sequence[str] = (),
         filesystem: pafs.FileSystem | None = None,
@@ -121,7 +122,6 @@ class DeltaSink:
         self.target = DeltaSinkTarget(
             table_uri,
             pipeline=pipeline,
-            sink_uid=sink_uid,
             storage_options=storage_options,
             partition_by=partition_by,
             filesystem=filesystem,

@@ -67,6 +67,11 @@ class DeltaSinkCommitter:
         self.max_attempts = max_attempts
         self._table: DeltaTable | None = None
 
+    @property
+    def sink_id(self) -> str:
+        """The table URI: transactions sealed for another table are not this sink's."""
+        return self.target.sink_id
+
     # -- reading the table -----------------------------------------------------------------
     def _load(self) -> DeltaTable | None:
         """The newest version of the table (``None`` before its first commit): opened once,
@@ -211,22 +216,29 @@ class DeltaSinkCommitter:
         """Make the table hold exactly this sink's output of checkpoints <= *checkpoint_id*
         again (driver side, at a restore from *checkpoint_id*, **before** :meth:`recover`).
 
-        When the app version is above *checkpoint_id*: remove (Delta ``remove`` actions with
-        ``dataChange=true``; the files stay on disk until the orphan sweep of
-        :meth:`recover`) every file still in the table that one of this sink's commits
-        added with an app version > *checkpoint_id* after the sink's newest commit at or
-        below it, and set the app version to *checkpoint_id* — one Delta commit, on exactly
-        the snapshot read (``max_commit_retries=0``; a concurrent commit makes it re-read
-        and redo, :class:`StoreError` after ``max_attempts`` lost races). Returns the paths
-        removed (sorted); a no-op returning ``[]`` when there is no table or the version is
-        already <= *checkpoint_id* (so it is idempotent).
+        This sink's output is everything the pipeline committed into the table, whichever
+        version of the job (operator chain) wrote it: commits under the app id, and under
+        the per-vertex app ids of versions before 0.2
+        (:meth:`DeltaSinkTarget.is_own_app_id
+        <spark_ckpt.delta.sink_target.DeltaSinkTarget.is_own_app_id>`).
+
+        When the app version is above *checkpoint_id* (or the app id has no version yet and
+        older app ids may): remove (Delta ``remove`` actions with ``dataChange=true``; the
+        files stay on disk until the orphan sweep of :meth:`recover`) every file still in the
+        table that one of this sink's commits added with an app version > *checkpoint_id*
+        after the sink's newest commit at or below it, and set the app version — and that of
+        every older app id above it — to *checkpoint_id*: one Delta commit, on exactly the
+        snapshot read (``max_commit_retries=0``; a concurrent commit makes it re-read and
+        redo, :class:`StoreError` after ``max_attempts`` lost races). Returns the paths
+        removed (sorted); a no-op returning ``[]`` when there is no table or nothing of the
+        sink is above *checkpoint_id* (so it is idempotent).
 
         Transactions of checkpoints <= *checkpoint_id* that a later checkpoint's commit
         added (checkpoint *checkpoint_id*'s own commit was lost in a crash) are removed too:
         :meth:`recover` with the restored checkpoint's transactions adds them back, which is
         why it must follow.
 
-        Files of other writers (other app ids, plain appends) are never removed. Output of
+        Files of other writers (other pipelines, plain appends) are never removed. Output of
         this sink that another writer rewrote (OPTIMIZE, DELETE, ...) is no longer in the
         table under its name and cannot be rolled back; its files are skipped. The commits
         to undo are found in the log's JSON commits, newest first (see
@@ -235,13 +247,23 @@ class DeltaSinkCommitter:
         actions (:class:`StoreError`)."""
         if checkpoint_id < 0:
             raise ProtocolError(f"checkpoint id {checkpoint_id} is negative")
-        what = f"rolling {self.target.app_id} back to checkpoint {checkpoint_id}"
+        what = f"rolling the output of {self.target.app_id} back to checkpoint {checkpoint_id}"
         with _boundary(what):
             for _ in range(self.max_attempts):
                 dt = self._load()
-                if dt is None or (dt.transaction_version(self.target.app_id) or 0) <= checkpoint_id:
+                if dt is None:
                     return []
-                added = self._added_after(dt, checkpoint_id, what)
+                own = dt.transaction_version(self.target.app_id)
+                if own is not None and own <= checkpoint_id:
+                    return []
+                added, app_ids = self._added_after(dt, checkpoint_id, what, strict=own is not None)
+                above = sorted(
+                    a
+                    for a in app_ids | {self.target.app_id}
+                    if (dt.transaction_version(a) or 0) > checkpoint_id
+                )
+                if not above:
+                    return []
                 actions = pa.table(dt.get_add_actions(flatten=True))
                 sizes = dict(
                     zip(
@@ -255,8 +277,9 @@ class DeltaSinkCommitter:
                 removes: list[AddAction | RemoveAction] = [
                     RemoveAction(p, True, now_ms, sizes[p]) for p in doomed
                 ]
+                reset = sorted({self.target.app_id, *above})
                 props = CommitProperties(
-                    app_transactions=[AppTransaction(self.target.app_id, checkpoint_id)],
+                    app_transactions=[AppTransaction(a, checkpoint_id) for a in reset],
                     max_commit_retries=0,  # never rebased by delta-rs: our loop re-checks
                     custom_metadata={
                         "spark-ckpt.sink": self.target.app_id,
@@ -281,48 +304,64 @@ class DeltaSinkCommitter:
             return None
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-    def _added_after(self, dt: DeltaTable, checkpoint_id: int, what: str) -> set[str]:
+    def _added_after(
+        self, dt: DeltaTable, checkpoint_id: int, what: str, *, strict: bool
+    ) -> tuple[set[str], set[str]]:
         """Paths (relative to the root, decoded) that this sink's commits with an app
-        version > *checkpoint_id* added after its newest commit whose app version is <=
-        *checkpoint_id* (since the table's first version if there is none), read from the
-        log's JSON commits from *dt*'s version down: normally a few recent commits.
+        version > *checkpoint_id* added after its newest commit whose app versions are all
+        <= *checkpoint_id* (since the table's first version if there is none), read from the
+        log's JSON commits from *dt*'s version down: normally a few recent commits; and the
+        sink's app ids those commits carried.
 
-        Sound because the app version only falls by a roll back, which removes everything
-        above its target: at this sink's newest commit with an app version <= the target,
-        none of its files in the table came from a later checkpoint. When the walk reaches
-        a JSON commit that has been cleaned up (log retention), the snapshot just before
-        the oldest commit of this sink that the walk saw decides (it is readable from a log
-        checkpoint, and has the app version of the commit that is gone): with an app version
-        <= *checkpoint_id*, or none, the walk is complete; otherwise — or if that snapshot
-        cannot be loaded — the files to remove cannot be known: :class:`StoreError`."""
+        Sound because the sink's app version only falls by a roll back, which removes
+        everything above its target: at this sink's newest commit with an app version <= the
+        target, none of its files in the table came from a later checkpoint. When the walk
+        reaches a JSON commit that has been cleaned up (log retention), the snapshot just
+        before the oldest commit of this sink that the walk saw decides (it is readable from
+        a log checkpoint, and has the app versions of the commit that is gone): with app
+        versions <= *checkpoint_id*, or none, the walk is complete; otherwise — or if that
+        snapshot cannot be loaded — the files to remove cannot be known: :class:`StoreError`.
+        Without *strict* (the app id has no version: only older app ids may be above), a
+        walk that saw none of the sink's commits before the cleaned-up one ends quietly."""
         added: set[str] = set()
+        app_ids: set[str] = set()
         newest = dt.version()
         oldest_mine = newest + 1  # the oldest commit of this sink the walk has seen
         for version in range(newest, -1, -1):
             actions = self._log_commit(version)
             if actions is None:
-                self._check_cleaned_up(version, oldest_mine - 1, newest, checkpoint_id, what)
+                if strict or app_ids:
+                    self._check_cleaned_up(
+                        version, oldest_mine - 1, newest, checkpoint_id, what, app_ids
+                    )
                 break
-            mine = [
-                int(a["txn"]["version"])
+            mine = {
+                str(a["txn"]["appId"]): int(a["txn"]["version"])
                 for a in actions
-                if "txn" in a and a["txn"].get("appId") == self.target.app_id
-            ]
+                if "txn" in a and self.target.is_own_app_id(str(a["txn"].get("appId", "")))
+            }
             if not mine:
                 continue  # another writer's commit
-            if mine[-1] <= checkpoint_id:
+            if max(mine.values()) <= checkpoint_id:
                 break
             oldest_mine = version
+            app_ids |= set(mine)
             added |= {unquote(a["add"]["path"]) for a in actions if "add" in a}
-        return added
+        return added, app_ids
 
     def _check_cleaned_up(
-        self, gone: int, probe: int, newest: int, checkpoint_id: int, what: str
+        self,
+        gone: int,
+        probe: int,
+        newest: int,
+        checkpoint_id: int,
+        what: str,
+        app_ids: set[str],
     ) -> None:
         """JSON commit *gone* is missing and no commit in (*gone*, *probe*] carries this
-        sink's app transaction, so the app version after *gone* is that of snapshot *probe*:
-        return if it is <= *checkpoint_id* (or absent), raise :class:`StoreError` if it is
-        above or cannot be read."""
+        sink's app transactions, so the app versions after *gone* are those of snapshot
+        *probe*: return if they are <= *checkpoint_id* (or absent), raise
+        :class:`StoreError` if one is above or the snapshot cannot be read."""
         lost = StoreError(
             f"{what}: the Delta log's commit {gone} (_delta_log/{gone:020d}.json) has been "
             f"cleaned up (log retention), so the files this sink committed after checkpoint "
@@ -337,8 +376,9 @@ class DeltaSinkCommitter:
             )
         except DeltaError as e:
             raise lost from e
-        if (before.transaction_version(self.target.app_id) or 0) > checkpoint_id:
-            raise lost
+        for app_id in app_ids | {self.target.app_id}:
+            if (before.transaction_version(app_id) or 0) > checkpoint_id:
+                raise lost
 
     # -- aborting and recovery -------------------------------------------------------------
     def abort(self, txn: Transaction) -> None:
@@ -361,11 +401,7 @@ class DeltaSinkCommitter:
             return deleted
 
     def recover(
-        self,
-        operator_uid: str,
-        to_commit: Sequence[Transaction],
-        *,
-        staged_before_ms: int | None = None,
+        self, to_commit: Sequence[Transaction], *, staged_before_ms: int | None = None
     ) -> None:
         """Flink's recover-and-commit plus recover-and-abort, once per job (re)start before any task
         writes (never concurrently with writers of this sink): add every file of *to_commit* (the
@@ -378,7 +414,7 @@ class DeltaSinkCommitter:
         if to_commit:
             upto = max(t.checkpoint_id for t in to_commit)
             files = [f for t in to_commit for f in staged_files(t)]
-            self._commit(f"recovering {operator_uid}", files, upto, skip_reached=False)
+            self._commit(f"recovering {self.target.app_id}", files, upto, skip_reached=False)
         self.delete_orphans(before_ms=staged_before_ms)
 
     def delete_orphans(self, *, before_ms: int | None = None) -> list[str]:

@@ -17,24 +17,26 @@ from spark_ckpt.errors import ConfigError, StoreError
 
 class DeltaSinkTarget:
     """The Delta table at *table_uri* (a local path or a URI delta-rs understands;
-    *storage_options* are passed to delta-rs) as sink vertex *sink_uid* of *pipeline* writes
-    it. Staging and reading go through :attr:`fs`, a pyarrow file system whose root is the
-    table root (default: a ``SubTreeFileSystem`` over
-    ``pyarrow.fs.FileSystem.from_uri(table_uri)``; pass *filesystem* for object stores whose
-    credentials pyarrow does not find by itself).
-
-    :attr:`app_id` (``spark-ckpt/<pipeline>/<sink_uid>``) is the Delta app transaction id of
-    the sink's commits; :attr:`tag`, a hash of it, is part of every file name the sink
-    stages. ``partition_by`` is accepted for API stability but only ``()`` is supported
-    (staging would have to write Hive-style partition directories and partition values).
-    Immutable; cheap to build (it does not load the table)."""
+    *storage_options* are passed to delta-rs) as pipeline *pipeline* writes it. Staging and
+    reading go through :attr:`fs`, a pyarrow file system whose root is the table root
+    (default: a ``SubTreeFileSystem`` over ``pyarrow.fs.FileSystem.from_uri(table_uri)``;
+    pass *filesystem* for object stores whose credentials pyarrow does not find by itself).
+    The identity of the sink's transactions belongs to the pipeline and the table, never to
+    the operator chain that produced the output: :attr:`app_id` (``spark-ckpt/<pipeline>``)
+    is the Delta app transaction id of the sink's commits, whichever version of the job
+    makes them, and :attr:`sink_id` (the table URI) is recorded in every transaction it
+    seals. :attr:`legacy_app_id_prefix` (``spark-ckpt/<pipeline>/``) matches the app ids
+    that versions before 0.2 used (``spark-ckpt/<pipeline>/<first operator uid>``), which a
+    roll back withdraws too. :attr:`tag`, a hash of the app id, is part of every file name
+    the sink stages. ``partition_by`` is accepted for API stability but only ``()`` is
+    supported (staging would have to write Hive-style partition directories and partition
+    values). Immutable; cheap to build (it does not load the table)."""
 
     def __init__(
         self,
         table_uri: str,
         *,
         pipeline: str,
-        sink_uid: str,
         storage_options: dict[str, str] | None = None,
         partition_by: Sequence[str] = (),
         filesystem: pafs.FileSystem | None = None,
@@ -45,9 +47,11 @@ class DeltaSinkTarget:
             table_uri = os.path.abspath(table_uri)
         self.table_uri = table_uri.rstrip("/")
         self.pipeline = pipeline
-        self.sink_uid = sink_uid
         self.storage_options = storage_options
-        self.app_id = f"spark-ckpt/{pipeline}/{sink_uid}"
+        self.app_id = f"spark-ckpt/{pipeline}"
+        self.legacy_app_id_prefix = f"{self.app_id}/"
+        #: The identity of the sink's storage, recorded in its transactions.
+        self.sink_id = self.table_uri
         #: Part of every staged file name of this sink (hex, 12 chars).
         self.tag = hashlib.sha256(self.app_id.encode()).hexdigest()[:12]
         if filesystem is None:
@@ -66,6 +70,11 @@ class DeltaSinkTarget:
     def is_staged_name(self, path: str) -> bool:
         """Whether *path* (relative to the table root) is a file this sink stages."""
         return is_part_file_name(path, self.tag)
+
+    def is_own_app_id(self, app_id: str) -> bool:
+        """Whether Delta app transaction *app_id* is this sink's: its own, or one a version
+        before 0.2 used for the same pipeline."""
+        return app_id == self.app_id or app_id.startswith(self.legacy_app_id_prefix)
 
     def staged_paths(self, *, before_ms: int | None = None) -> list[str]:
         """Every file of this sink under the table root, committed or not (sorted); with

@@ -111,7 +111,8 @@ class DeltaSinkWriter:
         self._roll(key)
         with self._lock:
             files = self._open.pop(key, [])
-        return Transaction(operator_uid, subtask, checkpoint_id, tuple(f.to_json() for f in files))
+        payload = tuple(f.to_json() for f in files)
+        return Transaction(operator_uid, subtask, checkpoint_id, payload, self.target.sink_id)
 
     def discard(self, operator_uid: str) -> None:
         """Drop the open transactions of *operator_uid* in this writer, deleting their

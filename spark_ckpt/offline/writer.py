@@ -3,7 +3,7 @@ checkpoint or savepoint (Flink's ``SavepointWriter``).
 
 .. code-block:: python
 
-    from spark_ckpt.offline import SavepointWriter
+from spark_ckpt.offline import SavepointWriter
 
     # bootstrap: a savepoint from a table of keys and values
     SavepointWriter.new("orders", max_parallelism=128, parallelism=2) \\
@@ -46,7 +46,7 @@ from spark_ckpt.offline.savepoint_format import (
     PIPELINE,
     write_savepoint,
 )
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import TASK_STATE_PREFIX, CompletedCheckpoint
 from spark_ckpt.protocol.handle import (
     BlobKind,
     BlobRef,
@@ -70,9 +70,6 @@ from spark_ckpt.state.keygroup import (
     check_max_parallelism,
     check_parallelism,
 )
-
-#: Operator uid prefix of a vertex's task-internal state (sink transactions, channel state).
-TASK_STATE_PREFIX = "_task:"
 
 #: What :meth:`SavepointWriter.with_keyed_state` takes as the state's kind.
 KindLike: TypeAlias = "StateDescriptor | StateKind | str | None"

@@ -23,6 +23,23 @@ from spark_ckpt.protocol.handle import (
     TaskStateHandle,
 )
 
+#: Operator uid prefix of a task's own state (channel state, sink transactions), kept apart
+#: from the uids of its operators: ``_task:<vertex>``. A pipeline has one task vertex, so a
+#: checkpoint holds the task state of one vertex; readers find it with
+#: :meth:`CompletedCheckpoint.task_blobs` whatever the vertex was named when it was written
+#: (older versions named it after the first operator of the chain).
+TASK_STATE_PREFIX = "_task:"
+
+
+def task_state_uid(vertex: str) -> str:
+    """The operator uid under which the tasks of *vertex* store their own state."""
+    return TASK_STATE_PREFIX + vertex
+
+
+def is_task_state_uid(uid: str) -> bool:
+    """Whether *uid* names a task's own state rather than an operator's."""
+    return uid.startswith(TASK_STATE_PREFIX)
+
 
 @dataclass(frozen=True)
 class CheckpointStats:
@@ -108,6 +125,11 @@ class CompletedCheckpoint:
 
     def operator_blobs(self, operator_uid: str) -> list[BlobRef]:
         return [b for b in self.blobs() if b.operator_uid == operator_uid]
+
+    def task_blobs(self) -> list[BlobRef]:
+        """The blobs of the tasks' own state (channel state, sink transactions), under
+        whichever vertex name they were written."""
+        return [b for b in self.blobs() if is_task_state_uid(b.operator_uid)]
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -11,9 +11,12 @@
 :func:`check_restorable` holds the rules a restore keeps (checked in the driver before the
 first run starts, for every restore source, the default included):
 
-* state is matched by operator uid. State of a uid that no operator of the pipeline claims
-  is refused, naming the uid, unless ``allow_non_restored_state`` (then it is dropped); an
-  operator without state in the checkpoint starts empty;
+* state is matched by operator uid, wherever the operator stands in the chain: operators
+  may be added, removed or reordered. State of a uid that no operator of the pipeline
+  claims is refused, naming the uid, unless ``allow_non_restored_state`` (then it is
+  dropped); an operator without state in the checkpoint starts empty. The tasks' own state
+  (in-flight channel state, the sink's transactions) belongs to the pipeline's one task
+  vertex and its output, not to an operator: it is always restored, and never named;
 * a source's channel count must be the same as at the checkpoint (each channel resumes at
   its own position);
 * the max parallelism (number of key groups) must be the same; another *parallelism* is
@@ -34,7 +37,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from spark_ckpt.errors import ConfigError, RestoreError
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, is_task_state_uid
 
 #: Properties every savepoint carries (and checkpoints taken by a pipeline, where known).
 PIPELINE = "pipeline"
@@ -50,10 +53,6 @@ OUTPUT_AS_OF = "output_as_of"
 def output_checkpoint(checkpoint: CompletedCheckpoint) -> int:
     """The checkpoint id the sink output of a restore of *checkpoint* must be rolled back to."""
     return int(checkpoint.properties.get(OUTPUT_AS_OF, checkpoint.checkpoint_id))
-
-
-#: Operator uid prefix of the task-internal state (the sink's transactions) of a vertex.
-TASK_STATE_PREFIX = "_task:"
 
 
 class RestoreKind(StrEnum):
@@ -150,22 +149,18 @@ def parse_time(text: str) -> datetime:
 @dataclass(frozen=True)
 class PipelineShape:
     """What a restore is checked against: the pipeline's name, the operator uids of its
-    vertex (in order), the vertex name, the channel count of each source, and the max
-    parallelism."""
+    chain (in order), the channel count of each source, and the max parallelism."""
 
     pipeline: str
     operator_uids: tuple[str, ...]
-    vertex: str
     channels: Mapping[str, int]
     max_parallelism: int
 
-    def claimed_uids(self) -> set[str]:
-        return {*self.operator_uids, TASK_STATE_PREFIX + self.vertex}
-
 
 def state_uids(checkpoint: CompletedCheckpoint) -> set[str]:
-    """Operator uids that hold state in *checkpoint* (keyed, operator or channel state)."""
-    return {b.operator_uid for b in checkpoint.blobs()}
+    """Uids of the operators that hold state in *checkpoint* (keyed or operator state; the
+    tasks' own state is not an operator's)."""
+    return {b.operator_uid for b in checkpoint.blobs() if not is_task_state_uid(b.operator_uid)}
 
 
 def channel_counts(checkpoint: CompletedCheckpoint) -> dict[str, int]:
@@ -217,7 +212,7 @@ def check_restorable(
                 f"the pipeline now has {shape.max_parallelism}: change it offline "
                 "(SavepointWriter.with_max_parallelism) or keep it"
             )
-    unclaimed = sorted(state_uids(checkpoint) - shape.claimed_uids())
+    unclaimed = sorted(state_uids(checkpoint) - set(shape.operator_uids))
     if unclaimed and not settings.allow_non_restored_state:
         raise RestoreError(
             f"{what} has state of operator uid {unclaimed[0]!r}"

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_ckpt.errors import SparkCkptError
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, task_state_uid
 from spark_ckpt.protocol.clock import Clock
 from spark_ckpt.protocol.handle import (
     AcknowledgeCheckpoint,
@@ -72,14 +72,13 @@ from spark_ckpt.storage.store import StateStorage
 
 log = logging.getLogger(__name__)
 
+#: The name of a pipeline's one task vertex: its operator chain and its sink. Internal (it
+#: names the tasks' acknowledgements and their own state); nothing depends on it across
+#: versions of the job — readers of the tasks' own state find it under any vertex name.
+CHAIN_VERTEX = "chain"
+
 #: State name under which a task keeps its sealed, uncommitted sink transactions.
 SINK_TRANSACTIONS = "_sink_transactions"
-
-
-def task_state_uid(vertex: str) -> str:
-    """The operator uid under which a task's own state (channel state, sink transactions) is
-    stored, kept apart from the uids of its operators."""
-    return f"_task:{vertex}"
 
 
 Response = AcknowledgeCheckpoint | DeclineCheckpoint
@@ -194,7 +193,7 @@ class OperatorTask:
                 incremental_base=incremental,
             )
         channel_refs = sorted(
-            (b for b in checkpoint.operator_blobs(self.state_uid) if b.kind is BlobKind.CHANNEL),
+            (b for b in checkpoint.task_blobs() if b.kind is BlobKind.CHANNEL),
             key=lambda b: (b.channel, b.subtask),
         )
         if channel_refs:
@@ -377,16 +376,11 @@ def _run_inline(job: Callable[[], None]) -> None:
     job()
 
 
-def sealed_transactions(
-    checkpoint: CompletedCheckpoint, store: StateStorage, vertex: str
-) -> list[Transaction]:
-    """The sink transactions recorded in *checkpoint* by the subtasks of *vertex*."""
+def sealed_transactions(checkpoint: CompletedCheckpoint, store: StateStorage) -> list[Transaction]:
+    """The sink transactions recorded in *checkpoint* by the subtasks of its task vertex
+    (whatever the vertex was named: the operator chain may have changed since)."""
     txns: dict[str, Transaction] = {}
-    refs = [
-        ref
-        for ref in checkpoint.operator_blobs(task_state_uid(vertex))
-        if ref.state_name == SINK_TRANSACTIONS
-    ]
+    refs = [ref for ref in checkpoint.task_blobs() if ref.state_name == SINK_TRANSACTIONS]
     for table in store.read_blobs(refs):  # one scan for every subtask's blob
         for text in table.column("transaction").to_pylist():
             txn = Transaction.from_json(text)
@@ -394,13 +388,23 @@ def sealed_transactions(
     return sorted(txns.values(), key=lambda t: (t.checkpoint_id, t.subtask))
 
 
+def own_transactions(committer: SinkCommitter, txns: Sequence[Transaction]) -> list[Transaction]:
+    """The transactions of *txns* that *committer* commits: those sealed for its storage
+    (:attr:`~spark_ckpt.sinks.sink.SinkCommitter.sink_id`), and those of older versions,
+    which did not record one. Transactions for another storage (the pipeline's output
+    changed at a restore) stay where they were: the new output starts at the restored
+    positions."""
+    return [t for t in txns if not t.sink or t.sink == committer.sink_id]
+
+
 def commit_checkpoint(
-    committer: SinkCommitter, checkpoint: CompletedCheckpoint, store: StateStorage, vertex: str
+    committer: SinkCommitter, checkpoint: CompletedCheckpoint, store: StateStorage
 ) -> bool:
     """The global committer's step after *checkpoint* completed: commit every transaction it
     records, at once. Idempotent; returns False when it was already committed."""
     return committer.commit_checkpoint(
-        checkpoint.checkpoint_id, sealed_transactions(checkpoint, store, vertex)
+        checkpoint.checkpoint_id,
+        own_transactions(committer, sealed_transactions(checkpoint, store)),
     )
 
 
@@ -408,25 +412,26 @@ def recover_sink(
     committer: SinkCommitter,
     checkpoint: CompletedCheckpoint | None,
     store: StateStorage,
-    vertex: str,
     *,
     staged_before_ms: int | None = None,
 ) -> list[Transaction]:
     """Flink's recover-and-commit: commit every transaction sealed in the restored (completed)
-    checkpoint, and discard every other staged transaction of *vertex* (staged before
-    *staged_before_ms*, when given: later ones belong to the run that is starting).
+    checkpoint for this sink's storage, and discard every other staged transaction of the
+    sink (staged before *staged_before_ms*, when given: later ones belong to the run that is
+    starting). Returns the transactions committed.
 
     First the sink is rolled back to the restored checkpoint
     (:meth:`~spark_ckpt.sinks.sink.SinkCommitter.roll_back_to`): output of later checkpoints
     that it committed (the restore fell back past a damaged newest checkpoint, or an older
-    checkpoint was restored on purpose) is withdrawn, since the job replays it — afterwards
-    the sink holds exactly the output of checkpoints <= the restored one. The roll back
-    comes *before* the commit of the restored transactions because it may withdraw some of
-    them too (a later checkpoint's commit carried them when the restored checkpoint's own
-    commit was lost in a crash); committing them afterwards puts them back, and the files
-    withdrawn become orphans the sink's recovery deletes. With no checkpoint (a fresh start)
-    nothing is rolled back: a pipeline starting on an existing table leaves it alone.
-    Idempotent. Run once per job start."""
+    checkpoint or a savepoint was restored on purpose, whichever version of the job wrote
+    that output) is withdrawn, since the job replays it — afterwards the sink holds exactly
+    the output of checkpoints <= the restored one. The roll back comes *before* the commit
+    of the restored transactions because it may withdraw some of them too (a later
+    checkpoint's commit carried them when the restored checkpoint's own commit was lost in a
+    crash); committing them afterwards puts them back, and the files withdrawn become
+    orphans the sink's recovery deletes. With no checkpoint (a fresh start) nothing is
+    rolled back: a pipeline starting on an existing table leaves it alone. Idempotent. Run
+    once per job start."""
     if checkpoint is not None:
         # a checkpoint a restore created stands for the one it was restored from
         withdrawn = committer.roll_back_to(output_checkpoint(checkpoint))
@@ -437,6 +442,15 @@ def recover_sink(
                 checkpoint.checkpoint_id,
                 len(withdrawn),
             )
-    txns = sealed_transactions(checkpoint, store, vertex) if checkpoint is not None else []
-    committer.recover(vertex, txns, staged_before_ms=staged_before_ms)
+    sealed = sealed_transactions(checkpoint, store) if checkpoint is not None else []
+    txns = own_transactions(committer, sealed)
+    if len(txns) < len(sealed):
+        log.info(
+            "restoring checkpoint %d: %d sink transactions were sealed for another output "
+            "than %s; the output starts at the restored positions",
+            checkpoint.checkpoint_id if checkpoint is not None else 0,
+            len(sealed) - len(txns),
+            committer.sink_id,
+        )
+    committer.recover(txns, staged_before_ms=staged_before_ms)
     return txns

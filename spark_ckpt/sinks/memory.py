@@ -34,20 +34,20 @@ class MemoryStaging:
         with self._lock:
             return self._staged.pop(txn_id, None)
 
-    def drop(self, operator_uid: str) -> None:
-        """Discard every staged transaction of *operator_uid*."""
+    def drop_all(self) -> None:
+        """Discard every staged transaction."""
         with self._lock:
-            for tid in [t for t in self._staged if t.startswith(operator_uid + "/")]:
-                del self._staged[tid]
+            self._staged.clear()
 
 
 class MemorySinkWriter:
     """The writer role (:class:`~spark_ckpt.sinks.sink.SinkWriter`): open transactions in
-    task memory, sealed into *staging*. Thread safe."""
+    task memory, sealed into *staging*, for the sink named *sink_id*. Thread safe."""
 
-    def __init__(self, staging: MemoryStaging) -> None:
+    def __init__(self, staging: MemoryStaging, sink_id: str = "memory") -> None:
         self._lock = threading.Lock()
         self._staging = staging
+        self.sink_id = sink_id
         self._open: dict[tuple[str, int], list[pa.Table]] = {}
 
     def write(self, operator_uid: str, subtask: int, table: pa.Table) -> None:
@@ -55,7 +55,7 @@ class MemorySinkWriter:
             self._open.setdefault((operator_uid, subtask), []).append(table)
 
     def pre_commit(self, operator_uid: str, subtask: int, checkpoint_id: int) -> Transaction:
-        txn = Transaction(operator_uid, subtask, checkpoint_id)
+        txn = Transaction(operator_uid, subtask, checkpoint_id, sink=self.sink_id)
         with self._lock:
             tables = self._open.pop((operator_uid, subtask), [])
         self._staging.put(txn.txn_id, tables)
@@ -70,11 +70,13 @@ class MemorySinkWriter:
 class MemorySinkCommitter:
     """The committer role (:class:`~spark_ckpt.sinks.sink.SinkCommitter`): moves
     transactions from *staging* into its committed area. ``committed`` maps transaction
-    ids to their tables; ``commit_calls`` counts :meth:`commit` calls (repeats included)."""
+    ids to their tables; ``commit_calls`` counts :meth:`commit` calls (repeats included).
+    *sink_id* names the sink (:attr:`~spark_ckpt.sinks.sink.SinkCommitter.sink_id`)."""
 
-    def __init__(self, staging: MemoryStaging) -> None:
+    def __init__(self, staging: MemoryStaging, sink_id: str = "memory") -> None:
         self._lock = threading.Lock()
         self._staging = staging
+        self.sink_id = sink_id
         self.committed: dict[str, list[pa.Table]] = {}
         self.commit_calls = 0
         self._committed_checkpoint = 0
@@ -122,25 +124,21 @@ class MemorySinkCommitter:
         self._staging.take(txn.txn_id)
 
     def recover(
-        self,
-        operator_uid: str,
-        to_commit: Sequence[Transaction],
-        *,
-        staged_before_ms: int | None = None,
+        self, to_commit: Sequence[Transaction], *, staged_before_ms: int | None = None
     ) -> None:
         """Commit every transaction of *to_commit* not yet committed — whatever the committed
         checkpoint, like :meth:`DeltaSinkCommitter.recover
         <spark_ckpt.delta.sink_committer.DeltaSinkCommitter.recover>`: after
         :meth:`roll_back_to` it may already be the restored one while transactions of it
         were withdrawn — raising the committed checkpoint to their largest id; then drop
-        the other staged transactions of *operator_uid*. (Staging is in memory and
+        the other staged transactions. (Staging is in memory and
         synchronous here: *staged_before_ms* has no effect.)"""
         if to_commit:
             target = max(t.checkpoint_id for t in to_commit)
             self._committed_checkpoint = max(self._committed_checkpoint, target)
             for txn in to_commit:
                 self.commit(txn)
-        self._staging.drop(operator_uid)
+        self._staging.drop_all()
 
     def output(self) -> pa.Table | None:
         """The committed rows (``None`` if there are none)."""
@@ -151,12 +149,12 @@ class MemorySinkCommitter:
 
 class MemorySink:
     """A :class:`~spark_ckpt.sinks.sink.TransactionalSink` in memory: a writer and a
-    committer over one :class:`MemoryStaging`."""
+    committer over one :class:`MemoryStaging`, named *sink_id*."""
 
-    def __init__(self) -> None:
+    def __init__(self, sink_id: str = "memory") -> None:
         staging = MemoryStaging()
-        self.writer = MemorySinkWriter(staging)
-        self.committer = MemorySinkCommitter(staging)
+        self.writer = MemorySinkWriter(staging, sink_id)
+        self.committer = MemorySinkCommitter(staging, sink_id)
 
     def crash(self) -> None:
         """A crash of the job: the writer loses its open transactions; staged and committed

@@ -54,12 +54,16 @@ from spark_ckpt.errors import ProtocolError
 @dataclass(frozen=True)
 class Transaction:
     """A sealed transaction: output of subtask *subtask* of *operator_uid* before barrier
-    *checkpoint_id*. ``payload`` is sink-specific (e.g. staged file paths), JSON-encodable."""
+    *checkpoint_id*. ``payload`` is sink-specific (e.g. staged file paths), JSON-encodable.
+    ``sink`` is the identity of the storage it was staged for
+    (:attr:`SinkCommitter.sink_id`: a Delta sink's table URI); empty in transactions
+    sealed by versions before 0.2, which did not record it."""
 
     operator_uid: str
     subtask: int
     checkpoint_id: int
     payload: tuple[str, ...] = ()
+    sink: str = ""
 
     @property
     def txn_id(self) -> str:
@@ -72,6 +76,7 @@ class Transaction:
                 "subtask": self.subtask,
                 "checkpoint_id": self.checkpoint_id,
                 "payload": list(self.payload),
+                "sink": self.sink,
             },
             sort_keys=True,
         )
@@ -85,6 +90,7 @@ class Transaction:
                 int(d["subtask"]),
                 int(d["checkpoint_id"]),
                 tuple(str(p) for p in d.get("payload", ())),
+                str(d.get("sink", "")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ProtocolError(f"not a sink transaction: {text!r}") from e
@@ -108,7 +114,8 @@ class SinkWriter(Protocol):
 
     def pre_commit(self, operator_uid: str, subtask: int, checkpoint_id: int) -> Transaction:
         """Seal the open transaction of (*operator_uid*, *subtask*) as that of checkpoint
-        *checkpoint_id* (possibly empty); the next ``write`` opens a new one."""
+        *checkpoint_id* (possibly empty), recording the storage it was staged for in its
+        ``sink``; the next ``write`` opens a new one."""
         ...
 
 
@@ -128,6 +135,12 @@ class SinkCommitter(CommitProgress, Protocol):
     vertex (concurrent commits of the same checkpoint must stay safe). Every call is
     idempotent: a crash may repeat any of them."""
 
+    @property
+    def sink_id(self) -> str:
+        """The identity of the storage this committer commits into (a Delta sink: the table
+        URI). Transactions sealed for another storage are not its to commit."""
+        ...
+
     def commit(self, txn: Transaction) -> None:
         """Make one transaction visible, leaving the committed checkpoint where it is.
         Idempotent."""
@@ -144,15 +157,11 @@ class SinkCommitter(CommitProgress, Protocol):
         ...
 
     def recover(
-        self,
-        operator_uid: str,
-        to_commit: Sequence[Transaction],
-        *,
-        staged_before_ms: int | None = None,
+        self, to_commit: Sequence[Transaction], *, staged_before_ms: int | None = None
     ) -> None:
         """Commit every transaction of *to_commit* not yet committed — even when the committed
         checkpoint is already >= theirs (a preceding :meth:`roll_back_to` may have withdrawn
-        them) — and discard other staged data of *operator_uid* (only data staged before
+        them) — and discard other staged data of this sink (only data staged before
         *staged_before_ms*, when given). Once per job (re)start, before the writers write.
         Idempotent."""
         ...
@@ -163,7 +172,9 @@ class SinkCommitter(CommitProgress, Protocol):
         commits at later checkpoints made visible (possibly including transactions of
         checkpoints <= *checkpoint_id* that a later checkpoint committed: :meth:`recover`
         with the restored checkpoint's transactions commits them again) and make the
-        committed checkpoint *checkpoint_id*. Output of other writers is never withdrawn.
+        committed checkpoint *checkpoint_id*. This covers the output of every version of the
+        job that wrote into the sink's storage for the same pipeline (the operator chain may
+        have changed between them). Output of other writers is never withdrawn.
         Returns identifiers of what was withdrawn (sink-specific: file paths, transaction
         ids). Idempotent; a no-op returning ``[]`` when nothing later was committed."""
         ...

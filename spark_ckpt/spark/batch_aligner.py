@@ -77,7 +77,7 @@ from spark_ckpt.protocol.trace import NOOP_TRACER, Phase, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
-from spark_ckpt.runtime.task import OperatorTask, Response
+from spark_ckpt.runtime.task import CHAIN_VERTEX, OperatorTask, Response
 from spark_ckpt.sinks.sink import TransactionalSink
 from spark_ckpt.sources.channel_batch import barrier_rows
 from spark_ckpt.spark.host import SOURCE_TASK
@@ -127,7 +127,7 @@ class BatchAligner:
         self.root = root
         self.store = store
         self.operators = tuple(operators)
-        self.vertex = vertex or self.operators[0].uid
+        self.vertex = vertex or CHAIN_VERTEX
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self.key_column = self.operators[0].key_column

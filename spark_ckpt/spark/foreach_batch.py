@@ -34,6 +34,7 @@ from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.runtime.task import CHAIN_VERTEX
 from spark_ckpt.spark.batch_aligner import BatchAligner, collect_arrow
 from spark_ckpt.spark.run import RunFiles
 from spark_ckpt.storage.store import WorkerStorage
@@ -57,13 +58,8 @@ class AlignerSpec:
     mode: AlignmentMode = AlignmentMode.ALIGNED
     aligned_timeout_ms: int = 0
     max_parallelism: int = 128
-    vertex: str = ""
     pipelined: bool = True
     tracer: Tracer = NOOP_TRACER
-
-    @property
-    def vertex_name(self) -> str:
-        return self.vertex or self.operators[0].uid
 
     def build(self) -> BatchAligner:
         """The runtime, in the calling process: restores from the run's restore point, which
@@ -98,8 +94,8 @@ class AlignerSpec:
             mode=self.mode,
             aligned_timeout_ms=self.aligned_timeout_ms,
             max_parallelism=self.max_parallelism,
-            sink=DeltaSink(self.output, pipeline=self.pipeline, sink_uid=self.vertex_name),
-            vertex=self.vertex_name,
+            sink=DeltaSink(self.output, pipeline=self.pipeline),
+            vertex=CHAIN_VERTEX,
             async_snapshots=True,
             pipelined=self.pipelined,
             restore_from=restored,

@@ -142,7 +142,7 @@ class CoordinatorHost:
         )
         if self.sink is not None and self.topology is not None:
             faults.hit(self.root, faults.Fault.SINK_COMMIT, lambda: {"checkpoint_id": cp_id})
-            commit_checkpoint(self.sink, cp, self.store, self.topology.vertex)
+            commit_checkpoint(self.sink, cp, self.store)
         if cp.is_savepoint:
             self._export(cp)
         log.info(
@@ -348,7 +348,6 @@ class CoordinatorHost:
                 self.sink,
                 latest,
                 self.store,
-                topology.vertex,
                 staged_before_ms=self._started_ms - STAGING_CLOCK_SKEW_MS,
             )
             if latest is not None:

@@ -24,17 +24,19 @@ Operators = KeyedOperator | Sequence[KeyedOperator]
 class JobSpec:
     """*source* (``ckpt-source`` options) through *operators* (keyed state, aligned as the
     pipeline's configuration says) into the Delta table *output*, exactly-once, on
-    *parallelism* subtasks. *vertex*: the task vertex name (default: the first operator's
-    uid). *pipelined*: process a micro-batch while Spark reads the next (see
-    :class:`~spark_ckpt.spark.batch_aligner.BatchAligner`). *tracer*: receives the engine's
-    spans where the foreachBatch function runs (picklable and cheap; see
-    :mod:`spark_ckpt.protocol.trace`), injected like the clock."""
+    *parallelism* subtasks. The operators form a chain: each receives the previous one's
+    output (the first receives the source's rows), and the last one's output goes to
+    *output*. The chain is keyed by one column (rows are routed to subtasks by its key group
+    before the first operator), and each operator's state is restored by its uid, wherever
+    it stands in the chain, so uids must be distinct. *pipelined*: process a micro-batch
+    while Spark reads the next (see :class:`~spark_ckpt.spark.batch_aligner.BatchAligner`).
+    *tracer*: receives the engine's spans where the foreachBatch function runs (picklable
+    and cheap; see :mod:`spark_ckpt.protocol.trace`), injected like the clock."""
 
     source: Source
     operators: tuple[KeyedOperator, ...]
     output: str
     parallelism: int = 2
-    vertex: str | None = None
     pipelined: bool = True
     tracer: Tracer = NOOP_TRACER
 
@@ -45,13 +47,30 @@ class JobSpec:
         *,
         output: str,
         parallelism: int = 2,
-        vertex: str | None = None,
         pipelined: bool = True,
         tracer: Tracer = NOOP_TRACER,
     ) -> JobSpec:
-        """A validated spec: at least one operator; a local *output* made absolute."""
+        """A validated spec: at least one operator, distinct uids; a local *output* made
+        absolute."""
         ops = (operators,) if isinstance(operators, KeyedOperator) else tuple(operators)
         if not ops:
             raise ConfigError("operators", (), "at least one KeyedOperator")
+        for op in ops:
+            if not isinstance(op, KeyedOperator):
+                raise ConfigError("operators", type(op).__name__, "KeyedOperator instances")
+        uids = [op.uid for op in ops]
+        repeated = sorted({u for u in uids if uids.count(u) > 1})
+        if repeated:
+            raise ConfigError(
+                "operators", uids, f"operators with distinct uids ({repeated[0]!r} is repeated)"
+            )
+        keys = sorted({op.key_column for op in ops})
+        if len(keys) > 1:
+            raise ConfigError(
+                "operators",
+                uids,
+                "a chain keyed by one column (the rows are routed to subtasks by it before "
+                f"the first operator; these are keyed by {', '.join(map(repr, keys))})",
+            )
         out = output if "://" in output else os.path.abspath(output)
-        return JobSpec(dict(source), ops, out, parallelism, vertex, pipelined, tracer)
+        return JobSpec(dict(source), ops, out, parallelism, pipelined, tracer)

@@ -54,6 +54,7 @@ from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
+from spark_ckpt.runtime.task import CHAIN_VERTEX
 from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.foreach_batch import AlignerSpec, ForeachBatchFunction
 from spark_ckpt.spark.host import SOURCE_TASK
@@ -164,7 +165,6 @@ class Pipeline:
         *,
         output: str,
         parallelism: int = 2,
-        vertex: str | None = None,
         pipelined: bool = True,
         tracer: Tracer = NOOP_TRACER,
     ) -> PreparedRun:
@@ -179,7 +179,6 @@ class Pipeline:
             operators,
             output=output,
             parallelism=parallelism,
-            vertex=vertex,
             pipelined=pipelined,
             tracer=tracer,
         )
@@ -208,12 +207,11 @@ class Pipeline:
             mode=mode,
             aligned_timeout_ms=timeout,
             max_parallelism=self.config.max_parallelism,
-            vertex=job.vertex or "",
             pipelined=job.pipelined,
             tracer=job.tracer,
         )
-        sink = SinkSpec("delta", job.output, spec.vertex_name)
-        topology = Topology(spec.vertex_name, job.parallelism, sink, run_id)
+        sink = SinkSpec("delta", job.output, CHAIN_VERTEX)
+        topology = Topology(CHAIN_VERTEX, job.parallelism, sink, run_id)
         write_topology(self.root, topology, run_id)
         self._run_ids.add(run_id)
         df = self.spark.readStream.format("ckpt-source").options(**opts).load()
@@ -226,7 +224,6 @@ class Pipeline:
         *,
         output: str,
         parallelism: int = 2,
-        vertex: str | None = None,
         pipelined: bool = True,
         available_now: bool = False,
         trigger_s: float | None = None,
@@ -245,7 +242,6 @@ class Pipeline:
             operators,
             output=output,
             parallelism=parallelism,
-            vertex=vertex,
             pipelined=pipelined,
             tracer=tracer,
         )
@@ -260,7 +256,6 @@ class Pipeline:
         return PipelineShape(
             pipeline=self.name,
             operator_uids=tuple(op.uid for op in job.operators),
-            vertex=job.vertex or job.operators[0].uid,
             channels={SOURCE_TASK.vertex: open_channel_source(parsed).channels},
             max_parallelism=self.config.max_parallelism,
         )
@@ -299,7 +294,6 @@ class Pipeline:
         *,
         output: str,
         parallelism: int = 2,
-        vertex: str | None = None,
         pipelined: bool = True,
         available_now: bool = False,
         trigger_s: float | None = None,
@@ -328,7 +322,6 @@ class Pipeline:
             operators,
             output=output,
             parallelism=parallelism,
-            vertex=vertex,
             pipelined=pipelined,
             tracer=tracer,
         )

@@ -164,7 +164,7 @@ class SimulatedJob:
         self.parallelism = parallelism
         restored = self.store.latest_completed()
         self.restored_from = restored
-        recover_sink(self.sink.committer, restored, self.store, VERTEX)
+        recover_sink(self.sink.committer, restored, self.store)
         offsets = restored.offsets() if restored else {}
         self.sources = [
             SourceSplit(c, self.logs[c], offsets.get((SOURCE, c), 0))
@@ -276,7 +276,7 @@ class SimulatedJob:
                     checkpoint = self.store.get(cid)
                 except CheckpointNotFoundError:
                     continue  # retained no more: a later checkpoint carries its transactions
-                commit_checkpoint(self.sink.committer, checkpoint, self.store, VERTEX)
+                commit_checkpoint(self.sink.committer, checkpoint, self.store)
                 continue
             if task.vertex != VERTEX:
                 continue

@@ -79,7 +79,7 @@ def content(table: pa.Table) -> list[Row]:
 
 
 def make_sink(root: Path, **kw: Any) -> DeltaSink:
-    return DeltaSink(str(root), pipeline="pipe", sink_uid="sink", **kw)
+    return DeltaSink(str(root), pipeline="pipe", **kw)
 
 
 # ------------------------------------------------------------- independent log replay
@@ -154,8 +154,8 @@ def test_round_trip_one_atomic_commit_per_checkpoint(tmp_path: Path) -> None:
     assert [v for v, _ in log_actions(root)] == [0, 1]
     app = [a["txn"] for _, acts in log_actions(root) for a in acts if "txn" in a]
     assert app == [
-        {"appId": "spark-ckpt/pipe/sink", "version": 1},
-        {"appId": "spark-ckpt/pipe/sink", "version": 2},
+        {"appId": "spark-ckpt/pipe", "version": 1},
+        {"appId": "spark-ckpt/pipe", "version": 2},
     ]
 
 
@@ -198,7 +198,7 @@ def test_recover_deletes_in_progress_files(tmp_path: Path) -> None:
     sink.writer.write(OP, 0, batch(rows(0, 2)))
     assert len(parquet_files(root)) == 1
     sink.writer.discard(OP)  # the writer's open transaction ...
-    sink.committer.recover(OP, [])  # ... and the committer's orphan sweep
+    sink.committer.recover([])  # ... and the committer's orphan sweep
     assert parquet_files(root) == set()
     assert sink.writer.pre_commit(OP, 0, 1).payload == ()  # nothing left open
 
@@ -318,11 +318,11 @@ def test_recover_commits_restored_transactions_and_deletes_orphans(tmp_path: Pat
     pq.write_table(batch(rows(99, 1)), foreign)  # not this sink's: never touched
 
     new = make_sink(root)  # the restarted job
-    new.committer.recover(OP, restored)
+    new.committer.recover(restored)
     assert content(replay(root)) == sorted(rows(0, 2) + rows(20, 2))
     assert new.committer.committed_checkpoint() == 4
     assert parquet_files(root) == committed_paths(root) | {foreign.name}
-    new.committer.recover(OP, restored)  # idempotent
+    new.committer.recover(restored)  # idempotent
     assert content(replay(root)) == sorted(rows(0, 2) + rows(20, 2))
     assert len(log_actions(root)) == 1
     with pytest.raises(StoreError):
@@ -340,7 +340,7 @@ def test_recover_spares_files_staged_by_the_starting_run(tmp_path: Path) -> None
     os.utime(root / orphan, (1_000, 1_000))  # long ago
     cutoff_ms = 2_000_000
     current = make_sink(root).writer.stage(batch(rows(10, 2)), subtask=0)  # the starting run (now)
-    make_sink(root).committer.recover(OP, [], staged_before_ms=cutoff_ms)
+    make_sink(root).committer.recover([], staged_before_ms=cutoff_ms)
     assert parquet_files(root) == {current.path}
 
 
@@ -404,7 +404,7 @@ import json, os, signal, sys
 import pyarrow as pa
 from spark_ckpt.delta.sink import DeltaSink
 from spark_ckpt.sinks.sink import Transaction
-sink = DeltaSink(sys.argv[1], pipeline="pipe", sink_uid="sink", target_file_bytes=1)
+sink = DeltaSink(sys.argv[1], pipeline="pipe", target_file_bytes=1)
 mode = sys.argv[2]
 
 def batch(first, n):
@@ -453,7 +453,7 @@ def test_killed_writer_leaves_the_table_unchanged(tmp_path: Path) -> None:
     assert len(parquet_files(root)) == 4  # 1 committed + 3 staged by the child
 
     # Restart from a checkpoint that recorded nothing of the child: all orphans go.
-    make_sink(root).committer.recover(OP, [])
+    make_sink(root).committer.recover([])
     assert parquet_files(root) == committed_paths(root)
     assert content(replay(root)) == sorted(rows(0, 2))
     with pytest.raises(StoreError):
@@ -466,7 +466,7 @@ def test_killed_writer_sealed_transaction_is_recovered(tmp_path: Path) -> None:
     out, _ = child.communicate()
     assert child.returncode == -signal.SIGKILL
     sealed = Transaction.from_json(out.strip())
-    make_sink(root).committer.recover(OP, [sealed])  # restored checkpoint 7 recorded it
+    make_sink(root).committer.recover([sealed])  # restored checkpoint 7 recorded it
     assert content(replay(root))[0][0] == 100
     assert sorted(r[0] for r in content(replay(root))) == [100, 101, 102]
     assert parquet_files(root) == committed_paths(root)
@@ -597,7 +597,7 @@ def test_model(ops: list[Op], small_files: bool) -> None:
                 limit = ids[(a - 1) % len(ids)] if ids and a else 0
                 restored = [(t, r) for t, r in pending if t.checkpoint_id <= limit]
                 sink = make_sink(root, **kw)
-                sink.committer.recover(OP, [t for t, _ in restored])
+                sink.committer.recover([t for t, _ in restored])
                 committed += [r for _, rs in restored for r in rs]
                 pending, open_rows = [], {0: [], 1: []}
                 assert parquet_files(root) == (committed_paths(root) if root.exists() else set())
@@ -609,7 +609,7 @@ def test_model(ops: list[Op], small_files: bool) -> None:
 # After a restore from checkpoint r the table holds exactly the output of checkpoints <= r
 # (a restore that fell back past a damaged newest checkpoint replays the rest).
 
-APP = "spark-ckpt/pipe/sink"
+APP = "spark-ckpt/pipe"
 
 
 def foreign(rs: Sequence[Row]) -> pa.Table:
@@ -706,7 +706,7 @@ def test_roll_back_removes_the_output_of_later_checkpoints_only(tmp_path: Path) 
     assert_table(root, [*out[1], *out[2], *out[5], *other], 5)
 
     # Recovery's orphan sweep deletes the removed files; the table is unchanged.
-    make_sink(root).committer.recover(OP, [])
+    make_sink(root).committer.recover([])
     assert not any((root / p).exists() for p in removed)
     assert_table(root, [*out[1], *out[2], *out[5], *other], 5)
 
@@ -754,11 +754,11 @@ def test_roll_back_then_recover_restores_a_checkpoint_whose_commit_was_lost(
 
     new = make_sink(root)  # the restarted job
     assert len(new.committer.roll_back_to(2)) == 4
-    new.committer.recover(OP, t2)
+    new.committer.recover(t2)
     assert_table(root, rows(10, 2) + rows(20, 2), 2)
     active = pa.table(DeltaTable(str(root)).get_add_actions(flatten=True)).column("path")
     assert parquet_files(root) == set(active.to_pylist())  # checkpoint 3's files were swept
-    new.committer.recover(OP, t2)  # idempotent
+    new.committer.recover(t2)  # idempotent
     assert new.committer.roll_back_to(2) == []
     assert new.committer.commit_checkpoint(4, seal(new, 4, rows(40, 2)))
     assert_table(root, rows(10, 2) + rows(20, 2) + rows(40, 2), 4)
@@ -797,9 +797,9 @@ def test_roll_back_redoes_its_work_after_losing_a_commit_race(
     calls = []
     real = sink.committer._added_after
 
-    def interleaved(*args: Any) -> set[str]:
-        found = real(*args)
-        calls.append(len(found))
+    def interleaved(*args: Any, **kw: Any) -> tuple[set[str], set[str]]:
+        found = real(*args, **kw)
+        calls.append(len(found[0]))
         if len(calls) == 1:
             racer.committer.commit_checkpoint(4, staged)
             append_foreign(root, rows(90, 1))
@@ -822,8 +822,8 @@ def test_roll_back_gives_up_after_max_attempts(
     real = sink.committer._added_after
     n = iter(range(100))
 
-    def always_beaten(*args: Any) -> set[str]:
-        found = real(*args)
+    def always_beaten(*args: Any, **kw: Any) -> tuple[set[str], set[str]]:
+        found = real(*args, **kw)
         append_foreign(root, rows(90 + next(n), 1))
         return found
 
@@ -938,7 +938,7 @@ def run_restore_model(
             r = sorted(sealed)[a % len(sealed)]
             sink = new_sink()  # the restarted job
             sink.committer.roll_back_to(r)
-            sink.committer.recover(OP, states[r])
+            sink.committer.recover(states[r])
             sealed = {c: rs for c, rs in sealed.items() if c <= r}
             states = {c: t for c, t in states.items() if c <= r}
             committed = set(sealed)  # what r's commits and r's state hold

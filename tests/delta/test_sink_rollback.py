@@ -6,6 +6,7 @@ races, cleaned-up logs — are in test_delta_sink.py.)"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,6 +31,7 @@ from test_delta_sink import (
     seal,
 )
 
+from spark_ckpt.delta.sink import DeltaSink
 from spark_ckpt.runtime import task
 from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.sinks.sink import TransactionalSink
@@ -122,9 +124,7 @@ def test_memory_sink_roll_back() -> None:
     )  # idempotent
     commit(sink, 5, 50, 1)  # later checkpoints commit normally
     assert memory_ids(sink) == [10, 11, 20, 21, 50]
-    sink.committer.recover(
-        OP, []
-    )  # the withdrawn transactions are discarded like other staged ones
+    sink.committer.recover([])  # the withdrawn transactions are discarded like other staged ones
     assert sink.committer.roll_back_to(0) == [f"{OP}/0/1", f"{OP}/0/2", f"{OP}/0/5"]
     assert memory_ids(sink) == [] and sink.committer.committed_checkpoint() == 0
 
@@ -142,10 +142,10 @@ def test_memory_sink_recover_after_roll_back_commits_the_restored_transactions()
     assert sink.committer.commit_checkpoint(3, [t2, t3])
     sink.crash()
     assert sink.committer.roll_back_to(2) == [t2.txn_id, t3.txn_id]
-    sink.committer.recover(OP, [t2])
+    sink.committer.recover([t2])
     assert memory_ids(sink) == [10, 11, 20, 21]
     assert sink.committer.committed_checkpoint() == 2
-    sink.committer.recover(OP, [t2])  # idempotent
+    sink.committer.recover([t2])  # idempotent
     assert memory_ids(sink) == [10, 11, 20, 21]
 
 
@@ -170,17 +170,15 @@ def test_recover_sink_rolls_back_before_committing_the_restored_checkpoint(
     t3 = seal(sink, 3, rows(30, 2))
     assert sink.committer.commit_checkpoint(3, [*t2, *t3])
     states = {2: t2, 3: [*t2, *t3]}  # what each checkpoint's state records
-    monkeypatch.setattr(
-        task, "sealed_transactions", lambda cp, store, vertex: states[cp.checkpoint_id]
-    )
+    monkeypatch.setattr(task, "sealed_transactions", lambda cp, store: states[cp.checkpoint_id])
     store = SimpleNamespace()  # unused: sealed_transactions is replaced
 
-    task.recover_sink(sink.committer, None, store, OP)  # type: ignore[arg-type]
+    task.recover_sink(sink.committer, None, store)  # type: ignore[arg-type]
     assert ids() == [10, 11, 20, 21, 30, 31] and sink.committer.committed_checkpoint() == 3
     restored = SimpleNamespace(checkpoint_id=2, properties={})  # the newest (3) was damaged
-    assert task.recover_sink(sink.committer, restored, store, OP) == t2  # type: ignore[arg-type]
+    assert task.recover_sink(sink.committer, restored, store) == t2  # type: ignore[arg-type]
     assert ids() == [10, 11, 20, 21] and sink.committer.committed_checkpoint() == 2
-    task.recover_sink(sink.committer, restored, store, OP)  # type: ignore[arg-type]
+    task.recover_sink(sink.committer, restored, store)  # type: ignore[arg-type]
     assert ids() == [10, 11, 20, 21] and sink.committer.committed_checkpoint() == 2
 
 
@@ -194,3 +192,70 @@ def test_memory_sink_restores_match_a_plain_model(steps: list[Step]) -> None:
         return sink
 
     run_restore_model(steps, restarted, lambda: memory_ids(sink), None, lazy_table=False)
+
+
+def legacy_sink(root: Path, vertex: str) -> DeltaSink:
+    """A sink committing as versions before 0.2 did: under ``spark-ckpt/<pipeline>/<vertex>``,
+    the first operator's uid of the chain that wrote the output."""
+    sink = make_sink(root)
+    sink.target.app_id = f"spark-ckpt/pipe/{vertex}"
+    return sink
+
+
+def test_roll_back_withdraws_what_every_version_of_the_job_committed(tmp_path: Path) -> None:
+    """A table written by v1 (chain 'counter') up to 2, by v2 (chain 'totals') from 3, both
+    as versions before 0.2 committed them, and by the current version from 5: a restore of
+    checkpoint 2 withdraws everything from 3 on, whichever version wrote it, and leaves no
+    app id of the pipeline above 2."""
+    root = tmp_path / "t"
+    v1, v2 = legacy_sink(root, "counter"), legacy_sink(root, "totals")
+    out = {c: commit(v1, c, 10 * c, 2) for c in (1, 2)}
+    for c in (3, 4):
+        commit(v2, c, 10 * c, 2)
+    now = make_sink(root)
+    commit(now, 5, 50, 2)
+    foreign = batch(rows(900, 1))
+    foreign = foreign.set_column(2, "ts", foreign.column("ts").cast(pa.timestamp("us", "UTC")))
+    write_deltalake(str(root), foreign, mode="append")  # another writer
+    withdrawn = now.committer.roll_back_to(2)
+    assert len(withdrawn) == 3  # the files of checkpoints 3, 4 and 5
+    assert [r[0] for r in content(replay(root))] == [10, 11, 20, 21, 900]
+    assert sorted(r[0] for r in content(pl.read_delta(str(root)).to_arrow())) == [
+        r[0] for r in [*out[1], *out[2], *rows(900, 1)]
+    ]
+    dt = DeltaTable(str(root))
+    for app in ("spark-ckpt/pipe", "spark-ckpt/pipe/counter", "spark-ckpt/pipe/totals"):
+        assert (dt.transaction_version(app) or 0) <= 2, app
+    assert now.committer.roll_back_to(2) == []  # idempotent
+
+
+def test_roll_back_of_a_table_written_only_by_an_older_version(tmp_path: Path) -> None:
+    """The current app id has no version yet: the older ids above the target are rolled
+    back; another pipeline's commits are never touched."""
+    root = tmp_path / "t"
+    old = legacy_sink(root, "counter")
+    for c in (1, 2, 3):
+        commit(old, c, 10 * c, 1)
+    other = DeltaSink(str(root), pipeline="another")
+    commit(other, 7, 70, 1)
+    assert len(make_sink(root).committer.roll_back_to(1)) == 2
+    assert [r[0] for r in content(replay(root))] == [10, 70]
+    assert len(make_sink(root).committer.roll_back_to(0)) == 1  # the first's, not another's
+    assert [r[0] for r in content(replay(root))] == [70]
+
+
+def test_transactions_sealed_for_another_table_are_not_recovered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a restore into another output table, the restored checkpoint's transactions
+    belong to the first table: recover_sink commits none of them into the second; those of
+    versions before 0.2 (no table recorded) are taken as this table's."""
+    first, second = make_sink(tmp_path / "first"), make_sink(tmp_path / "second")
+    sealed = seal(first, 4, rows(40, 2))
+    assert all(t.sink == first.committer.sink_id for t in sealed)
+    unrecorded = [replace(t, sink="") for t in seal(second, 4, rows(60, 2))]
+    monkeypatch.setattr(task, "sealed_transactions", lambda cp, store: [*sealed, *unrecorded])
+    restored = SimpleNamespace(checkpoint_id=4, properties={})
+    assert task.recover_sink(second.committer, restored, SimpleNamespace()) == unrecorded  # type: ignore[arg-type]
+    assert [r[0] for r in content(replay(tmp_path / "second"))] == [60, 61]
+    assert not (tmp_path / "first" / "_delta_log").exists()

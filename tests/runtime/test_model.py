@@ -25,12 +25,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_ckpt.delta.store import DeltaCheckpointStore
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, task_state_uid
 from spark_ckpt.protocol.handle import BlobKind
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
-from spark_ckpt.runtime.task import task_state_uid
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.state.keygroup import range_for_subtask

@@ -36,11 +36,11 @@ def checkpoint(
     return CompletedCheckpoint(9, kind, (task,), CheckpointStats(0, 1), props)
 
 
-SHAPE = PipelineShape("p", ("counter",), "counter", {"source": 2}, 128)
+SHAPE = PipelineShape("p", ("counter",), {"source": 2}, 128)
 
 
 def test_state_of_every_claimed_uid_restores_and_a_new_operator_starts_empty() -> None:
-    shape = PipelineShape("p", ("counter", "fresh"), "counter", {"source": 2}, 128)
+    shape = PipelineShape("p", ("counter", "fresh"), {"source": 2}, 128)
     cp = checkpoint(("counter", "_task:counter"))
     assert check_restorable(cp, shape, RestoreSettings.latest()) == []
 
