@@ -13,7 +13,7 @@
     spark-ckpt savepoint dispose PATH                  delete a savepoint
     spark-ckpt stop --root R [--savepoint] [--drain]   stop with a final checkpoint
     spark-ckpt state read --path P [--uid U --state S] state of a checkpoint/savepoint
-    spark-ckpt stats --root R [--plot FILE.png]        durations, sizes, alignment, failures
+    spark-ckpt stats --root R [--plot FILE.png]        the checkpoint statistics history
 
 Tables by default, ``--json`` (JSON lines) for scripts. Bad input (a missing root, an
 unknown id, a bad time or file type) prints one ``error: …`` line and exits with 2; a request
@@ -137,7 +137,11 @@ def parser() -> argparse.ArgumentParser:
     rd.add_argument("--limit", type=int, default=20, help="rows to print (0: all)")
 
     sts = _command(
-        sub, "stats", "per-checkpoint duration, size, alignment and failures", commands.stats
+        sub,
+        "stats",
+        "the checkpoint statistics history (newest checkpoint.history checkpoints, completed,"
+        " failed, aborted): duration, size, alignment, failure reasons",
+        commands.stats,
     )
     sts.add_argument("--plot", default=None, metavar="FILE.png", help="also draw them over time")
     return p

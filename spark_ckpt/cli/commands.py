@@ -20,6 +20,7 @@ from spark_ckpt.protocol.handle import CheckpointMetrics
 
 if TYPE_CHECKING:
     from spark_ckpt.spark.client import PipelineClient
+    from spark_ckpt.storage.history import CheckpointRecord
 
 
 _NO_METRICS = CheckpointMetrics()
@@ -275,33 +276,80 @@ def _write_table(table: Any, path: str) -> None:
 
 
 # -- statistics -------------------------------------------------------------------------------
+def history_status(record: CheckpointRecord) -> str:
+    """``completed``, ``failed`` or ``aborted`` (see
+    :class:`~spark_ckpt.spark.client.CheckpointSummary`)."""
+    from spark_ckpt.spark.client import is_aborted
+
+    if record.failure is None:
+        return "completed"
+    return "aborted" if is_aborted(record.failure) else "failed"
+
+
+def history_row(record: CheckpointRecord) -> dict[str, Any]:
+    s = record.figures
+    return {
+        "id": record.checkpoint_id,
+        "status": history_status(record),
+        "type": record.snapshot_type.value,
+        "ended": when(s.completed_ms),
+        "duration_ms": s.end_to_end_ms,
+        "state": size(s.state_bytes),
+        "written": size(s.bytes_written),
+        "channel_state": size(s.channel_state_bytes),
+        "alignment_ms": s.max_alignment_ms,
+        "start_delay_ms": s.max_start_delay_ms,
+        "reason": record.reason,
+    }
+
+
+def history_json(record: CheckpointRecord) -> dict[str, Any]:
+    s = record.figures
+    return {
+        "id": record.checkpoint_id,
+        "status": history_status(record),
+        "type": record.snapshot_type.value,
+        "trigger_ms": s.trigger_ms,
+        "end_ms": s.completed_ms,
+        "duration_ms": s.end_to_end_ms,
+        "state_bytes": s.state_bytes,
+        "bytes_written": s.bytes_written,
+        "channel_state_bytes": s.channel_state_bytes,
+        "alignment_ms": s.max_alignment_ms,
+        "start_delay_ms": s.max_start_delay_ms,
+        "reason": record.reason,
+        "message": record.failure.message if record.failure is not None else "",
+        "properties": dict(record.properties),
+        "task_metrics": {k: m.to_dict() for k, m in sorted(s.task_metrics.items())},
+    }
+
+
 def stats(args: argparse.Namespace) -> int:
+    """The checkpoint statistics history: a header counting its records, one row per record
+    (completed, failed, aborted), then why the failed and aborted ones failed."""
     c = client(args.root)
-    completed = c.checkpoints()
-    failures = c.failures()
+    records = c.history()
     if args.json:
-        rows: list[Row] = [{"status": "completed", **checkpoint_json(cp)} for cp in completed]
-        rows += [{"status": "failed", **f.to_dict()} for f in failures]
-        print(json_lines(rows))
+        print(json_lines([history_json(r) for r in records]))
     else:
-        summary = c.stats()
+        from spark_ckpt.spark.client import is_aborted
+
+        failures = [r.failure for r in records if r.failure is not None]
+        aborted = sum(is_aborted(f) for f in failures)
+        completed = [r for r in records if r.failure is None]
+        savepoints = sum(r.is_savepoint for r in completed)
         print(
-            f"{summary.checkpoints} checkpoints, {summary.savepoints} savepoints retained; "
-            f"{len(failures)} failed or aborted"
+            f"{len(records)} checkpoints on record: {len(completed) - savepoints} completed, "
+            f"{savepoints} savepoints, {len(failures) - aborted} failed, {aborted} aborted "
+            f"({len(c.checkpoints())} retained for restores)"
         )
-        print(render([checkpoint_row(cp) for cp in completed]))
+        print(render([history_row(r) for r in records]))
         if failures:
-            print("\nfailed and aborted checkpoints")
+            print("\nwhy they failed")
             print(
                 render(
                     [
-                        {
-                            "id": f.checkpoint_id,
-                            "failed": when(f.failed_ms),
-                            "duration_ms": f.duration_ms,
-                            "reason": f.reason,
-                            "message": f.message,
-                        }
+                        {"id": f.checkpoint_id, "reason": f.reason, "message": f.message}
                         for f in failures
                     ]
                 )

@@ -8,6 +8,10 @@ store and the runs' files. That is what makes a pipeline controllable from anywh
 sees its root: another notebook, a shell, a Spark Connect client whose foreachBatch function
 runs in a server-side process.
 
+Statistics come from the store's checkpoint statistics history
+(:mod:`spark_ckpt.storage.history`), which outlives checkpoint retention; the retained
+checkpoints themselves (:meth:`PipelineClient.checkpoints`) are the restore points.
+
 No ``pyspark`` here: the client needs neither a SparkSession nor a running JVM.
 """
 
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING
 from spark_ckpt.errors import CheckpointError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
+from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.spark.host import REQUEST_ID
 from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
 from spark_ckpt.spark.run import Runs, RunState, RunStatus
@@ -32,6 +37,7 @@ from spark_ckpt.spark.savepoints import exported_path, wait_exported
 
 if TYPE_CHECKING:
     from spark_ckpt.delta.store import DeltaCheckpointStore
+    from spark_ckpt.storage.history import CheckpointRecord
 
 #: How often the client polls the store while waiting for an answer.
 POLL_S = 0.2
@@ -39,7 +45,8 @@ POLL_S = 0.2
 
 @dataclass(frozen=True)
 class Span:
-    """Minimum, average and maximum of one figure over the retained checkpoints."""
+    """Minimum, average and maximum of one figure over the completed checkpoints and
+    savepoints of the statistics history."""
 
     min: float
     avg: float
@@ -48,10 +55,17 @@ class Span:
 
 @dataclass(frozen=True)
 class CheckpointSummary:
-    """Statistics over the retained completed checkpoints and savepoints (Flink's checkpoint
-    summary): counts, the latest, and min/avg/max of end-to-end duration, state size and
-    alignment time; the failed and aborted checkpoints on record by reason, and the last.
-    Spans are None when nothing is retained."""
+    """Statistics over the checkpoint statistics history (Flink's checkpoint summary and
+    counts; see :meth:`PipelineClient.history`): how many completed checkpoints, savepoints,
+    failed and aborted ones it holds (they add up to :attr:`total`, its length), min/avg/max
+    of end-to-end duration, state size and alignment time over the completed ones (None
+    when there are none), the failed and aborted ones by reason, and the last of them.
+    ``latest`` is the newest *retained* completed checkpoint (a restore point), not a
+    history record.
+
+    A failed checkpoint is one whose reason counts against ``checkpoint.tolerable-failures``
+    (expired, declined, finalize_failed, task_failure); the others (subsumed, cancelled,
+    coordinator_shutdown, fenced) are aborted."""
 
     checkpoints: int
     savepoints: int
@@ -62,6 +76,22 @@ class CheckpointSummary:
     #: failed and aborted checkpoints on record, by reason (a CheckpointFailureReason value)
     failures: Mapping[str, int] = field(default_factory=dict)
     last_failure: FailedCheckpoint | None = None
+    failed: int = 0
+    aborted: int = 0
+
+    @property
+    def total(self) -> int:
+        """The number of records in the history: completed, savepoints, failed, aborted."""
+        return self.checkpoints + self.savepoints + self.failed + self.aborted
+
+
+def is_aborted(failure: FailedCheckpoint) -> bool:
+    """Whether *failure* was an abort (its reason does not count as a failure) rather than a
+    failure; an unknown reason is a failure."""
+    try:
+        return not CheckpointFailureReason(failure.reason).counts_as_failure
+    except ValueError:
+        return False
 
 
 def _span(values: list[int]) -> Span | None:
@@ -202,24 +232,36 @@ class PipelineClient:
         """The latest completed checkpoint (or savepoint), None before the first."""
         return self.store.latest_completed(include_savepoints)
 
+    def history(self) -> list[CheckpointRecord]:
+        """The checkpoint statistics history, by id: one record per finished checkpoint or
+        savepoint, completed, failed or aborted, with its figures (timestamps, sizes,
+        per-subtask metrics; the reason of a failure). It keeps the newest
+        ``checkpoint.history`` records (default 100), however few checkpoints
+        ``checkpoint.retained`` keeps for restores (:meth:`checkpoints`)."""
+        return self.store.list_history()
+
     def stats(self) -> CheckpointSummary:
-        """Statistics over the retained checkpoints (see :class:`CheckpointSummary`)."""
-        completed = self.checkpoints()
-        failed = self.failures()
+        """Statistics over the history (see :class:`CheckpointSummary`), read once."""
+        records = self.history()
+        completed = [r.stats for r in records if r.stats is not None]
+        failed = [r.failure for r in records if r.failure is not None]
+        aborted = sum(is_aborted(f) for f in failed)
         return CheckpointSummary(
-            checkpoints=sum(not c.is_savepoint for c in completed),
-            savepoints=sum(c.is_savepoint for c in completed),
-            latest=completed[-1] if completed else None,
-            duration_ms=_span([c.stats.end_to_end_ms for c in completed]),
-            state_bytes=_span([c.stats.state_bytes for c in completed]),
-            alignment_ms=_span([c.stats.max_alignment_ms for c in completed]),
+            checkpoints=sum(r.stats is not None and not r.is_savepoint for r in records),
+            savepoints=sum(r.stats is not None and r.is_savepoint for r in records),
+            latest=self.latest(),
+            duration_ms=_span([s.end_to_end_ms for s in completed]),
+            state_bytes=_span([s.state_bytes for s in completed]),
+            alignment_ms=_span([s.max_alignment_ms for s in completed]),
             failures=dict(sorted(Counter(f.reason for f in failed).items())),
             last_failure=failed[-1] if failed else None,
+            failed=len(failed) - aborted,
+            aborted=aborted,
         )
 
     def failures(self) -> list[FailedCheckpoint]:
-        """The failed and aborted checkpoints on record (the newest 100 or more), by id: the
-        reason, the message, and the figures of the subtasks that had acknowledged."""
+        """The failed and aborted checkpoints of the history, by id: the reason, the message,
+        and the figures of the subtasks that had acknowledged."""
         return self.store.list_failed()
 
     def runs(self) -> list[RunStatus]:

@@ -202,10 +202,68 @@ def test_stats_prints_a_summary_and_draws_the_plot(root: Path, tmp_path: Path) -
     plot = tmp_path / "stats.png"
     done = cli("stats", "--root", str(root), "--plot", str(plot))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("2 checkpoints, 1 savepoints retained; 0 failed or aborted")
+    # a root without a history table (as the previous version wrote): the log is the history
+    header = "3 checkpoints on record: 2 completed, 1 savepoints, 0 failed, 0 aborted"
+    assert done.stdout.startswith(header), done.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     js = lines(cli("stats", "--root", str(root), "--json").stdout)
     assert [r["status"] for r in js] == ["completed"] * 3
+    assert [r["type"] for r in js] == ["checkpoint", "checkpoint", "savepoint"]
+
+
+def _table_rows(stdout: str) -> list[str]:
+    """The data rows of the first table ``render`` printed (after the header line and
+    the column header and rule)."""
+    body = stdout.split("\n\n")[0].splitlines()[3:]
+    return [line for line in body if line.strip()]
+
+
+def test_stats_show_the_history_beyond_retention_and_within_its_bound(tmp_path: Path) -> None:
+    """Eight checkpoints completed with one retained, two failed, one aborted: ``stats``
+    lists every one (its count equals its rows), and with a bound of 5 only the newest 5."""
+    from spark_ckpt.protocol.checkpoint import FailedCheckpoint
+
+    root = tmp_path / "root"
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    finished: dict[int, str] = {}  # the oracle: id -> status, as the test made them
+    for n in range(11):
+        cid = lease.first_id + n
+        if n in (3, 7, 9):
+            reason = "subsumed" if n == 9 else "expired"
+            store.record_failure(
+                lease, FailedCheckpoint(cid, SnapshotType.CHECKPOINT, 10 * n, 10 * n + 4, reason)
+            )
+            finished[cid] = "aborted" if n == 9 else "failed"
+            continue
+        cp = CompletedCheckpoint(
+            cid, SnapshotType.CHECKPOINT, (), CheckpointStats(10 * n, 10 * n + 3)
+        )
+        store.commit(lease, cp)
+        store.retain(lease, 1)
+        finished[cid] = "completed"
+    assert len(store.list_completed()) == 1
+    done = cli("stats", "--root", str(root))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        "11 checkpoints on record: 8 completed, 0 savepoints, 2 failed, 1 aborted "
+        "(1 retained for restores)"
+    ), done.stdout
+    rows = _table_rows(done.stdout)
+    assert len(rows) == 11
+    assert [int(r.split()[0]) for r in rows] == sorted(finished)
+    js = lines(cli("stats", "--root", str(root), "--json").stdout)
+    assert [(r["id"], r["status"]) for r in js] == sorted(finished.items())
+    assert [r["duration_ms"] for r in js] == [
+        4 if finished[i] != "completed" else 3 for i in sorted(finished)
+    ]
+    # the bound: one more write with history_size 5 keeps the newest five
+    store.retain(lease, 1, history_size=5)
+    js = lines(cli("stats", "--root", str(root), "--json").stdout)
+    assert [r["id"] for r in js] == sorted(finished)[-5:]
+    done = cli("stats", "--root", str(root))
+    assert done.stdout.startswith("5 checkpoints on record"), done.stdout
+    assert len(_table_rows(done.stdout)) == 5
 
 
 @pytest.mark.parametrize(
