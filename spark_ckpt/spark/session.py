@@ -6,13 +6,22 @@ Both check Java first when they start Spark here (a clear
 :class:`~spark_ckpt.errors.EnvironmentSetupError` instead of a Py4J stack trace) and point
 Spark's Python workers at this interpreter. Nothing here, nor anywhere in spark-ckpt, uses
 ``SparkContext``: Spark Connect has none.
+
+*quiet* (default ``True``) silences Spark's console noise when the session starts Spark's JVM
+in this process (see :mod:`spark_ckpt.spark.spark_logs`); ``quiet=False`` keeps Spark's own
+console output (the demo's ``--spark-logs``).
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from spark_ckpt.spark.environment import ensure_java, ensure_pyspark_python
+from spark_ckpt.spark.spark_logs import environment, start_quiet_jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -35,14 +44,19 @@ def local_session(
     master: str = "local[2]",
     shuffle_partitions: int = 2,
     log_level: str = "WARN",
+    *,
+    quiet: bool = True,
 ) -> SparkSession:
     """Get or create a local (classic) SparkSession suitable for spark-ckpt pipelines and
     tests: no console progress bars (a pipeline reports its checkpoints itself), Spark's log
-    at *log_level* from the start (``spark.log.level``)."""
+    at *log_level* from the start (``spark.log.level``), and — *quiet* — without Spark's
+    console noise (see the module docstring)."""
     ensure_pyspark_python()
     ensure_java()
     from pyspark.sql import SparkSession
 
+    if quiet:
+        start_quiet_jvm(master)
     builder = SparkSession.builder.master(master)
     for key, value in _settings(app_name, shuffle_partitions, log_level).items():
         builder = builder.config(key, value)
@@ -54,17 +68,50 @@ def connect_session(
     app_name: str = "spark-ckpt",
     shuffle_partitions: int = 2,
     log_level: str = "WARN",
+    *,
+    quiet: bool = True,
 ) -> SparkSession:
     """A Spark Connect session (``SparkSession.builder.remote(remote)``), as on Databricks
     serverless and shared clusters. *remote* is a Connect URL (``sc://host:15002``) or
     ``local[N]``: pyspark then starts a local Connect server (with a local Spark) in this
-    process, with the same settings as :func:`local_session`. Needs ``pyspark[connect]``."""
+    process, started with every setting of :func:`local_session` (UI and console progress
+    off, *log_level*, app name — settings a Connect session cannot change) and, *quiet*,
+    without Spark's console noise (see the module docstring). A session of a remote server
+    gets the settings a Connect session may change (the ``spark.sql.*`` ones); the server's
+    own settings and console are the server's. Needs ``pyspark[connect]``."""
     ensure_pyspark_python()
+    settings = _settings(app_name, shuffle_partitions, log_level)
+    session = {k: v for k, v in settings.items() if k.startswith("spark.sql.")}
+    server: dict[str, str] = {}
     if remote.startswith("local"):
         ensure_java()
+        if quiet:
+            start_quiet_jvm(remote)
+        server = settings
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.remote(remote)
-    for key, value in _settings(app_name, shuffle_partitions, log_level).items():
+    for key, value in session.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    with _connect_server_settings(server):
+        return builder.getOrCreate()
+
+
+#: pyspark's hand-over of settings to a local Connect server it starts (read by
+#: ``pyspark.sql.connect.session``: the last ``_<i>`` of ``_LEN`` counts; a session applies
+#: only its ``spark.sql.*`` entries).
+_INIT_CONF = "PYSPARK_REMOTE_INIT_CONF"
+
+
+@contextmanager
+def _connect_server_settings(settings: Mapping[str, str]) -> Iterator[None]:
+    """Hand *settings* to the local Connect server pyspark starts meanwhile (if it does),
+    on top of any already handed over; the environment is restored afterwards."""
+    if not settings:
+        yield
+        return
+    count = int(os.environ.get(f"{_INIT_CONF}_LEN", "0"))
+    present = json.loads(os.environ[f"{_INIT_CONF}_{count - 1}"]) if count else {}
+    handed = {f"{_INIT_CONF}_LEN": "1", f"{_INIT_CONF}_0": json.dumps({**present, **settings})}
+    with environment(handed):
+        yield
