@@ -125,6 +125,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         self._final: CheckpointRequest | None = None
         self._stop_at: tuple[int, ...] | None = None
         self._drain_to: list[int] | None = None  # a stop with drain reads up to here
+        self._heads: list[int] | None = None  # the channels' heads at the last latestOffset
 
     # -- lazily opened, in the source runner ---------------------------------------------------
     @property
@@ -178,6 +179,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             heads = [max(t, p) for t, p in zip(self._target, offset.positions, strict=True)]
         else:
             heads = self.source.heads()
+        self._heads = list(heads)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         barriers = self.host.take_barriers()
         stopping = self.host.stopping
@@ -194,6 +196,13 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             offset = self._available_now(offset, heads)
         end = offset.advance(fair_limits(offset.positions, heads, max_rows))
         return start if end.is_idle_after(begin) else end.to_dict()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """Source runner: the channels' heads (``positions``, per channel, as in the start
+        and end offsets) that the last :meth:`latestOffset` saw — what Spark reports as the
+        source's ``latestOffset`` in the query's progress (how far the input goes, beyond
+        a read limit). None before the first batch. Costs nothing: no source is read."""
+        return None if self._heads is None else {"positions": self._heads}
 
     def _drain(self, offset: StreamOffset, heads: list[int]) -> list[int]:
         """A stop with drain: read up to the heads as of the request, then let the host take

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.errors import PipelineFailedError, PipelineFencedError
+from spark_ckpt.errors import PipelineFailedError, PipelineFencedError, SparkCkptError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.coordinator import JobStatus
@@ -42,10 +42,23 @@ class StopReason(StrEnum):
     INTERRUPT = "interrupt"  # Ctrl-C
     STOP = "stop"  # a stop request (CLI, another notebook) or PipelineRun.stop()
 
+    @property
+    def description(self) -> str:
+        return _STOP_DESCRIPTIONS[self]
 
-@dataclass(frozen=True)
+
+_STOP_DESCRIPTIONS = {
+    StopReason.FINISHED: "finished (the available input was processed)",
+    StopReason.DURATION: "stopped (duration reached)",
+    StopReason.INTERRUPT: "stopped by Ctrl-C",
+    StopReason.STOP: "stopped by a stop request",
+}
+
+
+@dataclass(frozen=True, repr=False)
 class RunResult:
-    """How :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>` ended."""
+    """How :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>` ended. ``str()``
+    is a summary of a few lines, ``repr()`` one line; the fields hold the details."""
 
     restarts: int
     last_checkpoint: CompletedCheckpoint | None
@@ -54,6 +67,41 @@ class RunResult:
     restored_from: tuple[int | None, ...] = ()
     #: The failures that caused restarts, in order.
     failures: tuple[str, ...] = field(default=())
+    #: Checkpoints and savepoints completed during the call.
+    checkpoints_completed: int = 0
+    #: Checkpoints that failed or were aborted during the call (on record, see
+    #: :meth:`PipelineClient.failures <spark_ckpt.spark.client.PipelineClient.failures>`).
+    checkpoints_failed: int = 0
+    #: Input rows covered by the call's checkpoints: the source positions of the last
+    #: checkpoint less those of the checkpoint the first run restored from (0: started empty).
+    rows: int = 0
+    #: Wall-clock seconds the call ran.
+    duration_s: float = 0.0
+
+    def __str__(self) -> str:
+        last = self.last_checkpoint
+        lines = [
+            f"pipeline run {self.stopped_by.description} after {self.duration_s:.1f} s",
+            f"  checkpoints: {self.checkpoints_completed} completed, "
+            f"{self.checkpoints_failed} failed; last: "
+            + (f"{last.checkpoint_id} ({last.snapshot_type.value})" if last else "none"),
+            f"  input rows covered by checkpoints: {self.rows:,}",
+            f"  restarts: {self.restarts}; restored from: "
+            + ", ".join("nothing" if r is None else str(r) for r in self.restored_from),
+        ]
+        if self.failures:
+            lines.append(f"  last failure: {self.failures[-1]}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        last = self.last_checkpoint
+        return (
+            f"RunResult(stopped_by={self.stopped_by.value!r}, "
+            f"checkpoints_completed={self.checkpoints_completed}, "
+            f"checkpoints_failed={self.checkpoints_failed}, "
+            f"last_checkpoint={last.checkpoint_id if last else None}, rows={self.rows}, "
+            f"restarts={self.restarts}, duration_s={self.duration_s:.1f})"
+        )
 
 
 class RunSupervisor:
@@ -66,13 +114,51 @@ class RunSupervisor:
         *,
         duration_s: float | None = None,
         on_checkpoint: Callable[[CompletedCheckpoint], None] | None = None,
+        on_stop: Callable[[StopReason], None] | None = None,
         poll_s: float = 0.5,
+        start_from: CompletedCheckpoint | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.start = start
-        self.deadline = None if duration_s is None else time.monotonic() + duration_s
+        self.started = time.monotonic()
+        self.deadline = None if duration_s is None else self.started + duration_s
         self.reporter = CheckpointReporter(pipeline.client, on_checkpoint)
+        self.on_stop = on_stop
         self.poll_s = poll_s
+        self.start_rows = _rows(start_from)
+
+    def on_interrupt(self) -> None:
+        """Ctrl-C was pressed (called at once, on a thread of its own, see
+        :class:`Interrupts`): tell *on_stop*."""
+        if self.on_stop is not None:
+            self.on_stop(StopReason.INTERRUPT)
+
+    def _result(
+        self,
+        restarts: int,
+        last: CompletedCheckpoint | None,
+        reason: StopReason,
+        restored: list[int | None],
+        failures: list[str],
+    ) -> RunResult:
+        try:
+            failed = sum(
+                f.checkpoint_id > self.reporter.baseline for f in self.pipeline.client.failures()
+            )
+        except SparkCkptError as e:  # a summary figure never fails the run's result
+            log.debug("counting failed checkpoints: %s", e)
+            failed = 0
+        return RunResult(
+            restarts,
+            last,
+            reason,
+            tuple(restored),
+            tuple(failures),
+            checkpoints_completed=self.reporter.count,
+            checkpoints_failed=failed,
+            rows=max(0, _rows(last) - self.start_rows) if last is not None else 0,
+            duration_s=time.monotonic() - self.started,
+        )
 
     def run(self, interrupted: threading.Event) -> RunResult:
         """Run until the job ends; *interrupted* is set on Ctrl-C (see :class:`Interrupts`)."""
@@ -89,9 +175,7 @@ class RunSupervisor:
                 run = self.start(attempt)
             except KeyboardInterrupt:  # Ctrl-C while a run starts: nothing runs yet
                 last = pipeline.client.latest()
-                return RunResult(
-                    attempt - 1, last, StopReason.INTERRUPT, tuple(restored), tuple(failures)
-                )
+                return self._result(attempt - 1, last, StopReason.INTERRUPT, restored, failures)
             try:
                 reason, last = self._supervise(run, interrupted)
             except KeyboardInterrupt:
@@ -131,7 +215,7 @@ class RunSupervisor:
             restored.append(run.restored_from)
             run.retire()
             self.reporter.report()
-            return RunResult(attempt - 1, last, reason, tuple(restored), tuple(failures))
+            return self._result(attempt - 1, last, reason, restored, failures)
 
     def _supervise(
         self, run: PipelineRun, interrupted: threading.Event
@@ -148,6 +232,8 @@ class RunSupervisor:
                     run.finish_stop(cp, str(cp.properties.get(REQUEST_ID)))
                     return StopReason.STOP, cp
             if self.deadline is not None and time.monotonic() >= self.deadline:
+                if self.on_stop is not None:
+                    self.on_stop(StopReason.DURATION)
                 return StopReason.DURATION, run.stop_quietly()
         # raises if it failed; the batch with the final barrier was processed before its
         # foreachBatch call returned, wherever that ran (the driver, or Connect's server)
@@ -201,12 +287,17 @@ class CheckpointReporter:
         self.client = client
         self.on_checkpoint = on_checkpoint
         self.seen = max((c.checkpoint_id for c in client.checkpoints()), default=0)
+        #: The newest id before the first report: later ids are this call's.
+        self.baseline = self.seen
+        #: Checkpoints reported so far.
+        self.count = 0
 
     def report(self) -> list[CompletedCheckpoint]:
         """The checkpoints completed since the last call (oldest first), reported."""
         new = [c for c in self.client.checkpoints() if c.checkpoint_id > self.seen]
         for cp in new:
             self.seen = cp.checkpoint_id
+            self.count += 1
             if self.on_checkpoint is not None:
                 self.on_checkpoint(cp)
         return new
@@ -214,19 +305,24 @@ class CheckpointReporter:
 
 class Interrupts:
     """Ctrl-C while :meth:`Pipeline.run` supervises (main thread only): the first one is
-    noted, and the supervising loop stops the run with a final checkpoint at its next poll;
-    a second one raises ``KeyboardInterrupt`` (stop at once). Nothing is interrupted in
+    noted — and *on_interrupt* called at once, on a thread of its own (so that it may print
+    while the main thread prints) — and the supervising loop stops the run with a final
+    checkpoint at its next poll; a second one raises ``KeyboardInterrupt`` (stop at once).
+    Nothing is interrupted in
     between: PySpark's own SIGINT handler cancels every Spark job (failing the micro-batch
     in progress), and a ``KeyboardInterrupt`` raised inside a Py4J call is logged by Py4J
     with its traceback — dropped meanwhile (:func:`_py4j_interrupt_log`), for the second."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_interrupt: Callable[[], None] | None = None) -> None:
         self.requested = threading.Event()
+        self._on_interrupt = on_interrupt
         self._previous: Any = None
 
     def _on_sigint(self, signum: int, frame: object) -> None:
         self.requested.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one is forceful
+        if self._on_interrupt is not None:
+            threading.Thread(target=self._on_interrupt, name="on-interrupt", daemon=True).start()
 
     def __enter__(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():
@@ -245,6 +341,11 @@ class Interrupts:
 #: Where Py4J logs a KeyboardInterrupt in a call (``logging.exception`` on the root logger)
 #: and its failed clean-up of the interrupted connection.
 _PY4J_INTERRUPT_LOGGERS = ("", "py4j.clientserver")
+
+
+def _rows(checkpoint: CompletedCheckpoint | None) -> int:
+    """Input rows before *checkpoint*'s source positions (0 for none)."""
+    return 0 if checkpoint is None else sum(checkpoint.offsets().values())
 
 
 def _py4j_interrupt_log(record: logging.LogRecord) -> bool:
