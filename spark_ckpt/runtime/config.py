@@ -472,6 +472,20 @@ def _known_keys() -> str:
     return ", ".join(sorted(o.key for o in _OPTIONS)) + " (or their Flink spellings)"
 
 
+def parse_option(key: str, value: str) -> tuple[str, object] | None:
+    """The canonical key of the option spelled *key* (any case, Flink aliases) and *value*
+    parsed as :meth:`CheckpointConfig.from_options` parses it; ``None`` when *key* is outside
+    the reserved namespaces (or the state backend's). An unknown key inside them or an invalid
+    value raises the :class:`ConfigError` ``from_options`` would."""
+    lowered = key.strip().lower()
+    option = _BY_KEY.get(lowered)
+    if option is None:
+        if lowered.startswith(RESERVED_PREFIXES) and not lowered.startswith(DELEGATED_PREFIXES):
+            raise ConfigError(key, value, f"a known option key: {_known_keys()}")
+        return None
+    return option.key, option.parse(key, value)
+
+
 # --------------------------------------------------------------------------- the config
 
 
@@ -815,5 +829,6 @@ __all__ = [
     "milliseconds",
     "minutes",
     "parse_duration",
+    "parse_option",
     "seconds",
 ]

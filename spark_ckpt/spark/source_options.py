@@ -24,6 +24,13 @@ delta: ``path``, ``channels``, ``startingVersion``
 ``savepoint.*``             checkpoint configuration
 (:class:`~spark_ckpt.runtime.config.CheckpointConfig`)
 ==========================  =========================================================
+
+Through :meth:`Pipeline.read <spark_ckpt.spark.pipeline.Pipeline.read>` and the source of
+:meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>`/``start``, the pipeline sets
+``pipeline``, ``store``, ``run`` and the checkpoint configuration itself (from its
+``CheckpointConfig``): a source option that says otherwise is a
+:class:`~spark_ckpt.errors.ConfigError` (:func:`check_pipeline_options`), never silently
+overridden.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from spark_ckpt.errors import ConfigError
-from spark_ckpt.runtime.config import RESERVED_PREFIXES, CheckpointConfig
+from spark_ckpt.runtime.config import RESERVED_PREFIXES, CheckpointConfig, parse_option
 from spark_ckpt.sources.generator import GeneratorSpec
 from spark_ckpt.sources.stream_offset import BarrierPlacement
 
@@ -49,6 +56,62 @@ DEFAULT_STORE_DIR: Final = "spark-ckpt-data"
 
 def default_root(pipeline: str) -> str:
     return os.path.abspath(os.path.join(DEFAULT_STORE_DIR, pipeline))
+
+
+#: Where a pipeline's checkpoint options are set (the end of a conflict's message).
+_SET_THERE = (
+    "the pipeline's configuration decides it: set it in the CheckpointConfig given to "
+    "Pipeline(spark, name, config=...), or leave it out of the source options"
+)
+
+
+def check_pipeline_options(
+    options: Mapping[str, object], config: CheckpointConfig, *, pipeline: str, root: str
+) -> None:
+    """Check the ``ckpt-source`` options given to the pipeline *pipeline* (root *root*,
+    configuration *config*) against what the pipeline sets itself. A checkpoint option
+    (``checkpoint.*``, ``savepoint.*``, ``restart-strategy*``, ``state.*``,
+    ``execution.checkpointing.*``, any spelling) must have the configuration's value (after
+    parsing: ``1000`` and ``1s`` agree); ``pipeline`` and ``store`` must name this pipeline
+    and its root; ``run`` is the pipeline's own. Anything else raises :class:`ConfigError`
+    naming the option, both values and where to set it; an invalid value raises the error it
+    gets anyway (:func:`~spark_ckpt.runtime.config.parse_option`)."""
+    own = config.to_options()  # canonical keys: every option the configuration sets
+    for key, raw in options.items():
+        value = str(raw)
+        lowered = key.strip().lower()
+        if lowered == "pipeline" and value.strip() != pipeline:
+            raise ConfigError(key, raw, f"{pipeline!r}, the name of this pipeline (or no value)")
+        if lowered == "store" and _absolute(value) != _absolute(root):
+            raise ConfigError(
+                key, raw, f"{root!r}, this pipeline's root (set it with Pipeline(..., root=...))"
+            )
+        if lowered == "run":
+            raise ConfigError(key, raw, "no value: each run of a pipeline sets its own")
+        parsed = parse_option(key, value)
+        if parsed is None:
+            continue
+        canonical, mine = parsed
+        theirs = own.get(canonical)
+        if theirs is not None and parse_option(canonical, theirs) == (canonical, mine):
+            continue
+        # a value out of range fails as it would anyway (ranges are checked on the config)
+        scoped = canonical.split(".")[1] if canonical.startswith("restart-strategy.") else None
+        CheckpointConfig.from_options(
+            {key: value, **({"restart-strategy": scoped} if scoped else {})}
+        )
+        if theirs is not None:
+            pipeline_value = f"{theirs!r} ({canonical} of the pipeline's configuration)"
+        elif canonical.startswith("restart-strategy."):
+            kind = own.get("restart-strategy")
+            pipeline_value = f"no value (the pipeline's restart-strategy is {kind!r})"
+        else:
+            pipeline_value = f"no value ({canonical} is unset in the pipeline's configuration)"
+        raise ConfigError(key, raw, f"{pipeline_value}: {_SET_THERE}")
+
+
+def _absolute(path: str) -> str:
+    return path.rstrip("/") if "://" in path else os.path.abspath(path)
 
 
 @dataclass(frozen=True)

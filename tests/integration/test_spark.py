@@ -486,6 +486,34 @@ def test_invalid_source_options_are_named(
     assert option.lower() in str(analysis_error.value).lower()
 
 
+def test_source_options_that_contradict_the_pipeline_are_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The pipeline's configuration is not silently overridden: Pipeline.read and the source
+    of Pipeline.run refuse a different checkpoint interval (nothing is started: no run), and
+    an invalid one gets its usual error; the same value, spelled otherwise, is accepted."""
+    cfg = CheckpointConfig.from_options({"checkpoint.interval": "2s"})
+    pipeline = Pipeline(spark, "conflicts", config=cfg, root=str(tmp_path / "root"))
+    with pytest.raises(ConfigError) as invalid:
+        pipeline.read(**{"checkpoint.interval": "abc"})
+    assert (invalid.value.option, invalid.value.value) == ("checkpoint.interval", "abc")
+    assert "duration" in invalid.value.accepted
+    with pytest.raises(ConfigError) as conflict:
+        pipeline.read(source="generator", **{"checkpoint.interval": "5s"})
+    assert "'5s'" in str(conflict.value) and "'2s'" in str(conflict.value)
+    assert "CheckpointConfig" in str(conflict.value)
+    with pytest.raises(ConfigError) as in_run:
+        pipeline.run(
+            {"source": "generator", "rate": 0, "execution.checkpointing.interval": "1s"},
+            RunningCount("counter", "user_id"),
+            output=str(tmp_path / "out"),
+            available_now=True,
+        )
+    assert in_run.value.option == "execution.checkpointing.interval"
+    assert pipeline.client.runs() == []  # refused before any run started
+    assert pipeline.read(source="generator", **{"checkpoint.interval": "2000"}).isStreaming
+
+
 # -- a savepoint while the query runs -----------------------------------------------------------
 
 
