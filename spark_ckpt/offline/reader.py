@@ -6,7 +6,7 @@
     from spark_ckpt.offline import StateReader
 
     reader = StateReader.open("/lake/_ckpt/orders")        # a pipeline root or a savepoint dir
-    reader.uids()                                          # ['_task:counter', 'counter']
+    reader.uids()                                          # ['counter']
     reader.state_names("counter")                          # ['count']
     counts = reader.keyed("counter", "count")              # pa.Table: key, value
     counts.to_pandas()                                     # pandas, polars.from_arrow(...), ...
@@ -44,7 +44,7 @@ from spark_ckpt.offline.chains import (
 )
 from spark_ckpt.offline.savepoint_format import MAX_PARALLELISM
 from spark_ckpt.protocol.barrier import SnapshotType
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, is_task_state_uid
 from spark_ckpt.protocol.handle import BlobKind, BlobRef
 from spark_ckpt.state.descriptor import (
     KEYED_BLOB_KINDS,
@@ -196,15 +196,18 @@ class StateReader:
         return None
 
     # -- what state there is ---------------------------------------------------------------
-    def uids(self) -> list[str]:
-        """Every operator uid with state (keyed, operator or channel state), sorted; the
-        task-internal state of a vertex is under ``_task:<vertex>``."""
-        return sorted(self._uids)
+    def uids(self, *, internal: bool = False) -> list[str]:
+        """Every operator uid with state (keyed or operator state), sorted. With *internal*,
+        also the uids of the tasks' own state (channel state, the sink's transactions:
+        ``_task:<vertex>``), which belongs to the pipeline's task vertex, not to an
+        operator."""
+        return sorted(u for u in self._uids if internal or not is_task_state_uid(u))
 
     def _check_uid(self, uid: str) -> None:
         if uid not in self._uids:
             raise StateError(
-                f"{self._what()} has no state of operator uid {uid!r} (uids: {self.uids()})"
+                f"{self._what()} has no state of operator uid {uid!r} (operators with state: "
+                f"{', '.join(map(repr, self.uids())) or 'none'})"
             )
 
     def _what(self) -> str:

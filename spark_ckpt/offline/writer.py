@@ -46,7 +46,7 @@ from spark_ckpt.offline.savepoint_format import (
     PIPELINE,
     write_savepoint,
 )
-from spark_ckpt.protocol.checkpoint import TASK_STATE_PREFIX, CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import TASK_STATE_PREFIX, CompletedCheckpoint, is_task_state_uid
 from spark_ckpt.protocol.handle import (
     BlobKind,
     BlobRef,
@@ -200,7 +200,7 @@ class SavepointWriter:
         for task in reader.checkpoint.tasks:
             for ref in task.blobs:
                 vertices.setdefault(ref.operator_uid, task.task.vertex)
-        for uid in reader.uids():
+        for uid in reader.uids(internal=True):
             op = _Operator(vertices.get(uid, _vertex_of(uid)), reader.parallelism(uid))
             op.key_type = reader.key_type(uid)
             for name_ in reader.keyed_state_names(uid):
@@ -217,8 +217,9 @@ class SavepointWriter:
 
     # -- inspection ------------------------------------------------------------------------
     def uids(self) -> list[str]:
-        """The operator uids the savepoint will hold state of, sorted."""
-        return sorted(self._operators)
+        """The operator uids the savepoint will hold state of, sorted (not the tasks' own
+        state, which belongs to no operator)."""
+        return sorted(u for u in self._operators if not is_task_state_uid(u))
 
     def keyed_state_names(self, uid: str) -> list[str]:
         return sorted(self._operator(uid).keyed)
@@ -233,7 +234,10 @@ class SavepointWriter:
     def _operator(self, uid: str) -> _Operator:
         op = self._operators.get(uid)
         if op is None:
-            raise StateError(f"the savepoint has no operator uid {uid!r} (uids: {self.uids()})")
+            raise StateError(
+                f"the savepoint has no operator uid {uid!r} (operators with state: "
+                f"{', '.join(map(repr, self.uids())) or 'none'})"
+            )
         return op
 
     def _keyed(self, uid: str, state_name: str) -> _KeyedState:
@@ -389,9 +393,10 @@ class SavepointWriter:
         return self
 
     def rename_operator(self, old_uid: str, new_uid: str) -> SavepointWriter:
-        """Move all state of operator *old_uid* to *new_uid* (which must hold none). A task
-        vertex is named after its first operator, so the task state of vertex *old_uid*
-        (``_task:<old_uid>``: the sink's transactions) moves to ``_task:<new_uid>`` too."""
+        """Move all state of operator *old_uid* to *new_uid* (which must hold none). Versions
+        before 0.2 named the task vertex after the first operator of the chain: the tasks'
+        own state of a vertex named *old_uid* (``_task:<old_uid>``) moves to
+        ``_task:<new_uid>`` too (a restore finds it under any vertex name)."""
         task_old, task_new = TASK_STATE_PREFIX + old_uid, TASK_STATE_PREFIX + new_uid
         if (
             not old_uid.startswith(TASK_STATE_PREFIX)
