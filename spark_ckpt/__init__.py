@@ -55,7 +55,7 @@ from spark_ckpt.runtime.restart import RestartStrategies
 from spark_ckpt.runtime.restore_settings import RestoreSettings
 from spark_ckpt.spark.client import CheckpointSummary, PipelineClient
 from spark_ckpt.spark.pipeline import Pipeline, register_data_sources
-from spark_ckpt.spark.pipeline_run import PipelineRun
+from spark_ckpt.spark.pipeline_run import PipelineRun, stop_query
 from spark_ckpt.spark.session import connect_session, local_session
 from spark_ckpt.spark.stats_plot import plot_checkpoint_stats
 from spark_ckpt.spark.supervisor import RunResult, StopReason
@@ -115,5 +115,6 @@ __all__ = [
     "plot_checkpoint_stats",
     "register_data_sources",
     "seconds",
+    "stop_query",
     "write_savepoint",
 ]

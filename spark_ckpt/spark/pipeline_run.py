@@ -7,22 +7,33 @@ its output commit is awaited, the micro-batch in progress ends (the source emits
 after the final barrier), then the query stops and the run's runtime is retired.
 Externalized-checkpoint retention is applied when the job ends.
 
+Who carries a stop request out: :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>`'s
+supervising loop, or — for a run of :meth:`Pipeline.start
+<spark_ckpt.spark.pipeline.Pipeline.start>` — the run's watcher thread
+(:meth:`PipelineRun.watch_stop_requests`), so that :meth:`PipelineClient.stop
+<spark_ckpt.spark.client.PipelineClient.stop>` from this or any other process ends either.
+A query of your own (``ckpt-source`` into ``ckpt-sink``) stops the same way with
+:func:`stop_query` and its pipeline root.
+
 Runs in the user's driver process (the Spark Connect client under Connect).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spark_ckpt.errors import CheckpointError, SparkCkptError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.coordinator import JobStatus, discards_checkpoints
+from spark_ckpt.runtime.restore_settings import PIPELINE
+from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.foreach_batch import ForeachBatchFunction
-from spark_ckpt.spark.host import RUN
+from spark_ckpt.spark.host import REQUEST_ID, RUN, STOP
 from spark_ckpt.spark.mailbox import Mailbox, RequestKind, read_topology
 from spark_ckpt.spark.run import RunFiles, RunState, RunStatus
 from spark_ckpt.spark.savepoints import wait_exported
@@ -36,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: How long a graceful stop waits for a micro-batch in progress before stopping anyway.
 STOP_GRACE_S = 30.0
+#: How often a run's watcher looks for the final checkpoint of a stop request.
+WATCH_POLL_S = 0.5
 
 
 @dataclass
@@ -50,6 +63,10 @@ class PipelineRun:
     query: StreamingQuery
     function: ForeachBatchFunction
     files: RunFiles
+    _stop_lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False
+    )
+    _stopped: bool = field(default=False, init=False, repr=False, compare=False)
 
     @property
     def restored_from(self) -> int | None:
@@ -114,7 +131,7 @@ class PipelineRun:
         try:
             return self.stop()
         except KeyboardInterrupt:  # a second Ctrl-C: stop now, without a final checkpoint
-            stop_query(self.query)
+            end_query(self.query)
             self.retire()
             self.report(RunState.STOPPED, restored_from=self.restored_from)
             return self.pipeline.client.latest()
@@ -128,32 +145,94 @@ class PipelineRun:
         through the foreachBatch function's runtime (under Spark Connect it lives in a
         server-side process): the final checkpoint completed, so every task processed and
         acknowledged all rows before the final barrier, and the source emits none after it;
-        the batch carrying it was processed before its ``foreachBatch`` call returned."""
-        self.report(RunState.STOPPING, restored_from=self.restored_from, stop_request=request_id)
-        self._wait_committed(final)
-        if final.is_savepoint:  # the query's source runner exports it: not before that
-            wait_exported(self.pipeline.root, final, timeout_s=120.0)
-        stop_query(self.query)
-        self.retire()
-        end_job(self.pipeline, JobStatus.FINISHED if final.is_savepoint else JobStatus.CANCELED)
-        self.report(RunState.STOPPED, restored_from=self.restored_from, stop_request=request_id)
+        the batch carrying it was processed before its ``foreachBatch`` call returned.
 
-    def _wait_committed(self, checkpoint: CompletedCheckpoint, timeout_s: float = 60.0) -> None:
-        """The coordinator commits sink output right after completion; wait for it."""
-        run_id = checkpoint.properties.get(RUN)
-        topology = read_topology(self.pipeline.root, str(run_id) if run_id else None)
-        if topology is None or topology.sink is None:
-            return
-        from datasources.sink import sink_from_spec
+        Runs once per run: a second call (the run's watcher and :meth:`stop` may both see the
+        final checkpoint) waits for the first and returns."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self.report(
+                RunState.STOPPING, restored_from=self.restored_from, stop_request=request_id
+            )
+            wait_committed(self.pipeline.root, self.pipeline.name, final)
+            if final.is_savepoint:  # the query's source runner exports it: not before that
+                wait_exported(self.pipeline.root, final, timeout_s=120.0)
+            end_query(self.query)
+            self.retire()
+            end_job(self.pipeline, JobStatus.FINISHED if final.is_savepoint else JobStatus.CANCELED)
+            self._stopped = True
+            self.report(RunState.STOPPED, restored_from=self.restored_from, stop_request=request_id)
 
-        sink = sink_from_spec(topology.sink, pipeline=self.pipeline.name)
-        deadline = time.monotonic() + timeout_s
-        while sink.committed_checkpoint() < checkpoint.checkpoint_id:
-            if time.monotonic() > deadline:
-                raise CheckpointError(
-                    f"output of checkpoint {checkpoint.checkpoint_id} was not committed in time"
+    # -- the watcher of a started run ---------------------------------------------------------
+    def watch_stop_requests(self, poll_s: float = WATCH_POLL_S) -> threading.Thread:
+        """Carry out stop requests for this run from a daemon thread of this process, as
+        :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>`'s supervising loop
+        does: once the final checkpoint (or savepoint) of a stop request that this run's
+        coordinator took has completed, :meth:`finish_stop` (output committed, savepoint
+        copied, query stopped, status ``STOPPED``), so that :meth:`PipelineClient.stop
+        <spark_ckpt.spark.client.PipelineClient.stop>` returns. When the query ends
+        otherwise (``available_now``, a failure, ``query.stop()``) the run is retired and
+        reported ``FINISHED`` or ``FAILED``. :meth:`Pipeline.start
+        <spark_ckpt.spark.pipeline.Pipeline.start>` starts it; the thread ends with the
+        query."""
+        thread = threading.Thread(
+            target=self._watch, args=(poll_s,), name=f"spark-ckpt-run-{self.run_id}", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _watch(self, poll_s: float) -> None:
+        client = PipelineClient(self.pipeline.root)  # a store of its own: not shared
+        try:
+            while self.query.isActive:
+                final = next(
+                    (
+                        c
+                        for c in client.checkpoints()
+                        if STOP in c.properties and c.properties.get(RUN) == self.run_id
+                    ),
+                    None,
                 )
-            time.sleep(0.2)
+                if final is not None:
+                    self.finish_stop(final, str(final.properties.get(REQUEST_ID)))
+                    return
+                time.sleep(poll_s)
+            with self._stop_lock:
+                if self._stopped:
+                    return
+                error = self.query.exception()
+                self.retire()
+                if error is None:
+                    self.report(RunState.FINISHED, restored_from=self.restored_from)
+                else:
+                    first = str(error).strip().splitlines()
+                    self.report(RunState.FAILED, error=first[0] if first else repr(error))
+        except Exception as e:  # the session ended under the watcher, a store error: log only
+            log.debug("watcher of run %s ended: %s", self.run_id, e)
+
+
+def wait_committed(
+    root: str, pipeline: str, checkpoint: CompletedCheckpoint, timeout_s: float = 60.0
+) -> None:
+    """Wait until the output of *checkpoint* of pipeline *pipeline* under *root* is committed
+    to its sink (the coordinator commits it right after the completion); raises
+    :class:`~spark_ckpt.errors.CheckpointError` after *timeout_s*. Nothing to wait for without
+    a sink."""
+    run_id = checkpoint.properties.get(RUN)
+    topology = read_topology(root, str(run_id) if run_id else None)
+    if topology is None or topology.sink is None:
+        return
+    from datasources.sink import sink_from_spec
+
+    sink = sink_from_spec(topology.sink, pipeline=pipeline)
+    deadline = time.monotonic() + timeout_s
+    while sink.committed_checkpoint() < checkpoint.checkpoint_id:
+        if time.monotonic() > deadline:
+            raise CheckpointError(
+                f"output of checkpoint {checkpoint.checkpoint_id} was not committed in time"
+            )
+        time.sleep(0.2)
 
 
 def end_job(pipeline: Pipeline, status: JobStatus) -> None:
@@ -173,7 +252,49 @@ def end_job(pipeline: Pipeline, status: JobStatus) -> None:
         log.info("discarded checkpoints %s (%s)", ids, retention)
 
 
-def stop_query(query: StreamingQuery) -> None:
+def stop_query(
+    query: StreamingQuery,
+    root: str | None = None,
+    *,
+    savepoint: bool = False,
+    drain: bool = False,
+    timeout_s: float = 120.0,
+) -> CompletedCheckpoint | None:
+    """Stop *query*, a ``ckpt-source`` query of the pipeline under *root* (its ``store``
+    option), gracefully: as :meth:`PipelineClient.stop
+    <spark_ckpt.spark.client.PipelineClient.stop>` does for a pipeline run, take a final
+    checkpoint (a savepoint with *savepoint*; with *drain* after reading the input
+    available now), wait until its output is committed (and a savepoint's copy written),
+    then stop the query between micro-batches. Returns the final checkpoint (the latest
+    completed one if the query had ended). Raises
+    :class:`~spark_ckpt.errors.CheckpointError` if the final checkpoint does not complete
+    within *timeout_s* (the request is taken back; the query keeps running).
+
+    Without *root*: no final checkpoint, only the stop between micro-batches (the next run
+    resumes from the latest completed checkpoint). Externalized-checkpoint retention is not
+    applied here (a :class:`~spark_ckpt.spark.pipeline.Pipeline` run applies it)."""
+    if root is None:
+        end_query(query)
+        return None
+    client = PipelineClient(root)
+    if not query.isActive:
+        return client.latest()
+    request_id = client.request(
+        RequestKind.STOP, savepoint=savepoint, timeout_s=timeout_s, drain=drain
+    )
+    try:
+        final = client.wait_for(request_id, timeout_s)
+    except CheckpointError:
+        client.withdraw(request_id)
+        raise
+    wait_committed(client.root, str(final.properties.get(PIPELINE, "")), final)
+    if final.is_savepoint:
+        wait_exported(client.root, final, timeout_s=timeout_s)
+    end_query(query)
+    return final
+
+
+def end_query(query: StreamingQuery) -> None:
     """Stop *query* without interrupting a micro-batch in progress where possible: the
     source emits nothing after a stop's final barrier, so wait (bounded) until no trigger is
     active, then stop."""
