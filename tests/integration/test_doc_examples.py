@@ -1,0 +1,158 @@
+"""Every ```python block of README.md and docs/*.md runs as written.
+
+The blocks of one document run in order, in one namespace (a block may build on the blocks
+before it in the same document), in a temporary working directory (so the default pipeline
+roots, ``./spark-ckpt-data/<name>``, land there). The examples' absolute paths — ``/lake``,
+``/backups``, ``/other`` — are rewritten to directories under the test's temporary
+directory; any other absolute path in an example fails the test, so a new example cannot
+write outside it. Nothing else is substituted: the examples bound their own runs
+(``duration_s``, ``available_now``, a stop request). ``local_session()`` in an example
+returns the test session's ``spark`` (``getOrCreate``).
+
+After a document has run, a few checks against oracles of their own (the generator's input
+re-read from its spec, row counts of the Delta tables read without spark-ckpt) show that
+the examples did what their text says.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from conftest import generated_keys, read_delta
+
+from spark_ckpt.sources.generator import GeneratorSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+REPO = Path(__file__).resolve().parents[2]
+DOCUMENTS = ["README.md", *(f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md")))]
+FENCE = re.compile(r"^```python\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+#: The examples' absolute directories, each standing for one under the test's tmp directory.
+EXAMPLE_DIRS = ("lake", "backups", "other")
+_ABSOLUTE = re.compile(r"""(?<=["'])/(\w+)""")
+
+
+def python_blocks(document: str) -> list[str]:
+    """The ```python blocks of *document*, in order."""
+    return FENCE.findall((REPO / document).read_text())
+
+
+def localized(block: str, base: Path) -> str:
+    """*block* with its example directories under *base*; raises on any other absolute
+    path in a string literal."""
+    others = {m.group(0) for m in _ABSOLUTE.finditer(block) if m.group(1) not in EXAMPLE_DIRS}
+    assert not others, f"absolute paths outside {EXAMPLE_DIRS} in an example: {others}"
+    return _ABSOLUTE.sub(lambda m: f"{base}/{m.group(1)}", block)
+
+
+def run_document(document: str, base: Path) -> dict[str, Any]:
+    namespace: dict[str, Any] = {"__name__": "__doc_example__"}
+    for i, block in enumerate(python_blocks(document)):
+        exec(compile(localized(block, base), f"{document}[{i}]", "exec"), namespace)
+    return namespace
+
+
+def test_the_documents_have_python_examples() -> None:
+    with_examples = {d for d in DOCUMENTS if python_blocks(d)}
+    assert {"README.md", "docs/upgrades.md", "docs/spark-notes.md"} <= with_examples
+    assert len(python_blocks("README.md")) >= 5
+
+
+def test_example_paths_are_rewritten(tmp_path: Path) -> None:
+    text = 'a = "/lake/x"; b = f"/backups/{a}"; c = "/other/root"'
+    assert localized(text, tmp_path) == (
+        f'a = "{tmp_path}/lake/x"; b = f"{tmp_path}/backups/{{a}}"; c = "{tmp_path}/other/root"'
+    )
+    with pytest.raises(AssertionError):
+        localized('open("/etc/passwd")', tmp_path)
+
+
+def _rows(path: Path) -> int:
+    return int(read_delta(path).num_rows)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("document", [d for d in DOCUMENTS if python_blocks(d)])
+def test_examples_run_as_written(
+    document: str, spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    ns = run_document(document, tmp_path)
+    lake = tmp_path / "lake"
+    if document == "README.md":
+        _check_readme(ns, spark, lake)
+    elif document == "docs/upgrades.md":
+        _check_upgrades(ns, tmp_path)
+
+
+def _check_readme(ns: dict[str, Any], spark: SparkSession, lake: Path) -> None:
+    from spark_ckpt.spark.host import SOURCE_TASK, STOP
+    from spark_ckpt.spark.run import RunState
+
+    assert ns["spark"] is spark  # local_session() returned the test session
+    assert ns["result"].last_checkpoint is not None
+    assert _rows(lake / "totals") == 2_000  # Totals passes its input through
+
+    # the started run stopped by client.stop(savepoint=True, drain=True) — no run.stop()
+    run = ns["run"]
+    assert not run.query.isActive
+    [status] = [s for s in ns["pipeline"].client.runs() if s.run_id == run.run_id]
+    assert status.state is RunState.STOPPED
+    assert ns["final"].is_savepoint and ns["sp"].path.endswith(
+        f"savepoint-orders-{ns['final'].checkpoint_id}"
+    )
+
+    # the raw ckpt-sink query: stopped by stop_query with a final checkpoint, its output
+    # exactly the generator's rows before the final barrier (re-read from the spec)
+    last, query = ns["last"], ns["q"]
+    assert not query.isActive and query.exception() is None and STOP in last.properties
+    spec = GeneratorSpec.from_options({"channels": "4", "rate": "10000"})
+    ends = [last.offsets()[(SOURCE_TASK.vertex, c)] for c in range(spec.channels)]
+    assert sum(ends) > 0
+    out = read_delta(lake / "orders_out")
+    assert Counter(out.column("user_id").to_pylist()) == generated_keys(spec, ends)
+
+    # the Delta tail read every row of that table once
+    assert _rows(lake / "orders_per_user") == out.num_rows
+
+
+def _check_upgrades(ns: dict[str, Any], base: Path) -> None:
+    import pyarrow.compute as pc
+
+    from spark_ckpt import StateReader
+
+    assert ns["sp"].is_savepoint and ns["final"].is_savepoint
+    assert (base / "backups" / "counts" / f"savepoint-counts-{ns['sp'].checkpoint_id}").is_dir()
+    # the moved pipeline went on from the other root's checkpoint, in its own root
+    original = {c.checkpoint_id: c for c in ns["pipeline"].client.checkpoints()}
+    restored = original[ns["checkpoint_id"]].offsets()
+    moved = ns["moved"].client.latest()
+    assert moved is not None and moved.offsets().keys() == restored.keys()
+    assert all(moved.offsets()[k] >= v for k, v in restored.items())
+    # map_values kept the counts >= 3 only, and changed nothing else
+    before = StateReader.open(ns["final_path"]).keyed("counter", "count")
+    pruned = StateReader.open(str(base / "backups" / "counts" / "pruned")).keyed("counter", "count")
+    kept = before.filter(pc.greater_equal(before["value"], 3))
+    assert sorted(zip(pruned["key"].to_pylist(), pruned["value"].to_pylist(), strict=True)) == (
+        sorted(zip(kept["key"].to_pylist(), kept["value"].to_pylist(), strict=True))
+    )
+    # with_keyed_state: keys 1, 2, 3 count on from 100, 200, 300
+    out = read_delta(base / "lake" / "counts_bootstrapped")
+    counts: dict[int, list[int]] = {}
+    for key, count in zip(out["user_id"].to_pylist(), out["count"].to_pylist(), strict=True):
+        counts.setdefault(key, []).append(count)
+    assert out.num_rows == 2_000  # the backlog of both channels, from the beginning
+    for key, start in ((1, 100), (2, 200), (3, 300)):
+        if key in counts:
+            assert sorted(counts[key]) == list(range(start + 1, start + 1 + len(counts[key])))
+    assert {1, 2, 3} & counts.keys()
+    other = [k for k in counts if k not in (1, 2, 3)]
+    assert all(min(counts[k]) == 1 for k in other)  # the rest starts from nothing
