@@ -138,7 +138,7 @@ def _check_upgrades(ns: dict[str, Any], base: Path) -> None:
     assert moved is not None and moved.offsets().keys() == restored.keys()
     assert all(moved.offsets()[k] >= v for k, v in restored.items())
     # map_values kept the counts >= 3 only, and changed nothing else
-    before = StateReader.open(ns["final_path"]).keyed("counter", "count")
+    before = StateReader.open(ns["sp_path"]).keyed("counter", "count")
     pruned = StateReader.open(str(base / "backups" / "counts" / "pruned")).keyed("counter", "count")
     kept = before.filter(pc.greater_equal(before["value"], 3))
     assert sorted(zip(pruned["key"].to_pylist(), pruned["value"].to_pylist(), strict=True)) == (
