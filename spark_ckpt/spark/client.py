@@ -31,7 +31,7 @@ from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.spark.host import REQUEST_ID
-from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
+from spark_ckpt.spark.mailbox import Heartbeats, Mailbox, Request, RequestKind
 from spark_ckpt.spark.run import Runs, RunState, RunStatus
 from spark_ckpt.spark.savepoints import exported_path, wait_exported
 
@@ -130,13 +130,26 @@ class PipelineClient:
     ) -> str:
         """Post a request to the running coordinator and return its id; it expires after
         *timeout_s*. *drain* (STOP): read the input available now before the final
-        checkpoint."""
+        checkpoint. Raises :class:`~spark_ckpt.errors.CheckpointError` at once, posting
+        nothing, when no run of the pipeline is live (:meth:`live`)."""
+        if not self.live():
+            raise CheckpointError(
+                f"no live run of the pipeline under {self.root}: nothing would answer the "
+                f"{kind.value} request (a run that stopped or was killed is not live; start "
+                "the pipeline first)"
+            )
         request_id = uuid.uuid4().hex
         expires = SystemClock().now_ms() + int(timeout_s * 1000)
         request = Request(request_id, kind, target, savepoint, expires, drain)
         name = self.mailbox.post(request)
         self._posted[request_id] = (name, kind)
         return request_id
+
+    def live(self) -> bool:
+        """Whether a run of the pipeline is live: starting, or its coordinator polling the
+        mailbox (a fresh heartbeat whose process, on this host, exists; see
+        :mod:`spark_ckpt.spark.mailbox`)."""
+        return bool(Heartbeats(self.root).live())
 
     def withdraw(self, request_id: str) -> None:
         """Take back a request this client posted, if the coordinator has not taken it yet."""

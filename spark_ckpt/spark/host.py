@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 import threading
+import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -46,6 +47,7 @@ from spark_ckpt.runtime.restore_settings import PIPELINE
 from spark_ckpt.runtime.task import commit_checkpoint, recover_sink
 from spark_ckpt.sinks.sink import SinkCommitter
 from spark_ckpt.spark.mailbox import (
+    HeartbeatThread,
     Mailbox,
     Request,
     RequestKind,
@@ -398,10 +400,17 @@ class HostThread:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: tells clients a coordinator polls the mailbox (see spark_ckpt.spark.mailbox)
+        self.heartbeat = HeartbeatThread(
+            host.root,
+            host.run_id or f"coordinator-{uuid.uuid4().hex}",
+            alive=lambda: self._error is None,
+        )
 
     def start(self) -> None:
-        """Start polling (idempotent)."""
+        """Start polling (idempotent), and the coordinator's heartbeat."""
         if self._thread is None:
+            self.heartbeat.start()
             self._thread = threading.Thread(
                 target=self._run, name="spark-ckpt-coordinator", daemon=True
             )
@@ -482,10 +491,11 @@ class HostThread:
         return self.take_barriers()  # ticks the coordinator
 
     def stop(self) -> None:
-        """Stop polling and wait for the thread (idempotent)."""
+        """Stop polling and wait for the thread (idempotent); the heartbeat ends."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        self.heartbeat.stop()
 
 
 def exit_quietly_if_channel_closed() -> None:

@@ -1,11 +1,16 @@
 """PipelineClient against a stand-in coordinator (no Spark): requests are answered by
 completed checkpoints carrying their id, a stop returns only once the run reports STOPPED,
-an unanswered request times out with a clear error and is taken back, and the statistics
-are those of the retained checkpoints (oracle: a plain computation over what the stand-in
-committed)."""
+an unanswered request times out with a clear error and is taken back, a request where no run
+is live fails at once and posts nothing, and the statistics are those of the retained
+checkpoints (oracle: a plain computation over what the stand-in committed)."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +32,17 @@ from spark_ckpt.protocol.handle import TaskId, TaskStateHandle
 from spark_ckpt.runtime.restore_settings import PIPELINE
 from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.host import REQUEST_ID, STOP
-from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
+from spark_ckpt.spark.mailbox import (
+    MAILBOX_DIR,
+    Heartbeat,
+    HeartbeatRole,
+    Heartbeats,
+    HeartbeatThread,
+    Mailbox,
+    Request,
+    RequestKind,
+    mark_starting,
+)
 from spark_ckpt.spark.run import RunFiles, RunState, RunStatus
 
 RUN = "run-1"
@@ -36,7 +51,7 @@ RUN = "run-1"
 class StandInCoordinator:
     """Answers each request in the mailbox with a completed checkpoint (a savepoint when
     asked, exported into its directory); after a stop's checkpoint it reports the run
-    STOPPED *stop_delay_s* later."""
+    STOPPED *stop_delay_s* later. Beats while it runs, as the coordinator host does."""
 
     def __init__(self, root: Path, stop_delay_s: float = 0.6) -> None:
         self.root = str(root)
@@ -45,14 +60,17 @@ class StandInCoordinator:
         self.stopped_at: float | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._heartbeat = HeartbeatThread(self.root, RUN)
 
     def __enter__(self) -> StandInCoordinator:
+        self._heartbeat.start()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join()
+        self._heartbeat.stop()
 
     def _loop(self) -> None:
         mailbox = Mailbox(self.root)
@@ -129,6 +147,7 @@ def test_stop_returns_once_the_run_reports_stopped(root: Path) -> None:
 
 def test_an_unanswered_request_times_out_and_is_taken_back(root: Path) -> None:
     client = PipelineClient(str(root))
+    Heartbeats(str(root)).beat("silent", HeartbeatRole.COORDINATOR, 60_000)  # live, mute
     with pytest.raises(CheckpointError, match="no answer to the stop request"):
         client.stop(timeout_s=0.5)
     assert Mailbox(str(root)).receive() == []  # nothing left for a pipeline started later
@@ -157,4 +176,108 @@ def test_stats_of_an_empty_pipeline(root: Path) -> None:
         0,
         None,
         None,
+    )
+
+
+# -- liveness: a request needs a live run ------------------------------------------------------
+
+
+def mailbox_files(root: Path) -> list[str]:
+    box = root / MAILBOX_DIR
+    return sorted(p.name for p in box.iterdir() if p.is_file()) if box.is_dir() else []
+
+
+def a_dead_pid() -> int:
+    """The pid of a process of this host that has exited (and was reaped)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(done.stdout)
+
+
+@pytest.mark.parametrize("kind", list(RequestKind))
+def test_a_request_where_no_run_is_live_fails_at_once_and_posts_nothing(
+    root: Path, kind: RequestKind
+) -> None:
+    client = PipelineClient(str(root))
+    with pytest.raises(CheckpointError, match="no live run of the pipeline under") as raised:
+        client.request(kind, timeout_s=3600)  # not waited for: fails before posting
+    assert str(root) in str(raised.value) and kind.value in str(raised.value)
+    assert mailbox_files(root) == []
+
+
+def write_record(root: Path, **fields: object) -> None:
+    record = {
+        "holder": "run-x",
+        "role": "coordinator",
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "beat_ms": int(time.time() * 1000),
+        "valid_ms": 30_000,
+        **fields,
+    }
+    alive = root / MAILBOX_DIR / "_alive"
+    alive.mkdir(parents=True, exist_ok=True)
+    (alive / f"{record['holder']}.json").write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize(
+    ("fields", "live"),
+    [
+        ({}, True),  # fresh, its process (this one) exists
+        ({"pid": "DEAD"}, False),  # killed: its process is gone, fresh or not
+        ({"beat_ms": int(time.time() * 1000) - 31_000}, False),  # stale
+        ({"host": "another-host", "pid": "DEAD"}, True),  # elsewhere: freshness decides
+        ({"host": "another-host", "beat_ms": 0}, False),
+        (
+            {"role": "starting", "valid_ms": 120_000, "beat_ms": int(time.time() * 1000) - 60_000},
+            True,
+        ),
+    ],
+)
+def test_a_run_is_live_while_its_record_is_fresh_and_its_process_exists(
+    root: Path, fields: dict[str, object], live: bool
+) -> None:
+    dead = a_dead_pid()
+    write_record(root, **{k: dead if v == "DEAD" else v for k, v in fields.items()})
+    client = PipelineClient(str(root))
+    assert client.live() is live
+    if not live:
+        with pytest.raises(CheckpointError, match="no live run"):
+            client.checkpoint(timeout_s=3600)
+        assert mailbox_files(root) == []
+
+
+def test_a_starting_run_and_a_coordinators_heartbeat_make_a_run_live(root: Path) -> None:
+    client = PipelineClient(str(root))
+    assert not client.live()
+    mark_starting(str(root), RUN)  # the driver, before the query starts
+    assert client.live()
+    [record] = Heartbeats(str(root)).records()
+    assert (record.holder, record.role, record.pid) == (RUN, HeartbeatRole.STARTING, os.getpid())
+    beating = True
+    thread = HeartbeatThread(str(root), RUN, alive=lambda: beating, interval_s=0.01)
+    thread.start()  # the coordinator's record replaces the driver's
+    [record] = Heartbeats(str(root)).records()
+    assert record.role is HeartbeatRole.COORDINATOR and client.live()
+    thread.stop()  # the run stopped: nothing left, nothing live
+    assert Heartbeats(str(root)).records() == [] and not client.live()
+    again = HeartbeatThread(str(root), RUN, alive=lambda: beating, interval_s=0.01)
+    again.start()
+    beating = False  # its coordinator failed: the thread ends and removes the record
+    deadline = time.monotonic() + 30
+    while Heartbeats(str(root)).records() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not client.live()
+    again.stop()
+
+
+def test_heartbeat_records_round_trip() -> None:
+    record = Heartbeat("h", HeartbeatRole.COORDINATOR, "host", 7, 1_000, 30_000)
+    assert Heartbeat.from_dict(record.to_dict()) == record
+    assert not record.alive(31_001) and (
+        record.alive(31_000) or record.host == socket.gethostname()
     )
