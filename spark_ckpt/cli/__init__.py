@@ -15,9 +15,12 @@
     spark-ckpt state read --path P [--uid U --state S] state of a checkpoint/savepoint
     spark-ckpt stats --root R [--plot FILE.png]        the checkpoint statistics history
 
-Tables by default, ``--json`` (JSON lines) for scripts. Bad input (a missing root, an
-unknown id, a bad time or file type) prints one ``error: …`` line and exits with 2; a request
-the pipeline did not answer in time exits with 1. Requests and queries go through
+Tables by default, ``--json`` (JSON lines) for scripts. Every failure ends in one
+``error: …`` line on stderr and a non-zero exit: bad input (a missing root, an unknown id, a
+bad time or file type, a damaged store) exits with 2; a request with no live run of the
+pipeline to answer it, or one it did not answer in time, exits with 1; a failed ``demo`` with
+1; an unexpected error with 1, its line naming the exception's type (``SPARK_CKPT_DEBUG=1``
+prints its traceback too); Ctrl-C with 130 and no traceback. Requests and queries go through
 :class:`~spark_ckpt.spark.client.PipelineClient`, the client of the pipeline object and the
 notebooks.
 """
@@ -25,17 +28,39 @@ notebooks.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from spark_ckpt.cli import commands
-from spark_ckpt.errors import SparkCkptError
+from spark_ckpt.errors import SparkCkptError, StoreError
 
 Command = Callable[[argparse.Namespace], int]
 
+#: Environment variable: set to ``1`` to print the traceback of an unexpected error.
+DEBUG_ENV = "SPARK_CKPT_DEBUG"
+
+
+def fail(message: str, status: int) -> int:
+    """Print *message* as the one ``error: …`` line of a failed command (its whitespace,
+    newlines included, folded); returns *status*."""
+    text = " ".join(message.split()) or "failed"
+    print(f"error: {text}", file=sys.stderr, flush=True)
+    return status
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with a usage error ending in one ``error: …`` line (exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message}\n")
+
 
 def _command(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    sub: argparse._SubParsersAction[ArgumentParser],
     name: str,
     text: str,
     func: Command,
@@ -56,9 +81,11 @@ def _command(
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="spark-ckpt",
         description="Flink-style checkpoints and savepoints for Spark Structured Streaming.",
+        epilog=f"Failures end in one 'error: ...' line; {DEBUG_ENV}=1 adds the traceback of "
+        "an unexpected error.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("demo", help="run the main job (see `spark-ckpt demo --help`)")
@@ -148,17 +175,44 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status. Never raises (but ``SystemExit`` from
+    ``--help``): see the module docstring for how failures end."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["demo"]:
-        from spark_ckpt.demo import main as demo
-
-        return demo(argv[1:])
-    args = parser().parse_args(argv)
+    args: argparse.Namespace | None = None
     try:
+        if argv[:1] == ["demo"]:
+            from spark_ckpt.demo import main as demo
+
+            return demo(argv[1:])
+        args = parser().parse_args(argv)
         return int(args.func(args))
+    except StoreError as e:  # a store that cannot be read: say which
+        _debug_trace()
+        where = (
+            getattr(args, "root", None) or getattr(args, "path", None) or getattr(args, "dir", None)
+        )
+        return fail(_located(str(e), where), 2)
     except SparkCkptError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        _debug_trace()
+        return fail(str(e), 2)
+    except KeyboardInterrupt:
+        return fail("interrupted", 130)
+    except Exception as e:  # a bug or an error not translated at a boundary: no trace either
+        _debug_trace()
+        return fail(f"{type(e).__name__}: {e}", 1)
+
+
+def _located(message: str, where: str | None) -> str:
+    """*message* naming the store *where* the command read, if it does not already."""
+    if not where:
+        return message
+    path = where if "://" in where else os.path.abspath(where)
+    return message if path in message else f"checkpoint store {path}: {message}"
+
+
+def _debug_trace() -> None:
+    if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        traceback.print_exc(file=sys.stderr)
 
 
 if __name__ == "__main__":

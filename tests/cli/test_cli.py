@@ -8,22 +8,29 @@ pipeline: tests/integration (test_faults, test_savepoints) drive them against re
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from spark_ckpt.cli import DEBUG_ENV
 from spark_ckpt.delta.savepoint import export_savepoint
 from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.store_tables import StoreTable
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.handle import CheckpointMetrics, SourceOffset
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.descriptor import ValueStateDescriptor
 from spark_ckpt.state.keygroup import key_group_indices, subtask_for_key_group
+from spark_ckpt.testing.damage import data_files
+from spark_ckpt.testing.jobs import FAST_JVM_OPTIONS, kill_session, session_processes
 
 COUNT = ValueStateDescriptor("count", pa.int64())
 ORACLE = {k: 10 * k + 1 for k in range(40)}
@@ -351,3 +358,151 @@ def test_dispose_never_deletes_a_pipeline_root_holding_one_savepoint(tmp_path: P
     (tmp_path / "root" / "_mailbox").rmdir()  # even without the marker: no export format
     assert_one_error_line(cli("savepoint", "dispose", str(tmp_path / "root")), "not a savepoint")
     assert (tmp_path / "root" / "checkpoints").is_dir()
+
+
+# -- failures: one line, no trace, Spark stopped ------------------------------------------------
+
+
+def cut_in_half(path: Path) -> None:
+    """A copy that stopped half-way: the file keeps its name, loses its second half."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def assert_failed_in_one_line(done: subprocess.CompletedProcess[str], *texts: str) -> None:
+    """Non-zero exit; stderr's last non-empty line is the one ``error:`` line and carries
+    *texts*; no traceback anywhere."""
+    assert done.returncode != 0, done
+    lines_ = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines_ and lines_[-1].startswith("error: "), done.stderr
+    assert sum(line.startswith("error:") for line in lines_) == 1, done.stderr
+    for text in texts:
+        assert text in lines_[-1], lines_[-1]
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+
+
+def savepoint_copy(root: Path, directory: Path) -> Path:
+    """The root's savepoint exported again, into *directory* (the fixture's own savepoint
+    may have been disposed by another test)."""
+    store = DeltaCheckpointStore(str(root))
+    savepoint = store.latest_completed()
+    assert savepoint is not None and savepoint.is_savepoint
+    exported = export_savepoint(
+        store, savepoint, str(directory), pipeline="counts", max_parallelism=128
+    )
+    return Path(exported.path)
+
+
+@pytest.fixture
+def damaged_root(root: Path, tmp_path: Path) -> Path:
+    """A copy of the pipeline root with a data file of its ``checkpoints`` table cut."""
+    copy = tmp_path / "damaged-root"
+    shutil.copytree(root, copy)
+    cut_in_half(data_files(copy, StoreTable.CHECKPOINTS)[0])
+    return copy
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("checkpoints", "list", "--root", "ROOT"),
+        ("checkpoints", "show", "1", "--root", "ROOT"),
+        ("stats", "--root", "ROOT"),
+        ("state", "read", "--path", "ROOT"),
+    ],
+)
+def test_a_damaged_root_gives_one_line_naming_it(damaged_root: Path, args: tuple[str, ...]) -> None:
+    done = cli(*(str(damaged_root) if a == "ROOT" else a for a in args))
+    assert_one_error_line(done, str(damaged_root))
+    assert "unreadable data file" in done.stderr
+
+
+@pytest.mark.parametrize("table", [StoreTable.CHECKPOINTS, StoreTable.OPERATOR_STATE])
+def test_a_damaged_savepoint_gives_one_line_naming_it(
+    root: Path, tmp_path: Path, table: StoreTable
+) -> None:
+    copy = savepoint_copy(root, tmp_path)
+    cut_in_half(data_files(copy, table)[0])
+    read = ("state", "read", "--path", str(copy), "--uid", "counter", "--state", "count")
+    assert_one_error_line(cli(*read), str(copy))
+    if table is StoreTable.CHECKPOINTS:  # listed first: dispose cannot tell it is a savepoint
+        assert_one_error_line(cli("savepoint", "dispose", str(copy)), str(copy))
+
+
+def test_usage_errors_end_in_one_error_line() -> None:
+    for args in (("checkpoints", "list"), ("stats", "--root"), ("nothing",), ("demo", "--bogus")):
+        done = cli(*args)
+        assert done.returncode == 2, done
+        assert_failed_in_one_line(done)
+
+
+def test_an_unexpected_error_is_one_line_naming_its_type(root: Path, tmp_path: Path) -> None:
+    """Writing to a directory that does not exist fails in pyarrow (no error of ours)."""
+    out = tmp_path / "missing" / "x.parquet"
+    args = ("state", "read", "--path", str(root), "--uid", "counter", "--state", "count")
+    done = cli(*args, "--out", str(out))
+    assert done.returncode == 1
+    assert_failed_in_one_line(done, "FileNotFoundError", str(out))
+    debug = subprocess.run(
+        [str(Path(sys.executable).parent / "spark-ckpt"), *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, DEBUG_ENV: "1"},
+    )
+    assert debug.returncode == 1 and "Traceback" in debug.stderr, debug.stderr
+    assert debug.stderr.splitlines()[-1] == done.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("table", "cause"),
+    [(StoreTable.CHECKPOINTS, "unreadable data file"), (StoreTable.OPERATOR_STATE, "not decode")],
+)
+def test_demo_restoring_a_damaged_savepoint_fails_in_one_line_and_stops_spark(
+    root: Path, tmp_path: Path, table: StoreTable, cause: str
+) -> None:
+    """The demo (Spark in a session of its own) ends in one line naming the savepoint
+    directory, no traceback, and leaves no process behind (JVM, Python workers)."""
+    copy = savepoint_copy(root, tmp_path)
+    cut_in_half(data_files(copy, table)[0])
+    args = ["--pipeline", "counts", "--root", str(tmp_path / "run"), "--channels", "2"]
+    args += ["--seconds", "600", "--restore-savepoint", str(copy)]
+    popen = subprocess.Popen(
+        [str(Path(sys.executable).parent / "spark-ckpt"), "demo", *args],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "JAVA_TOOL_OPTIONS": FAST_JVM_OPTIONS},
+    )
+    try:
+        stdout, stderr = popen.communicate(timeout=300)
+        done = subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr)
+        assert_failed_in_one_line(done, str(copy), cause)
+        deadline = time.monotonic() + 60  # a liveness bound: the JVM exits after its driver
+        while session_processes(popen.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert session_processes(popen.pid) == [], "processes left behind by the demo"
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+        kill_session(popen.pid)
+
+
+@pytest.mark.parametrize(
+    "request_args", [("checkpoint",), ("savepoint", "trigger"), ("savepoint", "stop"), ("stop",)]
+)
+def test_a_request_where_nothing_runs_fails_at_once_and_writes_nothing(
+    root: Path, tmp_path: Path, request_args: tuple[str, ...]
+) -> None:
+    """No root at all, and the module's root (a store, no run of it live): the request fails
+    at once (its hour-long timeout is never waited for) and no mailbox file is written."""
+    for where in (tmp_path / "nowhere", root):
+        done = cli(*request_args, "--root", str(where), "--timeout", "3600")
+        assert done.returncode == 1, done
+        assert_failed_in_one_line(done, "no live run", str(where))
+        assert not (where / "_mailbox").exists()
+    assert not (tmp_path / "nowhere").exists()
