@@ -265,10 +265,11 @@ def stop_query(
     <spark_ckpt.spark.client.PipelineClient.stop>` does for a pipeline run, take a final
     checkpoint (a savepoint with *savepoint*; with *drain* after reading the input
     available now), wait until its output is committed (and a savepoint's copy written),
-    then stop the query between micro-batches. Returns the final checkpoint (the latest
-    completed one if the query had ended). Raises
-    :class:`~spark_ckpt.errors.CheckpointError` if the final checkpoint does not complete
-    within *timeout_s* (the request is taken back; the query keeps running).
+    then stop the query between micro-batches. A query that has just started is waited for
+    until its coordinator runs. Returns the final checkpoint (the latest completed one if
+    the query had ended). Raises :class:`~spark_ckpt.errors.CheckpointError` if the final
+    checkpoint does not complete within *timeout_s* (the request is taken back; the query
+    keeps running).
 
     Without *root*: no final checkpoint, only the stop between micro-batches (the next run
     resumes from the latest completed checkpoint). Externalized-checkpoint retention is not
@@ -277,13 +278,22 @@ def stop_query(
         end_query(query)
         return None
     client = PipelineClient(root)
-    if not query.isActive:
-        return client.latest()
+    deadline = time.monotonic() + timeout_s
+    while not client.live():  # a query just started: its coordinator is not polling yet
+        if not query.isActive:
+            return client.latest()
+        if time.monotonic() >= deadline:
+            raise CheckpointError(
+                f"the coordinator of the query under {client.root} did not start within "
+                f"{timeout_s:g} s"
+            )
+        time.sleep(0.2)
+    remaining = max(1.0, deadline - time.monotonic())
     request_id = client.request(
-        RequestKind.STOP, savepoint=savepoint, timeout_s=timeout_s, drain=drain
+        RequestKind.STOP, savepoint=savepoint, timeout_s=remaining, drain=drain
     )
     try:
-        final = client.wait_for(request_id, timeout_s)
+        final = client.wait_for(request_id, remaining)
     except CheckpointError:
         client.withdraw(request_id)
         raise
