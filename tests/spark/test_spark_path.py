@@ -24,6 +24,7 @@ from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.coordinator import RequestStatus
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.operator import RunningCount
+from spark_ckpt.runtime.task import CHAIN_VERTEX
 from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
 from spark_ckpt.sources.generator import GENERATOR_SCHEMA, GeneratorSpec
@@ -75,7 +76,7 @@ class SparkLikeRun:
     ) -> None:
         run_id = new_run_id()  # every query run is a new run (Pipeline.start)
         write_topology(
-            root, Topology("counter", parallelism, SinkSpec("memory", "-", "counter")), run_id
+            root, Topology(CHAIN_VERTEX, parallelism, SinkSpec("memory", "-", CHAIN_VERTEX)), run_id
         )
         self.host = CoordinatorHost(
             root,

@@ -19,6 +19,7 @@ from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.protocol.trace import NOOP_TRACER, NoopTracer, Phase, Tracer
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
+from spark_ckpt.runtime.task import CHAIN_VERTEX
 from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
 from spark_ckpt.sources.generator import GENERATOR_SCHEMA, GeneratorSpec
@@ -68,7 +69,9 @@ def run_engine(root: Path, tracer: Tracer, *, async_snapshots: bool) -> None:
     """A run of a few micro-batches with a checkpoint every 50 ms of (manual) time, the way
     Spark drives it: coordinator poll and barrier placement, read, foreachBatch."""
     run_id = new_run_id()
-    write_topology(str(root), Topology("counter", 2, SinkSpec("memory", "-", "counter")), run_id)
+    write_topology(
+        str(root), Topology(CHAIN_VERTEX, 2, SinkSpec("memory", "-", CHAIN_VERTEX)), run_id
+    )
     store, sink, clock = InMemoryCheckpointStore(), MemorySink(), ManualClock(1_000)
     host = CoordinatorHost(
         str(root),
