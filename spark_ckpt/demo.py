@@ -2,8 +2,10 @@
 exactly-once.
 
 Runs on the embedded default: local Spark (``local[2]``) and a Delta checkpoint store in a
-local folder. Prints each completed checkpoint (id, duration, state bytes, alignment time)
-and the rows committed; stops after ``--seconds`` or on Ctrl-C with a final checkpoint, or —
+local folder. Prints a legend, then one line per completed checkpoint (id, duration, state
+bytes, alignment time, rows committed, input rows/s and lag, see :data:`LEGEND`), and none of
+Spark's console noise unless ``--spark-logs``; stops after ``--seconds`` or on Ctrl-C
+("stopping..." at once) with a final checkpoint, or —
 with ``--available-now`` — once the available input is processed, ending with a final
 checkpoint. A second run resumes from the last checkpoint.
 
@@ -13,19 +15,27 @@ checkpoint. A second run resumes from the last checkpoint.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NoReturn
 
-from spark_ckpt.errors import ConfigError, PipelineFailedError, RestoreError
+from spark_ckpt.errors import ConfigError, SparkCkptError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
 from spark_ckpt.runtime.restore_settings import RestoreSettings, parse_time
 from spark_ckpt.sources.stream_offset import BarrierPlacement
 from spark_ckpt.testing import faults
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 MODES = ("aligned", "unaligned", "at-least-once", "aligned-timeout")
 
@@ -71,6 +81,83 @@ def restore_settings(args: argparse.Namespace) -> RestoreSettings:
     return RestoreSettings.latest(allow_non_restored_state=allow)
 
 
+#: What the checkpoint lines say, printed once at the start.
+LEGEND = """\
+one line per completed checkpoint:
+  id         checkpoint id, increasing; each run (a start, a restart) leases a new block
+             of 1000 ids in the store, so ids jump at a new run (24 -> 1001 -> 2001)
+  type       checkpoint or savepoint
+  dur ms     from trigger to completion
+  state KiB  state size; written KiB: what this checkpoint wrote (incremental)
+  align ms   longest barrier alignment of a task
+  committed  rows in the output table
+  rows/s     input rows per second since the previous line (from source positions)
+  lag        input rows available at the source but past the checkpoint's positions
+             (as of the newest micro-batch), and seconds of input at the source's rate"""
+
+#: The column header of the checkpoint lines.
+HEADER = (
+    f"{'id':>6} {'type':<10} {'dur ms':>7} {'state KiB':>10} {'written KiB':>11} "
+    f"{'align ms':>8} {'committed':>11} {'rows/s':>9} {'lag rows':>9} {'lag s':>6}"
+)
+
+
+class CheckpointLine:
+    """Formats one completed checkpoint's line (see :data:`LEGEND`). *heads* gives the
+    source channels' heads (None: unknown); *rate* is the source's production rate in rows
+    per second (None: unknown)."""
+
+    def __init__(self, heads: Callable[[], list[int] | None], rate: float | None) -> None:
+        self.heads = heads
+        self.rate = rate
+        self.previous: CompletedCheckpoint | None = None
+        self.last_heads: list[int] | None = None  # the query may have ended meanwhile
+
+    def format(self, cp: CompletedCheckpoint, committed: int) -> str:
+        s = cp.stats
+        position = sum(cp.offsets().values())
+        throughput = "-"
+        prev = self.previous
+        if prev is not None and s.trigger_ms > prev.stats.trigger_ms:
+            rows = position - sum(prev.offsets().values())
+            throughput = f"{rows * 1000 / (s.trigger_ms - prev.stats.trigger_ms):.0f}"
+        self.previous = cp
+        heads = self.heads() or self.last_heads
+        self.last_heads = heads
+        lag_rows = lag_s = "-"
+        if heads is not None:
+            lag = max(0, sum(heads) - position)
+            lag_rows = str(lag)
+            if self.rate:
+                lag_s = f"{lag / self.rate:.1f}"
+        return (
+            f"{cp.checkpoint_id:>6} {cp.snapshot_type.value:<10} {s.end_to_end_ms:>7} "
+            f"{s.state_bytes / 1024:>10.1f} {s.bytes_written / 1024:>11.1f} "
+            f"{s.max_alignment_ms:>8} {committed:>11} {throughput:>9} {lag_rows:>9} {lag_s:>6}"
+        )
+
+
+def source_heads(spark: SparkSession, pipeline: str) -> list[int] | None:
+    """The source channels' heads as the newest micro-batch of *pipeline*'s running query saw
+    them (the source's ``latestOffset`` in the query's progress); None when unknown."""
+    try:
+        for query in spark.streams.active:
+            if not (query.name or "").startswith(f"{pipeline}-"):
+                continue
+            progress = query.lastProgress
+            if progress is None:
+                return None
+            for source in json.loads(progress.json).get("sources", []):
+                latest = source.get("latestOffset")
+                if isinstance(latest, str):
+                    latest = json.loads(latest)
+                if isinstance(latest, dict) and "positions" in latest:
+                    return [int(p) for p in latest["positions"]]
+    except Exception as e:  # a query ending meanwhile: the line shows no lag
+        log.debug("reading the query's progress: %s", e)
+    return None
+
+
 def committed_rows(path: str) -> int:
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -85,7 +172,7 @@ def committed_rows(path: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="spark-ckpt demo", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="spark-ckpt demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--pipeline", default="demo")
     p.add_argument(
         "--root", default=None, help="pipeline root (default ./spark-ckpt-data/<pipeline>)"
@@ -166,27 +253,70 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--force", action="store_true", help="restore a savepoint of another pipeline"
     )
     p.add_argument("--quiet", action="store_true")
+    p.add_argument(
+        "--spark-logs",
+        action="store_true",
+        help="show Spark's own console output (log4j notices, WARN lines, Connect worker lines)",
+    )
     args = p.parse_args(argv)
     try:
         settings = restore_settings(args)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e), 2)
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from spark_ckpt.spark.pipeline import Pipeline
     from spark_ckpt.spark.session import connect_session, local_session
+
+    app = f"spark-ckpt-{args.pipeline}"
+    if args.remote:
+        spark = connect_session(args.remote, app, log_level="ERROR", quiet=not args.spark_logs)
+    else:
+        spark = local_session(app, log_level="ERROR", quiet=not args.spark_logs)
+    try:
+        return run(spark, args, settings)
+    except SparkCkptError as e:  # a failed pipeline, a restore refused, a damaged store, ...
+        return fail(str(e), 1)
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping
+        print("interrupted", file=sys.stderr, flush=True)
+        return 130
+    finally:  # whatever happened (other errors end in spark_ckpt.cli.main's one line)
+        stop_spark(spark)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error ending in one ``error: …`` line (exit status 2), as
+    :mod:`spark_ckpt.cli`'s (which this layer may not import)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message}\n")
+
+
+def fail(message: str, status: int) -> int:
+    """Print *message* as the demo's one ``error: …`` line; returns *status*."""
+    print("error: " + (" ".join(message.split()) or "failed"), file=sys.stderr, flush=True)
+    return status
+
+
+def stop_spark(spark: SparkSession) -> None:
+    """Stop the session; a failure to stop is logged, never raised over the outcome."""
+    try:
+        spark.stop()
+    except Exception as e:
+        log.debug("stopping Spark: %s", e)
+
+
+def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings) -> int:
+    """The job on *spark*, as *args* say, restoring as *settings* say; returns 0 when it
+    stopped as asked. Raises what failed it (see :func:`main`); does not stop *spark*."""
+    from spark_ckpt.spark.pipeline import Pipeline
     from spark_ckpt.spark.source_options import default_root
+    from spark_ckpt.spark.supervisor import StopReason
 
     root = os.path.abspath(args.root or default_root(args.pipeline))
     output = os.path.abspath(
         args.output or os.path.join(os.path.dirname(root), f"{args.pipeline}_counts")
     )
-    app = f"spark-ckpt-{args.pipeline}"
-    if args.remote:
-        spark = connect_session(args.remote, app, log_level="ERROR")
-    else:
-        spark = local_session(app, log_level="ERROR")
     pipeline = Pipeline(spark, args.pipeline, config=build_config(args), root=root)
     source: dict[str, object]
     if args.input:
@@ -204,44 +334,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         source["maxRowsPerTrigger"] = args.max_rows_per_trigger
         source["barrierPlacement"] = args.barrier_placement
 
+    printing = threading.Lock()  # "stopping" comes from a thread of its own
+
     def say(text: str) -> None:
         if not args.quiet:
-            print(text, flush=True)
+            with printing:
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
 
     on = f"Spark Connect {args.remote}" if args.remote else "classic Spark"
     say(f"pipeline {args.pipeline!r} on {on}: root {root}, output {output}")
+    say(LEGEND)
+    say(HEADER)
     started = time.monotonic()
+    rate = None if args.input or args.rate <= 0 else args.rate * args.channels
+    line = CheckpointLine(lambda: source_heads(spark, args.pipeline), rate)
 
     def progress(cp: CompletedCheckpoint) -> None:
-        s = cp.stats
-        say(
-            f"checkpoint {cp.checkpoint_id:>5} {cp.snapshot_type.value:<10} "
-            f"{s.end_to_end_ms:>6} ms  state {s.state_bytes / 1024:>9.1f} KiB "
-            f"(written {s.bytes_written / 1024:.1f} KiB)  alignment {s.max_alignment_ms} ms  "
-            f"rows committed {committed_rows(output):>10}  t={time.monotonic() - started:.1f}s"
-        )
+        say(line.format(cp, committed_rows(output)))
+
+    def stopping(reason: StopReason) -> None:
+        if reason is StopReason.INTERRUPT:
+            say("stopping... (final checkpoint; Ctrl-C again to stop at once without it)")
+        else:
+            say(f"stopping... (--seconds {args.seconds:g} reached; final checkpoint)")
 
     operator: KeyedOperator = RunningCount(args.uid, "user_id")
     if faults.enabled():  # crash and chaos tests arm fail points in the operator
         operator = faults.FaultyOperator(operator, root)
-    try:
-        result = pipeline.run(
-            source,
-            operator,
-            output=output,
-            parallelism=args.parallelism,
-            available_now=args.available_now,
-            duration_s=None if args.available_now or args.seconds <= 0 else args.seconds,
-            on_checkpoint=progress,
-            restore=settings,
-        )
-    except (PipelineFailedError, RestoreError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        spark.stop()
-        return 1
-    except KeyboardInterrupt:  # a second Ctrl-C while stopping
-        print("interrupted", file=sys.stderr, flush=True)
-        return 130
+    result = pipeline.run(
+        source,
+        operator,
+        output=output,
+        parallelism=args.parallelism,
+        available_now=args.available_now,
+        duration_s=None if args.available_now or args.seconds <= 0 else args.seconds,
+        on_checkpoint=progress,
+        on_stop=stopping,
+        restore=settings,
+    )
     last = result.last_checkpoint
     restored = ", ".join("fresh" if r is None else str(r) for r in result.restored_from)
     say(
@@ -249,9 +380,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result.restarts} restarts (restored from: {restored}); last checkpoint "
         f"{last.checkpoint_id if last else None}; rows committed {committed_rows(output)}"
     )
-    spark.stop()
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # what escapes main (a bug) ends in one line, as under the CLI
+    try:
+        sys.exit(main())
+    except Exception as e:
+        sys.exit(fail(f"{type(e).__name__}: {e}", 1))

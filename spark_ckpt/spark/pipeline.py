@@ -59,12 +59,13 @@ from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.foreach_batch import AlignerSpec, ForeachBatchFunction
 from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.job import JobSpec, Operators, Source
-from spark_ckpt.spark.mailbox import SinkSpec, Topology, write_topology
+from spark_ckpt.spark.mailbox import SinkSpec, Topology, mark_starting, write_topology
 from spark_ckpt.spark.pipeline_run import PipelineRun
+from spark_ckpt.spark.quiet_stop import silence_task_kill_logs
 from spark_ckpt.spark.restore import prepare_restore
 from spark_ckpt.spark.run import RunFiles, Runs, RunState, new_run_id
-from spark_ckpt.spark.source_options import SourceOptions, default_root
-from spark_ckpt.spark.supervisor import Interrupts, RunResult, RunSupervisor
+from spark_ckpt.spark.source_options import SourceOptions, check_pipeline_options, default_root
+from spark_ckpt.spark.supervisor import Interrupts, RunResult, RunSupervisor, StopReason
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -77,7 +78,8 @@ log = logging.getLogger(__name__)
 def register_data_sources(spark: SparkSession) -> None:
     """Register ``ckpt-source``, ``ckpt-sink`` and ``ckpt-state`` (batch reads of checkpoint
     and savepoint state) explicitly (auto-registration needs the ``pyspark_*`` shims on the
-    workers' path; this works everywhere, Spark Connect too)."""
+    workers' path; this works everywhere, Spark Connect too). Also drops Spark's log lines
+    about tasks a query stop kills (:mod:`spark_ckpt.spark.quiet_stop`)."""
     from datasources.sink import CkptSink
     from datasources.source import CkptSource
     from datasources.state import CkptStateSource
@@ -85,6 +87,7 @@ def register_data_sources(spark: SparkSession) -> None:
     spark.dataSource.register(CkptSource)
     spark.dataSource.register(CkptSink)
     spark.dataSource.register(CkptStateSource)
+    silence_task_kill_logs(spark)
 
 
 def alignment_mode(config: CheckpointConfig) -> tuple[AlignmentMode, int]:
@@ -145,6 +148,10 @@ class Pipeline:
 
     # -- building ---------------------------------------------------------------------------
     def source_options(self, **options: object) -> dict[str, str]:
+        """The ``ckpt-source`` options of this pipeline: *options* with the pipeline's name,
+        root and configuration. :class:`~spark_ckpt.errors.ConfigError` for an option that
+        contradicts them (:func:`~spark_ckpt.spark.source_options.check_pipeline_options`)."""
+        check_pipeline_options(options, self.config, pipeline=self.name, root=self.root)
         opts = {k: str(v) for k, v in options.items()}
         opts.update(self.config.to_options())
         opts.update(pipeline=self.name, store=self.root)
@@ -153,7 +160,8 @@ class Pipeline:
     def read(self, **options: object) -> DataFrame:
         """``spark.readStream.format("ckpt-source")`` for this pipeline (for ``ckpt-sink``
         queries); options are validated here, raising
-        :class:`~spark_ckpt.errors.ConfigError` naming a bad option."""
+        :class:`~spark_ckpt.errors.ConfigError` naming a bad option, or one that contradicts
+        the pipeline's configuration, name or root (see :meth:`source_options`)."""
         opts = self.source_options(**options)
         SourceOptions.parse(opts)
         return self.spark.readStream.format("ckpt-source").options(**opts).load()
@@ -213,6 +221,7 @@ class Pipeline:
         sink = SinkSpec("delta", job.output, CHAIN_VERTEX)
         topology = Topology(CHAIN_VERTEX, job.parallelism, sink, run_id)
         write_topology(self.root, topology, run_id)
+        mark_starting(self.root, run_id)  # live for requests until its coordinator beats
         self._run_ids.add(run_id)
         df = self.spark.readStream.format("ckpt-source").options(**opts).load()
         return PreparedRun(run_id, df, ForeachBatchFunction(spec), RunFiles(self.root, run_id))
@@ -233,8 +242,13 @@ class Pipeline:
         """Start one run of the job (see :class:`~spark_ckpt.spark.job.JobSpec`). The run
         restores from the latest completed checkpoint whose data verifies (chosen by its
         coordinator when the query starts). A failed run is not restarted: :meth:`run` does
-        that. *available_now*: process what is available, then end with a final checkpoint;
-        *trigger_s*: a processing-time trigger interval (default: as fast as possible);
+        that. A stop request (:meth:`PipelineClient.stop
+        <spark_ckpt.spark.client.PipelineClient.stop>`, ``spark-ckpt stop``) ends the run as
+        under :meth:`run`, carried out by a thread of this process
+        (:meth:`PipelineRun.watch_stop_requests
+        <spark_ckpt.spark.pipeline_run.PipelineRun.watch_stop_requests>`). *available_now*:
+        process what is available, then end with a final checkpoint; *trigger_s*: a
+        processing-time trigger interval (default: as fast as possible);
         *tracer*: see :meth:`prepare`; *restore*: where to restore from (default: the
         latest completed checkpoint), see :meth:`restore`."""
         job = JobSpec.of(
@@ -246,7 +260,9 @@ class Pipeline:
             tracer=tracer,
         )
         self._restore(job, restore)
-        return self._start(job, available_now, trigger_s, attempt=1)
+        run = self._start(job, available_now, trigger_s, attempt=1)
+        run.watch_stop_requests()  # PipelineClient.stop (this or any process) ends the run
+        return run
 
     def shape(self, job: JobSpec) -> PipelineShape:
         """What a restore of *job* is checked against (uids, channels, max parallelism)."""
@@ -302,12 +318,15 @@ class Pipeline:
         poll_s: float = 0.5,
         tracer: Tracer = NOOP_TRACER,
         restore: RestoreSettings | None = None,
+        on_stop: Callable[[StopReason], None] | None = None,
     ) -> RunResult:
         """Run the job (see :meth:`start` and :meth:`prepare` for its arguments) until the
         query finishes (``available_now``), *duration_s* passes, Ctrl-C, or a stop request (CLI
         ``spark-ckpt stop``, :meth:`PipelineClient.stop
         <spark_ckpt.spark.client.PipelineClient.stop>`) — the last three stop with a final
-        checkpoint. *on_checkpoint* is called with each completed checkpoint, once. A failed
+        checkpoint. *on_checkpoint* is called with each completed checkpoint, once;
+        *on_stop* when a stop on the caller's behalf begins, before its final checkpoint: at
+        once on Ctrl-C (on a thread of its own), or when *duration_s* passed. A failed
         run is followed by a new run, restoring from the latest completed checkpoint, as the
         restart strategy allows; beyond it :class:`~spark_ckpt.errors.PipelineFailedError`
         carrying the strategy's reason and the last failure. A pipeline taken over by
@@ -325,13 +344,19 @@ class Pipeline:
             pipelined=pipelined,
             tracer=tracer,
         )
-        self._restore(job, restore)
+        start_from = self._restore(job, restore)
 
         def start(attempt: int) -> PipelineRun:
             return self._start(job, available_now, trigger_s, attempt)
 
         supervisor = RunSupervisor(
-            self, start, duration_s=duration_s, on_checkpoint=on_checkpoint, poll_s=poll_s
+            self,
+            start,
+            duration_s=duration_s,
+            on_checkpoint=on_checkpoint,
+            on_stop=on_stop,
+            poll_s=poll_s,
+            start_from=start_from,
         )
-        with Interrupts() as interrupts:
+        with Interrupts(supervisor.on_interrupt) as interrupts:
             return supervisor.run(interrupts.requested)
