@@ -29,7 +29,7 @@ from spark_ckpt.delta.errors import delta_boundary
 from spark_ckpt.delta.output_schema import check_schema, delta_fields
 from spark_ckpt.delta.sink_target import DeltaSinkTarget
 from spark_ckpt.delta.staged_file import StagedFile, staged_files
-from spark_ckpt.errors import ConfigError, ProtocolError, StoreError
+from spark_ckpt.errors import ConfigError, ProtocolError, RestoreError, StoreError
 from spark_ckpt.sinks.sink import Transaction
 
 #: How often one commit is re-attempted after losing a commit race before giving up.
@@ -244,7 +244,9 @@ class DeltaSinkCommitter:
         to undo are found in the log's JSON commits, newest first (see
         :meth:`_added_after`); if one that is needed has been cleaned up (log retention),
         :class:`StoreError` says so. Tables with ``delta.appendOnly=true`` refuse remove
-        actions (:class:`StoreError`)."""
+        actions (:class:`StoreError`). Whether the table can hold the output up to
+        *checkpoint_id* at all (an earlier roll back may have withdrawn it) is the driver's
+        check before a restore (:meth:`check_output_restorable`)."""
         if checkpoint_id < 0:
             raise ProtocolError(f"checkpoint id {checkpoint_id} is negative")
         what = f"rolling the output of {self.target.app_id} back to checkpoint {checkpoint_id}"
@@ -294,6 +296,62 @@ class DeltaSinkCommitter:
                     continue  # a concurrent commit: re-check on a fresh snapshot
                 return doomed
         raise StoreError(f"{what}: lost {self.max_attempts} commit races in a row")
+
+    def check_output_restorable(self, checkpoint_id: int) -> None:
+        """Refuse a restore whose output the table can no longer hold: a roll back to an
+        earlier checkpoint *c* (the restore of *c*) withdrew the output of checkpoints in
+        (*c*, *checkpoint_id*] since *checkpoint_id* completed, and the sink's recovery
+        deleted those files, so restoring *checkpoint_id* would leave that output missing
+        (its sources resume after it). Raises :class:`RestoreError` naming both
+        checkpoints; a no-op for any other table (read-only, driver side, before the
+        restore changes anything). Walks the log's JSON commits newest first, down to the
+        sink's newest commit at or below *checkpoint_id*."""
+        what = f"checking the output of checkpoint {checkpoint_id} in {self.target.table_uri}"
+        with _boundary(what):
+            dt = self._load()
+            if dt is None:
+                return
+            withdrawn_to = self._withdrawn_to(dt, checkpoint_id)
+        if withdrawn_to is not None:
+            raise RestoreError(
+                f"the output table {self.target.table_uri} no longer holds the output of "
+                f"checkpoints {withdrawn_to + 1}..{checkpoint_id}: the restore of checkpoint "
+                f"{withdrawn_to} withdrew it after checkpoint {checkpoint_id} completed. "
+                f"Restore checkpoint {withdrawn_to} or a later one of the current lineage, or "
+                "restore into another output table"
+            )
+
+    def _withdrawn_to(self, dt: DeltaTable, checkpoint_id: int) -> int | None:
+        """The target *c* < *checkpoint_id* of the roll back that withdrew output of
+        checkpoints in (*c*, *checkpoint_id*], if the newest state of the table below
+        *checkpoint_id* is one a roll back made (its commit, or the recovery commit right
+        after it); ``None`` otherwise. Commits above *checkpoint_id* are skipped (a roll
+        back to it withdraws them)."""
+        found: int | None = None  # the app version of the sink's newest commit <= target
+        for version in range(dt.version(), -1, -1):
+            actions = self._log_commit(version)
+            if actions is None:
+                return None  # cleaned up: nothing more to learn
+            mine = [
+                int(a["txn"]["version"])
+                for a in actions
+                if "txn" in a and self.target.is_own_app_id(str(a["txn"].get("appId", "")))
+            ]
+            if not mine or max(mine) > checkpoint_id:
+                continue
+            top = max(mine)
+            rolled_back = any(
+                "commitInfo" in a and "spark-ckpt.rollback" in a["commitInfo"] for a in actions
+            )
+            if found is None:
+                if top == checkpoint_id:
+                    return None  # the checkpoint's own output (or a roll back to it)
+                found = top
+            elif top != found:
+                return None  # a normal commit of an earlier checkpoint: nothing withdrawn
+            if rolled_back:
+                return found  # a roll back to `found` < checkpoint_id made this state
+        return None
 
     def _log_commit(self, version: int) -> list[dict[str, Any]] | None:
         """The actions of the log's JSON commit *version* (``None`` if the file is gone)."""

@@ -281,7 +281,16 @@ class Pipeline:
     ) -> CompletedCheckpoint | None:
         """Before the first run: resolve, check and install the restore point (see
         :mod:`spark_ckpt.spark.restore`). Raises :class:`~spark_ckpt.errors.RestoreError`."""
-        return prepare_restore(self.store, self.shape(job), settings or RestoreSettings.latest())
+        from spark_ckpt.delta.sink_committer import DeltaSinkCommitter
+        from spark_ckpt.delta.sink_target import DeltaSinkTarget
+
+        output = DeltaSinkCommitter(DeltaSinkTarget(job.output, pipeline=self.name))
+        return prepare_restore(
+            self.store,
+            self.shape(job),
+            settings or RestoreSettings.latest(),
+            check_output=output.check_output_restorable,
+        )
 
     def _start(
         self, job: JobSpec, available_now: bool, trigger_s: float | None, attempt: int

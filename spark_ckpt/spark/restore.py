@@ -23,6 +23,7 @@ root. Nothing is written when the check fails.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from spark_ckpt.delta.savepoint import checkpoint_as_of, open_savepoint
 from spark_ckpt.delta.store import DeltaCheckpointStore
@@ -94,10 +95,16 @@ def prepare_restore(
     shape: PipelineShape,
     settings: RestoreSettings,
     clock: Clock | None = None,
+    *,
+    check_output: Callable[[int], None] | None = None,
 ) -> CompletedCheckpoint | None:
     """See the module docstring; returns the checkpoint the first run will restore (None: it
     starts empty). Raises :class:`RestoreError` for a source that does not exist or a
-    checkpoint that does not fit the pipeline."""
+    checkpoint that does not fit the pipeline. *check_output* is called with the checkpoint
+    id the output will be rolled back to, before anything is written: it raises
+    :class:`RestoreError` when the output table cannot hold that checkpoint's output
+    (:meth:`DeltaSinkCommitter.check_output_restorable
+    <spark_ckpt.delta.sink_committer.DeltaSinkCommitter.check_output_restorable>`)."""
     clock = clock or SystemClock()
     if settings.kind is RestoreKind.LATEST:
         good, _ = root.list_completed_lenient()
@@ -123,6 +130,8 @@ def prepare_restore(
             "restore drops the state of operator uids %s (allow_non_restored_state)", dropped
         )
     checkpoint = without_uids(checkpoint, dropped)
+    if check_output is not None:
+        check_output(output_checkpoint(checkpoint))
     lease = root.acquire()  # fences any coordinator still running on the root
     # the new lineage's ids exceed the source's: the sink's Delta app transaction versions
     # are checkpoint ids, and its output is rolled back to the source's id on restore

@@ -32,6 +32,7 @@ from test_delta_sink import (
 )
 
 from spark_ckpt.delta.sink import DeltaSink
+from spark_ckpt.errors import RestoreError
 from spark_ckpt.runtime import task
 from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.sinks.sink import TransactionalSink
@@ -259,3 +260,33 @@ def test_transactions_sealed_for_another_table_are_not_recovered(
     assert task.recover_sink(second.committer, restored, SimpleNamespace()) == unrecorded  # type: ignore[arg-type]
     assert [r[0] for r in content(replay(tmp_path / "second"))] == [60, 61]
     assert not (tmp_path / "first" / "_delta_log").exists()
+
+
+def test_a_checkpoint_whose_output_a_later_roll_back_withdrew_is_refused(tmp_path: Path) -> None:
+    """Checkpoints 1-4, then the restore of 2 (roll back, recovery sweeps the files of 3 and
+    4), then a new lineage (1001, 1002). Restoring 4 now would leave the output of 3 and 4
+    missing: refused, naming both, with the table untouched. Restores of 2, of the new
+    lineage, and of a checkpoint whose own commit was lost in a crash are fine."""
+    root = tmp_path / "t"
+    sink = make_sink(root)
+    sealed = {c: seal(sink, c, rows(10 * c, 2)) for c in (1, 2, 3, 4)}
+    for c in (1, 2, 3, 4):
+        assert sink.committer.commit_checkpoint(c, sealed[c])
+    assert len(sink.committer.roll_back_to(2)) == 4
+    sink.committer.recover(sealed[2])  # the restore of 2: the files of 3 and 4 are swept
+    for c in (1001, 1002):
+        assert sink.committer.commit_checkpoint(c, seal(sink, c, rows(c, 2)))
+    before = content(replay(root))
+
+    with pytest.raises(RestoreError, match=r"checkpoints 3\.\.4: the restore of checkpoint 2"):
+        make_sink(root).committer.check_output_restorable(4)
+    assert content(replay(root)) == before
+    for fine in (2, 1001, 1002):
+        make_sink(root).committer.check_output_restorable(fine)
+
+    crashed = make_sink(tmp_path / "crashed")
+    for c in (1, 2):
+        assert crashed.committer.commit_checkpoint(c, seal(crashed, c, rows(10 * c, 2)))
+    seal(crashed, 3, rows(30, 2))  # 3 completed, its commit was lost
+    crashed.committer.check_output_restorable(3)
+    make_sink(tmp_path / "empty").committer.check_output_restorable(3)  # no table yet

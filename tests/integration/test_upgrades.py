@@ -230,3 +230,26 @@ def test_operators_must_have_distinct_uids_and_one_key(spark: SparkSession, tmp_
     with pytest.raises(ConfigError, match="keyed by one column"):
         bounded(p, 10, [Tally("a"), RunningCount("b", "amount")], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_restore_past_an_earlier_roll_back_is_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Savepoints at 100 and 200 rows per channel, then the one at 100 restored (the output
+    is rolled back to it and continues to 250): the table no longer holds the output up to
+    the second savepoint, so restoring it there is refused before anything changes; into
+    another table it restores."""
+    p = pipeline(spark, tmp_path)
+    out, other = tmp_path / "out", tmp_path / "other"
+    early = stop_with_savepoint(p, 100, [RunningCount("counter", "user_id")], out)
+    late = stop_with_savepoint(p, 200, [RunningCount("counter", "user_id")], out)
+    assert output(out) == running_counts(0, 200)
+    bounded(p, 250, [RunningCount("counter", "user_id")], out, RestoreSettings.savepoint(early))
+    assert output(out) == running_counts(0, 250)
+    latest = p.client.latest()
+    with pytest.raises(RestoreError, match="no longer holds the output of checkpoints"):
+        bounded(p, 300, [RunningCount("counter", "user_id")], out, RestoreSettings.savepoint(late))
+    assert output(out) == running_counts(0, 250)
+    assert p.client.latest() == latest  # nothing was installed
+    bounded(p, 300, [RunningCount("counter", "user_id")], other, RestoreSettings.savepoint(late))
+    assert output(other) == running_counts(200, 300)
