@@ -1,0 +1,90 @@
+"""The benches' steady-state windows and spread statistics (``bench/pipelinebench/steady.py``)
+on hand-made query progress: the oracle is the arithmetic of the listed batches."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from pipelinebench.steady import (
+    bootstrap_median_ci,
+    drained_window,
+    paired_ratios,
+    spread,
+    steady_window,
+)
+
+T0 = 1_800_000_000.0
+
+
+def progress(batch_id: int, start_s: float, rows: int, ms: float) -> dict[str, Any]:
+    stamp = datetime.fromtimestamp(T0 + start_s, tz=UTC)
+    return {
+        "batchId": batch_id,
+        "timestamp": stamp.strftime("%Y-%m-%dT%H:%M:%S.") + f"{stamp.microsecond // 1000:03d}Z",
+        "numInputRows": rows,
+        "durationMs": {"triggerExecution": ms},
+    }
+
+
+# batch 0 is empty, then batches of 100 rows every 0.5 s (batch 1 at 1.0 s)
+BATCHES = [progress(0, 0.0, 0, 1000)] + [
+    progress(i, 1.0 + 0.5 * (i - 1), 100, 500) for i in range(1, 30)
+]
+
+
+def test_steady_window_skips_warmup_batches_and_seconds() -> None:
+    w = steady_window(BATCHES, warmup_batches=2, warmup_s=2.0, window_s=3.0)
+    assert w is not None
+    # first data batch starts at 1.0 s; 2 data batches skipped (1, 2) and 2 s must pass:
+    # batch 5 starts at 3.0 s; batches starting before 6.0 s are 5..10, closed by batch 11
+    assert (w.first, w.last) == (5, 10)
+    assert w.rows == 600
+    assert abs(w.seconds - 3.0) < 1e-6
+    assert abs(w.rows_per_s - 200.0) < 1e-3
+
+
+def test_steady_window_waits_for_the_closing_batch() -> None:
+    assert steady_window(BATCHES[:11], warmup_batches=2, warmup_s=2.0, window_s=3.0) is None
+
+
+def test_drained_window_ends_with_the_last_input_batch() -> None:
+    # 1000 rows in all: batch 10 reads rows 901..1000; it ends 0.5 s after it starts (5.5 s)
+    w = drained_window(BATCHES, warmup_batches=3, total_rows=1000)
+    assert w is not None
+    assert (w.first, w.last) == (4, 10)
+    assert w.rows == 700
+    assert abs(w.seconds - (6.0 - 2.5)) < 1e-6
+    assert drained_window(BATCHES[:10], warmup_batches=3, total_rows=1000) is None
+    with pytest.raises(ValueError, match="no measured window"):
+        drained_window(BATCHES, warmup_batches=12, total_rows=1000)
+
+
+def test_spread_and_paired_ratios() -> None:
+    a, b = [9.0, 10.0, 11.0, 12.0], [10.0, 10.0, 10.0, 10.0]
+    sp = spread(a)
+    assert sp["median"] == 10.5 and sp["mean"] == 10.5 and sp["min"] == 9 and sp["max"] == 12
+    assert sp["stdev"] == statistics.stdev(a)
+    r = paired_ratios(a, b)
+    assert r["per_rep"] == [0.9, 1.0, 1.1, 1.2]
+    assert abs(r["median"] - 1.05) < 1e-12
+    lo, hi = r["median_ci95"]
+    assert 0.9 <= lo <= 1.05 <= hi <= 1.2
+    assert abs(r["ci95_width"] - (hi - lo)) < 1e-12
+    assert r["ratio_of_medians"] == 1.05
+
+
+def test_bootstrap_interval_narrows_with_less_spread() -> None:
+    wide = [0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15]
+    narrow = [0.97, 0.975, 0.98, 0.98, 0.985, 0.99, 0.99]
+    w, n = bootstrap_median_ci(wide), bootstrap_median_ci(narrow)
+    assert w is not None and n is not None
+    assert n[1] - n[0] < w[1] - w[0]
+    assert bootstrap_median_ci([1.0]) is None
