@@ -1,0 +1,143 @@
+"""One measured run of one variant (:func:`measure_variant`): start its query on a fresh
+root, poll its progress until the measured window closed, stop it, and record the window's
+rows/s next to what else happened meanwhile (CPU of the benchmark and of other work, JVM and
+Python GC, checkpoints, RSS). Shared by the overhead and scaling benches."""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelinebench.procstat import CpuSample, PyGcTimer, RssSampler, cpu_between, jvm_collect
+from pipelinebench.procstat import jvm_gc_ms as read_jvm_gc_ms
+from pipelinebench.steady import ProgressLog, Window
+from pipelinebench.variants import VariantStart, Workload
+
+#: How often the driver loop polls the query's progress and the pipeline's checkpoints.
+POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What the driver loop read at one poll (for the diagnostics of the window)."""
+
+    wall_s: float  # time.time()
+    cpu: CpuSample
+    jvm_gc_ms: float | None
+    py_gc_collections: int
+    py_gc_s: float
+
+
+def _sample(spark: Any, py_gc: PyGcTimer) -> Sample:
+    return Sample(
+        time.time(), CpuSample.take(), read_jvm_gc_ms(spark), py_gc.collections, py_gc.seconds
+    )
+
+
+def window_diagnostics(samples: Sequence[Sample], window: Window) -> dict[str, Any] | None:
+    """CPU and GC between the first poll inside the window and the last one inside it."""
+    end = window.start_s + window.seconds
+    inside = [s for s in samples if window.start_s <= s.wall_s <= end]
+    if len(inside) < 2:
+        return None
+    a, b = inside[0], inside[-1]
+    return {
+        **cpu_between(a.cpu, b.cpu),
+        "jvm_gc_ms": None
+        if a.jvm_gc_ms is None or b.jvm_gc_ms is None
+        else b.jvm_gc_ms - a.jvm_gc_ms,
+        "py_gc_collections": b.py_gc_collections - a.py_gc_collections,
+        "py_gc_ms": (b.py_gc_s - a.py_gc_s) * 1000,
+    }
+
+
+def measure_variant(
+    spark: Any,
+    name: str,
+    start: VariantStart,
+    workload: Workload,
+    *,
+    window: Callable[[list[dict[str, Any]]], Window | None],
+    timeout_s: float,
+    py_gc: PyGcTimer,
+    rss: RssSampler | None = None,
+) -> dict[str, Any]:
+    """Run variant *name* until ``window(progress)`` returns its measured window, then stop
+    it. Before the start: Python and JVM garbage collected (so no run inherits another's
+    garbage). The root is deleted afterwards."""
+    root = tempfile.mkdtemp(prefix=f"spark-ckpt-bench-{name.replace('/', '-')}-")
+    try:
+        gc.collect()
+        jvm_collect(spark)
+        load = os.getloadavg()
+        rss_start = rss.window() if rss else None
+        begun = time.perf_counter()
+        started = start(spark, root, workload)
+        log = ProgressLog()
+        samples: list[Sample] = []
+        found: Window | None = None
+        try:
+            deadline = time.monotonic() + timeout_s
+            while found is None:
+                time.sleep(POLL_S)
+                samples.append(_sample(spark, py_gc))
+                log.poll(started.query)
+                started.poll_checkpoints()
+                found = window(log.ordered())
+                if found is None and not started.query.isActive:
+                    raise RuntimeError(f"{name}: query ended early: {started.query.exception()}")
+                if found is None and time.monotonic() > deadline:
+                    raise RuntimeError(f"{name}: no measured window within {timeout_s} s")
+            wall = time.perf_counter() - begun
+        finally:
+            started.stop()
+        rss_peak = rss.peak() if rss else None
+        started.poll_checkpoints()
+        start_ms = found.start_s * 1000
+        cps = started.checkpoints_between(start_ms, start_ms + found.seconds * 1000)
+        e2e = sorted(c.stats.end_to_end_ms for c in cps)
+        return {
+            "variant": name,
+            "rows_per_s": found.rows_per_s,
+            "window": found.as_dict(),
+            "checkpoints": len(cps),
+            "checkpoint_end_to_end_ms_p50": e2e[len(e2e) // 2] if e2e else None,
+            "diagnostics": window_diagnostics(samples, found),
+            "loadavg_start": load,
+            "rss_mb_start": rss_start,
+            "rss_mb_peak": rss_peak,
+            "query_wall_s": wall,
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def git_info() -> dict[str, Any]:
+    """The commit the benchmark ran at, and whether its tree had uncommitted changes."""
+    top = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        out = subprocess.run(
+            ["git", *args], cwd=top, capture_output=True, text=True, check=False, timeout=30
+        )
+        return out.stdout.strip()
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+    }
+
+
+def abba(names: Sequence[str], rep: int) -> list[str]:
+    """The order of repetition *rep*: the table's order on even repetitions, reversed on odd
+    ones (ABBA...), so that a drift over the run (the JVM's JIT, the machine's load) hits
+    every variant alike."""
+    return list(names) if rep % 2 == 0 else list(reversed(names))
