@@ -1,0 +1,369 @@
+"""The scaling bench (``bench/scaling.py``, #16 "Scaling" and the driver-memory half of "State
+size"): a keyed running count with exactly-once checkpoints every 1 s at 100k and at 10M
+keys, rows/s at ``local[1]`` and ``local[2]``, every variant of the variant table
+(:func:`~pipelinebench.variants.scaling_variants`: spark-ckpt per placement, and Spark's own
+JVM ``groupBy(key).count()`` with a ``checkpointLocation``) over the same generated input, and
+the driver process's peak RSS.
+
+A Spark master cannot change inside one JVM, so the bench's driver runs one **cell** per
+(cores, keys) as a subprocess (``bench/scaling.py --cell ...``): its own SparkSession at
+``local[cores]``, spark-ckpt's parallelism and ``spark.sql.shuffle.partitions`` = cores.
+Cells run in the order (1, 100k), (2, 100k), (1, 10M), (2, 10M). In a cell every variant
+runs once unmeasured on ``warmup_rows`` (Python workers, JIT), then ``reps`` repetitions run
+every variant once, in ABBA order. Each run works off the same backlog of ``rows`` rows
+(``channels`` generator channels, ``key_cardinality`` = keys, ``maxRowsPerTrigger`` =
+``batch_rows``); its rows/s come from Spark's query progress, from the first batch after
+``warmup_batches`` batches with data to the end of the batch that read the last row
+(:func:`~pipelinebench.steady.drained_window`). The driver's (the cell process's) RSS is
+sampled during every run; ``VmHWM`` is its peak over the cell.
+
+Reported: per cell and variant the spread of rows/s; per variant and keys the scaling
+``local[2] / local[1]`` (ratio of medians); per cell each spark-ckpt variant against
+``spark-groupby`` (median of the per-repetition ratios); the driver's peak RSS per cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from pipelinebench.measure import abba, git_info, measure_variant
+from pipelinebench.procstat import PyGcTimer, RssSampler, rss_mb
+from pipelinebench.report import machine_info
+from pipelinebench.steady import drained_window, paired_ratios, spread
+from pipelinebench.variants import Workload, scaling_variants
+
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "scaling.json"
+ENTRY = Path(__file__).resolve().parent.parent / "scaling.py"
+BASELINE = "spark-groupby"
+
+
+@dataclass(frozen=True)
+class ScalingSettings:
+    cores: tuple[int, ...]  # local[n] masters, one cell each
+    keys: tuple[int, ...]  # key cardinalities, one cell each
+    channels: int
+    interval_ms: int  # spark-ckpt: exactly-once aligned checkpoints every interval
+    rows: int  # input rows of every measured run (a backlog, worked off)
+    batch_rows: int  # maxRowsPerTrigger
+    warmup_batches: int  # batches with data before the window
+    warmup_rows: int  # each variant's unmeasured first run in a cell
+    reps: int  # repetitions per cell; each runs every variant once (ABBA order)
+    driver_memory: str  # the cell's JVM heap (spark.driver.memory), the same for all
+    query_timeout_s: float
+
+    def __post_init__(self) -> None:
+        if self.rows <= (self.warmup_batches + 1) * self.batch_rows:
+            raise ValueError("rows must exceed (warmup_batches + 1) * batch_rows")
+        if self.warmup_rows <= 2 * self.batch_rows:
+            raise ValueError("warmup_rows must exceed 2 * batch_rows")
+
+
+FULL = ScalingSettings(
+    cores=(1, 2),
+    keys=(100_000, 10_000_000),
+    channels=4,
+    interval_ms=1000,
+    rows=30_000_000,
+    batch_rows=500_000,
+    warmup_batches=3,
+    warmup_rows=3_000_000,
+    reps=3,
+    driver_memory="2g",
+    query_timeout_s=1200.0,
+)
+QUICK = replace(
+    FULL,
+    rows=1_500_000,
+    batch_rows=250_000,
+    warmup_batches=2,
+    warmup_rows=750_000,
+    reps=1,
+    query_timeout_s=300.0,
+)
+
+
+def expected_distinct_keys(rows: int, keys: int) -> float:
+    """Keys a uniform draw of *rows* from *keys* is expected to touch: the state's size."""
+    return keys * (1 - math.exp(-rows / keys))
+
+
+def workload(s: ScalingSettings, cores: int, keys: int, rows: int) -> Workload:
+    share = -(-rows // s.channels)
+    return Workload(
+        {
+            "source": "generator",
+            "channels": s.channels,
+            "rate": 0.0,
+            "backlog": ",".join([str(share)] * s.channels),
+            "keys": keys,
+            "seed": 7,
+            "maxRowsPerTrigger": s.batch_rows,
+        },
+        cores,
+        s.interval_ms,
+    )
+
+
+# -- one cell, in its own process ------------------------------------------------------------
+def run_cell(s: ScalingSettings, cores: int, keys: int, log: Any) -> dict[str, Any]:
+    """Every variant at ``local[cores]`` and *keys* (see the module docstring)."""
+    from spark_ckpt.spark.session import local_session
+
+    variants = scaling_variants()
+    names = list(variants)
+    spark = local_session(
+        "spark-ckpt-scaling", master=f"local[{cores}]", shuffle_partitions=cores, log_level="ERROR"
+    )
+    rss = RssSampler()
+    py_gc = PyGcTimer().install()
+    session_rss = rss.window()
+
+    def one(name: str, rows: int, warmup_batches: int) -> dict[str, Any]:
+        return measure_variant(
+            spark,
+            name,
+            variants[name],
+            workload(s, cores, keys, rows),
+            window=partial(drained_window, warmup_batches=warmup_batches, total_rows=rows),
+            timeout_s=s.query_timeout_s,
+            py_gc=py_gc,
+            rss=rss,
+        )
+
+    try:
+        warmup = []
+        for name in names:
+            r = one(name, s.warmup_rows, 1)
+            warmup.append(r)
+            log(f"  [local[{cores}] {keys:,} keys] warm-up {name:<20} {r['rows_per_s']:>11,.0f}")
+        runs = []
+        for rep in range(s.reps):
+            for name in abba(names, rep):
+                r = one(name, s.rows, s.warmup_batches)
+                r["rep"] = rep
+                runs.append(r)
+                d = r["diagnostics"] or {}
+                log(
+                    f"  [local[{cores}] {keys:,} keys] rep {rep + 1}/{s.reps} {name:<20} "
+                    f"{r['rows_per_s']:>11,.0f} rows/s ({r['window']['batches']} batches, "
+                    f"{r['checkpoints']} checkpoints; driver RSS peak "
+                    f"{(r['rss_mb_peak'] or {}).get('driver', 0):,.0f} MB; cores ours "
+                    f"{d.get('ours_cores', 0):.2f} other {d.get('other_cores', 0):.2f})"
+                )
+    finally:
+        spark.stop()
+        rss.close()
+    return {
+        "cores": cores,
+        "keys": keys,
+        "expected_distinct_keys": expected_distinct_keys(s.rows, keys),
+        "rss_mb_after_session_start": session_rss,
+        "driver_vmhwm_mb": rss_mb(os.getpid(), "VmHWM"),
+        "warmup_runs": warmup,
+        "runs": runs,
+    }
+
+
+def cell_main(args: argparse.Namespace) -> int:
+    s = ScalingSettings(**{**json.loads(args.settings)})
+    s = replace(s, cores=tuple(s.cores), keys=tuple(s.keys))
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    cell = run_cell(s, args.cores, args.keys, log)
+    Path(args.cell_out).write_text(json.dumps(cell, default=list) + "\n")
+    return 0
+
+
+# -- the bench's driver ------------------------------------------------------------------------
+def cell_order(s: ScalingSettings) -> list[tuple[int, int]]:
+    """(cores, keys) per cell: both masters at a key count before the next key count."""
+    return [(c, k) for k in s.keys for c in s.cores]
+
+
+def summarize(s: ScalingSettings, cells: list[dict[str, Any]]) -> dict[str, Any]:
+    variants = list(dict.fromkeys(r["variant"] for c in cells for r in c["runs"]))
+    table: dict[str, Any] = {}
+    for cell in cells:
+        label = f"local[{cell['cores']}] {cell['keys']:,} keys"
+        by = {n: [r["rows_per_s"] for r in cell["runs"] if r["variant"] == n] for n in variants}
+        peaks = {
+            n: max(
+                (
+                    (r["rss_mb_peak"] or {}).get("driver", 0.0)
+                    for r in cell["runs"]
+                    if r["variant"] == n
+                ),
+                default=None,
+            )
+            for n in variants
+        }
+        growth = {
+            n: max(
+                (
+                    (r["rss_mb_peak"] or {}).get("driver", 0.0)
+                    - (r["rss_mb_start"] or {}).get("driver", 0.0)
+                    for r in cell["runs"]
+                    if r["variant"] == n
+                ),
+                default=None,
+            )
+            for n in variants
+        }
+        table[label] = {
+            "cores": cell["cores"],
+            "keys": cell["keys"],
+            "rows_per_s": {n: spread(v) for n, v in by.items()},
+            "vs_" + BASELINE.replace("-", "_"): {
+                n: paired_ratios(by[n], by[BASELINE]) for n in variants if n != BASELINE
+            },
+            "driver_rss_mb_peak": peaks,
+            # during a run, over the RSS at its start (the cell's earlier runs leave memory
+            # with the process: a variant's peak alone may be another variant's)
+            "driver_rss_mb_growth": growth,
+            "driver_vmhwm_mb": cell["driver_vmhwm_mb"],
+        }
+    scaling: dict[str, Any] = {}
+    lo, hi = min(s.cores), max(s.cores)
+    for keys in s.keys:
+        a = table.get(f"local[{lo}] {keys:,} keys")
+        b = table.get(f"local[{hi}] {keys:,} keys")
+        if a and b and lo != hi:
+            scaling[f"{keys:,} keys local[{hi}]/local[{lo}]"] = {
+                n: b["rows_per_s"][n]["median"] / a["rows_per_s"][n]["median"]
+                for n in variants
+                if a["rows_per_s"][n]["median"] and b["rows_per_s"][n]["median"]
+            }
+    rss: dict[str, Any] = {}
+    for cores in s.cores:
+        small = table.get(f"local[{cores}] {min(s.keys):,} keys")
+        large = table.get(f"local[{cores}] {max(s.keys):,} keys")
+        if small and large:
+            rss[f"local[{cores}]"] = {
+                n: {
+                    "small_mb": small["driver_rss_mb_peak"][n],
+                    "large_mb": large["driver_rss_mb_peak"][n],
+                    "growth_mb": (large["driver_rss_mb_peak"][n] or 0)
+                    - (small["driver_rss_mb_peak"][n] or 0),
+                }
+                for n in variants
+            }
+    return {"variants": variants, "cells": table, "scaling": scaling, "driver_rss": rss}
+
+
+def render(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    lines = [
+        f"Scaling{' (QUICK smoke run)' if result['quick'] else ''}: keyed running count, "
+        f"{s['rows']:,} rows per run in batches of {s['batch_rows']:,}, {s['channels']} "
+        f"channels, checkpoints every {s['interval_ms']} ms, {s['reps']} reps ABBA per cell; "
+        f"load {result['loadavg_start'][0]:.1f} -> {result['loadavg_end'][0]:.1f}",
+        f"  {'cell':<26} {'variant':<20} {'median rows/s':>13} {'min':>11} {'max':>11} "
+        f"{'vs groupBy':>10} driver RSS MB peak (+ growth in the run)",
+    ]
+    su = result["summary"]
+    for label, cell in su["cells"].items():
+        for n in su["variants"]:
+            sp = cell["rows_per_s"][n]
+            vs = cell["vs_spark_groupby"].get(n)
+            lines.append(
+                f"  {label:<26} {n:<20} {sp['median'] or 0:>13,.0f} {sp['min'] or 0:>11,.0f} "
+                f"{sp['max'] or 0:>11,.0f} {(vs['median'] if vs else 1.0):>10.3f} "
+                f"{cell['driver_rss_mb_peak'][n] or 0:>7,.0f} "
+                f"(+{cell['driver_rss_mb_growth'][n] or 0:,.0f})"
+            )
+    for label, ratios in su["scaling"].items():
+        lines.append(f"  {label}: " + ", ".join(f"{n} {v:.2f}x" for n, v in ratios.items()))
+    for master, by in su["driver_rss"].items():
+        for n, r in by.items():
+            lines.append(
+                f"  driver RSS peak {master} {n}: {r['small_mb']:,.0f} MB at "
+                f"{min(s['keys']):,} keys, {r['large_mb']:,.0f} MB at {max(s['keys']):,} keys "
+                f"(+{r['growth_mb']:,.0f} MB)"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run (~6 min)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
+    parser.add_argument("--reps", type=int, help="repetitions per cell")
+    parser.add_argument("--rows", type=int, help="input rows per measured run")
+    parser.add_argument("--keys", type=int, action="append", help="key counts (repeatable)")
+    parser.add_argument("--cores", type=int, action="append", help="local[n] (repeatable)")
+    # one cell, as a subprocess of the bench's driver
+    parser.add_argument("--cell", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--settings", help=argparse.SUPPRESS)
+    parser.add_argument("--cell-out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.cell:
+        args.cores, args.keys = args.cores[0], args.keys[0]
+        return cell_main(args)
+    s = QUICK if args.quick else FULL
+    if args.reps:
+        s = replace(s, reps=args.reps)
+    if args.rows:
+        s = replace(s, rows=args.rows)
+    if args.keys:
+        s = replace(s, keys=tuple(args.keys))
+    if args.cores:
+        s = replace(s, cores=tuple(args.cores))
+
+    began = time.perf_counter()
+    result: dict[str, Any] = {
+        "quick": args.quick,
+        "machine": {**machine_info(), "spark_master": [f"local[{c}]" for c in s.cores]},
+        "git": git_info(),
+        "settings": asdict(s),
+        "loadavg_start": os.getloadavg(),
+    }
+    env = {**os.environ, "PYSPARK_SUBMIT_ARGS": f"--driver-memory {s.driver_memory} pyspark-shell"}
+    cells = []
+    with tempfile.TemporaryDirectory(prefix="spark-ckpt-scaling-") as tmp:
+        for cores, keys in cell_order(s):
+            print(f"cell local[{cores}], {keys:,} keys ...", file=sys.stderr, flush=True)
+            out = Path(tmp) / f"cell-{cores}-{keys}.json"
+            started = time.perf_counter()
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(ENTRY),
+                    "--cell",
+                    "--settings",
+                    json.dumps(asdict(s)),
+                    "--cores",
+                    str(cores),
+                    "--keys",
+                    str(keys),
+                    "--cell-out",
+                    str(out),
+                ],
+                env=env,
+                check=True,
+            )
+            cell = json.loads(out.read_text())
+            cell["elapsed_s"] = time.perf_counter() - started
+            cells.append(cell)
+    result["cells"] = cells
+    result["summary"] = summarize(s, cells)
+    result["loadavg_end"] = os.getloadavg()
+    result["elapsed_s"] = time.perf_counter() - began
+    print(render(result))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=list) + "\n")
+    print(f"wrote {args.out} in {result['elapsed_s']:.0f} s")
+    return 0
