@@ -35,8 +35,10 @@ fence's (another attempt, another batch: stale), a fence written on another exec
 entry that vanished or is damaged. The caller then rebuilds the state from its durable copy.
 
 **Eviction.** Publishing batch *b* after reading fence *p* removes the subtask's entries of
-other runs and those of batches before *p* (a retry of *b* still finds *p*'s). Entries of a
-subtask that moved to another executor stay on the old one until the executor stops.
+other runs and those of batches before *p* (a retry of *b* still finds *p*'s); temporary
+entries of those batches go once abandoned (:data:`ABANDONED_AFTER_S`), so a slow or zombie
+attempt still writing is never cut short. Entries of a subtask that moved to another executor
+stay on the old one until the executor stops.
 
 Nothing here needs a SparkSession: :func:`attempt_token` and :func:`current_batch_id` read
 pyspark's ``TaskContext`` when there is one.
@@ -50,6 +52,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +69,9 @@ FORMAT_VERSION = 1
 FENCE_SCHEMA = "run_id string, batch_id long, token string, executor string"
 """The fence's columns in Spark's state, as a DDL string (``applyInPandasWithState``'s
 ``stateStructType``)."""
+
+ABANDONED_AFTER_S = 600.0
+"""A temporary entry (of a batch eviction drops) untouched this long is a dead writer's."""
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,96}")
 _ENTRY = re.compile(r"(?:\.tmp-)?b(\d{12})-")
@@ -322,9 +328,10 @@ class ExecutorStateCache:
         return fence
 
     def evict(self, key: CacheKey, keep_from: int) -> int:
-        """Remove the subtask's entries (and abandoned temporary entries) of other runs and
-        of batches before *keep_from*; returns how many. Readers of a removed entry that
-        mapped it already keep their mapping."""
+        """Remove the subtask's entries of other runs and of batches before *keep_from*, and
+        its temporary entries of those batches untouched for :data:`ABANDONED_AFTER_S` (a
+        writer still at work, a zombie, keeps its own); returns how many published entries
+        went. Readers of a removed entry that mapped it already keep their mapping."""
         subtask_dir = self._subtask_dir(key)
         run_dir = self._run_dir(key)
         removed = 0
@@ -339,10 +346,18 @@ class ExecutorStateCache:
             names = os.listdir(run_dir)
         except FileNotFoundError:
             return removed
+        now = time.time()
         for name in names:
             batch = _entry_batch(name)
-            if batch is not None and batch < keep_from:
-                removed += self._discard(run_dir / name, count_entries=False)
+            if batch is None or batch >= keep_from:
+                continue
+            if name.startswith("."):  # a temporary entry: may still be written (a zombie)
+                try:
+                    if now - os.stat(run_dir / name).st_mtime < ABANDONED_AFTER_S:
+                        continue
+                except FileNotFoundError:
+                    continue
+            removed += self._discard(run_dir / name, count_entries=False)
         return removed
 
     def _discard(self, path: Path, *, count_entries: bool) -> int:
