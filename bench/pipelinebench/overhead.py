@@ -179,12 +179,14 @@ def run_overhead(spark: Any, s: OverheadSettings, log: Any) -> dict[str, Any]:
 
 def _corr(runs: list[dict[str, Any]], name: str) -> float | None:
     """Pearson correlation of a variant's rows/s with the cores other work took in its
-    windows (None when it cannot be computed)."""
+    windows (None for fewer than 3 runs, or when it cannot be computed)."""
     pairs = [
         (r["rows_per_s"], r["diagnostics"]["other_cores"])
         for r in runs
         if r["variant"] == name and r["diagnostics"] is not None
     ]
+    if len(pairs) < 3:  # two points always correlate by +-1
+        return None
     try:
         return statistics.correlation([p[0] for p in pairs], [p[1] for p in pairs])
     except statistics.StatisticsError:
