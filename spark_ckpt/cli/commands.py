@@ -304,8 +304,13 @@ def history_row(record: CheckpointRecord) -> dict[str, Any]:
 
 
 def history_json(record: CheckpointRecord) -> dict[str, Any]:
+    """One record of ``stats --json``: the same fields for every status; a failed or aborted
+    record also carries the failure record's own fields (``checkpoint_id``, ``failed_ms``),
+    as ``stats --json`` printed them before the history existed."""
     s = record.figures
+    failure = {} if record.failure is None else record.failure.to_dict()
     return {
+        **failure,
         "id": record.checkpoint_id,
         "status": history_status(record),
         "type": record.snapshot_type.value,
