@@ -361,12 +361,13 @@ def test_malformed_mailbox_files_are_set_aside_and_never_fail_a_restart(job: Job
 
 
 def test_a_stop_whose_client_gave_up_is_not_executed_by_a_later_run(job: Job) -> None:
-    """``spark-ckpt stop`` while no pipeline runs times out with one clear line and takes its
-    request back; a request left behind anyway (its client was killed) has expired: a run
-    started later does not act on it."""
-    gave_up = cli("stop", "--root", job.root, "--timeout", "2")
+    """``spark-ckpt stop`` while no pipeline runs fails at once with one clear line and posts
+    nothing; a request left behind anyway (its client was killed) has expired: a run started
+    later does not act on it."""
+    gave_up = cli("stop", "--root", job.root, "--timeout", "3600")
     assert gave_up.returncode == 1 and gave_up.stderr.count("\n") == 1, gave_up.stderr
-    assert "error: no answer to the stop request" in gave_up.stderr
+    assert "error: no live run of the pipeline" in gave_up.stderr
+    assert not list((job.args.root / "_mailbox").glob("*.json"))  # nothing was posted
     from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
 
     Mailbox(job.root).post(Request("left-behind", RequestKind.STOP, expires_ms=1))
