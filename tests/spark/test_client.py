@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,13 @@ def test_a_request_where_no_run_is_live_fails_at_once_and_posts_nothing(
     assert mailbox_files(root) == []
 
 
+@dataclass(frozen=True)
+class AGO:
+    """A heartbeat time *ms* milliseconds before the test runs."""
+
+    ms: int
+
+
 def write_record(root: Path, **fields: object) -> None:
     record = {
         "holder": "run-x",
@@ -229,11 +237,11 @@ def write_record(root: Path, **fields: object) -> None:
     [
         ({}, True),  # fresh, its process (this one) exists
         ({"pid": "DEAD"}, False),  # killed: its process is gone, fresh or not
-        ({"beat_ms": int(time.time() * 1000) - 31_000}, False),  # stale
+        ({"beat_ms": AGO(31_000)}, False),  # stale
         ({"host": "another-host", "pid": "DEAD"}, True),  # elsewhere: freshness decides
         ({"host": "another-host", "beat_ms": 0}, False),
         (
-            {"role": "starting", "valid_ms": 120_000, "beat_ms": int(time.time() * 1000) - 60_000},
+            {"role": "starting", "valid_ms": 120_000, "beat_ms": AGO(60_000)},
             True,
         ),
     ],
@@ -241,8 +249,14 @@ def write_record(root: Path, **fields: object) -> None:
 def test_a_run_is_live_while_its_record_is_fresh_and_its_process_exists(
     root: Path, fields: dict[str, object], live: bool
 ) -> None:
-    dead = a_dead_pid()
-    write_record(root, **{k: dead if v == "DEAD" else v for k, v in fields.items()})
+    dead, now_ms = a_dead_pid(), int(time.time() * 1000)
+
+    def value(v: object) -> object:
+        if v == "DEAD":
+            return dead
+        return now_ms - v.ms if isinstance(v, AGO) else v  # ages count from now, not collection
+
+    write_record(root, **{k: value(v) for k, v in fields.items()})
     client = PipelineClient(str(root))
     assert client.live() is live
     if not live:
