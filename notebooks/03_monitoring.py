@@ -16,7 +16,7 @@ BATCHES = [1000, 2000, 3000]  # rows per channel after each run
 CHANNELS = 2
 KEYS = 25
 PLOT = f"{BASE}/checkpoints.png"
-TIMEOUT_S = 2  # checkpoint timeout; the first run stalls longer than that
+TIMEOUT_S = 1  # checkpoint timeout; the first run stalls longer than that
 
 # COMMAND ----------
 
@@ -42,7 +42,7 @@ def source(rows: int) -> dict[str, object]:
         "rate": 0,
         "backlog": rows,
         "keys": KEYS,
-        "maxRowsPerTrigger": 400,
+        "maxRowsPerTrigger": 100,  # several micro-batches per run
     }
 
 
@@ -66,15 +66,15 @@ from spark_ckpt import CheckpointConfig, Pipeline, RunningCount, StateHandle
 
 class SlowStart(RunningCount):
     """A running count (same uid, same state) that stalls *stall_s* on each of its first
-    *slow_batches* micro-batches (per subtask)."""
+    *slow_calls* calls (one call per subtask and micro-batch)."""
 
-    def __init__(self, uid: str, key_column: str, slow_batches: int, stall_s: float) -> None:
+    def __init__(self, uid: str, key_column: str, slow_calls: int, stall_s: float) -> None:
         super().__init__(uid, key_column)
-        self.slow_batches, self.stall_s = slow_batches, stall_s
+        self.slow_calls, self.stall_s = slow_calls, stall_s
 
     def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
-        if self.slow_batches > 0 and batch.num_rows:
-            self.slow_batches -= 1
+        if self.slow_calls > 0 and batch.num_rows:
+            self.slow_calls -= 1
             time.sleep(self.stall_s)
         return super().process_batch(batch, state)
 
@@ -91,7 +91,9 @@ pipeline = Pipeline(spark, "monitored", config=config, root=f"{BASE}/root")
 marks = []
 for i, rows in enumerate(BATCHES):
     operator = (
-        SlowStart("counter", "user_id", slow_batches=2, stall_s=2 * TIMEOUT_S)
+        # the first three micro-batches take longer than the timeout each: a checkpoint
+        # triggered meanwhile waits behind one of them, so it expires
+        SlowStart("counter", "user_id", slow_calls=3 * 2, stall_s=TIMEOUT_S)  # 2 subtasks
         if i == 0
         else RunningCount("counter", "user_id")
     )
