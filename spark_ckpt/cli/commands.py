@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.cli.table import Row, json_lines, render, size, when
 from spark_ckpt.errors import CheckpointError, CheckpointNotFoundError, ConfigError
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.handle import CheckpointMetrics
 
 if TYPE_CHECKING:
@@ -44,18 +44,26 @@ def emit(
     print(json_lines(rows) if args.json else render(rows, columns))
 
 
-def checkpoint_row(cp: CompletedCheckpoint) -> dict[str, Any]:
-    s = cp.stats
+def figure_cells(s: CheckpointStats) -> dict[str, Any]:
+    """The figures of a checkpoint as table cells (sizes human-readable), shared by the
+    tables of retained checkpoints and of the statistics history."""
     return {
-        "id": cp.checkpoint_id,
-        "type": cp.snapshot_type.value,
-        "completed": when(s.completed_ms),
         "duration_ms": s.end_to_end_ms,
         "state": size(s.state_bytes),
         "written": size(s.bytes_written),
         "channel_state": size(s.channel_state_bytes),
         "alignment_ms": s.max_alignment_ms,
         "start_delay_ms": s.max_start_delay_ms,
+    }
+
+
+def checkpoint_row(cp: CompletedCheckpoint) -> dict[str, Any]:
+    s = cp.stats
+    return {
+        "id": cp.checkpoint_id,
+        "type": cp.snapshot_type.value,
+        "completed": when(s.completed_ms),
+        **figure_cells(s),
         "restored_from": cp.properties.get("restored_from", ""),
     }
 
@@ -293,12 +301,7 @@ def history_row(record: CheckpointRecord) -> dict[str, Any]:
         "status": history_status(record),
         "type": record.snapshot_type.value,
         "ended": when(s.completed_ms),
-        "duration_ms": s.end_to_end_ms,
-        "state": size(s.state_bytes),
-        "written": size(s.bytes_written),
-        "channel_state": size(s.channel_state_bytes),
-        "alignment_ms": s.max_alignment_ms,
-        "start_delay_ms": s.max_start_delay_ms,
+        **figure_cells(s),
         "reason": record.reason,
     }
 
