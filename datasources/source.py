@@ -46,7 +46,7 @@ from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.coordinator import CheckpointRequest, RequestStatus
 from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
 from spark_ckpt.sources.channel_source import ChannelSource, ReadPlan
-from spark_ckpt.sources.stream_offset import StreamOffset, fair_limits
+from spark_ckpt.sources.stream_offset import StreamOffset
 from spark_ckpt.spark.host import (
     SOURCE_TASK,
     CoordinatorHost,
@@ -126,6 +126,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         self._stop_at: tuple[int, ...] | None = None
         self._drain_to: list[int] | None = None  # a stop with drain reads up to here
         self._heads: list[int] | None = None  # the channels' heads at the last latestOffset
+        self._clock = SystemClock()  # the aligned-checkpoint timeout (recorded in the offsets)
 
     # -- lazily opened, in the source runner ---------------------------------------------------
     @property
@@ -181,11 +182,10 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             heads = self.source.heads()
         self._heads = list(heads)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        barriers = self.host.take_barriers()
         stopping = self.host.stopping
-        at = self.options.barrier_placement.positions(offset.positions, heads, max_rows)
-        for barrier in barriers:
-            offset = offset.place(barrier, at)
+        alignment = self.options.alignment
+        for barrier in self.host.take_barriers():
+            offset = alignment.place(offset, [barrier], heads, max_rows)
             if stopping is not None and stopping.checkpoint_id == barrier.checkpoint_id:
                 self._stop_at = offset.barriers[-1].positions
         if self._stop_at is not None:
@@ -194,7 +194,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             heads = self._drain(offset, heads)
         if self._target is not None:
             offset = self._available_now(offset, heads)
-        end = offset.advance(fair_limits(offset.positions, heads, max_rows))
+        end = alignment.next(offset, heads, max_rows, self._clock.now_ms())
         return start if end.is_idle_after(begin) else end.to_dict()
 
     def reportLatestOffset(self) -> dict[str, Any] | None:

@@ -1,4 +1,4 @@
-"""The offsets ``ckpt-source`` hands to Spark, and how barriers are placed in them.
+"""The offsets ``ckpt-source`` hands to Spark, and how barriers are placed and aligned in them.
 
 Each channel (one source split) is an ordered log. A :class:`StreamOffset` — what Spark writes
 to its offset log as the end of a micro-batch — records per channel:
@@ -9,7 +9,7 @@ to its offset log as the end of a micro-batch — records per channel:
   position on every channel (a barrier at position *p* sits before data row *p*).
 
 Barriers are placed when the source takes a trigger (``latestOffset``), where
-:class:`BarrierPlacement` says:
+:class:`SourceAlignment` says. An aligned barrier goes where :class:`BarrierPlacement` says:
 
 * ``read`` (the default) — at the end of the micro-batch being planned: the position the
   source has read up to, as a Flink source emits its barrier after the records it has read.
@@ -17,23 +17,42 @@ Barriers are placed when the source takes a trigger (``latestOffset``), where
   (a job catching up under ``maxRowsPerTrigger`` keeps checkpointing).
 * ``head`` — at every channel's *head*, the last row the source has produced. Under a read
   limit a channel with a deeper backlog then reaches its barrier micro-batches after the
-  others, as a backpressured channel does in Flink (its backlog plays the in-flight data);
-  aligned checkpoints wait for it, unaligned ones cut it.
+  others, as a backpressured channel does in Flink (its backlog plays the in-flight data).
 
 Without a read limit the two coincide: a micro-batch reads every channel up to its head.
 
+**Alignment happens here, at the source** (``docs/design/executors.md``, decision 1). A
+channel that has reached a barrier no batch has emitted yet is *held*: no batch reads it
+beyond the barrier until every channel has reached it. The batch in which the last channel
+reaches it emits the barrier on every channel, at the end of every channel's slice. So a
+checkpoint always falls on a micro-batch boundary, identically on every subtask: a subtask
+processes the data rows of the batch and then snapshots, and never carries alignment state
+(buffered rows) from one micro-batch to the next. What Flink's barrier handler decides per
+task is decided once, here, and recorded in the offsets:
+
+* an **aligned** barrier waits at its placement: held channels wait for the lagging ones;
+* an **unaligned** barrier, and any barrier under **at-least-once**, does not wait: it goes
+  at the read position of the batch that takes it. The rows a lagging channel had in flight
+  stay in the replayable channel — channel state by reference — and a restore reads them
+  again;
+* an aligned barrier still waiting after the **aligned-checkpoint timeout** is *cut*: its
+  position on every lagging channel moves back to that channel's read position, and it
+  becomes unaligned (Flink's switch from aligned to unaligned).
+
+Savepoints and final checkpoints always wait (they never cut a channel).
+
 The micro-batch ``(start, end]`` emits on channel *c* the data rows
 ``[start.positions[c], end.positions[c])`` and every barrier with
-``start.emitted[c] < id <= end.emitted[c]``, each before the data row at its position. This
-is a pure function of the two offsets, so a replayed batch (Spark re-runs a failed batch with
-the offsets it logged) emits identical rows and identical barriers.
+``start.emitted[c] < id <= end.emitted[c]``, each before the data row at its position (at the
+slice's end). This is a pure function of the two offsets, so a replayed batch (Spark re-runs
+a failed batch with the offsets it logged) emits identical rows and identical barriers.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -180,18 +199,44 @@ class StreamOffset:
         )
 
     def advance(self, limits: Sequence[int]) -> StreamOffset:
-        """The next end offset: channel *c* moves to ``limits[c]`` (never backwards); barriers
-        at or before the new positions count as emitted; barriers emitted on every channel
-        before this batch are dropped."""
-        positions = tuple(max(p, lim) for p, lim in zip(self.positions, limits, strict=True))
+        """The next end offset: channel *c* moves towards ``limits[c]`` (never backwards), but
+        not beyond the oldest barrier not yet emitted (its channel is *held* there); a barrier
+        that every channel has reached is emitted on every channel at once, and the batch
+        ends there. Barriers emitted before this batch are dropped."""
+        pending = self.pending()
+        hold = pending[0].positions if pending else None
+        positions = tuple(
+            max(p, lim if hold is None else min(lim, hold[c]))
+            for c, (p, lim) in enumerate(zip(self.positions, limits, strict=True))
+        )
         emitted = list(self.emitted)
-        for b in self.barriers:
-            for c in range(self.channels):
-                if b.positions[c] <= positions[c] and b.checkpoint_id > emitted[c]:
-                    emitted[c] = b.checkpoint_id
+        for b in pending:
+            if any(pos < at for pos, at in zip(positions, b.positions, strict=True)):
+                break  # not reached everywhere yet: it and every later barrier wait
+            emitted = [max(e, b.checkpoint_id) for e in emitted]
         floor = min(self.emitted, default=0)
         kept = tuple(b for b in self.barriers if b.checkpoint_id > floor)
         return StreamOffset(positions, tuple(emitted), kept)
+
+    def pending(self) -> list[PlacedBarrier]:
+        """The barriers placed but not yet emitted on every channel, oldest first."""
+        return [b for b in self.barriers if any(b.checkpoint_id > e for e in self.emitted)]
+
+    def cut(self, checkpoint_id: int, reads: Sequence[int]) -> StreamOffset:
+        """Barrier *checkpoint_id* (pending) stops waiting for the lagging channels: on every
+        channel its position becomes at most *reads* (the channel's read position in the
+        batch being planned, never behind the channel's position) and it becomes unaligned.
+        Later barriers keep their positions (they are never before an earlier one)."""
+        placed: list[PlacedBarrier] = []
+        for b in self.barriers:
+            if b.checkpoint_id == checkpoint_id:
+                floor = placed[-1].positions if placed else self.positions
+                at = tuple(
+                    max(f, min(pos, r)) for pos, r, f in zip(b.positions, reads, floor, strict=True)
+                )
+                b = PlacedBarrier(replace(b.barrier, unaligned=True), at)
+            placed.append(b)
+        return StreamOffset(self.positions, self.emitted, tuple(placed))
 
     def is_idle_after(self, start: StreamOffset) -> bool:
         """Whether the micro-batch ``(start, self]`` would read no row and emit no barrier,
@@ -224,6 +269,67 @@ class StreamOffset:
                 )
             )
         return slices
+
+
+@dataclass(frozen=True)
+class SourceAlignment:
+    """How the source places and aligns the barriers it takes (see the module docstring):
+    *placement* for barriers that wait (aligned ones); *aligned_timeout_ms*: an aligned
+    barrier still pending that long after its trigger is cut (0: never); *at_least_once*:
+    barriers never wait. Runs in the source runner (``latestOffset``); everything it decides
+    is recorded in the offset it returns."""
+
+    placement: BarrierPlacement = BarrierPlacement.READ
+    aligned_timeout_ms: int = 0
+    at_least_once: bool = False
+
+    def waits(self, barrier: CheckpointBarrier) -> bool:
+        """Whether *barrier* waits at its placement for every channel (aligned)."""
+        return barrier.must_align or not (barrier.unaligned or self.at_least_once)
+
+    def place(
+        self,
+        offset: StreamOffset,
+        barriers: Sequence[CheckpointBarrier],
+        heads: Sequence[int],
+        max_rows: int | None,
+    ) -> StreamOffset:
+        """*offset* with *barriers* placed (in order): a waiting barrier where the placement
+        says, any other at the read position of the batch being planned."""
+        for barrier in barriers:
+            placement = self.placement if self.waits(barrier) else BarrierPlacement.READ
+            offset = offset.place(barrier, placement.positions(offset.positions, heads, max_rows))
+        return offset
+
+    def expire(
+        self, offset: StreamOffset, heads: Sequence[int], max_rows: int | None, now_ms: int
+    ) -> StreamOffset:
+        """*offset* with every pending aligned barrier older than the timeout cut at the
+        read positions of the batch being planned (:meth:`StreamOffset.cut`)."""
+        if self.aligned_timeout_ms <= 0:
+            return offset
+        reads = fair_limits(offset.positions, heads, max_rows)
+        for b in offset.pending():
+            barrier = b.barrier
+            if (
+                not barrier.must_align
+                and not barrier.unaligned
+                and now_ms - barrier.timestamp_ms >= self.aligned_timeout_ms
+            ):
+                offset = offset.cut(barrier.checkpoint_id, reads)
+        return offset
+
+    def next(
+        self,
+        offset: StreamOffset,
+        heads: Sequence[int],
+        max_rows: int | None,
+        now_ms: int,
+    ) -> StreamOffset:
+        """The end offset of the batch from *offset* (with its barriers placed) to *heads*
+        under the read limit *max_rows*: expired barriers cut, then advanced."""
+        offset = self.expire(offset, heads, max_rows, now_ms)
+        return offset.advance(fair_limits(offset.positions, heads, max_rows))
 
 
 def fair_limits(positions: Sequence[int], heads: Sequence[int], max_rows: int | None) -> list[int]:

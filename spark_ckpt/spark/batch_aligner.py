@@ -7,8 +7,11 @@ aligner over the source channels. A micro-batch (collected as one Arrow table) i
 with one vectorized pass — data rows to the subtask owning their key group, barrier rows to
 every subtask, original order kept — so subtasks could later move onto executors unchanged.
 
-Barriers of one checkpoint may arrive in different micro-batches on different channels (a
-lagging channel): the aligners carry their state across batches. Acknowledgements go to the
+The source aligns (:mod:`spark_ckpt.sources.stream_offset`): every barrier reaches every
+channel in the same micro-batch, after the channel's last data row, so a checkpoint falls on
+a micro-batch boundary and no alignment state (buffered rows) spans micro-batches. Each
+subtask is handed the batch's data rows first and its barrier rows after them (the same
+order on every channel), and snapshots after processing the rows. Acknowledgements go to the
 coordinator through the mailbox; completions are read back from the checkpoint store at the
 start of the next batch.
 
@@ -34,17 +37,12 @@ rewinds every channel to the last checkpoint's barrier. A batch carrying a *fina
 is raised by the next ``foreachBatch`` call (failing the query, which then restarts from the
 latest checkpoint) or by :meth:`BatchAligner.drain` / :meth:`BatchAligner.close`.
 
-**Cutting lagging channels.** ``ckpt-source`` channels are replayable, so an unaligned
-checkpoint need not wait for a lagging channel's barrier: at the end of the micro-batch in which
-checkpoint *n* goes unaligned — the batch of its first barrier in unaligned mode, the first batch
-after the aligned-checkpoint timeout otherwise — every channel that has not delivered barrier
-*n* is *cut* where it stands: a barrier row for *n* is appended after the batch's data at the
-channel's consumed position, and the channel's real barrier *n*, when it arrives later, is
-dropped. The checkpoint records the cut as that channel's source position, so a restore rewinds
-the channel there and re-reads the rows that were in flight: channel state by reference to the
-replayable source rather than by copy. Rows of the cut channels processed in the same batch
-after the snapshot are captured by value as usual. Checkpoint duration then no longer grows
-with the lag.
+**Lagging channels.** An unaligned checkpoint (or one past the aligned-checkpoint timeout)
+does not wait for a lagging channel: the source puts its barrier at the channel's read
+position instead of where the rows it waits for are (the source's *cut*). The checkpoint
+records that position, so a restore rewinds the channel there and re-reads the rows that were
+in flight: channel state by reference to the replayable source rather than by copy.
+Checkpoint duration then no longer grows with the lag.
 """
 
 from __future__ import annotations
@@ -58,16 +56,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_ckpt.errors import SparkCkptError
+from spark_ckpt.errors import ProtocolError, SparkCkptError
 from spark_ckpt.protocol.barrier import (
     BARRIER_OPTIONS,
     BARRIER_TS,
     CHANNEL,
     CHECKPOINT_ID,
     KIND,
-    OFFSET,
     CheckpointBarrier,
-    RecordKind,
     event_from_row,
 )
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
@@ -79,7 +75,6 @@ from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
 from spark_ckpt.runtime.task import CHAIN_VERTEX, OperatorTask, Response
 from spark_ckpt.sinks.sink import TransactionalSink
-from spark_ckpt.sources.channel_batch import barrier_rows
 from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox
 from spark_ckpt.spark.run import RunFiles
@@ -104,7 +99,6 @@ class BatchAligner:
         channels: int,
         parallelism: int = 2,
         mode: AlignmentMode = AlignmentMode.ALIGNED,
-        aligned_timeout_ms: int = 0,
         max_parallelism: int = 128,
         sink: TransactionalSink | None = None,
         vertex: str | None = None,
@@ -151,7 +145,7 @@ class BatchAligner:
                 respond=respond,
                 clock=self.clock,
                 mode=mode,
-                aligned_timeout_ms=0,  # the timeout cuts lagging channels instead (see above)
+                aligned_timeout_ms=0,  # the source cuts lagging channels (see above)
                 max_parallelism=max_parallelism,
                 sink=sink,
                 source_vertex=SOURCE_TASK.vertex,
@@ -171,12 +165,7 @@ class BatchAligner:
         self._completions_lock = threading.Lock()
         self._polling = False
         self.mode = mode
-        self.aligned_timeout_ms = aligned_timeout_ms
         self.channels = channels
-        offsets = latest.offsets() if latest else {}
-        self._positions = [offsets.get((SOURCE_TASK.vertex, c), 0) for c in range(channels)]
-        self._arrived: dict[int, tuple[CheckpointBarrier, set[int]]] = {}
-        self._cut: dict[int, set[int]] = {}
         self.rows_processed = 0
         self.aborts_received = 0
 
@@ -204,14 +193,9 @@ class BatchAligner:
         with self.tracer.span(Phase.NOTIFY_COMPLETED):
             self._notify_completed()
         if table.num_rows:
-            table = self._observe(table)
-        cuts = self._cuts(table.schema)
-        if table.num_rows or cuts is not None:
             with self.tracer.span(Phase.ROUTE):
-                parts = self._route(table) if table.num_rows else [table] * self.parallelism
+                parts = self._route(table)
             for task, part in zip(self.tasks, parts, strict=True):
-                if cuts is not None:
-                    part = pa.concat_tables([part, cuts])
                 if part.num_rows:
                     task.process(part)
             self.rows_processed += table.num_rows
@@ -220,82 +204,29 @@ class BatchAligner:
         with self.tracer.span(Phase.MAILBOX):
             self._flush()
 
-    def _observe(self, table: pa.Table) -> pa.Table:
-        """Track each channel's consumed position and barrier arrivals; drop the real barriers
-        of channels that were cut. Only the few control rows are looked at one by one."""
-        next_offset = pc.add(
-            table.column(OFFSET),
-            pc.cast(pc.equal(table.column(KIND), RecordKind.DATA.code), pa.int64()),
-        )
-        ends = (
-            pa.table({"c": table.column(CHANNEL), "n": next_offset})
-            .group_by("c")
-            .aggregate([("n", "max")])
-        )
-        for c, n in zip(
-            ends.column("c").to_pylist(), ends.column("n_max").to_pylist(), strict=True
-        ):
-            self._positions[c] = max(self._positions[c], n)
-        control = pc.indices_nonzero(pc.is_valid(table.column(CHECKPOINT_ID))).to_pylist()
-        if not control:
-            return table
-        keep = np.ones(table.num_rows, dtype=bool)
-        for i, row in zip(control, table.take(control).to_pylist(), strict=True):
-            event = event_from_row(row)
-            if not isinstance(event, CheckpointBarrier):
-                continue
-            cid, channel = event.checkpoint_id, row[CHANNEL]
-            if channel in self._cut.get(cid, ()):
-                keep[i] = False  # this channel was cut for cid already
-                self._cut[cid].discard(channel)
-                if not self._cut[cid]:
-                    del self._cut[cid]
-                continue
-            for older in [c for c in self._arrived if c < cid]:
-                del self._arrived[older]  # subsumed by a newer barrier
-            if cid < max(self._arrived, default=0):
-                continue  # late barrier of a subsumed checkpoint
-            got = self._arrived.setdefault(cid, (event, set()))[1]
-            got.add(channel)
-            if len(got) == self.channels:
-                del self._arrived[cid]
-        return table if keep.all() else table.filter(pa.array(keep))
-
-    def _cut_due(self, barrier: CheckpointBarrier) -> bool:
-        if self.mode is AlignmentMode.AT_LEAST_ONCE or barrier.must_align:
-            return False
-        if self.mode is AlignmentMode.UNALIGNED or barrier.unaligned:
-            return True
-        return (
-            self.aligned_timeout_ms > 0
-            and self.clock.now_ms() - barrier.timestamp_ms >= self.aligned_timeout_ms
-        )
-
-    def _cuts(self, schema: pa.Schema) -> pa.Table | None:
-        """Barrier rows cutting the lagging channels of every checkpoint due for it."""
-        rows: list[pa.Table] = []
-        for cid, (barrier, got) in sorted(self._arrived.items()):
-            if not self._cut_due(barrier):
-                continue
-            missing = sorted(set(range(self.channels)) - got)
-            rows += [barrier_rows(schema, c, [(self._positions[c], barrier)]) for c in missing]
-            self._cut[cid] = set(missing)
-            del self._arrived[cid]
-        return pa.concat_tables(rows) if rows else None
-
     def _route(self, table: pa.Table) -> list[pa.Table]:
-        if self.parallelism == 1:
-            return [table]
+        """Each subtask's part of *table*: the data rows of its key groups, then every
+        control row (barriers reach every subtask), each group in the table's order. Moving
+        the control rows after the data keeps every channel's order, as the source emits a
+        barrier after its channel's last row of the batch (:func:`barriers_last`)."""
         control = pc.is_valid(table.column(CHECKPOINT_ID))
         control_np = control.to_numpy(zero_copy_only=False)
-        owner = np.full(table.num_rows, -1, dtype=np.int32)
-        data_idx = np.flatnonzero(~control_np)
-        if len(data_idx):
-            keys = table.column(self.key_column).take(pa.array(data_idx))
-            owner[data_idx] = subtasks_for_keys(
-                keys, self.max_parallelism, self.parallelism
+        if not control_np.any():
+            data, barriers = table, None
+        else:
+            barriers_last(table, control_np)
+            data = table.filter(pa.array(~control_np))
+            barriers = table.filter(control)
+        if self.parallelism == 1:
+            parts = [data]
+        else:
+            owner = subtasks_for_keys(
+                data.column(self.key_column), self.max_parallelism, self.parallelism
             ).to_numpy(zero_copy_only=False)
-        return [table.filter(pa.array(control_np | (owner == s))) for s in range(self.parallelism)]
+            parts = [data.filter(pa.array(owner == s)) for s in range(self.parallelism)]
+        if barriers is None:
+            return parts
+        return [pa.concat_tables([part, barriers]) for part in parts]
 
     def _notify_completed(self) -> None:
         if self.worker is None:
@@ -310,7 +241,6 @@ class BatchAligner:
                 self.worker.submit(self._poll_in_worker)
         for cid in aborts:
             self.aborts_received += 1
-            self._arrived.pop(cid, None)
             for task in self.tasks:
                 task.notify_aborted(cid, "aborted by the coordinator")
         for cid, committed in found:
@@ -467,3 +397,17 @@ def _ends_run(table: pa.Table) -> bool:
         isinstance(e := event_from_row(row), CheckpointBarrier) and e.final
         for row in rows.take(control).to_pylist()
     )
+
+
+def barriers_last(table: pa.Table, control: np.ndarray[Any, np.dtype[np.bool_]]) -> None:
+    """Check that no channel of *table* has a data row after one of its control rows, as
+    the source emits them (alignment at the source); :class:`ProtocolError` otherwise."""
+    channel = table.column(CHANNEL).to_numpy(zero_copy_only=False)
+    rows = np.arange(table.num_rows)
+    for c in np.unique(channel[control]):
+        mine = channel == c
+        if rows[mine & ~control].max(initial=-1) > rows[mine & control].min():
+            raise ProtocolError(
+                f"channel {int(c)} has data rows after a barrier in one micro-batch: the "
+                "source must emit barriers after its channels' rows (alignment at the source)"
+            )

@@ -56,7 +56,6 @@ class AlignerSpec:
     output: str
     parallelism: int = 2
     mode: AlignmentMode = AlignmentMode.ALIGNED
-    aligned_timeout_ms: int = 0
     max_parallelism: int = 128
     pipelined: bool = True
     tracer: Tracer = NOOP_TRACER
@@ -92,7 +91,6 @@ class AlignerSpec:
             channels=self.channels,
             parallelism=self.parallelism,
             mode=self.mode,
-            aligned_timeout_ms=self.aligned_timeout_ms,
             max_parallelism=self.max_parallelism,
             sink=DeltaSink(self.output, pipeline=self.pipeline),
             vertex=CHAIN_VERTEX,

@@ -90,15 +90,15 @@ def register_data_sources(spark: SparkSession) -> None:
     silence_task_kill_logs(spark)
 
 
-def alignment_mode(config: CheckpointConfig) -> tuple[AlignmentMode, int]:
-    """The aligner mode and aligned-checkpoint timeout that implement *config*."""
+def alignment_mode(config: CheckpointConfig) -> AlignmentMode:
+    """The subtasks' aligner mode that implements *config*. The aligned-checkpoint timeout
+    is applied by the source, which cuts lagging channels
+    (:func:`~spark_ckpt.spark.source_options.source_alignment`)."""
     if config.mode is CheckpointingMode.AT_LEAST_ONCE:
-        return AlignmentMode.AT_LEAST_ONCE, 0
-    if config.unaligned and config.aligned_checkpoint_timeout_ms > 0:
-        return AlignmentMode.ALIGNED, config.aligned_checkpoint_timeout_ms
-    if config.unaligned:
-        return AlignmentMode.UNALIGNED, 0
-    return AlignmentMode.ALIGNED, 0
+        return AlignmentMode.AT_LEAST_ONCE
+    if config.unaligned and config.aligned_checkpoint_timeout_ms == 0:
+        return AlignmentMode.UNALIGNED
+    return AlignmentMode.ALIGNED
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,6 @@ class Pipeline:
         parsed = SourceOptions.parse(opts)
         from datasources.source import open_channel_source
 
-        mode, timeout = alignment_mode(self.config)
         spec = AlignerSpec(
             root=self.root,
             pipeline=self.name,
@@ -212,8 +211,7 @@ class Pipeline:
             channels=open_channel_source(parsed).channels,
             output=job.output,
             parallelism=job.parallelism,
-            mode=mode,
-            aligned_timeout_ms=timeout,
+            mode=alignment_mode(self.config),
             max_parallelism=self.config.max_parallelism,
             pipelined=job.pipelined,
             tracer=job.tracer,

@@ -41,9 +41,14 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from spark_ckpt.errors import ConfigError
-from spark_ckpt.runtime.config import RESERVED_PREFIXES, CheckpointConfig, parse_option
+from spark_ckpt.runtime.config import (
+    RESERVED_PREFIXES,
+    CheckpointConfig,
+    CheckpointingMode,
+    parse_option,
+)
 from spark_ckpt.sources.generator import GeneratorSpec
-from spark_ckpt.sources.stream_offset import BarrierPlacement
+from spark_ckpt.sources.stream_offset import BarrierPlacement, SourceAlignment
 
 SOURCE_KINDS: Final = ("generator", "delta")
 _OWN_KEYS: Final = frozenset(
@@ -127,6 +132,12 @@ class SourceOptions:
     raw: dict[str, str] = field(default_factory=dict)
     run_id: str | None = None
 
+    @property
+    def alignment(self) -> SourceAlignment:
+        """How ``latestOffset`` places and aligns barriers: the placement option and the
+        configuration's alignment (see :mod:`spark_ckpt.sources.stream_offset`)."""
+        return source_alignment(self.config, self.barrier_placement)
+
     @staticmethod
     def parse(options: Mapping[str, str]) -> SourceOptions:
         opts = {str(k).strip().lower(): str(v) for k, v in options.items()}
@@ -176,3 +187,14 @@ class SourceOptions:
             raw=opts,
             run_id=opts.get("run") or None,
         )
+
+
+def source_alignment(
+    config: CheckpointConfig, placement: BarrierPlacement = BarrierPlacement.READ
+) -> SourceAlignment:
+    """The source's alignment for *config*: the aligned-checkpoint timeout applies to
+    exactly-once unaligned checkpointing only (as in Flink), and at-least-once barriers
+    never wait."""
+    at_least_once = config.mode is CheckpointingMode.AT_LEAST_ONCE
+    timeout = config.aligned_checkpoint_timeout_ms if config.unaligned and not at_least_once else 0
+    return SourceAlignment(placement, timeout, at_least_once)

@@ -340,15 +340,19 @@ def test_lagging_channel_aligns_over_several_batches_exactly_once(
     assert count_rows(read_table(job.output)) == running_counts(folded)
     assert restored_counts(job) == dict(folded)
 
-    # from Spark's own offsets log (progress): batches in which some checkpoint's barrier
-    # was out on some channels but not yet on channel 0, i.e. the aligner had to wait
+    # from Spark's own offsets log (progress): batches that ended with some checkpoint's
+    # barrier reached by channels 1 and 2, which the source held there, but not yet by
+    # channel 0 (alignment at the source); each barrier was emitted on all channels at once
     waiting: Counter[int] = Counter()
     for progress in query.recentProgress:
         for source in progress.sources:
             end = json.loads(source.endOffset)
-            emitted = end["emitted"]
-            for cid in {e for e in emitted if e > emitted[0]}:
-                waiting[cid] += 1
+            assert len(set(end["emitted"])) == 1, end
+            for barrier in end["barriers"]:
+                held = barrier["positions"][1:] == end["positions"][1:]
+                if barrier["id"] > end["emitted"][0] and held:
+                    assert end["positions"][0] < barrier["positions"][0], end
+                    waiting[barrier["id"]] += 1
     assert waiting and max(waiting.values()) >= 3, waiting
 
 

@@ -9,8 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_ckpt.errors import ProtocolError
-from spark_ckpt.protocol.barrier import CheckpointBarrier
-from spark_ckpt.sources.stream_offset import BarrierPlacement, StreamOffset, fair_limits
+from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
+from spark_ckpt.sources.stream_offset import (
+    BarrierPlacement,
+    SourceAlignment,
+    StreamOffset,
+    fair_limits,
+)
 
 ops = st.lists(
     st.one_of(
@@ -68,43 +73,90 @@ def test_batches_emit_every_row_and_barrier_once_in_order(
                     last_mark[c] = p
                 next_id += 1
             end = offset.advance(fair_limits(offset.positions, heads, max_rows))
-            for s in offset.plan(end):
-                marks = list(s.barriers)
-                for pos in range(s.start, s.end + 1):
-                    while marks and marks[0][0] == pos:
-                        emitted[s.channel].append(("barrier", marks.pop(0)[1].checkpoint_id))
-                    if pos < s.end:
-                        emitted[s.channel].append(("row", pos))
-                assert not marks
+            emit(offset, end, emitted)
             log.append((offset, StreamOffset.from_json(end.to_json())))
             offset = end
         elif op[0] == "replay" and log:
             a, b = log[-1]
             assert a.plan(b) == a.plan(StreamOffset.from_json(b.to_json()))
-    # drain everything
-    end = offset.advance(heads)
-    for s in offset.plan(end):
-        marks = list(s.barriers)
-        for pos in range(s.start, s.end + 1):
-            while marks and marks[0][0] == pos:
-                emitted[s.channel].append(("barrier", marks.pop(0)[1].checkpoint_id))
-            if pos < s.end:
-                emitted[s.channel].append(("row", pos))
+    # drain everything: held channels move on once each barrier is emitted
+    for _ in range(next_id + 1):
+        end = offset.advance(heads)
+        emit(offset, end, emitted)
+        offset = end
+    assert list(offset.positions) == heads and not offset.pending()
     assert emitted == produced
 
 
-def test_lagging_channel_reaches_barrier_batches_later() -> None:
+def emit(start: StreamOffset, end: StreamOffset, emitted: list[list[tuple[str, int]]]) -> None:
+    """What the batch (start, end] emits, appended per channel. Alignment at the source: a
+    barrier is emitted on every channel in the same batch, after the channel's last row."""
+    slices = start.plan(end)
+    ids = [[b.checkpoint_id for _, b in s.barriers] for s in slices]
+    assert all(i == ids[0] for i in ids), ids
+    for s in slices:
+        assert all(p == s.end for p, _ in s.barriers), s
+        emitted[s.channel] += [("row", pos) for pos in range(s.start, s.end)]
+        emitted[s.channel] += [("barrier", b.checkpoint_id) for _, b in s.barriers]
+
+
+def test_a_lagging_channel_holds_the_others_at_an_aligned_barrier() -> None:
     offset = StreamOffset.initial([0, 0])
     heads = [300, 10]  # channel 0 has a 300-row backlog, channel 1 only 10
     offset = offset.place(CheckpointBarrier(1, 0), heads)
-    batches_until: dict[int, int] = {}
-    for i in range(1, 10):
+    heads[1] = 50  # channel 1 produces more: held at its barrier, it does not read it
+    ends = []
+    for _ in range(4):
         end = offset.advance(fair_limits(offset.positions, heads, 200))
-        for s in offset.plan(end):
-            if s.barriers:
-                batches_until[s.channel] = i
+        ends.append((end.positions, [len(s.barriers) for s in offset.plan(end)]))
         offset = end
-    assert batches_until == {1: 1, 0: 3}
+    assert ends == [
+        ((100, 10), [0, 0]),
+        ((200, 10), [0, 0]),
+        ((300, 10), [1, 1]),  # the last channel reaches it: emitted everywhere at once
+        ((300, 50), [0, 0]),  # released: channel 1 reads on
+    ]
+
+
+def test_an_expired_aligned_barrier_is_cut_at_the_read_positions() -> None:
+    align = SourceAlignment(BarrierPlacement.HEAD, aligned_timeout_ms=50)
+    heads = [300, 10]
+    offset = align.place(StreamOffset.initial([0, 0]), [CheckpointBarrier(1, 0)], heads, 200)
+    offset = align.next(offset, heads, 200, now_ms=10)  # waiting: channel 0 reads 100
+    assert offset.positions == (100, 10) and offset.emitted == (0, 0)
+    end = align.next(offset, heads, 200, now_ms=60)  # expired: cut where channel 0 reads
+    assert end.positions == (200, 10) and end.emitted == (1, 1)
+    [barrier] = end.barriers
+    assert barrier.positions == (200, 10) and barrier.barrier.unaligned
+    assert [p for s in offset.plan(end) for p, _ in s.barriers] == [200, 10]
+    # a savepoint never cuts a channel
+    offset = align.place(
+        StreamOffset.initial([0, 0]),
+        [CheckpointBarrier(1, 0, SnapshotType.SAVEPOINT)],
+        heads,
+        200,
+    )
+    for _ in range(2):
+        offset = align.next(offset, heads, 200, now_ms=1_000)
+    assert offset.emitted == (0, 0) and offset.positions == (200, 10)
+
+
+@pytest.mark.parametrize(
+    ("alignment", "unaligned"),
+    [
+        (SourceAlignment(BarrierPlacement.HEAD), True),
+        (SourceAlignment(BarrierPlacement.HEAD, at_least_once=True), False),
+    ],
+)
+def test_barriers_that_do_not_wait_go_at_the_read_position(
+    alignment: SourceAlignment, unaligned: bool
+) -> None:
+    heads = [300, 10]
+    offset = alignment.place(
+        StreamOffset.initial([0, 0]), [CheckpointBarrier(1, 0, unaligned=unaligned)], heads, 200
+    )
+    end = alignment.next(offset, heads, 200, now_ms=0)
+    assert end.positions == (100, 10) and end.emitted == (1, 1)
 
 
 def test_barrier_at_read_position_is_emitted_by_the_batch_that_places_it() -> None:

@@ -12,7 +12,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,9 +25,9 @@ from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.runtime.task import CHAIN_VERTEX
 from spark_ckpt.sinks.memory import MemorySink
-from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
+from spark_ckpt.sources.channel_batch import stream_schema
 from spark_ckpt.sources.generator import GENERATOR_SCHEMA, GeneratorSpec
-from spark_ckpt.sources.stream_offset import StreamOffset, fair_limits
+from spark_ckpt.sources.stream_offset import BarrierPlacement, StreamOffset
 from spark_ckpt.spark.batch_aligner import BatchAligner
 from spark_ckpt.spark.host import SOURCE_TASK, CoordinatorHost
 from spark_ckpt.spark.mailbox import (
@@ -40,7 +39,9 @@ from spark_ckpt.spark.mailbox import (
     write_topology,
 )
 from spark_ckpt.spark.run import RunFiles, new_run_id
+from spark_ckpt.spark.source_options import source_alignment
 from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.testing.micro_batches import MicroBatches
 
 CHANNELS = 3
 BACKLOG = (240, 30, 30)  # channel 0 lags: 8 batches deep at 30 rows per channel and batch
@@ -94,7 +95,6 @@ class SparkLikeRun:
             channels=CHANNELS,
             parallelism=parallelism,
             mode=mode,
-            aligned_timeout_ms=timeout,
             sink=sink,
             clock=clock,
             async_snapshots=threads != "sync",
@@ -103,33 +103,21 @@ class SparkLikeRun:
             run_id=run_id,
         )
         if latest is None:
-            self.offset = StreamOffset.initial([0] * CHANNELS)
+            offset = StreamOffset.initial([0] * CHANNELS)
         else:
             offsets = latest.offsets()
-            self.offset = StreamOffset.initial(
+            offset = StreamOffset.initial(
                 [offsets[(SOURCE_TASK.vertex, c)] for c in range(CHANNELS)], latest.checkpoint_id
             )
+        # barriers at the heads, so channel 0 lags (aligned ones wait for it)
+        alignment = source_alignment(config, BarrierPlacement.HEAD)
+        self.batches = MicroBatches(SPEC.rows, SCHEMA, offset, alignment)
+        self.clock = clock
 
     def batch(self, max_rows: int | None) -> None:
         """latestOffset → partitions → read → foreachBatch, as Spark runs one micro-batch."""
-        heads = list(BACKLOG)
-        start = self.offset
-        for barrier in self.host.poll():
-            start = start.place(barrier, heads)
-        end = start.advance(fair_limits(start.positions, heads, max_rows))
-        parts = [
-            channel_rows(
-                SPEC.rows(s.channel, s.start, s.end),
-                SCHEMA,
-                s.channel,
-                s.start,
-                s.barriers,
-                CHANNELS,
-            )
-            for s in start.plan(end)
-        ]
-        self.offset = end
-        self.aligner.submit(pa.concat_tables(parts))  # what foreachBatch does after toArrow
+        table = self.batches.next(self.host.poll(), BACKLOG, max_rows, self.clock.now_ms())
+        self.aligner.submit(table)  # what foreachBatch does after toArrow
 
 
 def expected_output() -> Counter[tuple[int, int]]:

@@ -12,7 +12,6 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from spark_ckpt.protocol.clock import ManualClock
@@ -21,15 +20,16 @@ from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.runtime.task import CHAIN_VERTEX
 from spark_ckpt.sinks.memory import MemorySink
-from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
+from spark_ckpt.sources.channel_batch import stream_schema
 from spark_ckpt.sources.generator import GENERATOR_SCHEMA, GeneratorSpec
-from spark_ckpt.sources.stream_offset import StreamOffset, fair_limits
+from spark_ckpt.sources.stream_offset import StreamOffset
 from spark_ckpt.spark.batch_aligner import BatchAligner
 from spark_ckpt.spark.foreach_batch import AlignerSpec, ForeachBatchFunction
 from spark_ckpt.spark.host import CoordinatorHost
 from spark_ckpt.spark.mailbox import SinkSpec, Topology, write_topology
 from spark_ckpt.spark.run import new_run_id
 from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.testing.micro_batches import MicroBatches
 
 CHANNELS = 2
 BACKLOG = (400, 400)
@@ -94,28 +94,12 @@ def run_engine(root: Path, tracer: Tracer, *, async_snapshots: bool) -> None:
         run_id=run_id,
         tracer=tracer,
     )
-    offset = StreamOffset.initial([0] * CHANNELS)
+    batches = MicroBatches(SPEC.rows, SCHEMA, StreamOffset.initial([0] * CHANNELS))
     try:
         for _ in range(12):
             clock.advance(60)
-            limits = fair_limits(offset.positions, list(BACKLOG), 40)
-            start = offset
-            for barrier in host.poll():
-                start = start.place(barrier, limits)  # at the read position
-            end = start.advance(limits)
-            parts = [
-                channel_rows(
-                    SPEC.rows(s.channel, s.start, s.end),
-                    SCHEMA,
-                    s.channel,
-                    s.start,
-                    s.barriers,
-                    CHANNELS,
-                )
-                for s in start.plan(end)
-            ]
-            offset = end
-            aligner.submit(pa.concat_tables(parts))
+            table = batches.next(host.poll(), BACKLOG, 40)  # barriers at the read position
+            aligner.submit(table)
             aligner.drain()
     finally:
         aligner.close()
