@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 from urllib.parse import unquote
@@ -129,25 +129,36 @@ class DeltaSinkCommitter:
         Safe against concurrent committers of the same checkpoint."""
         if checkpoint_id < 0:
             raise ProtocolError(f"checkpoint id {checkpoint_id} is negative")
-        files = [f for t in txns for f in staged_files(t)]
+
+        def uncommitted(version: int | None) -> list[StagedFile]:
+            # the commit that raised the app version to v carried every transaction sealed
+            # up to v in its checkpoint (tasks keep a sealed transaction in every checkpoint
+            # until they see it committed), so one of a checkpoint <= v is never added
+            # again: a retried or zombie task's second attempt at it stays an orphan
+            return [
+                f
+                for t in txns
+                if version is None or t.checkpoint_id > version
+                for f in staged_files(t)
+            ]
+
         return self._commit(
-            f"committing checkpoint {checkpoint_id}", files, checkpoint_id, skip_reached=True
+            f"committing checkpoint {checkpoint_id}", uncommitted, checkpoint_id, skip_reached=True
         )
 
     def _commit(
         self,
         what: str,
-        files: list[StagedFile],
+        files: list[StagedFile] | Callable[[int | None], list[StagedFile]],
         checkpoint_id: int | None,
         *,
         skip_reached: bool,
     ) -> bool:
-        """Add the *files* not yet in the table and raise the app version to
-        *checkpoint_id* (``None``: keep it). With *skip_reached*, nothing is done once the
-        version is >= *checkpoint_id*. Every commit carries the app transaction, so
-        concurrent commits of this sink conflict and the loser retries on a fresh snapshot.
-        Returns whether a Delta commit was made."""
-        unique = list({f.path: f for f in files}.values())
+        """Add the *files* not yet in the table (a function: of the table's current app
+        version) and raise the app version to *checkpoint_id* (``None``: keep it). With
+        *skip_reached*, nothing is done once the version is >= *checkpoint_id*. Every commit
+        carries the app transaction, so concurrent commits of this sink conflict and the
+        loser retries on a fresh snapshot. Returns whether a Delta commit was made."""
         with _boundary(what):
             for _ in range(self.max_attempts):
                 dt = self._load()
@@ -155,6 +166,8 @@ class DeltaSinkCommitter:
                 reached = checkpoint_id is None or (current or -1) >= checkpoint_id
                 if skip_reached and reached:
                     return False
+                listed = files(current) if callable(files) else files
+                unique = list({f.path: f for f in listed}.values())
                 present = set() if dt is None else self._table_paths(dt)
                 todo = [f for f in unique if f.path not in present]
                 if not todo and (reached or dt is None):

@@ -290,3 +290,23 @@ def test_a_checkpoint_whose_output_a_later_roll_back_withdrew_is_refused(tmp_pat
     seal(crashed, 3, rows(30, 2))  # 3 completed, its commit was lost
     crashed.committer.check_output_restorable(3)
     make_sink(tmp_path / "empty").committer.check_output_restorable(3)  # no table yet
+
+
+def test_a_second_attempt_at_a_committed_checkpoint_is_never_added(tmp_path: Path) -> None:
+    """A task retried after it sealed checkpoint 1's output (or a zombie attempt) seals the
+    same rows again, in other files. The first attempt's transaction was committed with
+    checkpoint 1; the second one travels on in its subtask's later checkpoints and must stay
+    an orphan: only checkpoint 2's own output is added with checkpoint 2."""
+    root = tmp_path / "t"
+    sink = make_sink(root)
+    sink.writer.write(OP, 0, batch(rows(0, 3)))
+    first = sink.writer.pre_commit(OP, 0, 1)
+    sink.writer.write(OP, 0, batch(rows(0, 3)))  # the retry: the same rows, new files
+    second = sink.writer.pre_commit(OP, 0, 1)
+    assert first.payload != second.payload
+    assert sink.committer.commit_checkpoint(1, [first])
+    sink.writer.write(OP, 0, batch(rows(3, 2)))
+    own = sink.writer.pre_commit(OP, 0, 2)
+    assert sink.committer.commit_checkpoint(2, [second, own])
+    assert content(DeltaTable(str(root)).to_pyarrow_table()) == rows(0, 5)
+    assert sorted(pl.read_delta(str(root)).get_column("id").to_list()) == list(range(5))
