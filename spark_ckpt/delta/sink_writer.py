@@ -114,6 +114,28 @@ class DeltaSinkWriter:
         payload = tuple(f.to_json() for f in files)
         return Transaction(operator_uid, subtask, checkpoint_id, payload, self.target.sink_id)
 
+    def detach(self, operator_uid: str, subtask: int) -> tuple[str, ...]:
+        """Close the in-progress file of (*operator_uid*, *subtask*) into its open
+        transaction and hand the open transaction over (this writer forgets it): the
+        staged files' JSON, which :meth:`attach` takes back, in this process or another.
+        A subtask that runs one micro-batch per Spark task keeps them in its image."""
+        key = (operator_uid, subtask)
+        self._roll(key)
+        with self._lock:
+            files = self._open.pop(key, [])
+        return tuple(f.to_json() for f in files)
+
+    def attach(self, operator_uid: str, subtask: int, staged: tuple[str, ...]) -> None:
+        """Resume the open transaction of (*operator_uid*, *subtask*) that :meth:`detach`
+        handed over; it must have none here."""
+        key = (operator_uid, subtask)
+        with self._lock:
+            if self._open.get(key) or key in self._parts:
+                raise StoreError(
+                    f"{operator_uid}#{subtask} already has an open transaction in this writer"
+                )
+            self._open[key] = [StagedFile.from_json(text) for text in staged]
+
     def discard(self, operator_uid: str) -> None:
         """Drop the open transactions of *operator_uid* in this writer, deleting their
         in-progress files (files already rolled stay on disk until the committer's orphan

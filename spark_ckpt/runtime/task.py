@@ -365,6 +365,17 @@ class OperatorTask:
                     checkpoint_id, TaskStateHandle(backend.task_id, mine)
                 )
 
+    def sealed_transactions(self) -> list[Transaction]:
+        """The sink transactions this task sealed whose commit it has not seen, oldest
+        first (they go into every checkpoint it takes until then)."""
+        return [self._sealed[c] for c in sorted(self._sealed)]
+
+    def adopt_sealed(self, txns: Sequence[Transaction]) -> None:
+        """Take over sealed transactions of this subtask (from its image,
+        :mod:`spark_ckpt.runtime.subtask_image`); before the first input."""
+        for txn in txns:
+            self._sealed[txn.checkpoint_id] = txn
+
     def notify_aborted(self, checkpoint_id: int, reason: str) -> None:
         """The coordinator aborted *checkpoint_id*: stop aligning on it."""
         with self._acked_lock:

@@ -9,6 +9,7 @@ task memory (:meth:`MemorySink.crash` loses them).
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
@@ -33,6 +34,12 @@ class MemoryStaging:
         """Remove and return the tables of *txn_id* (``None`` if it is not staged)."""
         with self._lock:
             return self._staged.pop(txn_id, None)
+
+    def get(self, txn_id: str) -> list[pa.Table] | None:
+        """The tables of *txn_id*, left staged (``None`` if it is not staged)."""
+        with self._lock:
+            found = self._staged.get(txn_id)
+            return None if found is None else list(found)
 
     def drop_all(self) -> None:
         """Discard every staged transaction."""
@@ -60,6 +67,29 @@ class MemorySinkWriter:
             tables = self._open.pop((operator_uid, subtask), [])
         self._staging.put(txn.txn_id, tables)
         return txn
+
+    def detach(self, operator_uid: str, subtask: int) -> tuple[str, ...]:
+        """Stage the open transaction of (*operator_uid*, *subtask*) under a new id and hand
+        the id over (:class:`~spark_ckpt.sinks.sink.DetachableWriter`)."""
+        with self._lock:
+            tables = self._open.pop((operator_uid, subtask), [])
+        if not tables:
+            return ()
+        staged = f"open-{operator_uid}-{subtask}-{uuid.uuid4().hex}"
+        self._staging.put(staged, tables)
+        return (staged,)
+
+    def attach(self, operator_uid: str, subtask: int, staged: tuple[str, ...]) -> None:
+        """Resume an open transaction :meth:`detach` handed over (it stays staged, so the
+        same image may be loaded again, as a retried task does)."""
+        tables: list[pa.Table] = []
+        for name in staged:
+            found = self._staging.get(name)
+            if found is None:
+                raise ProtocolError(f"open transaction {name} is not staged")
+            tables += found
+        with self._lock:
+            self._open[(operator_uid, subtask)] = tables
 
     def crash(self) -> None:
         """Lose the open transactions (they were only in task memory)."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -116,6 +116,22 @@ class SinkWriter(Protocol):
         """Seal the open transaction of (*operator_uid*, *subtask*) as that of checkpoint
         *checkpoint_id* (possibly empty), recording the storage it was staged for in its
         ``sink``; the next ``write`` opens a new one."""
+        ...
+
+
+@runtime_checkable
+class DetachableWriter(SinkWriter, Protocol):
+    """A writer whose open transactions can move between processes: a subtask that runs
+    one micro-batch per Spark task hands its open transaction over at the end of each and
+    takes it back at the start of the next, wherever that runs."""
+
+    def detach(self, operator_uid: str, subtask: int) -> tuple[str, ...]:
+        """Close and hand over the open transaction of (*operator_uid*, *subtask*) as JSON
+        strings; the writer forgets it."""
+        ...
+
+    def attach(self, operator_uid: str, subtask: int, staged: tuple[str, ...]) -> None:
+        """Resume an open transaction that :meth:`detach` handed over."""
         ...
 
 

@@ -48,7 +48,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from spark_ckpt.errors import StateError
-from spark_ckpt.protocol.handle import BlobRef, TaskId, TaskSnapshot, TaskStateHandle
+from spark_ckpt.protocol.handle import BlobRef, StateBlob, TaskId, TaskSnapshot, TaskStateHandle
 from spark_ckpt.state.descriptor import (
     CONVERSION_ERRORS,
     ListStateDescriptor,
@@ -725,6 +725,12 @@ class KeyedStateBackend:
         return self._snapshots.snapshot(
             checkpoint_id, self._states, self._operator_states, full=full
         )
+
+    def full_blobs(self) -> list[StateBlob]:
+        """The whole state as the blobs of a full snapshot, without taking one (no change
+        or snapshot history is touched): what a subtask's image holds; a fresh backend loads
+        them back with :func:`~spark_ckpt.state.restore.restore_backend`."""
+        return self._snapshots.full_blobs(self._states, self._operator_states)
 
     def pending_snapshots(self) -> list[int]:
         """Ids of snapshots neither completed nor aborted, oldest first."""

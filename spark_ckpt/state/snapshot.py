@@ -366,17 +366,37 @@ class SnapshotStrategy:
             elif live:
                 table = full_table(state, self.key_type, self.max_parallelism)
                 new_blobs.append(self._blob(BlobKind.KEYED_FULL, name, table, 0))
-        for name in sorted(operator):
-            op = operator[name]
-            table = pa.table(
-                [pa.array(op.get(), type=op.element_type)],
-                schema=operator_blob_schema(name, op.element_type),
-            )
-            new_blobs.append(self._blob(BlobKind.OPERATOR, name, table, 0))
+        new_blobs += [self._operator_blob(name, operator[name]) for name in sorted(operator)]
         changes = {n: _take_changes(s) for n, s in keyed.items() if s.changes}
         self._pending.append(_PendingSnapshot(checkpoint_id, changes))
         self._last_snapshot_id = checkpoint_id
         return TaskSnapshot(self.task_id, tuple(new_blobs), tuple(reused))
+
+    def full_blobs(
+        self, keyed: Mapping[str, TrackedState], operator: Mapping[str, OperatorListState]
+    ) -> list[StateBlob]:
+        """The whole state as the blobs of a full snapshot (a FULL blob per keyed state that
+        holds entries, an OPERATOR blob per operator state), without taking a snapshot:
+        neither the changes nor the snapshot history are touched. What a subtask's image
+        holds (:mod:`spark_ckpt.runtime.subtask`)."""
+        blobs = [
+            self._blob(
+                BlobKind.KEYED_FULL,
+                name,
+                full_table(keyed[name], self.key_type, self.max_parallelism),
+                0,
+            )
+            for name in sorted(keyed)
+            if keyed[name].count()
+        ]
+        return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
+
+    def _operator_blob(self, name: str, op: OperatorListState) -> StateBlob:
+        table = pa.table(
+            [pa.array(op.get(), type=op.element_type)],
+            schema=operator_blob_schema(name, op.element_type),
+        )
+        return self._blob(BlobKind.OPERATOR, name, table, 0)
 
     def _blob(self, kind: BlobKind, name: str, table: pa.Table, seq: int) -> StateBlob:
         keyed = kind in KEYED_BLOB_KINDS
