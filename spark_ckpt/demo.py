@@ -30,6 +30,7 @@ from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
 from spark_ckpt.runtime.restore_settings import RestoreSettings, parse_time
 from spark_ckpt.sources.stream_offset import BarrierPlacement
+from spark_ckpt.spark.job import Placement
 from spark_ckpt.testing import faults
 
 if TYPE_CHECKING:
@@ -219,6 +220,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--parallelism", type=int, default=2)
     p.add_argument(
+        "--placement",
+        choices=[w.value for w in Placement],
+        default=Placement.DRIVER.value,
+        help="where the subtasks run: in the driver (foreachBatch) or on the executors",
+    )
+    p.add_argument(
         "--remote",
         default=None,
         metavar="URL",
@@ -367,6 +374,7 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
         operator,
         output=output,
         parallelism=args.parallelism,
+        placement=args.placement,
         available_now=args.available_now,
         duration_s=None if args.available_now or args.seconds <= 0 else args.seconds,
         on_checkpoint=progress,

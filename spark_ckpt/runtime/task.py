@@ -351,9 +351,7 @@ class OperatorTask:
             if sink_committed is None:
                 with self.tracer.span(Phase.COMMITTED_CHECKPOINT):
                     sink_committed = self.sink.committer.committed_checkpoint()
-            committed = min(checkpoint_id, sink_committed)
-            for cid in [c for c in self._sealed if c <= committed]:
-                del self._sealed[cid]
+            self.forget_committed(min(checkpoint_id, sink_committed))
         with self._acked_lock:
             handle = self._acked.pop(checkpoint_id, None)
             for c in [c for c in self._acked if c < checkpoint_id]:
@@ -364,6 +362,12 @@ class OperatorTask:
                 backend.notify_checkpoint_complete(
                     checkpoint_id, TaskStateHandle(backend.task_id, mine)
                 )
+
+    def forget_committed(self, committed: int) -> None:
+        """The sink committed every transaction of checkpoints <= *committed*: they no
+        longer go into this task's checkpoints."""
+        for cid in [c for c in self._sealed if c <= committed]:
+            del self._sealed[cid]
 
     def sealed_transactions(self) -> list[Transaction]:
         """The sink transactions this task sealed whose commit it has not seen, oldest

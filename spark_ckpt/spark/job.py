@@ -11,10 +11,22 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.operator import KeyedOperator
+
+
+class Placement(StrEnum):
+    """Where the subtasks run: ``driver`` — in the process that calls ``foreachBatch`` (the
+    user's driver, or the Spark Connect server), which collects every micro-batch;
+    ``executors`` — inside Spark tasks on the executors, next to their state
+    (:mod:`spark_ckpt.spark.executor_subtasks`)."""
+
+    DRIVER = "driver"
+    EXECUTORS = "executors"
+
 
 Source = Mapping[str, object]
 Operators = KeyedOperator | Sequence[KeyedOperator]
@@ -30,8 +42,9 @@ class JobSpec:
     before the first operator), and each operator's state is restored by its uid, wherever
     it stands in the chain, so uids must be distinct. *pipelined*: process a micro-batch
     while Spark reads the next (see :class:`~spark_ckpt.spark.batch_aligner.BatchAligner`).
-    *tracer*: receives the engine's spans where the foreachBatch function runs (picklable
-    and cheap; see :mod:`spark_ckpt.protocol.trace`), injected like the clock."""
+    *tracer*: receives the engine's spans where the subtasks run (picklable and cheap; see
+    :mod:`spark_ckpt.protocol.trace`), injected like the clock. *placement*: where the
+    subtasks run (:class:`Placement`)."""
 
     source: Source
     operators: tuple[KeyedOperator, ...]
@@ -39,6 +52,7 @@ class JobSpec:
     parallelism: int = 2
     pipelined: bool = True
     tracer: Tracer = NOOP_TRACER
+    placement: Placement = Placement.DRIVER
 
     @staticmethod
     def of(
@@ -49,9 +63,16 @@ class JobSpec:
         parallelism: int = 2,
         pipelined: bool = True,
         tracer: Tracer = NOOP_TRACER,
+        placement: Placement | str = Placement.DRIVER,
     ) -> JobSpec:
-        """A validated spec: at least one operator, distinct uids; a local *output* made
-        absolute."""
+        """A validated spec: at least one operator, distinct uids, a known placement; a
+        local *output* made absolute."""
+        try:
+            where = Placement(str(placement).strip().lower())
+        except ValueError:
+            raise ConfigError(
+                "placement", placement, " or ".join(p.value for p in Placement)
+            ) from None
         ops = (operators,) if isinstance(operators, KeyedOperator) else tuple(operators)
         if not ops:
             raise ConfigError("operators", (), "at least one KeyedOperator")
@@ -73,4 +94,4 @@ class JobSpec:
                 f"the first operator; these are keyed by {', '.join(map(repr, keys))})",
             )
         out = output if "://" in output else os.path.abspath(output)
-        return JobSpec(dict(source), ops, out, parallelism, pipelined, tracer)
+        return JobSpec(dict(source), ops, out, parallelism, pipelined, tracer, where)

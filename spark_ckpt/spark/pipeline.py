@@ -56,11 +56,12 @@ from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
 from spark_ckpt.runtime.task import CHAIN_VERTEX
 from spark_ckpt.spark.client import PipelineClient
+from spark_ckpt.spark.executor_subtasks import SubtaskFunction, subtask_query
 from spark_ckpt.spark.foreach_batch import AlignerSpec, ForeachBatchFunction
 from spark_ckpt.spark.host import SOURCE_TASK
-from spark_ckpt.spark.job import JobSpec, Operators, Source
+from spark_ckpt.spark.job import JobSpec, Operators, Placement, Source
 from spark_ckpt.spark.mailbox import SinkSpec, Topology, mark_starting, write_topology
-from spark_ckpt.spark.pipeline_run import PipelineRun
+from spark_ckpt.spark.pipeline_run import PipelineRun, RunFunction
 from spark_ckpt.spark.quiet_stop import silence_task_kill_logs
 from spark_ckpt.spark.restore import prepare_restore
 from spark_ckpt.spark.run import RunFiles, Runs, RunState, new_run_id
@@ -69,6 +70,7 @@ from spark_ckpt.spark.supervisor import Interrupts, RunResult, RunSupervisor, St
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
 
     from spark_ckpt.delta.store import DeltaCheckpointStore
 
@@ -107,8 +109,18 @@ class PreparedRun:
 
     run_id: str
     dataframe: DataFrame
-    function: ForeachBatchFunction
+    function: RunFunction
     files: RunFiles
+    key_column: str = ""
+
+    def stream_writer(self) -> DataStreamWriter:
+        """The run's query, not started: the ``foreachBatch`` function over the source, or
+        (subtasks on executors) the subtasks' stateful query into ``noop``."""
+        if isinstance(self.function, SubtaskFunction):
+            query = subtask_query(self.dataframe, self.function, self.key_column)
+            writer: DataStreamWriter = query.writeStream.format("noop").outputMode("update")
+            return writer
+        return self.dataframe.writeStream.foreachBatch(self.function)
 
 
 class Pipeline:
@@ -175,6 +187,7 @@ class Pipeline:
         parallelism: int = 2,
         pipelined: bool = True,
         tracer: Tracer = NOOP_TRACER,
+        placement: Placement | str = Placement.DRIVER,
     ) -> PreparedRun:
         """Everything one run of the job needs before its query starts (see
         :class:`~spark_ckpt.spark.job.JobSpec` for the arguments). Callers that drive the
@@ -189,6 +202,7 @@ class Pipeline:
             parallelism=parallelism,
             pipelined=pipelined,
             tracer=tracer,
+            placement=placement,
         )
         return self._prepare(job)
 
@@ -203,26 +217,45 @@ class Pipeline:
         parsed = SourceOptions.parse(opts)
         from datasources.source import open_channel_source
 
-        spec = AlignerSpec(
-            root=self.root,
-            pipeline=self.name,
-            run_id=run_id,
-            operators=job.operators,
-            channels=open_channel_source(parsed).channels,
-            output=job.output,
-            parallelism=job.parallelism,
-            mode=alignment_mode(self.config),
-            max_parallelism=self.config.max_parallelism,
-            pipelined=job.pipelined,
-            tracer=job.tracer,
-        )
+        channels = open_channel_source(parsed).channels
+        function: RunFunction
+        if job.placement is Placement.EXECUTORS:
+            function = SubtaskFunction(
+                root=self.root,
+                pipeline=self.name,
+                run_id=run_id,
+                operators=job.operators,
+                channels=channels,
+                output=job.output,
+                parallelism=job.parallelism,
+                mode=alignment_mode(self.config),
+                max_parallelism=self.config.max_parallelism,
+                tracer=job.tracer,
+            )
+        else:
+            function = ForeachBatchFunction(
+                AlignerSpec(
+                    root=self.root,
+                    pipeline=self.name,
+                    run_id=run_id,
+                    operators=job.operators,
+                    channels=channels,
+                    output=job.output,
+                    parallelism=job.parallelism,
+                    mode=alignment_mode(self.config),
+                    max_parallelism=self.config.max_parallelism,
+                    pipelined=job.pipelined,
+                    tracer=job.tracer,
+                )
+            )
         sink = SinkSpec("delta", job.output, CHAIN_VERTEX)
         topology = Topology(CHAIN_VERTEX, job.parallelism, sink, run_id)
         write_topology(self.root, topology, run_id)
         mark_starting(self.root, run_id)  # live for requests until its coordinator beats
         self._run_ids.add(run_id)
         df = self.spark.readStream.format("ckpt-source").options(**opts).load()
-        return PreparedRun(run_id, df, ForeachBatchFunction(spec), RunFiles(self.root, run_id))
+        key = job.operators[0].key_column
+        return PreparedRun(run_id, df, function, RunFiles(self.root, run_id), key)
 
     def start(
         self,
@@ -235,6 +268,7 @@ class Pipeline:
         available_now: bool = False,
         trigger_s: float | None = None,
         tracer: Tracer = NOOP_TRACER,
+        placement: Placement | str = Placement.DRIVER,
         restore: RestoreSettings | None = None,
     ) -> PipelineRun:
         """Start one run of the job (see :class:`~spark_ckpt.spark.job.JobSpec`). The run
@@ -256,6 +290,7 @@ class Pipeline:
             parallelism=parallelism,
             pipelined=pipelined,
             tracer=tracer,
+            placement=placement,
         )
         self._restore(job, restore)
         run = self._start(job, available_now, trigger_s, attempt=1)
@@ -294,7 +329,7 @@ class Pipeline:
         self, job: JobSpec, available_now: bool, trigger_s: float | None, attempt: int
     ) -> PipelineRun:
         prepared = self._prepare(job)
-        writer = prepared.dataframe.writeStream.foreachBatch(prepared.function).option(
+        writer = prepared.stream_writer().option(
             "checkpointLocation", self.spark_checkpoint_location()
         )
         if available_now:
@@ -324,6 +359,7 @@ class Pipeline:
         on_checkpoint: Callable[[CompletedCheckpoint], None] | None = None,
         poll_s: float = 0.5,
         tracer: Tracer = NOOP_TRACER,
+        placement: Placement | str = Placement.DRIVER,
         restore: RestoreSettings | None = None,
         on_stop: Callable[[StopReason], None] | None = None,
     ) -> RunResult:
@@ -350,6 +386,7 @@ class Pipeline:
             parallelism=parallelism,
             pipelined=pipelined,
             tracer=tracer,
+            placement=placement,
         )
         start_from = self._restore(job, restore)
 

@@ -32,6 +32,7 @@ from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.coordinator import JobStatus, discards_checkpoints
 from spark_ckpt.runtime.restore_settings import PIPELINE
 from spark_ckpt.spark.client import PipelineClient
+from spark_ckpt.spark.executor_subtasks import SubtaskFunction
 from spark_ckpt.spark.foreach_batch import ForeachBatchFunction
 from spark_ckpt.spark.host import REQUEST_ID, RUN, STOP
 from spark_ckpt.spark.mailbox import Mailbox, RequestKind, read_topology
@@ -47,6 +48,10 @@ log = logging.getLogger(__name__)
 
 #: How long a graceful stop waits for a micro-batch in progress before stopping anyway.
 STOP_GRACE_S = 30.0
+#: What a run's query calls: the foreachBatch function (subtasks in the driver) or the
+#: subtasks' stateful function (on executors).
+RunFunction = ForeachBatchFunction | SubtaskFunction
+
 #: How often a run's watcher looks for the final checkpoint of a stop request.
 WATCH_POLL_S = 0.5
 
@@ -61,7 +66,7 @@ class PipelineRun:
     run_id: str
     attempt: int
     query: StreamingQuery
-    function: ForeachBatchFunction
+    function: RunFunction
     files: RunFiles
     _stop_lock: threading.Lock = field(
         default_factory=threading.Lock, init=False, repr=False, compare=False

@@ -265,8 +265,10 @@ def failure_summary(error: BaseException, limit: int = 500) -> str:
     """The user-facing cause of a failed query, from Spark's message (a foreachBatch or
     data source error carries the Python traceback): the last error of spark-ckpt's own
     (``spark_ckpt.*``: what a user operator's failure or an injected fault is wrapped in is
-    not, so the last Python error line otherwise), else the message's first line."""
-    text = str(error)
+    not, so the last Python error line otherwise), else the message's first line. The query's
+    description that Spark appends (``=== Streaming Query ===``, ``Identifier: …``, the plan)
+    is not part of the cause."""
+    text = str(error).split("\n=== Streaming Query ===", 1)[0]
     lines = [m for line in text.splitlines() if (m := _PYTHON_ERROR.match(line))]
     ours = [m for m in lines if m.group(1).startswith("spark_ckpt.")]
     python = [m for m in lines if not m.group(1).startswith(("org.", "java.", "scala."))]

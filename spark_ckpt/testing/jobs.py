@@ -61,6 +61,8 @@ class DemoArgs:
     tolerable_failures: int = 3
     retention: str = "RETAIN_ON_CANCELLATION"
     parallelism: int = 2
+    #: where the subtasks run (``--placement``): ``driver`` or ``executors``
+    placement: str = "driver"
     #: run under Spark Connect (``--remote``), e.g. ``"local[2]"``; None: classic Spark
     remote: str | None = None
     #: default directory of savepoints (``--savepoint-dir``)
@@ -109,6 +111,8 @@ class DemoArgs:
             self.retention,
             "--parallelism",
             str(self.parallelism),
+            "--placement",
+            self.placement,
         ]
         if self.input is not None:
             args += ["--input", str(self.input)]

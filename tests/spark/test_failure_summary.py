@@ -27,6 +27,14 @@ FOREACH = (
             FOREACH.format(last="spark_ckpt.errors.StoreError: disk full\nValueError: later"),
             "StoreError: disk full",
         ),
+        (  # an executor's Python error, and the query's description after it
+            "[STREAM_FAILED] Query [id = 1] terminated with exception: [PYTHON_EXCEPTION] An "
+            "exception was thrown from the Python worker: Traceback (most recent call last):\n"
+            '  File "op.py", line 3, in process_batch\nRuntimeError: injected boom\n'
+            " SQLSTATE: 38000 SQLSTATE: XXKST\n=== Streaming Query ===\n"
+            "Identifier: q-11b82c [id = 1, runId = 2]\nCurrent State: ACTIVE",
+            "RuntimeError: injected boom",
+        ),
         (
             "[STREAM_FAILED] Connection reset SQLSTATE: XXKST",
             "[STREAM_FAILED] Connection reset SQLSTATE: XXKST",

@@ -1,0 +1,280 @@
+"""Subtasks on executors: the operator chain runs inside Spark tasks, next to its state.
+
+``Pipeline.run(..., placement="executors")`` builds, instead of a ``foreachBatch`` function,
+this query over the ``ckpt-source`` DataFrame (``docs/design/executors.md``)::
+
+    source ─ mapInArrow(Router) ─ groupBy(_ckpt_subtask)
+           ─ applyInPandasWithState(SubtaskFunction) ─ writeStream.format("noop")
+
+* :class:`Router` (executors, where the source's partitions are read): cuts every Arrow
+  batch into one *payload* per subtask, the Arrow IPC bytes of the data rows of the
+  subtask's key groups plus every control row (barriers reach every subtask). Spark's
+  shuffle moves a few binary rows per batch and subtask, not the rows one by one, and the
+  rows keep their Arrow types exactly.
+* :class:`SubtaskFunction` (executors, one Spark task per subtask and micro-batch, in the
+  state-store partition that Spark's ``StateStoreCoordinator`` keeps on one executor): the
+  subtask's rows of the micro-batch in channel order, data rows first and barrier rows
+  after them (the source aligns, :mod:`spark_ckpt.sources.stream_offset`), through an
+  :class:`~spark_ckpt.runtime.task.OperatorTask`: operators, keyed and operator state,
+  output staged into the Delta table, snapshots written to the checkpoint store and
+  acknowledged through the run's mailbox — all in the executor's Python worker. No data row
+  passes through the driver.
+
+**State between micro-batches.** The subtask's state after a micro-batch is an image
+(:mod:`spark_ckpt.runtime.subtask_image`) published into the executor's cache
+(:mod:`spark_ckpt.spark.executor_cache`), and Spark's own state for the group holds only
+the fence naming it (run, micro-batch, attempt token, executor). The next micro-batch loads
+exactly the image its fence names: never a zombie's, a retried attempt's or another run's.
+The first micro-batch of a run restores the subtask's key groups from the checkpoint the
+run's coordinator chose. An image that is gone (the subtask moved to another executor, the
+executor was lost) fails the micro-batch with :class:`SubtaskStateLostError`; the query
+fails and :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>` restarts it from
+the latest completed checkpoint (a rebuild from a changelog is the next step of the design).
+
+**Exactly-once.** A retried or speculative attempt of a micro-batch starts from the same
+fence, stages its output under new names and writes its snapshot idempotently per
+(subtask, checkpoint); the coordinator takes the first acknowledgement, and a checkpoint's
+commit never adds a transaction of a checkpoint already committed
+(:meth:`~spark_ckpt.delta.sink_committer.DeltaSinkCommitter.commit_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_ckpt.errors import ProtocolError, StateError
+from spark_ckpt.protocol.barrier import CHANNEL, CHECKPOINT_ID, OFFSET
+from spark_ckpt.protocol.clock import SystemClock
+from spark_ckpt.protocol.handle import (
+    AcknowledgeCheckpoint,
+    DeclineCheckpoint,
+    TaskId,
+    encode_table,
+)
+from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
+from spark_ckpt.runtime.aligner import AlignmentMode
+from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.runtime.subtask_image import SubtaskImage, export_image, import_image
+from spark_ckpt.runtime.task import CHAIN_VERTEX, OperatorTask
+from spark_ckpt.spark.executor_cache import (
+    FENCE_SCHEMA,
+    CacheKey,
+    ExecutorStateCache,
+    Fence,
+    StateImage,
+    attempt_token,
+    current_batch_id,
+)
+from spark_ckpt.spark.host import SOURCE_TASK
+from spark_ckpt.spark.mailbox import Mailbox
+from spark_ckpt.spark.run import RunFiles
+from spark_ckpt.state.keygroup import subtasks_for_keys
+
+# pyspark's own pandas serializer of applyInPandasWithState concatenates the group's (empty)
+# state frame with its rows and trips a pandas FutureWarning on every micro-batch, in the
+# executors' Python workers (which import this module when they unpickle the function)
+warnings.filterwarnings(
+    "ignore", category=FutureWarning, module=r"pyspark\.sql\.pandas\.serializers"
+)
+
+#: The routing columns between :class:`Router` and :class:`SubtaskFunction`.
+SUBTASK = "_ckpt_subtask"
+PAYLOAD = "_ckpt_payload"
+ROUTED_SCHEMA = f"{SUBTASK} int, {PAYLOAD} binary"
+#: What each subtask reports per micro-batch (the query's output, discarded by ``noop``).
+REPORT_SCHEMA = "subtask int, batch long, rows long, outcome string, load_ms double"
+
+
+class SubtaskStateLostError(StateError):
+    """A subtask's state after the previous micro-batch is not where its task runs (it
+    moved to another executor, or its executor was lost): the run restarts from the latest
+    completed checkpoint."""
+
+
+@dataclass(frozen=True)
+class Router:
+    """``mapInArrow`` function (executors): each Arrow batch of the source's rows as one
+    payload row per subtask (see the module docstring). Picklable."""
+
+    key_column: str
+    parallelism: int
+    max_parallelism: int
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            table = pa.Table.from_batches([batch])
+            if table.num_rows == 0:
+                continue
+            control = pc.is_valid(table.column(CHECKPOINT_ID)).to_numpy(zero_copy_only=False)
+            owner = np.full(table.num_rows, -1, dtype=np.int64)
+            data = np.flatnonzero(~control)
+            if len(data):
+                keys = table.column(self.key_column).take(pa.array(data))
+                owner[data] = subtasks_for_keys(
+                    keys, self.max_parallelism, self.parallelism
+                ).to_numpy(zero_copy_only=False)
+            subtasks, payloads = [], []
+            for s in range(self.parallelism):
+                mine = table.filter(pa.array(control | (owner == s)))
+                if mine.num_rows:
+                    subtasks.append(s)
+                    payloads.append(encode_table(mine))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(subtasks, pa.int32()), pa.array(payloads, pa.binary())],
+                names=[SUBTASK, PAYLOAD],
+            )
+
+
+def subtask_rows(payloads: list[bytes]) -> pa.Table:
+    """A subtask's rows of one micro-batch from its payloads (in any order): data rows in
+    channel order, then the control rows in channel order. The source emits a channel's
+    barriers after its last data row of the batch, so this keeps every channel's order."""
+    table = pa.concat_tables([pa.ipc.open_stream(pa.py_buffer(p)).read_all() for p in payloads])
+    order = pc.sort_indices(
+        pa.table(
+            {
+                "control": pc.is_valid(table.column(CHECKPOINT_ID)),
+                "channel": table.column(CHANNEL),
+                "offset": table.column(OFFSET),
+                "checkpoint": table.column(CHECKPOINT_ID),
+            }
+        ),
+        sort_keys=[(c, "ascending") for c in ("control", "channel", "offset", "checkpoint")],
+    )
+    return table.take(order)
+
+
+@dataclass(frozen=True)
+class SubtaskFunction:
+    """``applyInPandasWithState`` function of one run (executors): one subtask's micro-batch
+    (see the module docstring). Picklable: it builds its runtime in the process that calls
+    it, at every call."""
+
+    root: str
+    pipeline: str
+    run_id: str
+    operators: tuple[KeyedOperator, ...]
+    channels: int
+    output: str
+    parallelism: int
+    mode: AlignmentMode = AlignmentMode.ALIGNED
+    max_parallelism: int = 128
+    tracer: Tracer = NOOP_TRACER
+
+    def __call__(self, key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+        import pandas as pd
+
+        subtask = int(key[0])
+        payloads = [p for pdf in pdfs for p in pdf[PAYLOAD].tolist()]
+        fence = Fence.from_row(state.get) if state.exists else None
+        batch_id = current_batch_id()
+        if batch_id is None:
+            raise ProtocolError("a subtask runs inside a streaming query's task")
+        start = time.perf_counter()
+        task, writer, outcome = self._open(subtask, fence)
+        load_ms = (time.perf_counter() - start) * 1000
+        table = subtask_rows(payloads)
+        task.process(table)
+        task.tick()
+        if task.sealed_transactions() and task.sink is not None:
+            task.forget_committed(task.sink.committer.committed_checkpoint())
+        image = export_image(task, writer)
+        cache = ExecutorStateCache.for_this_executor()
+        published = cache.publish(
+            self._key(subtask),
+            batch_id,
+            StateImage(image.tables, image.meta),
+            token=attempt_token(),
+            previous=fence,
+        )
+        state.update(published.to_row())
+        yield pd.DataFrame(
+            {
+                "subtask": [subtask],
+                "batch": [batch_id],
+                "rows": [table.num_rows],
+                "outcome": [outcome],
+                "load_ms": [load_ms],
+            }
+        )
+
+    def _key(self, subtask: int) -> CacheKey:
+        return CacheKey(self.root, self.run_id, subtask)
+
+    def _open(self, subtask: int, fence: Fence | None) -> tuple[OperatorTask, Any, str]:
+        """The subtask's task, with its state: the image its fence names, or (the run's
+        first micro-batch) the run's restore point."""
+        from spark_ckpt.delta.sink import DeltaSink
+        from spark_ckpt.delta.store import DeltaCheckpointStore
+
+        store = DeltaCheckpointStore(self.root)
+        sink = DeltaSink(self.output, pipeline=self.pipeline)
+        mailbox = Mailbox(self.root, self.run_id)
+
+        def respond(message: AcknowledgeCheckpoint | DeclineCheckpoint) -> None:
+            mailbox.post(message)
+
+        task = OperatorTask(
+            TaskId(CHAIN_VERTEX, subtask),
+            channels=range(self.channels),
+            operators=self.operators,
+            parallelism=self.parallelism,
+            store=store,
+            respond=respond,
+            clock=SystemClock(),
+            mode=self.mode,
+            max_parallelism=self.max_parallelism,
+            sink=sink,
+            source_vertex=SOURCE_TASK.vertex,
+            tracer=self.tracer,
+        )
+        if fence is None:
+            files = RunFiles(self.root, self.run_id)
+            point = files.restore_point()
+            if point is None:
+                raise ProtocolError(
+                    f"run {self.run_id} has no restore point: its coordinator did not start"
+                )
+            checkpoint = None if point.checkpoint_id is None else store.get(point.checkpoint_id)
+            try:
+                task.restore(checkpoint)
+            except StateError as e:
+                # the state does not fit the operators: every restart would fail alike
+                files.write_fatal(f"{type(e).__name__}: {e}")
+                raise
+            return task, sink.writer, "restored"
+        lookup = ExecutorStateCache.for_this_executor().lookup(self._key(subtask), fence)
+        if lookup.image is None:
+            raise SubtaskStateLostError(
+                f"subtask {subtask} of run {self.run_id}: its state after micro-batch "
+                f"{fence.batch_id} is not on this executor ({lookup.miss}); the run "
+                "restarts from the latest completed checkpoint"
+            )
+        image = SubtaskImage(lookup.image.tables, lookup.image.meta)
+        import_image(task, sink.writer, image)
+        return task, sink.writer, "hit"
+
+    def retire(self) -> None:
+        """Nothing to release in the driver: the runtime lives in the executors' tasks."""
+
+
+def subtask_query(df: Any, function: SubtaskFunction, key_column: str) -> Any:
+    """The streaming DataFrame of the executor path over the ``ckpt-source`` DataFrame *df*
+    (see the module docstring); start it with ``writeStream.format("noop")`` in update
+    mode."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    routed = df.mapInArrow(
+        Router(key_column, function.parallelism, function.max_parallelism), ROUTED_SCHEMA
+    )
+    return routed.groupBy(SUBTASK).applyInPandasWithState(
+        function, REPORT_SCHEMA, FENCE_SCHEMA, "update", GroupStateTimeout.NoTimeout
+    )
