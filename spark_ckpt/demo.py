@@ -226,6 +226,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="where the subtasks run: in the driver (foreachBatch) or on the executors",
     )
     p.add_argument(
+        "--master",
+        default="local[2]",
+        help="classic Spark's master, e.g. local-cluster[2,1,1024] for executors as processes",
+    )
+    p.add_argument(
+        "--conf",
+        action="append",
+        type=_spark_setting,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting of the session (repeatable)",
+    )
+    p.add_argument(
         "--remote",
         default=None,
         metavar="URL",
@@ -278,7 +291,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.remote:
         spark = connect_session(args.remote, app, log_level="ERROR", quiet=not args.spark_logs)
     else:
-        spark = local_session(app, log_level="ERROR", quiet=not args.spark_logs)
+        spark = local_session(
+            app,
+            master=args.master,
+            log_level="ERROR",
+            quiet=not args.spark_logs,
+            conf=dict(args.conf),
+        )
     try:
         return run(spark, args, settings)
     except SparkCkptError as e:  # a failed pipeline, a restore refused, a damaged store, ...
@@ -288,6 +307,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:  # whatever happened (other errors end in spark_ckpt.cli.main's one line)
         stop_spark(spark)
+
+
+def _spark_setting(text: str) -> tuple[str, str]:
+    """``--conf KEY=VALUE`` as a pair."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), value
 
 
 class _Parser(argparse.ArgumentParser):

@@ -77,6 +77,7 @@ from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox
 from spark_ckpt.spark.run import RunFiles
 from spark_ckpt.state.keygroup import subtasks_for_keys
+from spark_ckpt.testing import faults
 
 # pyspark's own pandas serializer of applyInPandasWithState concatenates the group's (empty)
 # state frame with its rows and trips a pandas FutureWarning on every micro-batch, in the
@@ -215,7 +216,7 @@ class SubtaskFunction:
         from spark_ckpt.delta.sink import DeltaSink
         from spark_ckpt.delta.store import DeltaCheckpointStore
 
-        store = DeltaCheckpointStore(self.root)
+        store = faults.faulty_store(DeltaCheckpointStore(self.root), self.root)
         sink = DeltaSink(self.output, pipeline=self.pipeline)
         mailbox = Mailbox(self.root, self.run_id)
 

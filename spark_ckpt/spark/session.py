@@ -46,11 +46,12 @@ def local_session(
     log_level: str = "WARN",
     *,
     quiet: bool = True,
+    conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
     """Get or create a local (classic) SparkSession suitable for spark-ckpt pipelines and
     tests: no console progress bars (a pipeline reports its checkpoints itself), Spark's log
     at *log_level* from the start (``spark.log.level``), and — *quiet* — without Spark's
-    console noise (see the module docstring)."""
+    console noise (see the module docstring). *conf*: further Spark settings (they win)."""
     ensure_pyspark_python()
     ensure_java()
     from pyspark.sql import SparkSession
@@ -58,7 +59,8 @@ def local_session(
     if quiet:
         start_quiet_jvm(master)
     builder = SparkSession.builder.master(master)
-    for key, value in _settings(app_name, shuffle_partitions, log_level).items():
+    settings = {**_settings(app_name, shuffle_partitions, log_level), **(conf or {})}
+    for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 

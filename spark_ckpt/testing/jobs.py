@@ -63,6 +63,9 @@ class DemoArgs:
     parallelism: int = 2
     #: where the subtasks run (``--placement``): ``driver`` or ``executors``
     placement: str = "driver"
+    #: classic Spark's master (``--master``) and further Spark settings (``--conf``)
+    master: str = "local[2]"
+    conf: tuple[str, ...] = ()
     #: run under Spark Connect (``--remote``), e.g. ``"local[2]"``; None: classic Spark
     remote: str | None = None
     #: default directory of savepoints (``--savepoint-dir``)
@@ -113,7 +116,11 @@ class DemoArgs:
             str(self.parallelism),
             "--placement",
             self.placement,
+            "--master",
+            self.master,
         ]
+        for setting in self.conf:
+            args += ["--conf", setting]
         if self.input is not None:
             args += ["--input", str(self.input)]
         if self.remote is not None:

@@ -1,0 +1,190 @@
+"""Executor faults on a real multi-process cluster: ``local-cluster[2,1,1024]`` (two executor
+JVMs, each with its own Python workers) with the subtasks on the executors.
+
+Each test runs the demo job in a subprocess, kills processes of the cluster from the test
+while it runs (a killer in the test, no fail point in the job), lets it recover, then ends
+with a final ``--available-now`` run. Oracle: a plain fold over the generator's rows up to
+the final checkpoint's positions: every ``(user_id, count)`` row exactly once."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import (
+    DemoLauncher,
+    generated_keys,
+    output_rows,
+    read_delta,
+    running_count_rows,
+)
+from test_crash import (
+    FIRST_CHECKPOINT_TIMEOUT_S,
+    LAGGING_BACKLOG,
+    _args,
+    _completes_after,
+    _diff,
+    _final_positions,
+    _finish,
+    _latest_id,
+)
+
+from spark_ckpt.testing import faults
+from spark_ckpt.testing.jobs import DemoArgs, DemoRun, session_processes
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+CLUSTER = "local-cluster[2,1,1024]"
+EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+def executor_jvms(run: DemoRun) -> list[int]:
+    return [p for p in session_processes(run.sid) if EXECUTOR_MAIN in _cmdline(p)]
+
+
+def holds_state(executor: int) -> bool:
+    """Whether executor JVM *executor* caches subtask state: its local directories
+    (``SPARK_EXECUTOR_DIRS``, set by the standalone worker) hold the state cache."""
+    try:
+        with open(f"/proc/{executor}/environ", "rb") as f:
+            env = dict(line.split(b"=", 1) for line in f.read().split(b"\0") if b"=" in line)
+    except OSError:
+        return False
+    dirs = env.get(b"SPARK_EXECUTOR_DIRS", b"").decode().split(":")
+    return any(any(Path(d).glob("blockmgr-*/spark-ckpt-state-cache/*/*")) for d in dirs if d)
+
+
+def python_workers(run: DemoRun, executor: int) -> list[int]:
+    """The Python workers forked by the daemon of executor JVM *executor* (not the daemon)."""
+    pids = session_processes(run.sid)
+    daemons = [p for p in pids if _parent(p) == executor and "pyspark.daemon" in _cmdline(p)]
+    return [p for p in pids if _parent(p) in daemons]
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "R"
+    except OSError:
+        return False
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _wait(demo: DemoLauncher, run: DemoRun, what: str, condition: Callable[[], bool]) -> None:
+    demo.wait_until(run, condition, FIRST_CHECKPOINT_TIMEOUT_S, what)
+
+
+def cluster_args(tmp_path: Path) -> DemoArgs:
+    return replace(
+        _args(tmp_path, "aligned"),
+        placement="executors",
+        master=CLUSTER,
+        restarts=5,
+    )
+
+
+@pytest.mark.parametrize("victim", ["executor-jvm", "python-workers"])
+def test_a_killed_executor_process_keeps_the_output_exactly_once(
+    demo: DemoLauncher, tmp_path: Path, victim: str
+) -> None:
+    """After a checkpoint completed and while micro-batches run, SIGKILL either a whole
+    executor JVM (its tasks, Python workers and cached subtask state go with it; Spark
+    starts another executor) or the Python workers of one executor (Spark retries their
+    tasks, which find the subtask's state in the executor's cache). The job goes on
+    checkpointing; after a final run every row is in the output exactly once."""
+    args = cluster_args(tmp_path)
+    started = time.time()
+    run = demo.start(args)
+    _wait(demo, run, "a first checkpoint", _completes_after(args.root, 0))
+    executors = executor_jvms(run)
+    assert len(executors) == 2, [(p, _cmdline(p)[:120]) for p in session_processes(run.sid)]
+    [target, *_] = [e for e in executors if holds_state(e)]  # where subtasks run
+    before = _latest_id(args.root)
+    if victim == "executor-jvm":
+        _kill([target])
+    else:  # a worker running a task (mid-subtask, or reading the source for one)
+        deadline = time.monotonic() + 120
+        while not (busy := [w for w in python_workers(run, target) if _running(w)]):
+            assert time.monotonic() < deadline, "no busy Python worker on the executor"
+            time.sleep(0.005)
+        _kill(busy)
+    # the job recovers (a restart, or Spark's own task retry) and checkpoints again
+    _wait(demo, run, "a checkpoint after the kill", _completes_after(args.root, before + 1))
+    run.kill()
+    # the kill failed a task in flight: Spark ran another attempt of it
+    assert retried_tasks(started), run.tail()
+    final = _finish(demo, args)
+    positions = _final_positions(final, LAGGING_BACKLOG)
+    expected = running_count_rows(generated_keys(args.spec(), positions))
+    actual = output_rows(read_delta(args.output))
+    assert actual == expected, f"{_diff(actual, expected)}\n{run.tail()}"
+
+
+def test_a_task_failing_after_it_staged_output_is_retried_exactly_once(
+    demo: DemoLauncher, tmp_path: Path
+) -> None:
+    """A faulty checkpoint store kills the Python worker in a subtask's state write, once:
+    the write comes after the subtask sealed the checkpoint's output into staged files.
+    Spark retries the task; the retry stages the same rows again under other names, and
+    only one attempt's output is ever committed."""
+    args = replace(cluster_args(tmp_path), rate=0.0, backlog="900,300,300", available_now=True)
+    faults.arm(str(args.root), faults.Fault.STORE_WRITE, faults.Action.KILL)
+    started = time.time()
+    run = demo.start(args)
+    assert run.wait(300) == 0, run.tail()
+    assert len(faults.hits(str(args.root), faults.Fault.STORE_WRITE)) == 1
+    assert retried_tasks(started), run.tail()
+    final = _finish(demo, args)
+    assert [final.offsets()[("source", c)] for c in range(3)] == [900, 300, 300]
+    expected = running_count_rows(generated_keys(args.spec(), [900, 300, 300]))
+    actual = output_rows(read_delta(args.output))
+    assert actual == expected, f"{_diff(actual, expected)}\n{run.tail()}"
+
+
+def retried_tasks(since: float) -> list[str]:
+    """The executors' log lines of task attempts after the first (``Running task 3.1``) of
+    the applications started since *since*. A local cluster's workers keep the executors'
+    logs under ``$SPARK_HOME/work/<app>/<executor>/stderr``; the test removes them."""
+    import pyspark
+
+    work = Path(pyspark.__file__).parent / "work"
+    apps = [a for a in work.glob("app-*") if a.stat().st_mtime >= since - 1]
+    lines = [
+        line
+        for app in apps
+        for log in app.glob("*/stderr")
+        for line in log.read_text(errors="replace").splitlines()
+        if re.search(r"Running task \d+\.[1-9]", line)
+    ]
+    for app in apps:
+        shutil.rmtree(app, ignore_errors=True)
+    return lines
