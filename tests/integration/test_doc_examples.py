@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import generated_keys, read_delta
+from conftest import generated_keys, output_rows, read_delta, running_count_rows
 
 from spark_ckpt.sources.generator import GeneratorSpec
 
@@ -108,6 +108,17 @@ def _check_readme(ns: dict[str, Any], spark: SparkSession, lake: Path) -> None:
     assert status.state is RunState.STOPPED
     assert ns["final"].is_savepoint and ns["sp"].path.endswith(
         f"savepoint-orders-{ns['final'].checkpoint_id}"
+    )
+
+    # the run on the executors resumed the pipeline's latest checkpoint; /lake/counts is
+    # exactly the running count of the generator's rows up to its final checkpoint
+    on_executors = ns["on_executors"]
+    assert on_executors.restored_from[0] is not None and on_executors.restarts == 0
+    final_counts = on_executors.last_checkpoint
+    spec = GeneratorSpec.from_options({"channels": "4", "rate": "10000", "keys": "100000"})
+    ends = [final_counts.offsets()[(SOURCE_TASK.vertex, c)] for c in range(spec.channels)]
+    assert output_rows(read_delta(lake / "counts")) == running_count_rows(
+        generated_keys(spec, ends)
     )
 
     # the raw ckpt-sink query: stopped by stop_query with a final checkpoint, its output
