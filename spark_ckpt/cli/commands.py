@@ -57,6 +57,20 @@ def figure_cells(s: CheckpointStats) -> dict[str, Any]:
     }
 
 
+def _cache_cells(cp: CompletedCheckpoint, task: str) -> dict[str, int]:
+    """Where a subtask on the executors found its state since its previous checkpoint
+    (nothing for subtasks in the driver)."""
+    cache = cp.stats.task_cache.get(task)
+    if cache is None:
+        return {}
+    return {
+        "cache_hits": cache.hits,
+        "hit_ms": cache.hit_ms,
+        "rebuilds": cache.rebuilds,
+        "rebuild_ms": cache.rebuild_ms,
+    }
+
+
 def checkpoint_row(cp: CompletedCheckpoint) -> dict[str, Any]:
     s = cp.stats
     return {
@@ -101,7 +115,11 @@ def checkpoints_show(args: argparse.Namespace) -> int:
     if args.json:
         detail = checkpoint_json(cp)
         detail["tasks"] = [
-            {"task": str(t.task), **cp.stats.task_metrics.get(str(t.task), _NO_METRICS).to_dict()}
+            {
+                "task": str(t.task),
+                **cp.stats.task_metrics.get(str(t.task), _NO_METRICS).to_dict(),
+                **_cache_cells(cp, str(t.task)),
+            }
             for t in cp.tasks
         ]
         detail["blobs"] = [b.to_dict() for b in cp.blobs()]
@@ -123,6 +141,7 @@ def checkpoints_show(args: argparse.Namespace) -> int:
                 "start_delay_ms": m.start_delay_ms,
                 "state": size(t.state_bytes()),
                 "channel_state": size(t.channel_state_bytes()),
+                **_cache_cells(cp, str(t.task)),
             }
         )
     print(render(rows))

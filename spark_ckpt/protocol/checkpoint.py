@@ -17,6 +17,7 @@ from spark_ckpt.errors import CorruptCheckpointError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.handle import (
     BlobRef,
+    CacheMetrics,
     CheckpointMetrics,
     SourceOffset,
     TaskId,
@@ -51,6 +52,8 @@ class CheckpointStats:
     bytes_written: int = 0
     channel_state_bytes: int = 0
     task_metrics: Mapping[str, CheckpointMetrics] = field(default_factory=dict)
+    #: subtasks on the executors: where each found its state since its previous checkpoint
+    task_cache: Mapping[str, CacheMetrics] = field(default_factory=dict)
 
     @property
     def end_to_end_ms(self) -> int:
@@ -72,7 +75,11 @@ class CheckpointStats:
             "bytes_written": self.bytes_written,
             "channel_state_bytes": self.channel_state_bytes,
             "task_metrics": {k: v.to_dict() for k, v in sorted(self.task_metrics.items())},
-        }
+        } | (  # only when there is any: the metadata of driver-side runs stays as it was
+            {"task_cache": {k: v.to_dict() for k, v in sorted(self.task_cache.items())}}
+            if self.task_cache
+            else {}
+        )
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> CheckpointStats:
@@ -85,6 +92,7 @@ class CheckpointStats:
             task_metrics={
                 k: CheckpointMetrics.from_dict(v) for k, v in d.get("task_metrics", {}).items()
             },
+            task_cache={k: CacheMetrics.from_dict(v) for k, v in d.get("task_cache", {}).items()},
         )
 
 

@@ -20,7 +20,7 @@ blob that a retained checkpoint references.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -272,6 +272,32 @@ class CheckpointMetrics:
 
 
 @dataclass(frozen=True)
+class CacheMetrics:
+    """Where a subtask on the executors found its state for the micro-batches since its
+    previous checkpoint (this one's included): ``hits`` in its executor's cache, taking
+    ``hit_ms`` in total to load, and ``rebuilds`` from a checkpoint, taking
+    ``rebuild_ms``."""
+
+    hits: int = 0
+    hit_ms: int = 0
+    rebuilds: int = 0
+    rebuild_ms: int = 0
+
+    def add(self, *, hit: bool, ms: int) -> CacheMetrics:
+        """These metrics and one more micro-batch's lookup."""
+        if hit:
+            return replace(self, hits=self.hits + 1, hit_ms=self.hit_ms + ms)
+        return replace(self, rebuilds=self.rebuilds + 1, rebuild_ms=self.rebuild_ms + ms)
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> CacheMetrics:
+        return CacheMetrics(**{k: int(d.get(k, 0)) for k in CacheMetrics.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class AcknowledgeCheckpoint:
     """Task → coordinator: *task* finished its part of checkpoint *checkpoint_id*.
 
@@ -287,9 +313,11 @@ class AcknowledgeCheckpoint:
     state: TaskStateHandle
     metrics: CheckpointMetrics = field(default_factory=CheckpointMetrics)
     base_checkpoint_id: int | None = None
+    #: subtasks on the executors: where they found their state (None: in the driver)
+    cache: CacheMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "type": "ack",
             "checkpoint_id": self.checkpoint_id,
             "task": self.task.to_dict(),
@@ -297,16 +325,21 @@ class AcknowledgeCheckpoint:
             "metrics": self.metrics.to_dict(),
             "base_checkpoint_id": self.base_checkpoint_id,
         }
+        if self.cache is not None:
+            d["cache"] = self.cache.to_dict()
+        return d
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> AcknowledgeCheckpoint:
         base = d.get("base_checkpoint_id")
+        cache = d.get("cache")
         return AcknowledgeCheckpoint(
             checkpoint_id=int(d["checkpoint_id"]),
             task=TaskId.from_dict(d["task"]),
             state=TaskStateHandle.from_dict(d["state"]),
             metrics=CheckpointMetrics.from_dict(d.get("metrics", {})),
             base_checkpoint_id=None if base is None else int(base),
+            cache=None if cache is None else CacheMetrics.from_dict(cache),
         )
 
 

@@ -107,6 +107,9 @@ class PendingCheckpoint:
             bytes_written=sum(h.bytes_written_by(cid) for h in handles),
             channel_state_bytes=sum(h.channel_state_bytes() for h in handles),
             task_metrics=metrics,
+            task_cache={
+                str(t): a.cache for t, a in sorted(self.acks.items()) if a.cache is not None
+            },
         )
         return CompletedCheckpoint(
             checkpoint_id=cid,

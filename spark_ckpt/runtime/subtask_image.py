@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from spark_ckpt.errors import ProtocolError, StateError
-from spark_ckpt.protocol.handle import BlobKind, BlobRef
+from spark_ckpt.protocol.handle import BlobKind, BlobRef, CacheMetrics
 from spark_ckpt.runtime.task import OperatorTask
 from spark_ckpt.sinks.sink import DetachableWriter, Transaction
 from spark_ckpt.state.restore import restore_backend
@@ -81,6 +81,7 @@ def export_image(task: OperatorTask, writer: DetachableWriter | None) -> Subtask
         "blobs": blobs,
         "sealed": [t.to_json() for t in task.sealed_transactions()],
         "open": list(staged),
+        "cache": None if task.cache is None else task.cache.to_dict(),
     }
     return SubtaskImage(tables, meta)
 
@@ -126,5 +127,7 @@ def import_image(task: OperatorTask, writer: DetachableWriter | None, image: Sub
             incremental_base=False,
         )
     task.adopt_sealed([Transaction.from_json(t) for t in meta["sealed"]])
+    cache = meta.get("cache")
+    task.cache = None if cache is None else CacheMetrics.from_dict(cache)
     if writer is not None:
         writer.attach(task.sink_uid, task.task_id.subtask, tuple(meta["open"]))

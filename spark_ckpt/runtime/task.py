@@ -36,6 +36,7 @@ from spark_ckpt.protocol.handle import (
     AcknowledgeCheckpoint,
     BlobKind,
     BlobRef,
+    CacheMetrics,
     CheckpointMetrics,
     DeclineCheckpoint,
     SourceOffset,
@@ -165,6 +166,9 @@ class OperatorTask:
         self._run_async = run_async or _run_inline
         self.rows_processed = 0
         self.source_vertex = source_vertex
+        #: subtasks on the executors: where the subtask found its state since its previous
+        #: checkpoint, reported with the next acknowledgement (None: not reported)
+        self.cache: CacheMetrics | None = None
 
     @property
     def sink_uid(self) -> str:
@@ -316,6 +320,7 @@ class OperatorTask:
             )
         snapshot = TaskSnapshot(self.task_id, tuple(blobs), tuple(reused), offsets)
         sync_ms = progress.sync_ms + self.clock.now_ms() - start
+        cache, self.cache = self.cache, None if self.cache is None else CacheMetrics()
 
         def write_and_acknowledge() -> None:
             async_start = self.clock.now_ms()
@@ -337,7 +342,7 @@ class OperatorTask:
             )
             self.respond(
                 AcknowledgeCheckpoint(
-                    cid, self.task_id, handle, metrics, progress.base_checkpoint_id
+                    cid, self.task_id, handle, metrics, progress.base_checkpoint_id, cache
                 )
             )
 

@@ -55,6 +55,7 @@ from spark_ckpt.protocol.barrier import CHANNEL, CHECKPOINT_ID, OFFSET
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.protocol.handle import (
     AcknowledgeCheckpoint,
+    CacheMetrics,
     DeclineCheckpoint,
     TaskId,
     encode_table,
@@ -182,6 +183,7 @@ class SubtaskFunction:
         start = time.perf_counter()
         task, writer, outcome = self._open(subtask, fence)
         load_ms = (time.perf_counter() - start) * 1000
+        task.cache = (task.cache or CacheMetrics()).add(hit=outcome == "hit", ms=round(load_ms))
         table = subtask_rows(payloads)
         task.process(table)
         task.tick()

@@ -27,6 +27,7 @@ from conftest import (
 )
 from test_crash import LAGGING_BACKLOG, _args, _diff, _final_positions, _finish, _kill_repeatedly
 
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode, RestartStrategies
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
 from spark_ckpt.runtime.restore_settings import RestoreSettings
@@ -139,15 +140,24 @@ def test_subtasks_on_executors_are_exactly_once(
     spark: SparkSession, tmp_path: Path, config: dict[str, object]
 ) -> None:
     p = pipeline(spark, tmp_path / "root", **config)
+    completed: list[CompletedCheckpoint] = []
     result = p.run(
         source(maxRowsPerTrigger=300, barrierPlacement="head"),
         RunningCount("counter", "user_id"),
         output=str(tmp_path / "out"),
         available_now=True,
         placement="executors",
+        on_checkpoint=completed.append,
     )
     assert result.restarts == 0 and result.checkpoints_completed >= 2, result
     check_exactly_once(p, tmp_path / "out")
+    # the statistics say where each subtask found its state: restored once from the run's
+    # (empty) restore point in its first micro-batch, from the executor's cache after that
+    caches = [c.stats.task_cache for c in completed]
+    assert all(set(cache) == {"chain#0", "chain#1"} for cache in caches), caches
+    rebuilds = {t: sum(cache[t].rebuilds for cache in caches) for t in caches[0]}
+    assert rebuilds == {"chain#0": 1, "chain#1": 1}, caches
+    assert sum(cache[t].hits for cache in caches for t in cache) >= 1, caches
 
 
 def test_a_failure_after_rows_past_the_checkpoint_restarts_exactly_once(
