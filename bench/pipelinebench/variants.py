@@ -1,16 +1,12 @@
 """The variant table: every way of running the keyed running count that the overhead and
 scaling benches compare, each started as a Spark streaming query on the same generated input.
 
-**The hook for #16's executor path is** :data:`PLACEMENTS`: where spark-ckpt runs a
-pipeline's subtasks. Today there is one entry, ``"driver"`` (``Pipeline.start`` as it is:
-the micro-batch is collected into this process and the pipelined aligner runs every subtask
-here). When ``Pipeline.start``/``Pipeline.run`` gain ``placement="executors"``, one line::
-
-    "executors": partial(start_pipeline, placement="executors"),
-
-adds it to both benches: the overhead bench then measures ``executors/checkpoints`` against
-``executors/off`` in the same interleaved run (:func:`overhead_variants`), and the scaling bench
-adds ``spark-ckpt/executors`` next to ``spark-ckpt/driver`` and ``spark-groupby``
+**Where the subtasks run** is :data:`PLACEMENTS`: ``"driver"`` (the micro-batch is
+collected into this process and the pipelined aligner runs every subtask here) and
+``"executors"`` (``placement="executors"``: Spark tasks on the executors, next to their
+state). Both benches take every entry: the overhead bench measures ``<placement>/checkpoints``
+against ``<placement>/off`` in the same interleaved run (:func:`overhead_variants`), and the
+scaling bench runs ``spark-ckpt/<placement>`` next to ``spark-groupby``
 (:func:`scaling_variants`).
 
 :func:`spark_groupby` is Spark's own JVM stateful aggregation (``groupBy(key).count()`` with a
@@ -23,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from pipelinebench.query import stop_quietly
@@ -87,19 +84,29 @@ class StartPipeline(Protocol):
 
 
 def start_pipeline(
-    pipeline: Pipeline, source: dict[str, object], *, output: str, parallelism: int
+    pipeline: Pipeline,
+    source: dict[str, object],
+    *,
+    output: str,
+    parallelism: int,
+    placement: str = "driver",
 ) -> PipelineRun:
-    """Today's path: ``Pipeline.start`` with its defaults (pipelined aligner in this
-    process), the keyed running count, output to Delta through the two-phase sink."""
+    """``Pipeline.start`` with the keyed running count, output to Delta through the
+    two-phase sink, the subtasks placed as *placement* says: ``driver`` (the pipelined
+    aligner in this process) or ``executors`` (Spark tasks next to their state)."""
     return pipeline.start(
-        source, RunningCount("counter", "user_id"), output=output, parallelism=parallelism
+        source,
+        RunningCount("counter", "user_id"),
+        output=output,
+        parallelism=parallelism,
+        placement=placement,
     )
 
 
 #: Where spark-ckpt runs the subtasks: THE VARIANT TABLE's hook (see the module docstring).
-#: Add ``"executors"`` here once ``Pipeline.start`` takes ``placement="executors"``.
 PLACEMENTS: dict[str, StartPipeline] = {
     "driver": start_pipeline,
+    "executors": partial(start_pipeline, placement="executors"),
 }
 
 
