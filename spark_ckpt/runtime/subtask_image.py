@@ -23,19 +23,23 @@ is pickled.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from spark_ckpt.errors import ProtocolError, StateError
-from spark_ckpt.protocol.handle import BlobKind, BlobRef, CacheMetrics
+from spark_ckpt.protocol.handle import BlobKind, BlobRef, CacheMetrics, StateBlob
 from spark_ckpt.runtime.task import OperatorTask
 from spark_ckpt.sinks.sink import DetachableWriter, Transaction
 from spark_ckpt.state.restore import restore_backend
 
 IMAGE_VERSION = 1
+#: An image's kind: the whole state, or what changed since the previous image (a segment of
+#: a subtask's changelog).
+FULL = "full"
+DELTA = "delta"
 
 
 @dataclass(frozen=True)
@@ -47,9 +51,39 @@ class SubtaskImage:
 
 
 def export_image(task: OperatorTask, writer: DetachableWriter | None) -> SubtaskImage:
-    """The image of *task* after a micro-batch; hands *writer*'s open transaction of the
-    task over into it (the writer forgets it). :class:`ProtocolError` if the task is
-    still aligning (the source did not align the micro-batch)."""
+    """The image of *task* after a micro-batch (its whole state); hands *writer*'s open
+    transaction of the task over into it (the writer forgets it). :class:`ProtocolError` if
+    the task is still aligning (the source did not align the micro-batch)."""
+    return export_images(task, writer, changes=False)[0]
+
+
+def export_images(
+    task: OperatorTask, writer: DetachableWriter | None, *, changes: bool
+) -> tuple[SubtaskImage, SubtaskImage]:
+    """The :data:`FULL` image of *task* after a micro-batch and, with *changes*, a
+    :data:`DELTA` image of what changed since it was loaded or restored (a changelog
+    segment: the changed keys of every keyed state, the whole operator state, the sink
+    transactions), else the full image again. Changes are only complete if the task took
+    no snapshot (a snapshot takes the changes before it): :class:`ProtocolError` then.
+    Hands *writer*'s open transaction over into both (the writer forgets it)."""
+    _check_aligned(task)
+    backends = [task.backends[op.uid] for op in task.operators]
+    delta: list[StateBlob] | None = None
+    if changes:
+        if any(b.pending_snapshots() for b in backends):
+            raise ProtocolError(
+                f"subtask {task.task_id.subtask} took a snapshot: its changes are incomplete"
+            )
+        delta = [blob for b in backends for blob in b.changed_blobs()]
+    full = [blob for b in backends for blob in b.full_blobs()]
+    staged: tuple[str, ...] = ()
+    if writer is not None:
+        staged = writer.detach(task.sink_uid, task.task_id.subtask)
+    image = _image(task, FULL, full, staged)
+    return image, image if delta is None else _image(task, DELTA, delta, staged)
+
+
+def _check_aligned(task: OperatorTask) -> None:
     aligner = task.aligner
     if aligner.pending_checkpoints or aligner.buffered_rows:
         raise ProtocolError(
@@ -57,26 +91,28 @@ def export_image(task: OperatorTask, writer: DetachableWriter | None) -> Subtask
             f"{list(aligner.pending_checkpoints)}: every barrier must reach every channel in "
             "one micro-batch (alignment at the source)"
         )
+
+
+def _image(
+    task: OperatorTask, kind: str, state: list[StateBlob], staged: tuple[str, ...]
+) -> SubtaskImage:
     tables: dict[str, pa.Table] = {}
     blobs: list[dict[str, Any]] = []
-    for op in task.operators:
-        for blob in task.backends[op.uid].full_blobs():
-            name = f"s{len(blobs)}"
-            tables[name] = blob.table
-            blobs.append(
-                {
-                    "table": name,
-                    "uid": op.uid,
-                    "kind": blob.kind.value,
-                    "state": blob.state_name,
-                    "kg": [blob.key_group_start, blob.key_group_end],
-                }
-            )
-    staged: tuple[str, ...] = ()
-    if writer is not None:
-        staged = writer.detach(task.sink_uid, task.task_id.subtask)
+    for blob in state:
+        name = f"s{len(blobs)}"
+        tables[name] = blob.table
+        blobs.append(
+            {
+                "table": name,
+                "uid": blob.operator_uid,
+                "kind": blob.kind.value,
+                "state": blob.state_name,
+                "kg": [blob.key_group_start, blob.key_group_end],
+            }
+        )
     meta = {
         "version": IMAGE_VERSION,
+        "kind": kind,
         "subtask": task.task_id.subtask,
         "blobs": blobs,
         "sealed": [t.to_json() for t in task.sealed_transactions()],
@@ -87,45 +123,68 @@ def export_image(task: OperatorTask, writer: DetachableWriter | None) -> Subtask
 
 
 def import_image(task: OperatorTask, writer: DetachableWriter | None, image: SubtaskImage) -> None:
-    """Load *image* into *task*, freshly built for the same subtask, before its first
-    input; gives *writer* the open transaction back."""
-    meta = image.meta
-    if meta.get("version") != IMAGE_VERSION:
-        raise StateError(f"unsupported subtask image version {meta.get('version')!r}")
-    if meta.get("subtask") != task.task_id.subtask:
-        raise StateError(
-            f"the image of subtask {meta.get('subtask')} cannot load into subtask "
-            f"{task.task_id.subtask}"
-        )
-    refs: dict[str, list[tuple[BlobRef, pa.Table]]] = {}
-    for b in meta["blobs"]:
-        table = image.tables[b["table"]]
-        ref = BlobRef(
-            checkpoint_id=0,
-            operator_uid=b["uid"],
-            subtask=task.task_id.subtask,
-            kind=BlobKind(b["kind"]),
-            state_name=b["state"],
-            key_group_start=int(b["kg"][0]),
-            key_group_end=int(b["kg"][1]),
-            channel=-1,
-            seq=0,
-            rows=table.num_rows,
-            nbytes=table.nbytes,
-            checksum="",
-        )
-        refs.setdefault(b["uid"], []).append((ref, table))
+    """Load *image* (:data:`FULL`) into *task*, freshly built for the same subtask, before its
+    first input; gives *writer* the open transaction back."""
+    import_images(task, writer, [image])
+
+
+def import_images(
+    task: OperatorTask, writer: DetachableWriter | None, images: Sequence[SubtaskImage]
+) -> None:
+    """Load a chain of images into *task*, freshly built for the same subtask, before its
+    first input: a :data:`FULL` image, then :data:`DELTA` images in the order they were
+    taken (a changelog). Keyed state is the full image's with every delta applied in turn;
+    operator state, sink transactions and cache metrics are the newest image's. Gives
+    *writer* the newest open transaction back."""
+    if not images:
+        raise StateError("no image to load")
+    for i, image in enumerate(images):
+        meta = image.meta
+        if meta.get("version") != IMAGE_VERSION:
+            raise StateError(f"unsupported subtask image version {meta.get('version')!r}")
+        if meta.get("subtask") != task.task_id.subtask:
+            raise StateError(
+                f"the image of subtask {meta.get('subtask')} cannot load into subtask "
+                f"{task.task_id.subtask}"
+            )
+        if meta.get("kind", FULL) != (FULL if i == 0 else DELTA):
+            raise StateError(f"a changelog is one {FULL} image, then {DELTA} images")
+    refs: dict[str, list[BlobRef]] = {}
+    tables: dict[tuple[Any, ...], pa.Table] = {}
+    seqs: dict[tuple[str, str], int] = {}
+    newest = len(images) - 1
+    for position, image in enumerate(images):
+        for b in image.meta["blobs"]:
+            kind = BlobKind(b["kind"])
+            if kind is BlobKind.OPERATOR and position != newest:
+                continue  # operator state: the newest image's, whole
+            chain = (b["uid"], b["state"])
+            seq = seqs[chain] = seqs.get(chain, -1) + 1 if kind is BlobKind.KEYED_DELTA else 0
+            table = image.tables[b["table"]]
+            ref = BlobRef(
+                checkpoint_id=0,
+                operator_uid=b["uid"],
+                subtask=task.task_id.subtask,
+                kind=kind,
+                state_name=b["state"],
+                key_group_start=int(b["kg"][0]),
+                key_group_end=int(b["kg"][1]),
+                channel=-1,
+                seq=seq,
+                rows=table.num_rows,
+                nbytes=table.nbytes,
+                checksum="",
+            )
+            refs.setdefault(b["uid"], []).append(ref)
+            tables[ref.key] = table
     unknown = sorted(set(refs) - set(task.backends))
     if unknown:
         raise StateError(f"the image holds state of operators {unknown} the chain does not have")
-    by_key = {ref.key: table for mine in refs.values() for ref, table in mine}
     for uid, backend in task.backends.items():
         restore_backend(
-            backend,
-            [ref for ref, _ in refs.get(uid, [])],
-            lambda ref: by_key[ref.key],
-            incremental_base=False,
+            backend, refs.get(uid, []), lambda ref: tables[ref.key], incremental_base=False
         )
+    meta = images[newest].meta
     task.adopt_sealed([Transaction.from_json(t) for t in meta["sealed"]])
     cache = meta.get("cache")
     task.cache = None if cache is None else CacheMetrics.from_dict(cache)

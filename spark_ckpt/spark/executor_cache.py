@@ -196,7 +196,7 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _entry_name(batch_id: int, token: str) -> str:
+def entry_name(batch_id: int, token: str) -> str:
     return f"b{batch_id:012d}-{token}"
 
 
@@ -245,7 +245,7 @@ class ExecutorStateCache:
         for name in names:
             batch = _entry_batch(name)
             if batch is not None and not name.startswith("."):
-                out.append((batch, name[len(_entry_name(batch, "")) :]))
+                out.append((batch, name[len(entry_name(batch, "")) :]))
         return sorted(out)
 
     # -- read ----------------------------------------------------------------------------
@@ -268,9 +268,9 @@ class ExecutorStateCache:
             return Lookup(None, MissReason.OTHER_EXECUTOR)
         if not _TOKEN.fullmatch(fence.token):
             return Lookup(None, MissReason.STALE_FENCE)
-        path = self._run_dir(key) / _entry_name(fence.batch_id, fence.token)
+        path = self._run_dir(key) / entry_name(fence.batch_id, fence.token)
         try:
-            image, nbytes = _read_entry(path, fence)
+            image, nbytes = read_entry(path, fence)
         except FileNotFoundError:
             entries = self.entries(key)
             if (fence.batch_id, fence.token) in entries:  # there, but a file of it is not
@@ -303,11 +303,11 @@ class ExecutorStateCache:
             raise StateError(f"batch id must be >= 0, got {batch_id}")
         fence = Fence(key.run_id, batch_id, token, self.executor)
         run_dir = self._run_dir(key)
-        final = run_dir / _entry_name(batch_id, token)
+        final = run_dir / entry_name(batch_id, token)
         tmp = run_dir / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
         try:
             tmp.mkdir(parents=True)
-            written = _write_entry(tmp, fence, image)
+            written = write_entry(tmp, fence, image)
             os.rename(tmp, final)
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -376,7 +376,9 @@ class ExecutorStateCache:
         return n
 
 
-def _write_entry(directory: Path, fence: Fence, image: StateImage) -> int:
+def write_entry(directory: Path, fence: Fence, image: StateImage) -> int:
+    """Write *image* as an entry into the (new, empty) *directory*: an Arrow IPC file per
+    table and ``meta.json`` with the fence; returns the bytes written."""
     tables = []
     written = 0
     for i, (name, table) in enumerate(image.tables.items()):
@@ -401,7 +403,9 @@ def _write_entry(directory: Path, fence: Fence, image: StateImage) -> int:
     return written + len(data)
 
 
-def _read_entry(path: Path, fence: Fence) -> tuple[StateImage, int]:
+def read_entry(path: Path, fence: Fence) -> tuple[StateImage, int]:
+    """The image of the entry at *path*, memory-mapped, and its size; ``ValueError`` unless
+    it is the entry of *fence* in a known format."""
     meta = json.loads((path / _META).read_bytes())
     if meta.get("format") != FORMAT_VERSION:
         raise ValueError(f"cache entry format {meta.get('format')!r}")

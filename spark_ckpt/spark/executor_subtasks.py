@@ -43,14 +43,14 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_ckpt.errors import ProtocolError, StateError
+from spark_ckpt.errors import ProtocolError, StateError, StoreError
 from spark_ckpt.protocol.barrier import CHANNEL, CHECKPOINT_ID, OFFSET
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.protocol.handle import (
@@ -63,8 +63,9 @@ from spark_ckpt.protocol.handle import (
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.operator import KeyedOperator
-from spark_ckpt.runtime.subtask_image import SubtaskImage, export_image, import_image
+from spark_ckpt.runtime.subtask_image import SubtaskImage, export_images, import_images
 from spark_ckpt.runtime.task import CHAIN_VERTEX, OperatorTask
+from spark_ckpt.spark.changelog import MAX_CHAIN, Segment, SubtaskChangelog
 from spark_ckpt.spark.executor_cache import (
     FENCE_SCHEMA,
     CacheKey,
@@ -181,7 +182,7 @@ class SubtaskFunction:
         if batch_id is None:
             raise ProtocolError("a subtask runs inside a streaming query's task")
         start = time.perf_counter()
-        task, writer, outcome = self._open(subtask, fence)
+        task, writer, outcome, segment = self._open(subtask, fence)
         load_ms = (time.perf_counter() - start) * 1000
         task.cache = (task.cache or CacheMetrics()).add(hit=outcome == "hit", ms=round(load_ms))
         table = subtask_rows(payloads)
@@ -189,16 +190,29 @@ class SubtaskFunction:
         task.tick()
         if task.sealed_transactions() and task.sink is not None:
             task.forget_committed(task.sink.committer.committed_checkpoint())
-        image = export_image(task, writer)
+        token = attempt_token()
+        changelog = self._changelog(subtask)
+        snapshot = any(task.backends[op.uid].pending_snapshots() for op in task.operators)
+        changes = (
+            changelog is not None
+            and segment is not None
+            and not snapshot
+            and segment.length < MAX_CHAIN
+        )
+        image, part = export_images(task, writer, changes=changes)
+        meta = dict(image.meta)
+        if changelog is not None:
+            published = changelog.publish(batch_id, token, part, segment)
+            meta["segment"] = asdict(published)
         cache = ExecutorStateCache.for_this_executor()
-        published = cache.publish(
+        fenced = cache.publish(
             self._key(subtask),
             batch_id,
-            StateImage(image.tables, image.meta),
-            token=attempt_token(),
+            StateImage(image.tables, meta),
+            token=token,
             previous=fence,
         )
-        state.update(published.to_row())
+        state.update(fenced.to_row())
         yield pd.DataFrame(
             {
                 "subtask": [subtask],
@@ -212,9 +226,18 @@ class SubtaskFunction:
     def _key(self, subtask: int) -> CacheKey:
         return CacheKey(self.root, self.run_id, subtask)
 
-    def _open(self, subtask: int, fence: Fence | None) -> tuple[OperatorTask, Any, str]:
-        """The subtask's task, with its state: the image its fence names, or (the run's
-        first micro-batch) the run's restore point."""
+    def _changelog(self, subtask: int) -> SubtaskChangelog | None:
+        if not SubtaskChangelog.available(self.root):
+            return None
+        return SubtaskChangelog(self.root, self.run_id, subtask)
+
+    def _open(
+        self, subtask: int, fence: Fence | None
+    ) -> tuple[OperatorTask, Any, str, Segment | None]:
+        """The subtask's task, with its state: the image its fence names in this executor's
+        cache (``hit``), else the changelog's chain the fence names (``rebuilt``), or — the
+        run's first micro-batch — the run's restore point (``restored``); and the changelog
+        segment the state stands at (None: none yet)."""
         from spark_ckpt.delta.sink import DeltaSink
         from spark_ckpt.delta.store import DeltaCheckpointStore
 
@@ -253,20 +276,42 @@ class SubtaskFunction:
                 # the state does not fit the operators: every restart would fail alike
                 files.write_fatal(f"{type(e).__name__}: {e}")
                 raise
-            return task, sink.writer, "restored"
+            return task, sink.writer, "restored", None
         lookup = ExecutorStateCache.for_this_executor().lookup(self._key(subtask), fence)
-        if lookup.image is None:
+        if lookup.image is not None:
+            image = SubtaskImage(lookup.image.tables, lookup.image.meta)
+            import_images(task, sink.writer, [image])
+            found = lookup.image.meta.get("segment")
+            segment = None if found is None else _segment(found)
+            return task, sink.writer, "hit", segment
+        changelog = self._changelog(subtask)
+        if changelog is None:
             raise SubtaskStateLostError(
                 f"subtask {subtask} of run {self.run_id}: its state after micro-batch "
-                f"{fence.batch_id} is not on this executor ({lookup.miss}); the run "
-                "restarts from the latest completed checkpoint"
+                f"{fence.batch_id} is not on this executor ({lookup.miss}), and the remote "
+                "pipeline root keeps no changelog; the run restarts from the latest "
+                "completed checkpoint"
             )
-        image = SubtaskImage(lookup.image.tables, lookup.image.meta)
-        import_image(task, sink.writer, image)
-        return task, sink.writer, "hit"
+        try:
+            images, segment = changelog.chain(fence.batch_id, fence.token)
+        except StoreError as e:
+            raise SubtaskStateLostError(
+                f"subtask {subtask} of run {self.run_id}: its state after micro-batch "
+                f"{fence.batch_id} is not on this executor ({lookup.miss}) and cannot be "
+                f"rebuilt ({e}); the run restarts from the latest completed checkpoint"
+            ) from e
+        import_images(task, sink.writer, images)
+        return task, sink.writer, "rebuilt", segment
 
     def retire(self) -> None:
         """Nothing to release in the driver: the runtime lives in the executors' tasks."""
+
+
+def _segment(d: dict[str, Any]) -> Segment:
+    base = d["base"]
+    return Segment(
+        int(d["batch_id"]), str(d["token"]), (int(base[0]), str(base[1])), int(d["length"])
+    )
 
 
 def subtask_query(df: Any, function: SubtaskFunction, key_column: str) -> Any:

@@ -31,6 +31,7 @@ from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.coordinator import JobStatus, discards_checkpoints
 from spark_ckpt.runtime.restore_settings import PIPELINE
+from spark_ckpt.spark.changelog import remove_run
 from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.executor_subtasks import SubtaskFunction
 from spark_ckpt.spark.foreach_batch import ForeachBatchFunction
@@ -106,6 +107,7 @@ class PipelineRun:
         function in the driver; under Spark Connect the runtime lives in the server's
         foreachBatch process, which Spark ends with the query). Idempotent."""
         self.function.retire()
+        remove_run(self.pipeline.root, self.run_id)  # subtasks on the executors: changelog
         try:
             Mailbox(self.pipeline.root, self.run_id).remove_box()
         except SparkCkptError as e:

@@ -281,10 +281,14 @@ class Runs:
 
     def prune(self, keep: int = ENDED_RUNS_KEPT) -> list[str]:
         """Delete the files of ended runs (stopped, finished, failed, fenced) but the newest
-        *keep*; runs without a status or still running are never touched. Returns the ids
-        removed."""
+        *keep*, and the changelogs of every ended run (subtasks on the executors); runs
+        without a status or still running are never touched. Returns the ids removed."""
+        from spark_ckpt.spark.changelog import remove_run
+
         ended = [s for s in self.statuses() if s.state.value in _ENDED]
         doomed = [s.run_id for s in ended[: max(0, len(ended) - keep)]]
         for run_id in doomed:
             RunFiles(self.root, run_id).remove()
+        for status in ended:  # a new run restores from checkpoints, never from a changelog
+            remove_run(self.root, status.run_id)
         return doomed

@@ -732,6 +732,12 @@ class KeyedStateBackend:
         them back with :func:`~spark_ckpt.state.restore.restore_backend`."""
         return self._snapshots.full_blobs(self._states, self._operator_states)
 
+    def changed_blobs(self) -> list[StateBlob]:
+        """What changed since the last snapshot or restore, without taking a snapshot
+        (:meth:`SnapshotStrategy.changed_blobs
+        <spark_ckpt.state.snapshot.SnapshotStrategy.changed_blobs>`)."""
+        return self._snapshots.changed_blobs(self._states, self._operator_states)
+
     def pending_snapshots(self) -> list[int]:
         """Ids of snapshots neither completed nor aborted, oldest first."""
         return self._snapshots.pending_snapshots()

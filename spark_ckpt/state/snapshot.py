@@ -375,10 +375,10 @@ class SnapshotStrategy:
     def full_blobs(
         self, keyed: Mapping[str, TrackedState], operator: Mapping[str, OperatorListState]
     ) -> list[StateBlob]:
-        """The whole state as the blobs of a full snapshot (a FULL blob per keyed state that
-        holds entries, an OPERATOR blob per operator state), without taking a snapshot:
+        """The whole state as the blobs of a full snapshot (a FULL blob per keyed state, empty
+        ones included, and an OPERATOR blob per operator state), without taking a snapshot:
         neither the changes nor the snapshot history are touched. What a subtask's image
-        holds (:mod:`spark_ckpt.runtime.subtask`)."""
+        holds (:mod:`spark_ckpt.runtime.subtask_image`)."""
         blobs = [
             self._blob(
                 BlobKind.KEYED_FULL,
@@ -387,7 +387,25 @@ class SnapshotStrategy:
                 0,
             )
             for name in sorted(keyed)
-            if keyed[name].count()
+        ]
+        return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
+
+    def changed_blobs(
+        self, keyed: Mapping[str, TrackedState], operator: Mapping[str, OperatorListState]
+    ) -> list[StateBlob]:
+        """What changed since the last snapshot or restore, without taking a snapshot: a
+        DELTA blob per keyed state that changed (``seq`` 1: the caller orders a chain) and an
+        OPERATOR blob per operator state (always whole). A subtask's changelog segment
+        (:mod:`spark_ckpt.runtime.subtask_image`)."""
+        blobs = [
+            self._blob(
+                BlobKind.KEYED_DELTA,
+                name,
+                delta_table(keyed[name], keyed[name].changes, self.key_type, self.max_parallelism),
+                1,
+            )
+            for name in sorted(keyed)
+            if keyed[name].changes
         ]
         return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
 

@@ -37,6 +37,7 @@ from test_crash import (
     _latest_id,
 )
 
+from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import DemoArgs, DemoRun, session_processes
 
@@ -66,16 +67,22 @@ def executor_jvms(run: DemoRun) -> list[int]:
     return [p for p in session_processes(run.sid) if EXECUTOR_MAIN in _cmdline(p)]
 
 
-def holds_state(executor: int) -> bool:
-    """Whether executor JVM *executor* caches subtask state: its local directories
-    (``SPARK_EXECUTOR_DIRS``, set by the standalone worker) hold the state cache."""
+def newest_state(executor: int) -> float:
+    """When executor JVM *executor* last cached a subtask's state (0: never): the newest
+    entry of the state cache in its local directories (``SPARK_EXECUTOR_DIRS``, set by the
+    standalone worker)."""
     try:
         with open(f"/proc/{executor}/environ", "rb") as f:
             env = dict(line.split(b"=", 1) for line in f.read().split(b"\0") if b"=" in line)
     except OSError:
-        return False
-    dirs = env.get(b"SPARK_EXECUTOR_DIRS", b"").decode().split(":")
-    return any(any(Path(d).glob("blockmgr-*/spark-ckpt-state-cache/*/*")) for d in dirs if d)
+        return 0.0
+    dirs = [d for d in env.get(b"SPARK_EXECUTOR_DIRS", b"").decode().split(":") if d]
+    entries = [
+        e.stat().st_mtime
+        for d in dirs
+        for e in Path(d).glob("blockmgr-*/spark-ckpt-state-cache/*/*/*/b*")
+    ]
+    return max(entries, default=0.0)
 
 
 def python_workers(run: DemoRun, executor: int) -> list[int]:
@@ -109,6 +116,7 @@ def cluster_args(tmp_path: Path) -> DemoArgs:
         placement="executors",
         master=CLUSTER,
         restarts=5,
+        retained=1000,  # every checkpoint's statistics stay readable
     )
 
 
@@ -116,18 +124,19 @@ def cluster_args(tmp_path: Path) -> DemoArgs:
 def test_a_killed_executor_process_keeps_the_output_exactly_once(
     demo: DemoLauncher, tmp_path: Path, victim: str
 ) -> None:
-    """After a checkpoint completed and while micro-batches run, SIGKILL either a whole
-    executor JVM (its tasks, Python workers and cached subtask state go with it; Spark
-    starts another executor) or the Python workers of one executor (Spark retries their
-    tasks, which find the subtask's state in the executor's cache). The job goes on
-    checkpointing; after a final run every row is in the output exactly once."""
+    """After a checkpoint completed and while micro-batches run, SIGKILL either the executor
+    JVM where the subtasks run (its tasks, Python workers and cached subtask state go with
+    it: Spark runs the subtasks on the other executor, where they rebuild their state from
+    the changelog) or the busy Python workers of that executor (Spark retries their tasks,
+    which find the subtask's state in the executor's cache). The job goes on checkpointing
+    without a restart; after a final run every row is in the output exactly once."""
     args = cluster_args(tmp_path)
     started = time.time()
     run = demo.start(args)
     _wait(demo, run, "a first checkpoint", _completes_after(args.root, 0))
     executors = executor_jvms(run)
     assert len(executors) == 2, [(p, _cmdline(p)[:120]) for p in session_processes(run.sid)]
-    [target, *_] = [e for e in executors if holds_state(e)]  # where subtasks run
+    target = max(executors, key=newest_state)  # where the subtasks ran last
     before = _latest_id(args.root)
     if victim == "executor-jvm":
         _kill([target])
@@ -140,8 +149,16 @@ def test_a_killed_executor_process_keeps_the_output_exactly_once(
     # the job recovers (a restart, or Spark's own task retry) and checkpoints again
     _wait(demo, run, "a checkpoint after the kill", _completes_after(args.root, before + 1))
     run.kill()
-    # the kill failed a task in flight: Spark ran another attempt of it
-    assert retried_tasks(started), run.tail()
+    # no subtask lost its state (that would have failed the run); a subtask moved off the
+    # killed executor rebuilt its state from the changelog, as the statistics say, and a
+    # killed Python worker failed a task in flight, which Spark ran again
+    assert "SubtaskStateLostError" not in run.tail(400), run.tail(400)
+    stats = [c.stats.task_cache for c in DeltaCheckpointStore(str(args.root)).list_completed()]
+    rebuilds = sum(m.rebuilds for cache in stats for m in cache.values())
+    if victim == "executor-jvm":
+        assert rebuilds > args.parallelism, stats  # beyond each subtask's first restore
+    else:
+        assert retried_tasks(started), run.tail()
     final = _finish(demo, args)
     positions = _final_positions(final, LAGGING_BACKLOG)
     expected = running_count_rows(generated_keys(args.spec(), positions))

@@ -19,7 +19,13 @@ from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
-from spark_ckpt.runtime.subtask_image import SubtaskImage, export_image, import_image
+from spark_ckpt.runtime.subtask_image import (
+    SubtaskImage,
+    export_image,
+    export_images,
+    import_image,
+    import_images,
+)
 from spark_ckpt.runtime.task import CHAIN_VERTEX, OperatorTask
 from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.sinks.sink import Transaction
@@ -66,23 +72,32 @@ def new_task(store: InMemoryCheckpointStore, sink: MemorySink, acks: list[Any]) 
     )
 
 
-def run(batches: list[tuple[int, bool]], *, via_image: bool) -> tuple[list[Any], MemorySink, Any]:
+def run(batches: list[tuple[int, bool]], *, via: str) -> tuple[list[Any], MemorySink, Any]:
     """Feed the micro-batches (read limit, whether a checkpoint is triggered) and a final
-    one to a subtask; *via_image*: a fresh task loads the previous one's image before every
-    micro-batch. Returns the acknowledgements, the sink and the store."""
+    one to a subtask, which a fresh task takes over before every micro-batch *via* the
+    previous one's ``image``, or its ``changelog``: the chain of images since the newest
+    full one (full after a snapshot, a segment of changes otherwise). Returns the
+    acknowledgements, the sink and the store."""
     store, sink, acks = InMemoryCheckpointStore(), MemorySink(), []
     micro = MicroBatches(SPEC.rows, SCHEMA, StreamOffset.initial([0] * CHANNELS))
     task = new_task(store, sink, acks)
+    chain: list[SubtaskImage] = [export_image(task, sink.writer)]
     next_id = 1
     for max_rows, trigger in [*batches, (None, True)]:
         barriers = [CheckpointBarrier(next_id, 0)] if trigger else []
         next_id += trigger
         table = micro.next(barriers, HEADS, max_rows)
-        if via_image:
-            image = export_image(task, sink.writer)
-            task = new_task(store, sink, acks)
-            import_image(task, sink.writer, image)
+        task = new_task(store, sink, acks)
+        import_images(task, sink.writer, chain)
         task.process(table)
+        snapshot = any(b.pending_snapshots() for b in task.backends.values())
+        full, segment = export_images(
+            task, sink.writer, changes=via == "changelog" and not snapshot
+        )
+        if segment is full:
+            chain = [full]
+        else:
+            chain.append(segment)
     return acks, sink, store
 
 
@@ -109,12 +124,13 @@ def checkpoint_state(store: InMemoryCheckpointStore, ack: AcknowledgeCheckpoint)
 @given(
     batches=st.lists(
         st.tuples(st.sampled_from([None, 10, 30, 50]), st.booleans()), min_size=1, max_size=12
-    )
+    ),
+    via=st.sampled_from(["image", "changelog"]),
 )
-def test_a_subtask_rebuilt_from_its_image_every_batch_matches_the_fold(
-    batches: list[tuple[int | None, bool]],
+def test_a_subtask_rebuilt_every_batch_matches_the_fold(
+    batches: list[tuple[int | None, bool]], via: str
 ) -> None:
-    acks, sink, store = run(batches, via_image=True)
+    acks, sink, store = run(batches, via=via)
     assert not [a for a in acks if isinstance(a, DeclineCheckpoint)]
     final = None
     for ack in acks:
