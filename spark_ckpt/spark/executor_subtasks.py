@@ -22,14 +22,17 @@ this query over the ``ckpt-source`` DataFrame (``docs/design/executors.md``)::
 
 **State between micro-batches.** The subtask's state after a micro-batch is an image
 (:mod:`spark_ckpt.runtime.subtask_image`) published into the executor's cache
-(:mod:`spark_ckpt.spark.executor_cache`), and Spark's own state for the group holds only
-the fence naming it (run, micro-batch, attempt token, executor). The next micro-batch loads
-exactly the image its fence names: never a zombie's, a retried attempt's or another run's.
+(:mod:`spark_ckpt.spark.executor_cache`), and a segment of its durable changelog
+(:mod:`spark_ckpt.spark.changelog`: what the micro-batch changed) under the pipeline root.
+Spark's own state for the group holds only the fence naming both (run, micro-batch, attempt
+token, executor). The next micro-batch loads exactly the image its fence names, never a
+zombie's, a retried attempt's or another run's; if its executor does not hold it (the
+subtask moved, the executor was lost) it rebuilds from the changelog chain the fence names.
 The first micro-batch of a run restores the subtask's key groups from the checkpoint the
-run's coordinator chose. An image that is gone (the subtask moved to another executor, the
-executor was lost) fails the micro-batch with :class:`SubtaskStateLostError`; the query
-fails and :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>` restarts it from
-the latest completed checkpoint (a rebuild from a changelog is the next step of the design).
+run's coordinator chose. Only when neither is possible (a remote pipeline root keeps no
+changelog, a segment is gone) does the micro-batch fail with :class:`SubtaskStateLostError`;
+the query fails and :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>` restarts
+it from the latest completed checkpoint.
 
 **Exactly-once.** A retried or speculative attempt of a micro-batch starts from the same
 fence, stages its output under new names and writes its snapshot idempotently per
@@ -97,9 +100,9 @@ REPORT_SCHEMA = "subtask int, batch long, rows long, outcome string, load_ms dou
 
 
 class SubtaskStateLostError(StateError):
-    """A subtask's state after the previous micro-batch is not where its task runs (it
-    moved to another executor, or its executor was lost): the run restarts from the latest
-    completed checkpoint."""
+    """A subtask's state after the previous micro-batch is neither where its task runs nor
+    rebuildable from its changelog: the run restarts from the latest completed
+    checkpoint."""
 
 
 @dataclass(frozen=True)
