@@ -140,12 +140,14 @@ def test_a_killed_executor_process_keeps_the_output_exactly_once(
     before = _latest_id(args.root)
     if victim == "executor-jvm":
         _kill([target])
-    else:  # a worker running a task (mid-subtask, or reading the source for one)
-        deadline = time.monotonic() + 120
-        while not (busy := [w for w in python_workers(run, target) if _running(w)]):
-            assert time.monotonic() < deadline, "no busy Python worker on the executor"
-            time.sleep(0.005)
-        _kill(busy)
+    else:  # workers running a task (mid-subtask, or reading the source for one), until
+        # one of them was: Spark logs another attempt of its task
+        deadline = time.monotonic() + 180
+        while not retried_tasks(started, remove=False):
+            assert time.monotonic() < deadline and run.alive(), f"no task retried\n{run.tail()}"
+            busy = [w for e in executors for w in python_workers(run, e) if _running(w)]
+            _kill(busy)
+            time.sleep(1.0 if busy else 0.005)
     # the job recovers (a restart, or Spark's own task retry) and checkpoints again
     _wait(demo, run, "a checkpoint after the kill", _completes_after(args.root, before + 1))
     run.kill()
@@ -157,8 +159,7 @@ def test_a_killed_executor_process_keeps_the_output_exactly_once(
     rebuilds = sum(m.rebuilds for cache in stats for m in cache.values())
     if victim == "executor-jvm":
         assert rebuilds > args.parallelism, stats  # beyond each subtask's first restore
-    else:
-        assert retried_tasks(started), run.tail()
+    retried_tasks(started)  # removes the executors' logs
     final = _finish(demo, args)
     positions = _final_positions(final, LAGGING_BACKLOG)
     expected = running_count_rows(generated_keys(args.spec(), positions))
@@ -187,10 +188,10 @@ def test_a_task_failing_after_it_staged_output_is_retried_exactly_once(
     assert actual == expected, f"{_diff(actual, expected)}\n{run.tail()}"
 
 
-def retried_tasks(since: float) -> list[str]:
+def retried_tasks(since: float, *, remove: bool = True) -> list[str]:
     """The executors' log lines of task attempts after the first (``Running task 3.1``) of
     the applications started since *since*. A local cluster's workers keep the executors'
-    logs under ``$SPARK_HOME/work/<app>/<executor>/stderr``; the test removes them."""
+    logs under ``$SPARK_HOME/work/<app>/<executor>/stderr``; *remove*: delete them."""
     import pyspark
 
     work = Path(pyspark.__file__).parent / "work"
@@ -202,6 +203,7 @@ def retried_tasks(since: float) -> list[str]:
         for line in log.read_text(errors="replace").splitlines()
         if re.search(r"Running task \d+\.[1-9]", line)
     ]
-    for app in apps:
-        shutil.rmtree(app, ignore_errors=True)
+    if remove:
+        for app in apps:
+            shutil.rmtree(app, ignore_errors=True)
     return lines
