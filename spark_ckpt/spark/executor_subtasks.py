@@ -63,9 +63,6 @@ from spark_ckpt.protocol.handle import (
     TaskId,
     encode_table,
 )
-from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
-from spark_ckpt.runtime.aligner import AlignmentMode
-from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.subtask_image import SubtaskImage, export_images, import_images
 from spark_ckpt.runtime.task import CHAIN_VERTEX, OperatorTask
 from spark_ckpt.spark.changelog import MAX_CHAIN, Segment, SubtaskChangelog
@@ -78,6 +75,7 @@ from spark_ckpt.spark.executor_cache import (
     attempt_token,
     current_batch_id,
 )
+from spark_ckpt.spark.foreach_batch import AlignerSpec
 from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox
 from spark_ckpt.spark.run import RunFiles
@@ -164,16 +162,16 @@ class SubtaskFunction:
     (see the module docstring). Picklable: it builds its runtime in the process that calls
     it, at every call."""
 
-    root: str
-    pipeline: str
-    run_id: str
-    operators: tuple[KeyedOperator, ...]
-    channels: int
-    output: str
-    parallelism: int
-    mode: AlignmentMode = AlignmentMode.ALIGNED
-    max_parallelism: int = 128
-    tracer: Tracer = NOOP_TRACER
+    #: the run's job, as for the subtasks in the driver (``pipelined`` does not apply)
+    spec: AlignerSpec
+
+    @property
+    def parallelism(self) -> int:
+        return self.spec.parallelism
+
+    @property
+    def max_parallelism(self) -> int:
+        return self.spec.max_parallelism
 
     def __call__(self, key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
         import pandas as pd
@@ -227,12 +225,12 @@ class SubtaskFunction:
         )
 
     def _key(self, subtask: int) -> CacheKey:
-        return CacheKey(self.root, self.run_id, subtask)
+        return CacheKey(self.spec.root, self.spec.run_id, subtask)
 
     def _changelog(self, subtask: int) -> SubtaskChangelog | None:
-        if not SubtaskChangelog.available(self.root):
+        if not SubtaskChangelog.available(self.spec.root):
             return None
-        return SubtaskChangelog(self.root, self.run_id, subtask)
+        return SubtaskChangelog(self.spec.root, self.spec.run_id, subtask)
 
     def _open(
         self, subtask: int, fence: Fence | None
@@ -244,33 +242,33 @@ class SubtaskFunction:
         from spark_ckpt.delta.sink import DeltaSink
         from spark_ckpt.delta.store import DeltaCheckpointStore
 
-        store = faults.faulty_store(DeltaCheckpointStore(self.root), self.root)
-        sink = DeltaSink(self.output, pipeline=self.pipeline)
-        mailbox = Mailbox(self.root, self.run_id)
+        store = faults.faulty_store(DeltaCheckpointStore(self.spec.root), self.spec.root)
+        sink = DeltaSink(self.spec.output, pipeline=self.spec.pipeline)
+        mailbox = Mailbox(self.spec.root, self.spec.run_id)
 
         def respond(message: AcknowledgeCheckpoint | DeclineCheckpoint) -> None:
             mailbox.post(message)
 
         task = OperatorTask(
             TaskId(CHAIN_VERTEX, subtask),
-            channels=range(self.channels),
-            operators=self.operators,
-            parallelism=self.parallelism,
+            channels=range(self.spec.channels),
+            operators=self.spec.operators,
+            parallelism=self.spec.parallelism,
             store=store,
             respond=respond,
             clock=SystemClock(),
-            mode=self.mode,
-            max_parallelism=self.max_parallelism,
+            mode=self.spec.mode,
+            max_parallelism=self.spec.max_parallelism,
             sink=sink,
             source_vertex=SOURCE_TASK.vertex,
-            tracer=self.tracer,
+            tracer=self.spec.tracer,
         )
         if fence is None:
-            files = RunFiles(self.root, self.run_id)
+            files = RunFiles(self.spec.root, self.spec.run_id)
             point = files.restore_point()
             if point is None:
                 raise ProtocolError(
-                    f"run {self.run_id} has no restore point: its coordinator did not start"
+                    f"run {self.spec.run_id} has no restore point: its coordinator did not start"
                 )
             checkpoint = None if point.checkpoint_id is None else store.get(point.checkpoint_id)
             try:
@@ -290,7 +288,7 @@ class SubtaskFunction:
         changelog = self._changelog(subtask)
         if changelog is None:
             raise SubtaskStateLostError(
-                f"subtask {subtask} of run {self.run_id}: its state after micro-batch "
+                f"subtask {subtask} of run {self.spec.run_id}: its state after micro-batch "
                 f"{fence.batch_id} is not on this executor ({lookup.miss}), and the remote "
                 "pipeline root keeps no changelog; the run restarts from the latest "
                 "completed checkpoint"
@@ -299,7 +297,7 @@ class SubtaskFunction:
             images, segment = changelog.chain(fence.batch_id, fence.token)
         except StoreError as e:
             raise SubtaskStateLostError(
-                f"subtask {subtask} of run {self.run_id}: its state after micro-batch "
+                f"subtask {subtask} of run {self.spec.run_id}: its state after micro-batch "
                 f"{fence.batch_id} is not on this executor ({lookup.miss}) and cannot be "
                 f"rebuilt ({e}); the run restarts from the latest completed checkpoint"
             ) from e

@@ -43,10 +43,11 @@ from spark_ckpt.testing import faults
 
 @dataclass(frozen=True)
 class AlignerSpec:
-    """Everything a run's foreachBatch aligner is built from (picklable). *tracer* receives
-    the aligner's spans (:mod:`spark_ckpt.protocol.trace`) in the process that builds it —
-    where foreachBatch runs — on the batch's thread and the snapshot worker's thread; it
-    must be picklable and cheap. Default: no tracing."""
+    """Everything a run's subtasks are built from (picklable): the foreachBatch aligner's,
+    or (on the executors) :class:`~spark_ckpt.spark.executor_subtasks.SubtaskFunction`'s.
+    *tracer* receives the subtasks' spans (:mod:`spark_ckpt.protocol.trace`) in the process
+    that runs them, on the batch's thread and the snapshot worker's thread; it must be
+    picklable and cheap. Default: no tracing."""
 
     root: str
     pipeline: str

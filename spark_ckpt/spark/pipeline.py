@@ -217,37 +217,24 @@ class Pipeline:
         parsed = SourceOptions.parse(opts)
         from datasources.source import open_channel_source
 
-        channels = open_channel_source(parsed).channels
-        function: RunFunction
-        if job.placement is Placement.EXECUTORS:
-            function = SubtaskFunction(
-                root=self.root,
-                pipeline=self.name,
-                run_id=run_id,
-                operators=job.operators,
-                channels=channels,
-                output=job.output,
-                parallelism=job.parallelism,
-                mode=alignment_mode(self.config),
-                max_parallelism=self.config.max_parallelism,
-                tracer=job.tracer,
-            )
-        else:
-            function = ForeachBatchFunction(
-                AlignerSpec(
-                    root=self.root,
-                    pipeline=self.name,
-                    run_id=run_id,
-                    operators=job.operators,
-                    channels=channels,
-                    output=job.output,
-                    parallelism=job.parallelism,
-                    mode=alignment_mode(self.config),
-                    max_parallelism=self.config.max_parallelism,
-                    pipelined=job.pipelined,
-                    tracer=job.tracer,
-                )
-            )
+        spec = AlignerSpec(
+            root=self.root,
+            pipeline=self.name,
+            run_id=run_id,
+            operators=job.operators,
+            channels=open_channel_source(parsed).channels,
+            output=job.output,
+            parallelism=job.parallelism,
+            mode=alignment_mode(self.config),
+            max_parallelism=self.config.max_parallelism,
+            pipelined=job.pipelined,
+            tracer=job.tracer,
+        )
+        function: RunFunction = (
+            SubtaskFunction(spec)
+            if job.placement is Placement.EXECUTORS
+            else ForeachBatchFunction(spec)
+        )
         sink = SinkSpec("delta", job.output, CHAIN_VERTEX)
         topology = Topology(CHAIN_VERTEX, job.parallelism, sink, run_id)
         write_topology(self.root, topology, run_id)
