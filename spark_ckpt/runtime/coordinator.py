@@ -364,6 +364,12 @@ class CheckpointCoordinator:
     def tick(self) -> list[CheckpointBarrier]:
         """Expire timed-out checkpoints, then trigger what is due and allowed. Returns the
         barriers sent. Call it regularly from the driver loop."""
+        self.expire_overdue()
+        return self._trigger_what_is_allowed()
+
+    def expire_overdue(self) -> None:
+        """Abort every pending checkpoint whose timeout has passed (Flink's canceller timer):
+        the part of :meth:`tick` that may run on any schedule, triggering nothing."""
         self._ensure_running()
         now = self.clock.now_ms()
         for p in sorted(self._pending.values(), key=lambda p: p.checkpoint_id):
@@ -377,7 +383,6 @@ class CheckpointCoordinator:
                         f"{sorted(map(str, p.not_yet_acknowledged))}",
                     ),
                 )
-        return self._trigger_what_is_allowed()
 
     def trigger_checkpoint(
         self, properties: Mapping[str, str] | None = None, *, final: bool = False

@@ -234,9 +234,10 @@ class CoordinatorHost:
     # -- polling ---------------------------------------------------------------------------
     def poll(self, tick: bool = True) -> list[CheckpointBarrier]:
         """One round (see the module docstring); returns the barriers to place, oldest first.
-        Without *tick* the coordinator is not ticked (no periodic trigger, no timeouts): see
-        :meth:`tick`. Raises :class:`~spark_ckpt.errors.TolerableFailuresExceededError` to
-        fail the query."""
+        Without *tick* the coordinator triggers nothing (no periodic trigger: see
+        :meth:`tick`), but checkpoints past their timeout expire: a micro-batch that takes
+        long must not keep its checkpoint alive until the next ``latestOffset``. Raises
+        :class:`~spark_ckpt.errors.TolerableFailuresExceededError` to fail the query."""
         if self.run is None:
             topology = read_topology(self.root)
             if topology is not None and topology != self.topology:
@@ -258,6 +259,8 @@ class CoordinatorHost:
             mailbox.delete([name for name, _ in received])
         if tick:
             return self.tick()
+        if coordinator.status is CoordinatorStatus.RUNNING:
+            coordinator.expire_overdue()
         barriers, self._barriers = self._barriers, []
         return barriers
 
@@ -377,6 +380,8 @@ class HostThread:
     100-300 ms) into the micro-batch's critical path. Here a daemon thread polls the host
     every *interval_s* — acks, declines, requests, completions — and then, in a separate
     step, applies retention (the host's coordinator defers it: ``defer_after_completion``).
+    The polls also expire checkpoints past their timeout (Flink's canceller), so a long
+    micro-batch cannot keep its checkpoint alive until the next ``latestOffset``.
     ``latestOffset`` only ticks the coordinator (:meth:`take_barriers`: periodic triggers and
     timeouts, cheap) and takes the barriers, placing them at the channel heads of that
     moment: a periodic checkpoint is triggered when its barriers are injected, as in Flink,

@@ -75,6 +75,25 @@ def test_barriers_are_triggered_on_the_host_thread(tmp_path: Path) -> None:
         thread.stop()
 
 
+def test_the_host_thread_expires_a_checkpoint_no_batch_acknowledges(tmp_path: Path) -> None:
+    """A micro-batch that outlasts the checkpoint timeout calls no ``latestOffset``: the
+    thread's polls expire the checkpoint all the same (and trigger nothing)."""
+    thread, clock = hosted(tmp_path)
+    try:
+        thread.start()
+        wait_until(lambda: thread.call(lambda h: h.coordinator is not None))
+        clock.advance(1_000)
+        [barrier] = thread.take_barriers()  # latestOffset: checkpoint 1 triggered
+        timeout = thread.call(lambda h: h.config.timeout_ms)
+        clock.advance(timeout + 1)  # no latestOffset meanwhile
+        wait_until(lambda: thread.call(lambda h: h.coordinator.num_failed) == 1)
+        [failure] = thread.call(lambda h: h.store.list_failed())
+        assert (failure.checkpoint_id, failure.reason) == (barrier.checkpoint_id, "expired")
+        assert thread.call(lambda h: h.coordinator.num_triggered) == 1
+    finally:
+        thread.stop()
+
+
 def test_a_failed_poll_fails_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     thread, _ = hosted(tmp_path)
 
