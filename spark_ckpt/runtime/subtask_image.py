@@ -15,7 +15,9 @@ channel, no buffered row, no snapshot in progress), so its image is only
 * its sink's open transaction: the files staged since the last barrier
   (:class:`~spark_ckpt.sinks.sink.DetachableWriter`).
 
-A subtask built fresh from an image has no incremental base, so its next snapshot is full.
+A subtask built fresh from an image has no incremental base, so its next snapshot is full;
+one kept alive in its Python worker between micro-batches
+(:class:`~spark_ckpt.spark.executor_subtasks.LiveSubtasks`) keeps its base.
 
 The image's metadata is JSON-compatible (``version`` :data:`IMAGE_VERSION`); nothing in it
 is pickled.
@@ -24,16 +26,17 @@ is pickled.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_ckpt.errors import ProtocolError, StateError
 from spark_ckpt.protocol.handle import BlobKind, BlobRef, CacheMetrics, StateBlob
 from spark_ckpt.runtime.task import OperatorTask
 from spark_ckpt.sinks.sink import DetachableWriter, Transaction
-from spark_ckpt.state.restore import restore_backend
+from spark_ckpt.state.restore import apply_segment, restore_backend
 
 IMAGE_VERSION = 1
 #: An image's kind: the whole state, or what changed since the previous image (a segment of
@@ -61,20 +64,19 @@ def export_images(
     task: OperatorTask, writer: DetachableWriter | None, *, changes: bool
 ) -> tuple[SubtaskImage, SubtaskImage]:
     """The :data:`FULL` image of *task* after a micro-batch and, with *changes*, a
-    :data:`DELTA` image of what changed since it was loaded or restored (a changelog
-    segment: the changed keys of every keyed state, the whole operator state, the sink
-    transactions), else the full image again. Changes are only complete if the task took
-    no snapshot (a snapshot takes the changes before it): :class:`ProtocolError` then.
-    Hands *writer*'s open transaction over into both (the writer forgets it)."""
+    :data:`DELTA` image of what changed since the previous export, load or restore (a
+    changelog segment: the changed keys of every keyed state, the whole operator state,
+    the sink transactions), else the full image again; snapshots taken meanwhile do not
+    matter. Either way the next segment starts here. Hands *writer*'s open transaction
+    over into both (the writer forgets it)."""
     _check_aligned(task)
     backends = [task.backends[op.uid] for op in task.operators]
     delta: list[StateBlob] | None = None
     if changes:
-        if any(b.pending_snapshots() for b in backends):
-            raise ProtocolError(
-                f"subtask {task.task_id.subtask} took a snapshot: its changes are incomplete"
-            )
         delta = [blob for b in backends for blob in b.changed_blobs()]
+    else:
+        for backend in backends:
+            backend.start_segment()
     full = [blob for b in backends for blob in b.full_blobs()]
     staged: tuple[str, ...] = ()
     if writer is not None:
@@ -118,6 +120,7 @@ def _image(
         "sealed": [t.to_json() for t in task.sealed_transactions()],
         "open": list(staged),
         "cache": None if task.cache is None else task.cache.to_dict(),
+        "last_snapshot": task.last_snapshot_id,
     }
     return SubtaskImage(tables, meta)
 
@@ -136,6 +139,61 @@ def import_images(
     taken (a changelog). Keyed state is the full image's with every delta applied in turn;
     operator state, sink transactions and cache metrics are the newest image's. Gives
     *writer* the newest open transaction back."""
+    _check_images(task, images, first=FULL)
+    refs: dict[str, list[BlobRef]] = {}
+    tables: dict[tuple[Any, ...], pa.Table] = {}
+    seqs: dict[tuple[str, str], int] = {}
+    newest = len(images) - 1
+    for position, image in enumerate(images):
+        for found, whole in _blobs(task, image, seqs):
+            ref, table = found, whole
+            if ref.kind is BlobKind.OPERATOR and position != newest:
+                continue  # operator state: the newest image's, whole
+            if ref.kind is BlobKind.KEYED_DELTA and ref.seq == 0:
+                # a state first registered after the full image: its first delta applies to
+                # nothing, so it is the full blob of its live rows
+                live = pc.invert(table.column("deleted"))
+                table = table.filter(live).drop_columns(["deleted"])
+                ref = replace(ref, kind=BlobKind.KEYED_FULL, rows=table.num_rows)
+            refs.setdefault(ref.operator_uid, []).append(ref)
+            tables[ref.key] = table
+    unknown = sorted(set(refs) - set(task.backends))
+    if unknown:
+        raise StateError(f"the image holds state of operators {unknown} the chain does not have")
+    for uid, backend in task.backends.items():
+        restore_backend(
+            backend, refs.get(uid, []), lambda ref: tables[ref.key], incremental_base=False
+        )
+    _adopt_newest(task, writer, images[newest], detach=False)
+
+
+def catch_up(
+    task: OperatorTask, writer: DetachableWriter | None, images: Sequence[SubtaskImage]
+) -> None:
+    """Bring *task* — alive since an earlier micro-batch of its subtask — forward by the
+    :data:`DELTA` images that other processes running the subtask published since (a
+    changelog, oldest first): their keyed changes are applied and recorded as changes of
+    *task* (its next incremental snapshot and changelog segment hold them); operator state,
+    sink transactions, cache metrics and *writer*'s open transaction become the newest
+    image's. If checkpoints were snapshotted meanwhile, the task's snapshot history is
+    forgotten (:meth:`~spark_ckpt.runtime.task.OperatorTask.forget_snapshot_history`: its
+    next snapshot is full). A failure leaves *task* half-updated: discard it then."""
+    _check_images(task, images, first=DELTA)
+    _check_aligned(task)
+    seqs: dict[tuple[str, str], int] = {}
+    for image in images:
+        blobs = _blobs(task, image, seqs)
+        unknown = sorted({ref.operator_uid for ref, _ in blobs} - set(task.backends))
+        if unknown:
+            raise StateError(
+                f"the image holds state of operators {unknown} the chain does not have"
+            )
+        for backend in task.backends.values():
+            apply_segment(backend, blobs)
+    _adopt_newest(task, writer, images[-1], detach=True)
+
+
+def _check_images(task: OperatorTask, images: Sequence[SubtaskImage], *, first: str) -> None:
     if not images:
         raise StateError("no image to load")
     for i, image in enumerate(images):
@@ -147,46 +205,58 @@ def import_images(
                 f"the image of subtask {meta.get('subtask')} cannot load into subtask "
                 f"{task.task_id.subtask}"
             )
-        if meta.get("kind", FULL) != (FULL if i == 0 else DELTA):
-            raise StateError(f"a changelog is one {FULL} image, then {DELTA} images")
-    refs: dict[str, list[BlobRef]] = {}
-    tables: dict[tuple[Any, ...], pa.Table] = {}
-    seqs: dict[tuple[str, str], int] = {}
-    newest = len(images) - 1
-    for position, image in enumerate(images):
-        for b in image.meta["blobs"]:
-            kind = BlobKind(b["kind"])
-            if kind is BlobKind.OPERATOR and position != newest:
-                continue  # operator state: the newest image's, whole
-            chain = (b["uid"], b["state"])
-            seq = seqs[chain] = seqs.get(chain, -1) + 1 if kind is BlobKind.KEYED_DELTA else 0
-            table = image.tables[b["table"]]
-            ref = BlobRef(
-                checkpoint_id=0,
-                operator_uid=b["uid"],
-                subtask=task.task_id.subtask,
-                kind=kind,
-                state_name=b["state"],
-                key_group_start=int(b["kg"][0]),
-                key_group_end=int(b["kg"][1]),
-                channel=-1,
-                seq=seq,
-                rows=table.num_rows,
-                nbytes=table.nbytes,
-                checksum="",
+        if meta.get("kind", FULL) != (first if i == 0 else DELTA):
+            raise StateError(
+                f"a changelog is one {FULL} image, then {DELTA} images"
+                if first == FULL
+                else f"a task catches up by {DELTA} images only"
             )
-            refs.setdefault(b["uid"], []).append(ref)
-            tables[ref.key] = table
-    unknown = sorted(set(refs) - set(task.backends))
-    if unknown:
-        raise StateError(f"the image holds state of operators {unknown} the chain does not have")
-    for uid, backend in task.backends.items():
-        restore_backend(
-            backend, refs.get(uid, []), lambda ref: tables[ref.key], incremental_base=False
+
+
+def _blobs(
+    task: OperatorTask, image: SubtaskImage, seqs: dict[tuple[str, str], int]
+) -> list[tuple[BlobRef, pa.Table]]:
+    """The blobs of *image* as refs (a keyed state's chain numbered on in *seqs*) with
+    their tables."""
+    blobs: list[tuple[BlobRef, pa.Table]] = []
+    for b in image.meta["blobs"]:
+        kind = BlobKind(b["kind"])
+        chain = (b["uid"], b["state"])
+        seq = seqs[chain] = seqs.get(chain, -1) + 1 if kind is BlobKind.KEYED_DELTA else 0
+        table = image.tables[b["table"]]
+        ref = BlobRef(
+            checkpoint_id=0,
+            operator_uid=b["uid"],
+            subtask=task.task_id.subtask,
+            kind=kind,
+            state_name=b["state"],
+            key_group_start=int(b["kg"][0]),
+            key_group_end=int(b["kg"][1]),
+            channel=-1,
+            seq=seq,
+            rows=table.num_rows,
+            nbytes=table.nbytes,
+            checksum="",
         )
-    meta = images[newest].meta
-    task.adopt_sealed([Transaction.from_json(t) for t in meta["sealed"]])
+        blobs.append((ref, table))
+    return blobs
+
+
+def _adopt_newest(
+    task: OperatorTask, writer: DetachableWriter | None, image: SubtaskImage, *, detach: bool
+) -> None:
+    """What *task* takes whole from the newest image: sealed transactions, cache metrics,
+    the snapshot history's end, the open transaction (*detach*: dropping the one *writer*
+    holds for the task)."""
+    meta = image.meta
+    task.adopt_sealed([Transaction.from_json(t) for t in meta["sealed"]], replace=True)
     cache = meta.get("cache")
     task.cache = None if cache is None else CacheMetrics.from_dict(cache)
+    last = int(meta.get("last_snapshot", 0))
+    if detach and last > task.last_snapshot_id:
+        task.forget_snapshot_history(last)
+    task.last_snapshot_id = max(task.last_snapshot_id, last)
     if writer is not None:
+        if detach:
+            writer.detach(task.sink_uid, task.task_id.subtask)
         writer.attach(task.sink_uid, task.task_id.subtask, tuple(meta["open"]))

@@ -165,6 +165,9 @@ class OperatorTask:
         self._acked_lock = threading.Lock()  # _acked is written by the asynchronous phase
         self._run_async = run_async or _run_inline
         self.rows_processed = 0
+        #: the newest checkpoint snapshotted by this subtask: by this task, or (subtasks on
+        #: the executors) in its history another process ran (0: none)
+        self.last_snapshot_id = 0
         self.source_vertex = source_vertex
         #: subtasks on the executors: where the subtask found its state since its previous
         #: checkpoint, reported with the next acknowledgement (None: not reported)
@@ -186,6 +189,7 @@ class OperatorTask:
         (:func:`recover_sink`). Call before the first input."""
         if checkpoint is None:
             return
+        self.last_snapshot_id = checkpoint.checkpoint_id
         # the first checkpoint after a restore a user asked for (savepoint, older checkpoint)
         # is full: the new lineage never builds on the restored chains
         incremental = RESTORED_FROM not in checkpoint.properties
@@ -277,6 +281,7 @@ class OperatorTask:
         # move forward (0: a backend without a base yet, which may adopt any completed one)
         base = min(self.backends[op.uid].base_checkpoint_id for op in self.operators)
         snaps = [self.backends[op.uid].snapshot(cid, full=full) for op in self.operators]
+        self.last_snapshot_id = cid
         if self.sink is not None:
             with self.tracer.span(Phase.SINK_PRE_COMMIT):
                 self._sealed[cid] = self.sink.writer.pre_commit(
@@ -368,6 +373,12 @@ class OperatorTask:
                     checkpoint_id, TaskStateHandle(backend.task_id, mine)
                 )
 
+    def acknowledged_checkpoints(self) -> list[int]:
+        """Checkpoints whose snapshot this task acknowledged and whose completion it was not
+        notified of, oldest first."""
+        with self._acked_lock:
+            return sorted(self._acked)
+
     def forget_committed(self, committed: int) -> None:
         """The sink committed every transaction of checkpoints <= *committed*: they no
         longer go into this task's checkpoints."""
@@ -379,11 +390,25 @@ class OperatorTask:
         first (they go into every checkpoint it takes until then)."""
         return [self._sealed[c] for c in sorted(self._sealed)]
 
-    def adopt_sealed(self, txns: Sequence[Transaction]) -> None:
+    def adopt_sealed(self, txns: Sequence[Transaction], *, replace: bool = False) -> None:
         """Take over sealed transactions of this subtask (from its image,
-        :mod:`spark_ckpt.runtime.subtask_image`); before the first input."""
+        :mod:`spark_ckpt.runtime.subtask_image`), between micro-batches; *replace*: instead
+        of those this task holds."""
+        if replace:
+            self._sealed.clear()
         for txn in txns:
             self._sealed[txn.checkpoint_id] = txn
+
+    def forget_snapshot_history(self, last_snapshot_id: int) -> None:
+        """Another process ran this subtask and snapshotted checkpoints up to
+        *last_snapshot_id* since this task's last one (subtasks on the executors): this
+        task's incremental base may no longer be kept by the coordinator, so its next
+        snapshot is full, and its acknowledged snapshots await no completion."""
+        with self._acked_lock:
+            self._acked.clear()
+        for backend in self.backends.values():
+            backend.forget_snapshot_history(last_snapshot_id)
+        self.last_snapshot_id = max(self.last_snapshot_id, last_snapshot_id)
 
     def notify_aborted(self, checkpoint_id: int, reason: str) -> None:
         """The coordinator aborted *checkpoint_id*: stop aligning on it."""

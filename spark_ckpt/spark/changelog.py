@@ -1,20 +1,23 @@
 """The durable changelog of subtasks on the executors: a subtask rebuilds its state anywhere.
 
-Every micro-batch, a subtask on the executors publishes its state twice: the whole image into
-its executor's cache (:mod:`spark_ckpt.spark.executor_cache`, the fast path) and a segment
-into this changelog, under the pipeline root, which outlives the executor. A segment is
+Every micro-batch, a subtask on the executors publishes a segment into this changelog, under
+the (local) pipeline root, which outlives the executor and its Python workers. A segment is
 either the whole state (:data:`~spark_ckpt.runtime.subtask_image.FULL`: the run's first
-micro-batch, a micro-batch that took a checkpoint, or every :data:`MAX_CHAIN`-th) or what
-the micro-batch changed (:data:`~spark_ckpt.runtime.subtask_image.DELTA`: the changed keys,
-the operator state, the sink transactions). Each segment names its predecessor and the full
-segment its chain starts at.
+micro-batch, or every :data:`MAX_CHAIN`-th) or what the micro-batch changed
+(:data:`~spark_ckpt.runtime.subtask_image.DELTA`: the changed keys, the operator state, the
+sink transactions), whether or not it took a checkpoint. Each segment names its predecessor
+and the full segment its chain starts at.
 
-A subtask that does not find the image its fence names in its executor's cache (it moved to
-another executor, its executor was lost) rebuilds from the chain the fence names: the full
+The subtask's task stays alive in the Python worker that ran it
+(:class:`~spark_ckpt.spark.executor_subtasks.LiveSubtasks`). A worker whose task stands at an
+earlier segment of the chain the fence names catches up by the deltas since
+(:meth:`SubtaskChangelog.since`, :func:`~spark_ckpt.runtime.subtask_image.catch_up`): the
+cost follows what changed. A worker without it (the subtask moved to another executor, its
+executor was lost, its worker restarted) rebuilds from the chain the fence names: the full
 segment, then every delta in order, exactly its own key groups
-(:func:`~spark_ckpt.runtime.subtask_image.import_images`). A segment is named by the same
-fence as the cache entry — (micro-batch, attempt token) — so a rebuild follows exactly the
-chain of the attempts Spark committed, never a zombie's.
+(:func:`~spark_ckpt.runtime.subtask_image.import_images`). A segment is named by the fence —
+(micro-batch, attempt token) — so both follow exactly the chain of the attempts Spark
+committed, never a zombie's.
 
 **Layout.** ``<root>/_changelog/<run id>/<subtask>/b<batch>-<token>/``: an entry in the
 executor cache's format (an Arrow IPC file per table, ``meta.json``), written under a
@@ -23,8 +26,10 @@ subtask's segments older than the full segment its predecessor's chain starts at
 this micro-batch still finds that chain); a run's changelog goes when the run is retired
 (:meth:`~spark_ckpt.spark.pipeline_run.PipelineRun.retire`) or pruned.
 
-Local pipeline roots only (the cache's entry format uses local files): on a remote root a
-lost image fails the micro-batch and the run restarts from the latest checkpoint.
+Local pipeline roots only (the executor cache's entry format, local files): on a remote root
+the subtask publishes its whole image into its executor's cache
+(:mod:`spark_ckpt.spark.executor_cache`) every micro-batch instead, and a lost image fails
+the micro-batch: the run restarts from the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -73,17 +78,25 @@ class SubtaskChangelog:
         return "://" not in root or root.startswith("file://")
 
     def publish(
-        self, batch_id: int, token: str, image: SubtaskImage, previous: Segment | None
+        self,
+        batch_id: int,
+        token: str,
+        image: SubtaskImage,
+        previous: Segment | None,
+        *,
+        executor: str = DURABLE,
     ) -> Segment:
         """Publish *image* (full, or the changes since *previous*, the segment the
-        micro-batch started from) as micro-batch *batch_id*'s segment of attempt *token*;
-        evicts what no retry can need. Raises :class:`StoreError`."""
+        micro-batch started from) as micro-batch *batch_id*'s segment of attempt *token*,
+        written on *executor* (recorded for diagnostics); evicts what no retry can need.
+        Raises :class:`StoreError`."""
         full = image.meta.get("kind") == FULL
         if not full and previous is None:
             raise StoreError("a changelog starts with a full segment")
         base = (batch_id, token) if full or previous is None else previous.base
         length = 1 if full or previous is None else previous.length + 1
-        meta = {**image.meta, "changelog": {"base": list(base), "length": length}}
+        link = {"base": list(base), "length": length, "executor": executor}
+        meta = {**image.meta, "changelog": link}
         if previous is not None:
             meta["changelog"]["previous"] = [previous.batch_id, previous.token]
         fence = Fence(self.run_id, batch_id, token, DURABLE)
@@ -124,6 +137,39 @@ class SubtaskChangelog:
             at = None if previous is None else (int(previous[0]), str(previous[1]))
         if not images or images[-1].meta.get("kind") != FULL or segment is None:
             raise StoreError(f"changelog of {self.directory} has no full segment before {batch_id}")
+        return images[::-1], segment
+
+    def since(
+        self, batch_id: int, token: str, after: tuple[int, str]
+    ) -> tuple[list[SubtaskImage], Segment] | None:
+        """The :data:`~spark_ckpt.runtime.subtask_image.DELTA` images from the segment after
+        *after* (a (batch, token) of this subtask's chain) to segment (*batch_id*, *token*),
+        oldest first, and that segment: what a task that stands at *after* applies to catch
+        up. None when *after* is not on that chain by deltas alone (a full segment in
+        between, another attempt's segment, evicted) or a segment is unreadable."""
+        images: list[SubtaskImage] = []
+        at: tuple[int, str] | None = (batch_id, token)
+        segment: Segment | None = None
+        while at is not None and at != after:
+            if at[0] <= after[0]:
+                return None
+            try:
+                image, _ = read_entry(
+                    self.directory / entry_name(*at), Fence(self.run_id, at[0], at[1], DURABLE)
+                )
+            except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+                return None
+            if image.meta.get("kind") == FULL:
+                return None
+            link = image.meta["changelog"]
+            if segment is None:
+                base = link["base"]
+                segment = Segment(at[0], at[1], (int(base[0]), str(base[1])), int(link["length"]))
+            images.append(SubtaskImage(image.tables, image.meta))
+            previous = link.get("previous")
+            at = None if previous is None else (int(previous[0]), str(previous[1]))
+        if at is None or segment is None:
+            return None
         return images[::-1], segment
 
     def _evict(self, before: int) -> None:

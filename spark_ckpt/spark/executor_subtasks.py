@@ -1,6 +1,7 @@
 """Subtasks on executors: the operator chain runs inside Spark tasks, next to its state.
 
-``Pipeline.run(..., placement="executors")`` builds, instead of a ``foreachBatch`` function,
+``Pipeline.run`` (``placement="executors"``, the default) builds, instead of a ``foreachBatch``
+function,
 this query over the ``ckpt-source`` DataFrame (``docs/design/executors.md``)::
 
     source ─ mapInArrow(Router) ─ groupBy(_ckpt_subtask)
@@ -20,19 +21,26 @@ this query over the ``ckpt-source`` DataFrame (``docs/design/executors.md``)::
   acknowledged through the run's mailbox — all in the executor's Python worker. No data row
   passes through the driver.
 
-**State between micro-batches.** The subtask's state after a micro-batch is an image
-(:mod:`spark_ckpt.runtime.subtask_image`) published into the executor's cache
-(:mod:`spark_ckpt.spark.executor_cache`), and a segment of its durable changelog
-(:mod:`spark_ckpt.spark.changelog`: what the micro-batch changed) under the pipeline root.
-Spark's own state for the group holds only the fence naming both (run, micro-batch, attempt
-token, executor). The next micro-batch loads exactly the image its fence names, never a
-zombie's, a retried attempt's or another run's; if its executor does not hold it (the
-subtask moved, the executor was lost) it rebuilds from the changelog chain the fence names.
-The first micro-batch of a run restores the subtask's key groups from the checkpoint the
-run's coordinator chose. Only when neither is possible (a remote pipeline root keeps no
-changelog, a segment is gone) does the micro-batch fail with :class:`SubtaskStateLostError`;
-the query fails and :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>` restarts
-it from the latest completed checkpoint.
+**State between micro-batches.** The subtask's task stays alive in the Python worker that
+ran it (:class:`LiveSubtasks`), and every micro-batch publishes a segment of the subtask's
+durable changelog under the pipeline root (:mod:`spark_ckpt.spark.changelog`: what the
+micro-batch changed; the whole state at the run's start and every
+:data:`~spark_ckpt.spark.changelog.MAX_CHAIN`-th). Spark's own state for the group holds
+only the fence naming the segment (run, micro-batch, attempt token, executor). The next
+micro-batch continues the task if its worker holds it at that fence (``hit``); a worker
+holding it at an earlier segment of the fence's chain applies the deltas since
+(``caught-up``, :func:`~spark_ckpt.runtime.subtask_image.catch_up`); any other worker
+(the subtask moved, its executor was lost, its worker restarted) rebuilds exactly its key
+groups from the chain (``rebuilt``). Never a zombie's, a retried attempt's or another run's
+state: segments are named by their fence. The first micro-batch of a run restores the
+subtask's key groups from the checkpoint the run's coordinator chose (``restored``). A task
+kept alive keeps its incremental snapshot base, so its checkpoints write only what changed.
+On a remote pipeline root (no changelog) the whole image goes into the executor's cache
+(:mod:`spark_ckpt.spark.executor_cache`) every micro-batch instead. Only when the state
+cannot be found (a remote root's image lost with its executor, a segment gone) does the
+micro-batch fail with :class:`SubtaskStateLostError`; the query fails and
+:meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>` restarts it from the latest
+completed checkpoint.
 
 **Exactly-once.** A retried or speculative attempt of a micro-batch starts from the same
 fence, stages its output under new names and writes its snapshot idempotently per
@@ -46,7 +54,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -63,7 +71,7 @@ from spark_ckpt.protocol.handle import (
     TaskId,
     encode_table,
 )
-from spark_ckpt.runtime.subtask_image import SubtaskImage, export_images, import_images
+from spark_ckpt.runtime.subtask_image import SubtaskImage, catch_up, export_images, import_images
 from spark_ckpt.runtime.task import CHAIN_VERTEX, OperatorTask
 from spark_ckpt.spark.changelog import MAX_CHAIN, Segment, SubtaskChangelog
 from spark_ckpt.spark.executor_cache import (
@@ -74,6 +82,7 @@ from spark_ckpt.spark.executor_cache import (
     StateImage,
     attempt_token,
     current_batch_id,
+    executor_identity,
 )
 from spark_ckpt.spark.foreach_batch import AlignerSpec
 from spark_ckpt.spark.host import SOURCE_TASK
@@ -182,38 +191,43 @@ class SubtaskFunction:
         batch_id = current_batch_id()
         if batch_id is None:
             raise ProtocolError("a subtask runs inside a streaming query's task")
+        changelog = self._changelog(subtask)
         start = time.perf_counter()
-        task, writer, outcome, segment = self._open(subtask, fence)
+        live = LIVE_SUBTASKS.take(self._key(subtask))
+        resumed = None if live is None else _resume(live, self._key(subtask), fence, changelog)
+        if resumed is not None:
+            task, writer, outcome, segment = resumed
+        else:
+            task, writer, outcome, segment = self._open(subtask, fence, changelog)
         load_ms = (time.perf_counter() - start) * 1000
-        task.cache = (task.cache or CacheMetrics()).add(hit=outcome == "hit", ms=round(load_ms))
+        hit = outcome in (HIT, CAUGHT_UP)
+        task.cache = (task.cache or CacheMetrics()).add(hit=hit, ms=round(load_ms))
         table = subtask_rows(payloads)
+        _notify_committed(task)
         task.process(table)
         task.tick()
-        if task.sealed_transactions() and task.sink is not None:
-            task.forget_committed(task.sink.committer.committed_checkpoint())
         token = attempt_token()
-        changelog = self._changelog(subtask)
-        snapshot = any(task.backends[op.uid].pending_snapshots() for op in task.operators)
-        changes = (
-            changelog is not None
-            and segment is not None
-            and not snapshot
-            and segment.length < MAX_CHAIN
-        )
+        changes = changelog is not None and segment is not None and segment.length < MAX_CHAIN
         image, part = export_images(task, writer, changes=changes)
-        meta = dict(image.meta)
+        published: Segment | None = None
         if changelog is not None:
-            published = changelog.publish(batch_id, token, part, segment)
-            meta["segment"] = asdict(published)
-        cache = ExecutorStateCache.for_this_executor()
-        fenced = cache.publish(
-            self._key(subtask),
-            batch_id,
-            StateImage(image.tables, meta),
-            token=token,
-            previous=fence,
-        )
+            executor = executor_identity()
+            published = changelog.publish(batch_id, token, part, segment, executor=executor)
+            fenced = Fence(self.spec.run_id, batch_id, token, executor)
+        else:  # a remote root: the whole image into this executor's cache
+            fenced = ExecutorStateCache.for_this_executor().publish(
+                self._key(subtask),
+                batch_id,
+                StateImage(image.tables, image.meta),
+                token=token,
+                previous=fence,
+            )
         state.update(fenced.to_row())
+        if writer is not None:
+            writer.attach(task.sink_uid, subtask, tuple(image.meta["open"]))
+        LIVE_SUBTASKS.keep(
+            self._key(subtask), LiveSubtask(task, writer, batch_id, token, published)
+        )
         yield pd.DataFrame(
             {
                 "subtask": [subtask],
@@ -233,12 +247,12 @@ class SubtaskFunction:
         return SubtaskChangelog(self.spec.root, self.spec.run_id, subtask)
 
     def _open(
-        self, subtask: int, fence: Fence | None
+        self, subtask: int, fence: Fence | None, changelog: SubtaskChangelog | None
     ) -> tuple[OperatorTask, Any, str, Segment | None]:
-        """The subtask's task, with its state: the image its fence names in this executor's
-        cache (``hit``), else the changelog's chain the fence names (``rebuilt``), or — the
-        run's first micro-batch — the run's restore point (``restored``); and the changelog
-        segment the state stands at (None: none yet)."""
+        """A new task for the subtask, with its state: the run's restore point (the run's
+        first micro-batch: ``restored``), else the image its fence names in this executor's
+        cache (a remote root: ``hit``), else the changelog's chain the fence names
+        (``rebuilt``); and the changelog segment the state stands at (None: none yet)."""
         from spark_ckpt.delta.sink import DeltaSink
         from spark_ckpt.delta.store import DeltaCheckpointStore
 
@@ -277,42 +291,123 @@ class SubtaskFunction:
                 # the state does not fit the operators: every restart would fail alike
                 files.write_fatal(f"{type(e).__name__}: {e}")
                 raise
-            return task, sink.writer, "restored", None
-        lookup = ExecutorStateCache.for_this_executor().lookup(self._key(subtask), fence)
-        if lookup.image is not None:
-            image = SubtaskImage(lookup.image.tables, lookup.image.meta)
-            import_images(task, sink.writer, [image])
-            found = lookup.image.meta.get("segment")
-            segment = None if found is None else _segment(found)
-            return task, sink.writer, "hit", segment
-        changelog = self._changelog(subtask)
+            return task, sink.writer, RESTORED, None
         if changelog is None:
-            raise SubtaskStateLostError(
-                f"subtask {subtask} of run {self.spec.run_id}: its state after micro-batch "
-                f"{fence.batch_id} is not on this executor ({lookup.miss}), and the remote "
-                "pipeline root keeps no changelog; the run restarts from the latest "
-                "completed checkpoint"
-            )
+            lookup = ExecutorStateCache.for_this_executor().lookup(self._key(subtask), fence)
+            if lookup.image is None:
+                raise SubtaskStateLostError(
+                    f"subtask {subtask} of run {self.spec.run_id}: its state after micro-batch "
+                    f"{fence.batch_id} is not on this executor ({lookup.miss}), and the remote "
+                    "pipeline root keeps no changelog; the run restarts from the latest "
+                    "completed checkpoint"
+                )
+            import_images(task, sink.writer, [SubtaskImage(lookup.image.tables, lookup.image.meta)])
+            return task, sink.writer, HIT, None
         try:
             images, segment = changelog.chain(fence.batch_id, fence.token)
         except StoreError as e:
             raise SubtaskStateLostError(
                 f"subtask {subtask} of run {self.spec.run_id}: its state after micro-batch "
-                f"{fence.batch_id} is not on this executor ({lookup.miss}) and cannot be "
-                f"rebuilt ({e}); the run restarts from the latest completed checkpoint"
+                f"{fence.batch_id} is in no Python worker here and cannot be rebuilt from "
+                f"its changelog ({e}); the run restarts from the latest completed checkpoint"
             ) from e
         import_images(task, sink.writer, images)
-        return task, sink.writer, "rebuilt", segment
+        return task, sink.writer, REBUILT, segment
 
     def retire(self) -> None:
         """Nothing to release in the driver: the runtime lives in the executors' tasks."""
 
 
-def _segment(d: dict[str, Any]) -> Segment:
-    base = d["base"]
-    return Segment(
-        int(d["batch_id"]), str(d["token"]), (int(base[0]), str(base[1])), int(d["length"])
-    )
+#: Where a micro-batch found its subtask's state (the ``outcome`` of its report row): its
+#: Python worker held it (``hit``), or held an earlier state and applied the changelog since
+#: (``caught-up``); a new task loaded the run's restore point (``restored``) or the changelog
+#: (``rebuilt``). The first two count as cache hits in the checkpoint statistics.
+HIT = "hit"
+CAUGHT_UP = "caught-up"
+RESTORED = "restored"
+REBUILT = "rebuilt"
+
+
+def _resume(
+    live: LiveSubtask, key: CacheKey, fence: Fence | None, changelog: SubtaskChangelog | None
+) -> tuple[OperatorTask, Any, str, Segment | None] | None:
+    """The live task of this worker, brought to *fence*: as it is (it ran the previous
+    micro-batch), or caught up by the changelog's deltas since its own micro-batch; None
+    when it cannot be (the fence is of another run, the chain does not pass through it)."""
+    if fence is None or fence.run_id != key.run_id:
+        return None
+    if (live.batch_id, live.token) == (fence.batch_id, fence.token):
+        return live.task, live.writer, HIT, live.segment
+    if changelog is None:
+        return None
+    found = changelog.since(fence.batch_id, fence.token, (live.batch_id, live.token))
+    if found is None:
+        return None
+    images, segment = found
+    try:
+        catch_up(live.task, live.writer, images)
+    except (StateError, StoreError):
+        return None  # half-updated: a new task rebuilds
+    return live.task, live.writer, CAUGHT_UP, segment
+
+
+def _notify_committed(task: OperatorTask) -> None:
+    """Before a micro-batch: what the sink committed since the task's previous one (its
+    checkpoints completed) becomes the base of the task's next incremental snapshot, and
+    its sealed transactions are forgotten. Reads the sink only while the task awaits a
+    completion or holds sealed transactions."""
+    if task.sink is None or not (task.sealed_transactions() or task.acknowledged_checkpoints()):
+        return
+    committed = task.sink.committer.committed_checkpoint()
+    if committed:
+        task.notify_complete(committed, committed)
+
+
+@dataclass
+class LiveSubtask:
+    """A subtask's runtime kept in the Python worker after its micro-batch *batch_id* of
+    attempt *token* (the fence Spark kept for it if that attempt won), with its sink writer
+    and the changelog segment it stands at."""
+
+    task: OperatorTask
+    writer: Any
+    batch_id: int
+    token: str
+    segment: Segment | None
+
+
+class LiveSubtasks:
+    """The subtasks kept alive in this Python worker between micro-batches (the fastest
+    cache: nothing to load, and the task's incremental snapshot base survives, so its next
+    checkpoint writes only what changed). Spark reuses Python workers
+    (``spark.python.worker.reuse``) but may hand a subtask's next micro-batch to another
+    worker of the executor: a worker whose task stands at an earlier segment of the
+    subtask's changelog catches up by the deltas since (:func:`_resume`).
+
+    An entry is taken out when a micro-batch starts and put back only when it ended well, so
+    a micro-batch that failed half-way never leaves a half-updated task behind. One worker
+    holds at most the subtasks of one run per pipeline root: keeping a run's subtask drops
+    those of the root's older runs."""
+
+    def __init__(self) -> None:
+        self._live: dict[CacheKey, LiveSubtask] = {}
+
+    def take(self, key: CacheKey) -> LiveSubtask | None:
+        """The subtask's runtime if this worker holds it (removed from the registry)."""
+        return self._live.pop(key, None)
+
+    def keep(self, key: CacheKey, live: LiveSubtask) -> None:
+        """Keep *live* for *key*'s next micro-batch."""
+        for other in [k for k in self._live if k.root == key.root and k.run_id != key.run_id]:
+            del self._live[other]
+        self._live[key] = live
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+
+#: This Python worker's live subtasks (one registry per process).
+LIVE_SUBTASKS = LiveSubtasks()
 
 
 def subtask_query(df: Any, function: SubtaskFunction, key_column: str) -> Any:

@@ -76,7 +76,14 @@ from spark_ckpt.state.schema_evolution import (
     plan_migration,
     state_label,
 )
-from spark_ckpt.state.snapshot import SnapshotStrategy, StateChanges, full_table
+from spark_ckpt.state.snapshot import (
+    LOG_COLUMNS,
+    SnapshotStrategy,
+    StateChanges,
+    full_table,
+    log_table,
+    start_segment,
+)
 
 #: Keys or values as the vectorized API takes them: an Arrow array or a Python sequence.
 ArrayLike: TypeAlias = "pa.Array | pa.ChunkedArray | Sequence[Any]"
@@ -84,12 +91,14 @@ ArrayLike: TypeAlias = "pa.Array | pa.ChunkedArray | Sequence[Any]"
 
 @dataclass
 class KeyedStateTable:
-    """Storage of one keyed state: per key group, key -> value, and the changes since the
-    last snapshot (implements :class:`~spark_ckpt.state.snapshot.TrackedState`)."""
+    """Storage of one keyed state: per key group, key -> value, the changes since the last
+    snapshot and those since the last changelog segment (implements
+    :class:`~spark_ckpt.state.snapshot.TrackedState`)."""
 
     descriptor: StateDescriptor
     groups: dict[int, dict[Any, Any]] = field(default_factory=dict)
     changes: StateChanges = field(default_factory=StateChanges)
+    segment: StateChanges = field(default_factory=StateChanges)
 
     def group(self, key_group: int) -> dict[Any, Any]:
         """The entries of *key_group*, created empty on first use."""
@@ -100,11 +109,18 @@ class KeyedStateTable:
 
     def log(self, key_groups: npt.NDArray[np.integer], keys: pa.Array, values: pa.Array) -> None:
         """Record a vectorized change (a null value clears its key)."""
-        self.changes.append_log(key_groups, keys, values, self.count())
+        self.log_table(log_table(key_groups, keys, values))
+
+    def log_table(self, table: pa.Table) -> None:
+        """Record a vectorized change given as a change log's table."""
+        live = self.count()
+        self.changes.append_table(table, live)
+        self.segment.append_table(table, live)
 
     def touch_one(self, key_group: int, key: Any) -> None:
         """Record a per-record change of *key*."""
         self.changes.touch(key_group, key)
+        self.segment.touch(key_group, key)
 
     def count(self) -> int:
         return sum(len(g) for g in self.groups.values())
@@ -733,10 +749,30 @@ class KeyedStateBackend:
         return self._snapshots.full_blobs(self._states, self._operator_states)
 
     def changed_blobs(self) -> list[StateBlob]:
-        """What changed since the last snapshot or restore, without taking a snapshot
+        """What changed since the previous changelog segment or the restore, whatever
+        snapshots were taken meanwhile; starts the next segment
         (:meth:`SnapshotStrategy.changed_blobs
         <spark_ckpt.state.snapshot.SnapshotStrategy.changed_blobs>`)."""
         return self._snapshots.changed_blobs(self._states, self._operator_states)
+
+    def forget_snapshot_history(self, last_snapshot_id: int) -> None:
+        """No base, no pending snapshot: the next snapshot is full, and its id must exceed
+        *last_snapshot_id* (:meth:`SnapshotStrategy.forget_history
+        <spark_ckpt.state.snapshot.SnapshotStrategy.forget_history>`)."""
+        self._snapshots.forget_history(last_snapshot_id)
+
+    def record_changes(self, name: str, delta: pa.Table) -> None:
+        """Record the rows of a DELTA blob of keyed state *name* (columns ``key_group, key,
+        value, deleted``; a deleted row has a null value), just applied to it, as changes
+        (:func:`~spark_ckpt.state.restore.apply_segment`)."""
+        state = self._states.get(name)
+        if state is None:
+            raise StateError(f"no keyed state {name!r} to record changes of")
+        state.log_table(pa.table(delta.columns[:3], names=list(LOG_COLUMNS)))
+
+    def start_segment(self) -> None:
+        """Start the next changelog segment here (after a full image of the state)."""
+        start_segment(self._states)
 
     def pending_snapshots(self) -> list[int]:
         """Ids of snapshots neither completed nor aborted, oldest first."""

@@ -149,6 +149,27 @@ def restore_backend(
     backend.adopt_restored(max((r.checkpoint_id for r in mine), default=0), base)
 
 
+def apply_segment(backend: KeyedStateBackend, blobs: Sequence[tuple[BlobRef, pa.Table]]) -> None:
+    """Bring a live *backend* forward by a changelog segment of the same subtask (its DELTA
+    blobs, written by another process that ran the subtask since; its OPERATOR blobs, whole):
+    keyed rows are upserted or dropped and recorded as changes, so the backend's next
+    incremental snapshot and changelog segment hold them; operator states are replaced.
+    Blobs of other operators are ignored."""
+    for ref, table in blobs:
+        if ref.operator_uid != backend.operator_uid:
+            continue
+        if ref.kind is BlobKind.KEYED_DELTA:
+            stored = _apply_blob(backend, ref, table)
+            backend.record_changes(stored.name, table)
+        elif ref.kind is BlobKind.OPERATOR:
+            element_type = table.schema.field("value").type
+            backend.restored_operator_state(ref.state_name, element_type).update(
+                table.column("value").to_pylist()
+            )
+        else:
+            raise StateError(f"a changelog segment holds no {ref.kind.value} blob")
+
+
 def _check_not_operator_state(
     backend: KeyedStateBackend, name: str, operator_names: Sequence[str]
 ) -> None:

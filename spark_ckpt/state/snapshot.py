@@ -82,6 +82,11 @@ def _last_occurrences(keys: pa.Array) -> npt.NDArray[np.int64]:
     return np.sort(last)
 
 
+def log_table(key_groups: npt.NDArray[np.integer], keys: pa.Array, values: pa.Array) -> pa.Table:
+    """A vectorized change as a change log records it (columns :data:`LOG_COLUMNS`)."""
+    return pa.table([pa.array(key_groups, type=pa.int32()), keys, values], names=list(LOG_COLUMNS))
+
+
 class StateChanges:
     """What changed in one keyed state during an interval (between two snapshots, or
     several such intervals merged), which is what an incremental snapshot writes.
@@ -119,9 +124,10 @@ class StateChanges:
     ) -> None:
         """Record a vectorized change of *keys* to *values* (a null value clears its key);
         *live_rows* is the state's current number of keys (it bounds the log)."""
-        table = pa.table(
-            [pa.array(key_groups, type=pa.int32()), keys, values], names=list(LOG_COLUMNS)
-        )
+        self.append_table(log_table(key_groups, keys, values), live_rows)
+
+    def append_table(self, table: pa.Table, live_rows: int) -> None:
+        """Record a vectorized change as a :func:`log_table`."""
         self.log.append(table)
         self.log_rows += table.num_rows
         if self.log_rows > 65_536 + 2 * live_rows and len(self.log) > 1:
@@ -167,10 +173,18 @@ class TrackedState(Protocol):
     def groups(self) -> dict[int, dict[Any, Any]]: ...
 
     changes: StateChanges
+    #: the changes since the last changelog segment (:meth:`SnapshotStrategy.changed_blobs`)
+    segment: StateChanges
 
     def count(self) -> int:
         """Number of keys with an entry."""
         ...
+
+
+def start_segment(keyed: Mapping[str, TrackedState]) -> None:
+    """Start a new changelog segment of the *keyed* states: forget their segment changes."""
+    for state in keyed.values():
+        state.segment = StateChanges()
 
 
 def _take_changes(state: TrackedState) -> StateChanges:
@@ -393,20 +407,22 @@ class SnapshotStrategy:
     def changed_blobs(
         self, keyed: Mapping[str, TrackedState], operator: Mapping[str, OperatorListState]
     ) -> list[StateBlob]:
-        """What changed since the last snapshot or restore, without taking a snapshot: a
-        DELTA blob per keyed state that changed (``seq`` 1: the caller orders a chain) and an
-        OPERATOR blob per operator state (always whole). A subtask's changelog segment
-        (:mod:`spark_ckpt.runtime.subtask_image`)."""
+        """What changed since the previous changelog segment (or the restore), whatever
+        snapshots were taken meanwhile: a DELTA blob per keyed state that changed (``seq`` 1:
+        the caller orders a chain) and an OPERATOR blob per operator state (always whole).
+        A subtask's changelog segment (:mod:`spark_ckpt.runtime.subtask_image`); starts the
+        next segment (the snapshot history is not touched)."""
         blobs = [
             self._blob(
                 BlobKind.KEYED_DELTA,
                 name,
-                delta_table(keyed[name], keyed[name].changes, self.key_type, self.max_parallelism),
+                delta_table(keyed[name], keyed[name].segment, self.key_type, self.max_parallelism),
                 1,
             )
             for name in sorted(keyed)
-            if keyed[name].changes
+            if keyed[name].segment
         ]
+        start_segment(keyed)
         return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
 
     def _operator_blob(self, name: str, op: OperatorListState) -> StateBlob:
@@ -480,6 +496,16 @@ class SnapshotStrategy:
                     state.changes = earlier.then(state.changes)
             return
 
+    def forget_history(self, last_snapshot_id: int) -> None:
+        """Forget the base and the pending snapshots (their changes too): the next snapshot
+        is full. Snapshots were taken elsewhere up to *last_snapshot_id*, so the next id must
+        exceed it. For a subtask brought forward by a changelog another process wrote
+        (:func:`~spark_ckpt.runtime.subtask_image.catch_up`)."""
+        self._base = {}
+        self._base_id = 0
+        self._pending = []
+        self._last_snapshot_id = max(self._last_snapshot_id, last_snapshot_id)
+
     def adopt_restored(
         self,
         checkpoint_id: int,
@@ -495,3 +521,4 @@ class SnapshotStrategy:
         self._last_snapshot_id = checkpoint_id
         for state in keyed.values():
             _take_changes(state)
+        start_segment(keyed)

@@ -9,6 +9,7 @@ the final checkpoint's positions: every ``(user_id, count)`` row exactly once.""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -67,22 +68,29 @@ def executor_jvms(run: DemoRun) -> list[int]:
     return [p for p in session_processes(run.sid) if EXECUTOR_MAIN in _cmdline(p)]
 
 
-def newest_state(executor: int) -> float:
-    """When executor JVM *executor* last cached a subtask's state (0: never): the newest
-    entry of the state cache in its local directories (``SPARK_EXECUTOR_DIRS``, set by the
-    standalone worker)."""
+def block_managers(executor: int) -> set[str]:
+    """The block manager directories (``blockmgr-<uuid>``: the executor identity a changelog
+    segment records) of executor JVM *executor*, in its local directories
+    (``SPARK_EXECUTOR_DIRS``, set by the standalone worker)."""
     try:
         with open(f"/proc/{executor}/environ", "rb") as f:
             env = dict(line.split(b"=", 1) for line in f.read().split(b"\0") if b"=" in line)
     except OSError:
-        return 0.0
+        return set()
     dirs = [d for d in env.get(b"SPARK_EXECUTOR_DIRS", b"").decode().split(":") if d]
-    entries = [
-        e.stat().st_mtime
-        for d in dirs
-        for e in Path(d).glob("blockmgr-*/spark-ckpt-state-cache/*/*/*/b*")
-    ]
-    return max(entries, default=0.0)
+    return {e.name for d in dirs for e in Path(d).glob("blockmgr-*")}
+
+
+def newest_segment_executor(root: Path) -> str | None:
+    """The executor that wrote the newest changelog segment of any subtask (None: none)."""
+    segments = list(root.glob("_changelog/*/*/b*/meta.json"))
+    if not segments:
+        return None
+    newest = max(segments, key=lambda p: p.stat().st_mtime)
+    try:
+        return str(json.loads(newest.read_text())["changelog"]["executor"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def rebuilds(root: Path) -> int:
@@ -135,7 +143,8 @@ def test_a_killed_executor_process_keeps_the_output_exactly_once(
     JVM where the subtasks run (its tasks, Python workers and cached subtask state go with
     it: Spark runs the subtasks on the other executor, where they rebuild their state from
     the changelog) or the busy Python workers of that executor (Spark retries their tasks,
-    which find the subtask's state in the executor's cache). The job goes on checkpointing
+    which find the subtask's state in another Python worker or rebuild it from the
+    changelog). The job goes on checkpointing
     without a restart; after a final run every row is in the output exactly once."""
     args = cluster_args(tmp_path)
     started = time.time()
@@ -144,16 +153,21 @@ def test_a_killed_executor_process_keeps_the_output_exactly_once(
     executors = executor_jvms(run)
     assert len(executors) == 2, [(p, _cmdline(p)[:120]) for p in session_processes(run.sid)]
     before = _latest_id(args.root)
-    if victim == "executor-jvm":  # the one where the subtasks ran last, until a subtask
-        # had to rebuild its state elsewhere (Spark may have moved them meanwhile; the
-        # standalone worker starts a new executor after each kill)
+    if victim == "executor-jvm":  # the one where the subtasks ran last, until the
+        # subtasks went on on another executor, rebuilding their state there (Spark may
+        # have moved them before the kill; the standalone worker starts a new executor
+        # after each kill)
         deadline = time.monotonic() + 240
-        while rebuilds(args.root) <= args.parallelism:  # beyond each one's first restore
-            assert time.monotonic() < deadline and run.alive(), f"no rebuild\n{run.tail()}"
-            if jvms := executor_jvms(run):
-                _kill([max(jvms, key=newest_state)])
+        moved = False
+        while not moved:
+            assert time.monotonic() < deadline and run.alive(), f"no move\n{run.tail()}"
+            ran, rebuilt = newest_segment_executor(args.root), rebuilds(args.root)
+            victims = [p for p in executor_jvms(run) if ran in block_managers(p)]
+            _kill(victims)
             latest = _latest_id(args.root)
             _wait(demo, run, "a checkpoint after a kill", _completes_after(args.root, latest))
+            now = newest_segment_executor(args.root)
+            moved = bool(victims) and now not in (None, ran) and rebuilds(args.root) > rebuilt
     else:  # workers running a task (mid-subtask, or reading the source for one), until
         # one of them was: Spark logs another attempt of its task
         deadline = time.monotonic() + 180

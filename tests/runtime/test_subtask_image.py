@@ -7,6 +7,7 @@ and the count at each checkpoint's positions; the rows seen in total (operator s
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -17,10 +18,13 @@ from hypothesis import strategies as st
 from spark_ckpt.errors import ProtocolError, StateError
 from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
+from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, BlobKind, DeclineCheckpoint, TaskId
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
 from spark_ckpt.runtime.subtask_image import (
+    DELTA,
+    FULL,
     SubtaskImage,
+    catch_up,
     export_image,
     export_images,
     import_image,
@@ -32,6 +36,7 @@ from spark_ckpt.sinks.sink import Transaction
 from spark_ckpt.sources.channel_batch import stream_schema
 from spark_ckpt.sources.generator import GENERATOR_SCHEMA, GeneratorSpec
 from spark_ckpt.sources.stream_offset import StreamOffset
+from spark_ckpt.state.descriptor import ListStateDescriptor, MapStateDescriptor
 from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.state.restore import restore_backend
 from spark_ckpt.storage.memory import InMemoryCheckpointStore
@@ -58,11 +63,49 @@ class RowsSeen(KeyedOperator):
         return batch
 
 
-def new_task(store: InMemoryCheckpointStore, sink: MemorySink, acks: list[Any]) -> OperatorTask:
+class Recent(KeyedOperator):
+    """Per key, per record: the last three amounts (list state, cleared at every fourth
+    row) and the rows per amount's parity (map state; the odd entry removed at every fifth
+    row): changes, tombstones and whole-collection values for the changelog to carry."""
+
+    RECENT = ListStateDescriptor("recent", pa.int64())
+    PARITY = MapStateDescriptor("parity", pa.string(), pa.int64())
+
+    def __init__(self) -> None:
+        super().__init__("recent", "user_id", pa.int64())
+
+    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+        recent, parity = state.list_state(self.RECENT), state.map_state(self.PARITY)
+        for key, amount in zip(
+            batch.column("user_id").to_pylist(), batch.column("amount").to_pylist(), strict=True
+        ):
+            state.set_current_key(key)
+            values = recent.get()
+            if len(values) >= 3:
+                recent.clear()
+            else:
+                recent.add(amount)
+            name = "odd" if amount % 2 else "even"
+            parity.put(name, (parity.get(name) or 0) + 1)
+            if (parity.get("even") or 0) % 5 == 4:
+                parity.remove("odd")
+        return batch
+
+
+def counting_chain() -> list[KeyedOperator]:
+    return [RowsSeen(), RunningCount("counter", "user_id")]
+
+
+def new_task(
+    store: InMemoryCheckpointStore,
+    sink: MemorySink,
+    acks: list[Any],
+    chain: Callable[[], list[KeyedOperator]] = counting_chain,
+) -> OperatorTask:
     return OperatorTask(
         TaskId(CHAIN_VERTEX, 0),
         channels=range(CHANNELS),
-        operators=[RowsSeen(), RunningCount("counter", "user_id")],
+        operators=chain(),
         parallelism=1,
         store=store,
         respond=acks.append,
@@ -72,32 +115,54 @@ def new_task(store: InMemoryCheckpointStore, sink: MemorySink, acks: list[Any]) 
     )
 
 
-def run(batches: list[tuple[int, bool]], *, via: str) -> tuple[list[Any], MemorySink, Any]:
+def run(
+    batches: list[tuple[int | None, bool]],
+    *,
+    via: str,
+    schedule: list[int] | None = None,
+    chain: Callable[[], list[KeyedOperator]] = counting_chain,
+) -> tuple[list[Any], MemorySink, Any]:
     """Feed the micro-batches (read limit, whether a checkpoint is triggered) and a final
     one to a subtask, which a fresh task takes over before every micro-batch *via* the
     previous one's ``image``, or its ``changelog``: the chain of images since the newest
-    full one (full after a snapshot, a segment of changes otherwise). Returns the
+    full one (full at the start and every fifth, a segment of changes otherwise).
+    ``workers``: as on the executors, each micro-batch runs in the Python worker that
+    *schedule* names (cycled; 0 or 1, -1: a new worker), whose task stays alive between
+    micro-batches: it continues if it ran the previous micro-batch, catches up by the
+    changelog's deltas since its own if it can, else a fresh task rebuilds from the chain;
+    completions are notified, so snapshots are incremental. Returns the
     acknowledgements, the sink and the store."""
     store, sink, acks = InMemoryCheckpointStore(), MemorySink(), []
     micro = MicroBatches(SPEC.rows, SCHEMA, StreamOffset.initial([0] * CHANNELS))
-    task = new_task(store, sink, acks)
-    chain: list[SubtaskImage] = [export_image(task, sink.writer)]
+    log: list[SubtaskImage] = [export_image(new_task(store, sink, acks, chain), sink.writer)]
+    alive: dict[int, tuple[OperatorTask, int]] = {}  # worker -> (task, its log position)
+    order = schedule or [-1]
     next_id = 1
-    for max_rows, trigger in [*batches, (None, True)]:
+    for i, (max_rows, trigger) in enumerate([*batches, (None, True)]):
         barriers = [CheckpointBarrier(next_id, 0)] if trigger else []
         next_id += trigger
         table = micro.next(barriers, HEADS, max_rows)
-        task = new_task(store, sink, acks)
-        import_images(task, sink.writer, chain)
-        task.process(table)
-        snapshot = any(b.pending_snapshots() for b in task.backends.values())
-        full, segment = export_images(
-            task, sink.writer, changes=via == "changelog" and not snapshot
-        )
-        if segment is full:
-            chain = [full]
+        worker = order[i % len(order)] if via == "workers" else -1
+        held = alive.pop(worker, None)
+        start = max(p for p, image in enumerate(log) if image.meta["kind"] == FULL)
+        if held is not None and held[1] == len(log) - 1:
+            task = held[0]
+            sink.writer.attach(task.sink_uid, 0, tuple(log[-1].meta["open"]))
+        elif held is not None and held[1] >= start:
+            task = held[0]
+            catch_up(task, sink.writer, log[held[1] + 1 :])
         else:
-            chain.append(segment)
+            task = new_task(store, sink, acks, chain)
+            import_images(task, sink.writer, log[start:])
+        seen = len(acks)
+        task.process(table)
+        if via == "workers":
+            for ack in acks[seen:]:
+                task.notify_complete(ack.checkpoint_id, 0)  # nothing committed: keep sealed
+        changes = via != "image" and i % 5 != 4
+        log.append(export_images(task, sink.writer, changes=changes)[1])
+        if worker >= 0:
+            alive[worker] = (task, len(log) - 1)
     return acks, sink, store
 
 
@@ -125,13 +190,19 @@ def checkpoint_state(store: InMemoryCheckpointStore, ack: AcknowledgeCheckpoint)
     batches=st.lists(
         st.tuples(st.sampled_from([None, 10, 30, 50]), st.booleans()), min_size=1, max_size=12
     ),
-    via=st.sampled_from(["image", "changelog"]),
+    via=st.sampled_from(["image", "changelog", "workers"]),
+    schedule=st.lists(st.sampled_from([0, 1, -1]), min_size=1, max_size=12),
 )
 def test_a_subtask_rebuilt_every_batch_matches_the_fold(
-    batches: list[tuple[int | None, bool]], via: str
+    batches: list[tuple[int | None, bool]], via: str, schedule: list[int]
 ) -> None:
-    acks, sink, store = run(batches, via=via)
+    acks, sink, store = run(batches, via=via, schedule=schedule)
     assert not [a for a in acks if isinstance(a, DeclineCheckpoint)]
+    # a snapshot builds only on a checkpoint the coordinator still keeps: bases never go back
+    kept_from = 0
+    for ack in acks:
+        assert ack.base_checkpoint_id == 0 or ack.base_checkpoint_id >= kept_from
+        kept_from = max(kept_from, ack.base_checkpoint_id)
     final = None
     for ack in acks:
         assert isinstance(ack, AcknowledgeCheckpoint)
@@ -158,6 +229,86 @@ def test_a_subtask_rebuilt_every_batch_matches_the_fold(
     )
     total = fold({("source", c): h for c, h in enumerate(HEADS)})
     assert got == Counter((k, i) for k, n in total.items() for i in range(1, n + 1))
+
+
+def restored_states(store: InMemoryCheckpointStore, ack: AcknowledgeCheckpoint) -> dict[str, Any]:
+    """Every keyed state of the acknowledged snapshot, as sorted rows."""
+    task = new_task(InMemoryCheckpointStore(), MemorySink(), [], lambda: [Recent()])
+    backend = task.backends["recent"]
+    restore_backend(
+        backend, [r for r in ack.state.blobs if r.operator_uid == "recent"], store.read_blob
+    )
+    return {
+        d.name: sorted(map(str, backend.to_table(d).to_pylist())) for d in backend.descriptors()
+    }
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    batches=st.lists(
+        st.tuples(st.sampled_from([None, 10, 30]), st.booleans()), min_size=1, max_size=10
+    ),
+    schedule=st.lists(st.sampled_from([0, 1, -1]), min_size=1, max_size=8),
+)
+def test_list_and_map_state_across_workers_match_one_task(
+    batches: list[tuple[int | None, bool]], schedule: list[int]
+) -> None:
+    """Differential: every checkpoint of a subtask that moves between workers (continued,
+    caught up, rebuilt) holds the same list and map state as one task that ran it all."""
+    acks, _, store = run(batches, via="workers", schedule=schedule, chain=lambda: [Recent()])
+    reference, _, reference_store = run(
+        batches, via="workers", schedule=[0], chain=lambda: [Recent()]
+    )
+    assert [a.checkpoint_id for a in acks] == [a.checkpoint_id for a in reference]
+    for ack, expected in zip(acks, reference, strict=True):
+        assert restored_states(store, ack) == restored_states(reference_store, expected)
+
+
+def test_a_subtask_kept_alive_checkpoints_only_what_changed() -> None:
+    batches = [(60, True), (2, True), (2, False), (2, True)]
+    acks, _, _ = run(batches, via="workers", schedule=[0])
+    assert [a.base_checkpoint_id for a in acks] == [0, 1, 2, 3]
+    kinds = [{r.kind for r in a.state.blobs if r.state_name == "count"} for a in acks]
+    assert kinds[0] == {BlobKind.KEYED_FULL}
+    assert kinds[1] == {BlobKind.KEYED_FULL, BlobKind.KEYED_DELTA}  # the first chain reused
+    # another worker snapshotted in between: the next snapshot is full
+    acks, _, _ = run(batches, via="workers", schedule=[0, 1, 0, 0, 0])
+    assert [a.base_checkpoint_id for a in acks] == [0, 0, 0, 3]
+    # worker 0 never builds on its checkpoint 1 once worker 1 reported base 2 (the
+    # coordinator may have dropped checkpoint 1 by then)
+    every = [(60, True), (2, True), (2, True), (2, True)]
+    acks, _, _ = run(every, via="workers", schedule=[0, 1, 1, 0])
+    assert [a.base_checkpoint_id for a in acks] == [0, 0, 2, 0, 4]
+    # rebuilt from its image or changelog before every micro-batch, a subtask has no base
+    for via in ("image", "changelog"):
+        rebuilt, _, _ = run(batches, via=via)
+        assert [a.base_checkpoint_id for a in rebuilt] == [0, 0, 0, 0]
+        assert all(r.kind is not BlobKind.KEYED_DELTA for a in rebuilt for r in a.state.blobs)
+
+
+def test_a_worker_catches_up_by_the_changes_of_the_others() -> None:
+    store, sink = InMemoryCheckpointStore(), MemorySink()
+    micro = MicroBatches(SPEC.rows, SCHEMA, StreamOffset.initial([0] * CHANNELS))
+    one, other = new_task(store, sink, []), new_task(store, sink, [])
+    import_images(other, sink.writer, [export_image(one, sink.writer)])
+    one.process(micro.next([], HEADS, 40))
+    full, _ = export_images(one, sink.writer, changes=False)
+    sink.writer.attach(one.sink_uid, 0, tuple(full.meta["open"]))
+    one.process(micro.next([], HEADS, 10))
+    _, delta = export_images(one, sink.writer, changes=True)
+    assert delta.meta["kind"] == DELTA
+    with pytest.raises(StateError, match="by delta images only"):
+        catch_up(other, sink.writer, [full, delta])
+    third = new_task(store, sink, [])
+    import_images(third, sink.writer, [full])
+    sink.writer.detach(third.sink_uid, 0)
+    catch_up(third, sink.writer, [delta])
+    assert (
+        third.backends["counter"]
+        .to_table("count")
+        .sort_by("key")
+        .equals(one.backends["counter"].to_table("count").sort_by("key"))
+    )
 
 
 def test_an_image_loads_only_into_its_own_subtask_and_version() -> None:

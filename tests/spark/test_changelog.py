@@ -1,0 +1,46 @@
+"""A subtask's durable changelog: the chain a fence names (for a rebuild), and the deltas
+since an earlier segment of it (for a worker that catches up) — never through a full
+segment, another attempt's segment or an evicted one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from spark_ckpt.runtime.subtask_image import DELTA, FULL, SubtaskImage
+from spark_ckpt.spark.changelog import SubtaskChangelog, remove_run
+
+
+def image(kind: str, n: int) -> SubtaskImage:
+    return SubtaskImage({"s0": pa.table({"n": [n]})}, {"kind": kind, "n": n})
+
+
+def numbers(images: list[SubtaskImage]) -> list[int]:
+    return [int(i.meta["n"]) for i in images]
+
+
+def test_since_follows_the_fenced_chain_by_deltas_only(tmp_path: Path) -> None:
+    log = SubtaskChangelog(str(tmp_path), "run-1", 0)
+    s1 = log.publish(1, "a", image(FULL, 1), None)
+    s2 = log.publish(2, "a", image(DELTA, 2), s1)
+    log.publish(3, "zombie", image(DELTA, 99), s2)  # an attempt Spark did not keep
+    s3 = log.publish(3, "b", image(DELTA, 3), s2)
+    s4 = log.publish(4, "a", image(DELTA, 4), s3)
+    assert (s4.base, s4.length) == ((1, "a"), 4)
+    images, segment = log.chain(4, "a")
+    assert numbers(images) == [1, 2, 3, 4] and segment == s4
+    found = log.since(4, "a", (2, "a"))
+    assert found is not None and numbers(found[0]) == [3, 4] and found[1] == s4
+    assert log.since(4, "a", (4, "a")) is None  # nothing to catch up: the caller continues
+    assert log.since(4, "a", (3, "zombie")) is None  # not on the chain
+    assert log.since(4, "a", (1, "a")) is not None  # from the full segment itself
+    s5 = log.publish(5, "a", image(FULL, 5), s4)
+    s6 = log.publish(6, "a", image(DELTA, 6), s5)
+    assert log.since(6, "a", (4, "a")) is None  # a full segment in between: rebuild
+    # publishing after the new full segment evicted what no retry can need
+    s7 = log.publish(7, "a", image(DELTA, 7), s6)
+    assert log.since(7, "a", (2, "a")) is None
+    assert numbers(log.chain(7, "a")[0]) == [5, 6, 7] and s7.length == 3
+    remove_run(str(tmp_path), "run-1")
+    assert log.since(7, "a", (6, "a")) is None

@@ -1,0 +1,48 @@
+"""The subtasks a Python worker keeps alive between micro-batches: a worker continues its
+task only at the fence Spark kept for the subtask (else it catches up by the changelog, or
+a new task rebuilds), never after a failed micro-batch, and a root's newer run drops its
+older runs' tasks."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from spark_ckpt.spark.executor_cache import CacheKey, Fence
+from spark_ckpt.spark.executor_subtasks import HIT, LiveSubtask, LiveSubtasks, _resume
+
+
+def live(batch: int, token: str) -> LiveSubtask:
+    return LiveSubtask(cast(Any, object()), writer=None, batch_id=batch, token=token, segment=None)
+
+
+KEY = CacheKey("/root", "run-1", 0)
+
+
+def test_a_worker_continues_its_task_only_at_the_fence() -> None:
+    registry = LiveSubtasks()
+    kept = live(4, "a")
+    registry.keep(KEY, kept)
+    taken = registry.take(KEY)
+    assert taken is kept
+    resumed = _resume(taken, KEY, Fence("run-1", 4, "a", "exec-1"), None)
+    assert resumed is not None and resumed[0] is kept.task and resumed[2] == HIT
+    # taken out while the micro-batch runs: a failure half-way leaves nothing behind
+    assert registry.take(KEY) is None
+    for fence in (
+        None,  # no fence: the run's first micro-batch restores
+        Fence("run-1", 4, "b", "exec-1"),  # another attempt of the micro-batch won
+        Fence("run-1", 5, "c", "exec-2"),  # another worker ran a later micro-batch
+        Fence("run-2", 4, "a", "exec-1"),  # another run
+    ):
+        assert _resume(kept, KEY, fence, None) is None  # no changelog to catch up by
+
+
+def test_a_newer_run_of_a_root_drops_the_older_runs() -> None:
+    registry = LiveSubtasks()
+    registry.keep(KEY, live(1, "a"))
+    registry.keep(CacheKey("/other", "run-9", 0), live(1, "a"))
+    registry.keep(CacheKey("/root", "run-1", 1), live(1, "a"))
+    assert len(registry) == 3
+    registry.keep(CacheKey("/root", "run-2", 0), live(1, "b"))
+    assert len(registry) == 2  # the other root's subtask stays
+    assert registry.take(KEY) is None
