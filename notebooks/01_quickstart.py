@@ -6,7 +6,7 @@
 # MAGIC a finite backlog per channel), both exactly-once into Delta:
 # MAGIC
 # MAGIC 1. **stateless**: `ckpt-source` → `ckpt-sink` (a two-phase-commit Delta sink);
-# MAGIC 2. **stateful**: a keyed running count through the foreachBatch aligner.
+# MAGIC 2. **stateful**: a keyed running count, its subtasks on the executors next to their state.
 # MAGIC
 # MAGIC Then we look at the checkpoint store: the checkpoints, their statistics, and the Delta
 # MAGIC tables under the pipeline root. Runs as a Databricks notebook or as plain Python.

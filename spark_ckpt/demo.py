@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--placement",
         choices=[w.value for w in Placement],
-        default=Placement.DRIVER.value,
+        default=Placement.EXECUTORS.value,
         help="where the subtasks run: in the driver (foreachBatch) or on the executors",
     )
     p.add_argument(

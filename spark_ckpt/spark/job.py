@@ -52,7 +52,7 @@ class JobSpec:
     parallelism: int = 2
     pipelined: bool = True
     tracer: Tracer = NOOP_TRACER
-    placement: Placement = Placement.DRIVER
+    placement: Placement = Placement.EXECUTORS
 
     @staticmethod
     def of(
@@ -63,7 +63,7 @@ class JobSpec:
         parallelism: int = 2,
         pipelined: bool = True,
         tracer: Tracer = NOOP_TRACER,
-        placement: Placement | str = Placement.DRIVER,
+        placement: Placement | str = Placement.EXECUTORS,
     ) -> JobSpec:
         """A validated spec: at least one operator, distinct uids, a known placement; a
         local *output* made absolute."""

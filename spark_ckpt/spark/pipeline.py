@@ -65,6 +65,7 @@ from spark_ckpt.spark.pipeline_run import PipelineRun, RunFunction
 from spark_ckpt.spark.quiet_stop import silence_task_kill_logs
 from spark_ckpt.spark.restore import prepare_restore
 from spark_ckpt.spark.run import RunFiles, Runs, RunState, new_run_id
+from spark_ckpt.spark.shipping import ship_by_value
 from spark_ckpt.spark.source_options import SourceOptions, check_pipeline_options, default_root
 from spark_ckpt.spark.supervisor import Interrupts, RunResult, RunSupervisor, StopReason
 
@@ -187,7 +188,7 @@ class Pipeline:
         parallelism: int = 2,
         pipelined: bool = True,
         tracer: Tracer = NOOP_TRACER,
-        placement: Placement | str = Placement.DRIVER,
+        placement: Placement | str = Placement.EXECUTORS,
     ) -> PreparedRun:
         """Everything one run of the job needs before its query starts (see
         :class:`~spark_ckpt.spark.job.JobSpec` for the arguments). Callers that drive the
@@ -230,11 +231,12 @@ class Pipeline:
             pipelined=job.pipelined,
             tracer=job.tracer,
         )
-        function: RunFunction = (
-            SubtaskFunction(spec)
-            if job.placement is Placement.EXECUTORS
-            else ForeachBatchFunction(spec)
-        )
+        function: RunFunction
+        if job.placement is Placement.EXECUTORS:
+            ship_by_value([*job.operators, job.tracer])  # the job's own code, to executors
+            function = SubtaskFunction(spec)
+        else:
+            function = ForeachBatchFunction(spec)
         sink = SinkSpec("delta", job.output, CHAIN_VERTEX)
         topology = Topology(CHAIN_VERTEX, job.parallelism, sink, run_id)
         write_topology(self.root, topology, run_id)
@@ -255,7 +257,7 @@ class Pipeline:
         available_now: bool = False,
         trigger_s: float | None = None,
         tracer: Tracer = NOOP_TRACER,
-        placement: Placement | str = Placement.DRIVER,
+        placement: Placement | str = Placement.EXECUTORS,
         restore: RestoreSettings | None = None,
     ) -> PipelineRun:
         """Start one run of the job (see :class:`~spark_ckpt.spark.job.JobSpec`). The run
@@ -346,7 +348,7 @@ class Pipeline:
         on_checkpoint: Callable[[CompletedCheckpoint], None] | None = None,
         poll_s: float = 0.5,
         tracer: Tracer = NOOP_TRACER,
-        placement: Placement | str = Placement.DRIVER,
+        placement: Placement | str = Placement.EXECUTORS,
         restore: RestoreSettings | None = None,
         on_stop: Callable[[StopReason], None] | None = None,
     ) -> RunResult:

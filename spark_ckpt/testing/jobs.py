@@ -62,7 +62,7 @@ class DemoArgs:
     retention: str = "RETAIN_ON_CANCELLATION"
     parallelism: int = 2
     #: where the subtasks run (``--placement``): ``driver`` or ``executors``
-    placement: str = "driver"
+    placement: str = "executors"
     #: classic Spark's master (``--master``) and further Spark settings (``--conf``)
     master: str = "local[2]"
     conf: tuple[str, ...] = ()

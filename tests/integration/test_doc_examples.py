@@ -110,12 +110,13 @@ def _check_readme(ns: dict[str, Any], spark: SparkSession, lake: Path) -> None:
         f"savepoint-orders-{ns['final'].checkpoint_id}"
     )
 
-    # the run on the executors resumed the pipeline's latest checkpoint; /lake/counts is
-    # exactly the running count of the generator's rows up to its final checkpoint
-    on_executors = ns["on_executors"]
-    assert on_executors.restored_from[0] is not None and on_executors.restarts == 0
-    final_counts = on_executors.last_checkpoint
-    spec = GeneratorSpec.from_options({"channels": "4", "rate": "10000", "keys": "100000"})
+    # the run in the driver resumed the pipeline's latest checkpoint (written by the runs on
+    # the executors); /lake/counts is exactly the running count of the generator's rows up
+    # to its final checkpoint
+    in_driver = ns["in_driver"]
+    assert in_driver.restored_from[0] is not None and in_driver.restarts == 0
+    final_counts = in_driver.last_checkpoint
+    spec = GeneratorSpec.from_options({"channels": "4", "rate": "2000", "keys": "100000"})
     ends = [final_counts.offsets()[(SOURCE_TASK.vertex, c)] for c in range(spec.channels)]
     assert output_rows(read_delta(lake / "counts")) == running_count_rows(
         generated_keys(spec, ends)

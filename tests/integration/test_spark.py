@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -580,10 +581,14 @@ def test_checkpoint_storage_decides_where_the_store_is(spark: SparkSession, tmp_
     assert latest is not None and latest.offsets() == at(spec.backlogs)
 
 
-def test_abort_notifications_reach_the_tasks(spark: SparkSession, tmp_path: Path) -> None:
+@pytest.mark.parametrize("placement", ["driver", "executors"])
+def test_abort_notifications_reach_the_tasks(
+    spark: SparkSession, tmp_path: Path, placement: str
+) -> None:
     """A checkpoint the coordinator aborts (a task's state write is refused, so the task
-    declines it) is announced to every task of the run: the aligner's tasks receive it, and
-    the job goes on to complete later checkpoints exactly-once."""
+    declines it) is announced to every task of the run: the aligner's tasks receive it (in
+    the driver; on the executors a checkpoint is over when its micro-batch ends, and a later
+    one completes), and the job goes on to complete later checkpoints exactly-once."""
     job = generator(
         spark,
         tmp_path,
@@ -597,13 +602,17 @@ def test_abort_notifications_reach_the_tasks(spark: SparkSession, tmp_path: Path
         RunningCount("counter", "user_id"),
         output=str(job.output),
         available_now=True,
+        placement=placement,
     )
     finish(run.query)
-    aligner = run.function.aligner
-    assert aligner is not None and aligner.aborts_received >= 1
+    if placement == "driver":
+        aligner = run.function.aligner  # type: ignore[union-attr]
+        assert aligner is not None and aligner.aborts_received >= 1
     run.retire()
     [hit] = faults.hits(job.pipeline.root, faults.Fault.STORE_WRITE)
     assert hit
+    failures = job.pipeline.client.failures()
+    assert failures and job.pipeline.client.latest().checkpoint_id > failures[0].checkpoint_id
     folded = key_counts(job.spec, job.ends)
     assert count_rows(read_table(job.output)) == running_counts(folded)
 
@@ -624,19 +633,50 @@ class RecordingTracer:
         yield
 
 
+class SpanFileTracer:
+    """Writes one line per span into a file per process under *directory* (the subtasks on
+    the executors trace in the executors' Python workers, so the spans come back as files)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    @contextlib.contextmanager
+    def span(self, phase: Phase) -> Iterator[None]:
+        with open(os.path.join(self.directory, f"{os.getpid()}.spans"), "a") as f:
+            f.write(phase.value + "\n")
+        yield
+
+    def spans(self) -> Counter[str]:
+        return Counter(
+            line.strip()
+            for path in Path(self.directory).glob("*.spans")
+            for line in path.read_text().splitlines()
+        )
+
+
+@pytest.mark.parametrize("placement", ["driver", "executors"])
 def test_a_tracer_given_to_the_pipeline_receives_the_engines_spans(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, placement: str
 ) -> None:
-    """``Pipeline.run(tracer=...)``: the engine's phases are traced while the job runs."""
-    tracer = RecordingTracer()
+    """``Pipeline.run(tracer=...)``: the engine's phases are traced while the job runs,
+    where the subtasks run."""
+    recording = RecordingTracer()
+    spans_dir = tmp_path / "spans"
+    spans_dir.mkdir()
+    to_files = SpanFileTracer(str(spans_dir))
     pipeline = Pipeline(spark, "traced", config=config(), root=str(tmp_path / "root"))
     result = pipeline.run(
         {"source": "generator", "seed": 3, "channels": 2, "rate": 0, "backlog": 200, "keys": 20},
         RunningCount("counter", "user_id"),
         output=str(tmp_path / "out"),
         available_now=True,
-        tracer=tracer,
+        tracer=recording if placement == "driver" else to_files,
+        placement=placement,
     )
     assert result.last_checkpoint is not None
-    for phase in (Phase.ROUTE, Phase.OPERATOR, Phase.SINK_WRITE, Phase.SNAPSHOT_SYNC):
-        assert tracer.spans[phase.value] > 0, tracer.spans
+    spans = recording.spans if placement == "driver" else to_files.spans()
+    phases = [Phase.OPERATOR, Phase.SINK_WRITE, Phase.SNAPSHOT_SYNC]
+    if placement == "driver":
+        phases.append(Phase.ROUTE)  # the foreachBatch aligner routes; on executors, Spark
+    for phase in phases:
+        assert spans[phase.value] > 0, spans
