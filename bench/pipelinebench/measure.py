@@ -104,12 +104,15 @@ def measure_variant(
         start_ms = found.start_s * 1000
         cps = started.checkpoints_between(start_ms, start_ms + found.seconds * 1000)
         e2e = sorted(c.stats.end_to_end_ms for c in cps)
+        written = sorted(c.stats.bytes_written for c in cps)
         return {
             "variant": name,
             "rows_per_s": found.rows_per_s,
             "window": found.as_dict(),
             "checkpoints": len(cps),
             "checkpoint_end_to_end_ms_p50": e2e[len(e2e) // 2] if e2e else None,
+            "checkpoint_bytes_written_p50": written[len(written) // 2] if cps else None,
+            "task_cache": task_cache_summary(cps),
             "diagnostics": window_diagnostics(samples, found),
             "loadavg_start": load,
             "rss_mb_start": rss_start,
@@ -118,6 +121,26 @@ def measure_variant(
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def task_cache_summary(cps: list[Any]) -> dict[str, Any] | None:
+    """Where the subtasks found their state over *cps* (subtasks on the executors): the
+    micro-batches that found it in their Python worker (hits, caught-up included) and
+    those that rebuilt it, with the hit rate; None for subtasks in the driver."""
+    hits = rebuilds = hit_ms = rebuild_ms = 0
+    for c in cps:
+        for m in c.stats.task_cache.values():
+            hits, rebuilds = hits + m.hits, rebuilds + m.rebuilds
+            hit_ms, rebuild_ms = hit_ms + m.hit_ms, rebuild_ms + m.rebuild_ms
+    if hits + rebuilds == 0:
+        return None
+    return {
+        "hits": hits,
+        "rebuilds": rebuilds,
+        "hit_rate": round(hits / (hits + rebuilds), 4),
+        "hit_ms": hit_ms,
+        "rebuild_ms": rebuild_ms,
+    }
 
 
 def git_info() -> dict[str, Any]:

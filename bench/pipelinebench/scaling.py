@@ -235,6 +235,17 @@ def summarize(s: ScalingSettings, cells: list[dict[str, Any]]) -> dict[str, Any]
             # with the process: a variant's peak alone may be another variant's)
             "driver_rss_mb_growth": growth,
             "driver_vmhwm_mb": cell["driver_vmhwm_mb"],
+            # subtasks on the executors: where they found their state, per micro-batch
+            "task_cache": {
+                n: [r.get("task_cache") for r in cell["runs"] if r["variant"] == n]
+                for n in variants
+            },
+            "checkpoint_bytes_written_p50": {
+                n: [
+                    r.get("checkpoint_bytes_written_p50") for r in cell["runs"] if r["variant"] == n
+                ]
+                for n in variants
+            },
         }
     scaling: dict[str, Any] = {}
     lo, hi = min(s.cores), max(s.cores)
@@ -285,6 +296,18 @@ def render(result: dict[str, Any]) -> str:
                 f"{cell['driver_rss_mb_peak'][n] or 0:>7,.0f} "
                 f"(+{cell['driver_rss_mb_growth'][n] or 0:,.0f})"
             )
+    for label, cell in su["cells"].items():
+        for n in su["variants"]:
+            caches = [c for c in cell.get("task_cache", {}).get(n, []) if c]
+            if caches:
+                hits = sum(c["hits"] for c in caches)
+                rebuilds = sum(c["rebuilds"] for c in caches)
+                written = cell["checkpoint_bytes_written_p50"][n]
+                lines.append(
+                    f"  {label:<26} {n:<20} state found in its worker {hits} / "
+                    f"{hits + rebuilds} subtask micro-batches; checkpoint bytes written p50 "
+                    f"{written}"
+                )
     for label, ratios in su["scaling"].items():
         lines.append(f"  {label}: " + ", ".join(f"{n} {v:.2f}x" for n, v in ratios.items()))
     for master, by in su["driver_rss"].items():
