@@ -88,7 +88,7 @@ def newest_segment_executor(root: Path) -> str | None:
         return None
     newest = max(segments, key=lambda p: p.stat().st_mtime)
     try:
-        return str(json.loads(newest.read_text())["changelog"]["executor"])
+        return str(json.loads(newest.read_text())["meta"]["changelog"]["executor"])
     except (OSError, ValueError, KeyError):
         return None
 
