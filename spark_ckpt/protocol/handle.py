@@ -274,9 +274,10 @@ class CheckpointMetrics:
 @dataclass(frozen=True)
 class CacheMetrics:
     """Where a subtask on the executors found its state for the micro-batches since its
-    previous checkpoint (this one's included): ``hits`` in its executor's cache, taking
-    ``hit_ms`` in total to load, and ``rebuilds`` from a checkpoint, taking
-    ``rebuild_ms``."""
+    previous checkpoint (this one's included): ``hits`` in its executor — alive in the
+    Python worker that ran it, caught up by the changelog's deltas, or (remote roots) in
+    the executor's cache — taking ``hit_ms`` in total, and ``rebuilds`` from the
+    changelog or the run's restore point, taking ``rebuild_ms``."""
 
     hits: int = 0
     hit_ms: int = 0
