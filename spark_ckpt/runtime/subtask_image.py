@@ -53,36 +53,29 @@ class SubtaskImage:
     meta: Mapping[str, Any]
 
 
-def export_image(task: OperatorTask, writer: DetachableWriter | None) -> SubtaskImage:
-    """The image of *task* after a micro-batch (its whole state); hands *writer*'s open
-    transaction of the task over into it (the writer forgets it). :class:`ProtocolError` if
-    the task is still aligning (the source did not align the micro-batch)."""
-    return export_images(task, writer, changes=False)[0]
-
-
-def export_images(
-    task: OperatorTask, writer: DetachableWriter | None, *, changes: bool
-) -> tuple[SubtaskImage, SubtaskImage]:
-    """The :data:`FULL` image of *task* after a micro-batch and, with *changes*, a
-    :data:`DELTA` image of what changed since the previous export, load or restore (a
-    changelog segment: the changed keys of every keyed state, the whole operator state,
-    the sink transactions), else the full image again; snapshots taken meanwhile do not
-    matter. Either way the next segment starts here. Hands *writer*'s open transaction
-    over into both (the writer forgets it)."""
+def export_image(
+    task: OperatorTask, writer: DetachableWriter | None, *, changes: bool = False
+) -> SubtaskImage:
+    """The image of *task* after a micro-batch: with *changes*, a :data:`DELTA` image of what
+    changed since the previous export, load or restore (a changelog segment: the changed keys
+    of every keyed state, the whole operator state, the sink transactions; snapshots taken
+    meanwhile do not matter), else the :data:`FULL` image (its whole state). Only what is
+    asked for is built: a delta costs what changed. Either way the next segment starts
+    here. Hands *writer*'s open transaction of the task over into it (the writer forgets
+    it). :class:`ProtocolError` if the task is still aligning (the source did not align the
+    micro-batch)."""
     _check_aligned(task)
     backends = [task.backends[op.uid] for op in task.operators]
-    delta: list[StateBlob] | None = None
     if changes:
-        delta = [blob for b in backends for blob in b.changed_blobs()]
+        blobs = [blob for b in backends for blob in b.changed_blobs()]
     else:
         for backend in backends:
             backend.start_segment()
-    full = [blob for b in backends for blob in b.full_blobs()]
+        blobs = [blob for b in backends for blob in b.full_blobs()]
     staged: tuple[str, ...] = ()
     if writer is not None:
         staged = writer.detach(task.sink_uid, task.task_id.subtask)
-    image = _image(task, FULL, full, staged)
-    return image, image if delta is None else _image(task, DELTA, delta, staged)
+    return _image(task, DELTA if changes else FULL, blobs, staged)
 
 
 def _check_aligned(task: OperatorTask) -> None:

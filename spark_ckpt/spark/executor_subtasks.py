@@ -71,7 +71,7 @@ from spark_ckpt.protocol.handle import (
     TaskId,
     encode_table,
 )
-from spark_ckpt.runtime.subtask_image import SubtaskImage, catch_up, export_images, import_images
+from spark_ckpt.runtime.subtask_image import SubtaskImage, catch_up, export_image, import_images
 from spark_ckpt.runtime.task import CHAIN_VERTEX, OperatorTask
 from spark_ckpt.spark.changelog import MAX_CHAIN, Segment, SubtaskChangelog
 from spark_ckpt.spark.executor_cache import (
@@ -208,11 +208,11 @@ class SubtaskFunction:
         task.tick()
         token = attempt_token()
         changes = changelog is not None and segment is not None and segment.length < MAX_CHAIN
-        image, part = export_images(task, writer, changes=changes)
+        image = export_image(task, writer, changes=changes)  # a delta: what changed
         published: Segment | None = None
         if changelog is not None:
             executor = executor_identity()
-            published = changelog.publish(batch_id, token, part, segment, executor=executor)
+            published = changelog.publish(batch_id, token, image, segment, executor=executor)
             fenced = Fence(self.spec.run_id, batch_id, token, executor)
         else:  # a remote root: the whole image into this executor's cache
             fenced = ExecutorStateCache.for_this_executor().publish(

@@ -26,7 +26,6 @@ from spark_ckpt.runtime.subtask_image import (
     SubtaskImage,
     catch_up,
     export_image,
-    export_images,
     import_image,
     import_images,
 )
@@ -160,7 +159,7 @@ def run(
             for ack in acks[seen:]:
                 task.notify_complete(ack.checkpoint_id, 0)  # nothing committed: keep sealed
         changes = via != "image" and i % 5 != 4
-        log.append(export_images(task, sink.writer, changes=changes)[1])
+        log.append(export_image(task, sink.writer, changes=changes))
         if worker >= 0:
             alive[worker] = (task, len(log) - 1)
     return acks, sink, store
@@ -292,10 +291,10 @@ def test_a_worker_catches_up_by_the_changes_of_the_others() -> None:
     one, other = new_task(store, sink, []), new_task(store, sink, [])
     import_images(other, sink.writer, [export_image(one, sink.writer)])
     one.process(micro.next([], HEADS, 40))
-    full, _ = export_images(one, sink.writer, changes=False)
+    full = export_image(one, sink.writer)
     sink.writer.attach(one.sink_uid, 0, tuple(full.meta["open"]))
     one.process(micro.next([], HEADS, 10))
-    _, delta = export_images(one, sink.writer, changes=True)
+    delta = export_image(one, sink.writer, changes=True)
     assert delta.meta["kind"] == DELTA
     with pytest.raises(StateError, match="by delta images only"):
         catch_up(other, sink.writer, [full, delta])
