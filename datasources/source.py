@@ -182,16 +182,24 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             heads = self.source.heads()
         self._heads = list(heads)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        stopping = self.host.stopping
+        barriers = self.host.take_barriers()
+        stopping = self.host.stopping  # as of the take: a stop barrier comes with its request
+        if self._drain_to is None and self.host.draining:
+            self._drain_to = list(heads)  # a stop with drain reads up to the heads as of now
+        if self._drain_to is not None:
+            # every barrier of the drain, the stop's own included, lands within it
+            heads = [min(h, t) for h, t in zip(heads, self._drain_to, strict=True)]
         alignment = self.options.alignment
-        for barrier in self.host.take_barriers():
+        for barrier in barriers:
             offset = alignment.place(offset, [barrier], heads, max_rows)
             if stopping is not None and stopping.checkpoint_id == barrier.checkpoint_id:
                 self._stop_at = offset.barriers[-1].positions
         if self._stop_at is not None:
             heads = [min(h, s) for h, s in zip(heads, self._stop_at, strict=True)]
-        elif self._drain_to is not None or self.host.draining:
-            heads = self._drain(offset, heads)
+        elif self._drain_to is not None and list(offset.positions) == heads:
+            # drained: the host takes the final checkpoint (or savepoint); its barrier is
+            # placed by the next call, exactly here
+            self.host.call(CoordinatorHost.finish_drain)
         if self._target is not None:
             offset = self._available_now(offset, heads)
         end = alignment.next(offset, heads, max_rows, self._clock.now_ms())
@@ -203,16 +211,6 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         source's ``latestOffset`` in the query's progress (how far the input goes, beyond
         a read limit). None before the first batch. Costs nothing: no source is read."""
         return None if self._heads is None else {"positions": self._heads}
-
-    def _drain(self, offset: StreamOffset, heads: list[int]) -> list[int]:
-        """A stop with drain: read up to the heads as of the request, then let the host take
-        the final checkpoint (its barrier lands exactly there)."""
-        if self._drain_to is None:
-            self._drain_to = list(heads)
-        heads = [min(h, t) for h, t in zip(heads, self._drain_to, strict=True)]
-        if list(offset.positions) == heads:
-            self.host.call(CoordinatorHost.finish_drain)
-        return heads
 
     def _available_now(self, offset: StreamOffset, heads: Sequence[int]) -> StreamOffset:
         """Trigger.AvailableNow ends with a final checkpoint at the target positions: once all
