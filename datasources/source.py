@@ -14,7 +14,9 @@ Where the hooks run (see ``docs/spark-notes.md``):
   long-lived driver-side process per query run. The checkpoint coordinator lives here
   (:class:`~spark_ckpt.spark.host.CoordinatorHost`) on its own thread
   (:class:`~spark_ckpt.spark.host.HostThread`); ``latestOffset`` takes the barriers it triggered;
-* ``read`` — executors: regenerates the planned rows and inserts the barrier rows.
+* ``read`` — executors: regenerates the planned rows and inserts the barrier rows; on the
+  executor path (``route.*`` options, set by the pipeline) it hands them on routed to the
+  subtasks, one payload per subtask (:mod:`spark_ckpt.spark.routing`).
 
 ``initialOffset`` (called twice at start; deterministic) rewinds every channel to its barrier
 position in the latest completed checkpoint, so a new query resumes exactly after it.
@@ -40,7 +42,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_ckpt.errors import CheckpointError, ProtocolError
+from spark_ckpt.errors import CheckpointError, ConfigError, ProtocolError
 from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.coordinator import CheckpointRequest, RequestStatus
@@ -53,6 +55,7 @@ from spark_ckpt.spark.host import (
     HostThread,
     exit_quietly_if_channel_closed,
 )
+from spark_ckpt.spark.routing import ROUTE_KEY, ROUTED_SCHEMA, Router
 from spark_ckpt.spark.source_options import SourceOptions
 from spark_ckpt.testing import faults
 
@@ -112,13 +115,14 @@ class ChannelPartition(InputPartition):  # type: ignore[misc]
     schema: pa.Schema
     channels: int
     root: str
+    router: Router | None = None  # the executor path: rows leave routed to the subtasks
 
 
 class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
     def __init__(self, options: SourceOptions, user_schema: pa.Schema) -> None:
         self.options = options
         self.user_schema = user_schema
-        self.schema = stream_schema(user_schema)
+        self.schema = stream_schema(user_schema)  # of the rows read (before any routing)
         self._source: ChannelSource | None = None
         self._host: HostThread | None = None
         self._target: list[int] | None = None  # Trigger.AvailableNow: read up to here
@@ -268,6 +272,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
                 self.schema,
                 len(slices),
                 self.options.root,
+                self.options.router,
             )
             for s in slices
         ]
@@ -284,7 +289,10 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             partition.marks,
             partition.channels,
         )
-        yield from table.to_batches()
+        if partition.router is None:
+            yield from table.to_batches()
+        elif table.num_rows:
+            yield partition.router.route(table)
         _freeze_worker_heap()
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -314,7 +322,15 @@ class CkptSource(DataSource):  # type: ignore[misc]
         return open_channel_source(self.parsed).schema
 
     def schema(self) -> StructType:
-        return from_arrow_schema(stream_schema(self._user_schema()))
+        """The source's rows (user columns and the barrier columns), or the routed rows
+        when the pipeline routes them (``route.*``, :mod:`spark_ckpt.spark.routing`)."""
+        user = self._user_schema()
+        router = self.parsed.router
+        if router is None:
+            return from_arrow_schema(stream_schema(user))
+        if router.key_column not in user.names:
+            raise ConfigError(ROUTE_KEY, router.key_column, f"a column of the source: {user.names}")
+        return from_arrow_schema(ROUTED_SCHEMA)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return CkptStreamReader(self.parsed, self._user_schema())

@@ -3,6 +3,7 @@ on hand-made query progress: the oracle is the arithmetic of the listed batches.
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from datetime import UTC, datetime
@@ -14,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from pipelinebench.steady import (
+    batch_rows,
     bootstrap_median_ci,
     drained_window,
     paired_ratios,
@@ -88,3 +90,21 @@ def test_bootstrap_interval_narrows_with_less_spread() -> None:
     assert w is not None and n is not None
     assert n[1] - n[0] < w[1] - w[0]
     assert bootstrap_median_ci([1.0]) is None
+
+
+def test_batch_rows_come_from_the_source_positions() -> None:
+    """On the executor path Spark counts the routed payloads as input rows (8 here): the rows
+    read are the channels' positions moved between the start and the end offset."""
+    end = {"v": 1, "positions": [300, 250], "emitted": [1, 1], "barriers": []}
+    p = progress(3, 0.0, 8, 100) | {
+        "sources": [
+            {
+                "startOffset": json.dumps({**end, "positions": [100, 200]}),
+                "endOffset": json.dumps(end),
+            }
+        ]
+    }
+    assert batch_rows(p) == 250
+    first = p | {"sources": [{"startOffset": None, "endOffset": end}]}
+    assert batch_rows(first) == 550
+    assert batch_rows(progress(3, 0.0, 8, 100)) == 8  # not a ckpt-source: Spark's count

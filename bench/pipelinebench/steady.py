@@ -3,9 +3,12 @@
 Every variant a bench compares — today's driver path, Spark's own JVM aggregation, and later
 the executor path — runs as a Spark streaming query, so its throughput is read the same way:
 from ``StreamingQueryProgress`` (``batchId``, ``timestamp`` = when the trigger started,
-``numInputRows``), not from a probe inside ``foreachBatch`` (on the executor path no data row
-passes through the driver). With batches back to back (a backlog and a read limit), the
-batches that start in a window ``[t0, t1)`` processed their ``numInputRows`` in ``t1 - t0``
+the rows read), not from a probe inside ``foreachBatch`` (on the executor path no data row
+passes through the driver). The rows a batch read are the difference of ``ckpt-source``'s
+channel positions between the batch's start and end offsets (:func:`batch_rows`): Spark's
+``numInputRows`` counts the rows the source emitted, and on the executor path those are
+routed payloads, a few per channel. With batches back to back (a backlog and a read limit),
+the batches that start in a window ``[t0, t1)`` processed their rows in ``t1 - t0``
 seconds, where ``t1`` is the start of the first batch after them: that excludes the query's
 start-up (the first batches, Python workers and planning) and its stop.
 
@@ -35,6 +38,26 @@ def progress_start_s(progress: dict[str, Any]) -> float:
     return datetime.fromisoformat(str(progress["timestamp"]).replace("Z", "+00:00")).timestamp()
 
 
+def _positions(offset: Any) -> list[int] | None:
+    if offset is None:
+        return None
+    d = json.loads(offset) if isinstance(offset, str) else offset
+    positions = d.get("positions") if isinstance(d, dict) else None
+    return None if positions is None else [int(x) for x in positions]
+
+
+def batch_rows(progress: dict[str, Any]) -> int:
+    """The data rows the batch read: from ``ckpt-source``'s channel positions (end offset
+    minus start offset, a first batch's start being the channels' zeros) when the query
+    reads one, else Spark's ``numInputRows``."""
+    for source in progress.get("sources") or ():
+        end = _positions(source.get("endOffset"))
+        if end is not None:
+            start = _positions(source.get("startOffset")) or [0] * len(end)
+            return sum(e - s for e, s in zip(end, start, strict=True))
+    return int(progress.get("numInputRows", 0))
+
+
 class ProgressLog:
     """The progress of every batch of one query, collected by polling (Spark keeps only the
     last ``spark.sql.streaming.numRecentProgressUpdates`` = 100 by default)."""
@@ -53,7 +76,7 @@ class ProgressLog:
         return [self.batches[k] for k in sorted(self.batches)]
 
     def input_rows(self) -> int:
-        return sum(int(p.get("numInputRows", 0)) for p in self.batches.values())
+        return sum(batch_rows(p) for p in self.batches.values())
 
 
 @dataclass(frozen=True)
@@ -102,10 +125,10 @@ def _window(batches: Sequence[dict[str, Any]], i: int, j: int) -> Window:
     return Window(
         int(batches[i]["batchId"]),
         int(batches[j - 1]["batchId"]),
-        sum(int(p.get("numInputRows", 0)) for p in inside),
+        sum(batch_rows(p) for p in inside),
         end - start,
         start,
-        tuple(int(p.get("numInputRows", 0)) for p in inside),
+        tuple(batch_rows(p) for p in inside),
         tuple(_batch_ms(p) for p in inside),
     )
 
@@ -114,7 +137,7 @@ def _data_from(batches: Sequence[dict[str, Any]], skip: int) -> int | None:
     """Index of the first batch after the first *skip* batches with data (None: not yet)."""
     seen = 0
     for i, p in enumerate(batches):
-        if int(p.get("numInputRows", 0)) > 0:
+        if batch_rows(p) > 0:
             if seen == skip:
                 return i
             seen += 1
@@ -153,7 +176,7 @@ def drained_window(
     window can follow)."""
     read = 0
     for j, p in enumerate(batches):
-        read += int(p.get("numInputRows", 0))
+        read += batch_rows(p)
         if read >= total_rows:
             i = _data_from(batches[: j + 1], warmup_batches)
             if i is None:

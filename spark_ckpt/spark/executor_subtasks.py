@@ -4,14 +4,15 @@
 function,
 this query over the ``ckpt-source`` DataFrame (``docs/design/executors.md``)::
 
-    source ─ mapInArrow(Router) ─ groupBy(_ckpt_subtask)
+    ckpt-source (routed) ─ groupBy(_ckpt_subtask)
            ─ applyInPandasWithState(SubtaskFunction) ─ writeStream.format("noop")
 
-* :class:`Router` (executors, where the source's partitions are read): cuts every Arrow
-  batch into one *payload* per subtask, the Arrow IPC bytes of the data rows of the
-  subtask's key groups plus every control row (barriers reach every subtask). Spark's
-  shuffle moves a few binary rows per batch and subtask, not the rows one by one, and the
-  rows keep their Arrow types exactly.
+* The source routes (:mod:`spark_ckpt.spark.routing`, executors, where the source's
+  partitions are read): each channel's rows of the micro-batch become one *payload* per
+  subtask, the Arrow IPC bytes of the data rows of the subtask's key groups plus every
+  control row (barriers reach every subtask). Spark's shuffle moves a few binary rows per
+  channel and subtask, not the rows one by one, and the rows keep their Arrow types
+  exactly.
 * :class:`SubtaskFunction` (executors, one Spark task per subtask and micro-batch, in the
   state-store partition that Spark's ``StateStoreCoordinator`` keeps on one executor): the
   subtask's rows of the micro-batch in channel order, data rows first and barrier rows
@@ -57,19 +58,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from spark_ckpt.errors import ProtocolError, StateError, StoreError
-from spark_ckpt.protocol.barrier import CHANNEL, CHECKPOINT_ID, OFFSET
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.protocol.handle import (
     AcknowledgeCheckpoint,
     CacheMetrics,
     DeclineCheckpoint,
     TaskId,
-    encode_table,
 )
 from spark_ckpt.runtime.subtask_image import SubtaskImage, catch_up, export_image, import_images
 from spark_ckpt.runtime.task import CHAIN_VERTEX, OperatorTask
@@ -87,8 +82,8 @@ from spark_ckpt.spark.executor_cache import (
 from spark_ckpt.spark.foreach_batch import AlignerSpec
 from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox
+from spark_ckpt.spark.routing import PAYLOAD, SUBTASK, subtask_rows
 from spark_ckpt.spark.run import RunFiles
-from spark_ckpt.state.keygroup import subtasks_for_keys
 from spark_ckpt.testing import faults
 
 # pyspark's own pandas serializer of applyInPandasWithState concatenates the group's (empty)
@@ -98,10 +93,6 @@ warnings.filterwarnings(
     "ignore", category=FutureWarning, module=r"pyspark\.sql\.pandas\.serializers"
 )
 
-#: The routing columns between :class:`Router` and :class:`SubtaskFunction`.
-SUBTASK = "_ckpt_subtask"
-PAYLOAD = "_ckpt_payload"
-ROUTED_SCHEMA = f"{SUBTASK} int, {PAYLOAD} binary"
 #: What each subtask reports per micro-batch (the query's output, discarded by ``noop``).
 REPORT_SCHEMA = "subtask int, batch long, rows long, outcome string, load_ms double"
 
@@ -110,59 +101,6 @@ class SubtaskStateLostError(StateError):
     """A subtask's state after the previous micro-batch is neither where its task runs nor
     rebuildable from its changelog: the run restarts from the latest completed
     checkpoint."""
-
-
-@dataclass(frozen=True)
-class Router:
-    """``mapInArrow`` function (executors): each Arrow batch of the source's rows as one
-    payload row per subtask (see the module docstring). Picklable."""
-
-    key_column: str
-    parallelism: int
-    max_parallelism: int
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            table = pa.Table.from_batches([batch])
-            if table.num_rows == 0:
-                continue
-            control = pc.is_valid(table.column(CHECKPOINT_ID)).to_numpy(zero_copy_only=False)
-            owner = np.full(table.num_rows, -1, dtype=np.int64)
-            data = np.flatnonzero(~control)
-            if len(data):
-                keys = table.column(self.key_column).take(pa.array(data))
-                owner[data] = subtasks_for_keys(
-                    keys, self.max_parallelism, self.parallelism
-                ).to_numpy(zero_copy_only=False)
-            subtasks, payloads = [], []
-            for s in range(self.parallelism):
-                mine = table.filter(pa.array(control | (owner == s)))
-                if mine.num_rows:
-                    subtasks.append(s)
-                    payloads.append(encode_table(mine))
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(subtasks, pa.int32()), pa.array(payloads, pa.binary())],
-                names=[SUBTASK, PAYLOAD],
-            )
-
-
-def subtask_rows(payloads: list[bytes]) -> pa.Table:
-    """A subtask's rows of one micro-batch from its payloads (in any order): data rows in
-    channel order, then the control rows in channel order. The source emits a channel's
-    barriers after its last data row of the batch, so this keeps every channel's order."""
-    table = pa.concat_tables([pa.ipc.open_stream(pa.py_buffer(p)).read_all() for p in payloads])
-    order = pc.sort_indices(
-        pa.table(
-            {
-                "control": pc.is_valid(table.column(CHECKPOINT_ID)),
-                "channel": table.column(CHANNEL),
-                "offset": table.column(OFFSET),
-                "checkpoint": table.column(CHECKPOINT_ID),
-            }
-        ),
-        sort_keys=[(c, "ascending") for c in ("control", "channel", "offset", "checkpoint")],
-    )
-    return table.take(order)
 
 
 @dataclass(frozen=True)
@@ -410,15 +348,16 @@ class LiveSubtasks:
 LIVE_SUBTASKS = LiveSubtasks()
 
 
-def subtask_query(df: Any, function: SubtaskFunction, key_column: str) -> Any:
-    """The streaming DataFrame of the executor path over the ``ckpt-source`` DataFrame *df*
-    (see the module docstring); start it with ``writeStream.format("noop")`` in update
-    mode."""
+def subtask_query(df: Any, function: SubtaskFunction) -> Any:
+    """The streaming DataFrame of the executor path over the routed ``ckpt-source``
+    DataFrame *df* (:mod:`spark_ckpt.spark.routing`; see the module docstring); start it
+    with ``writeStream.format("noop")`` in update mode."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    routed = df.mapInArrow(
-        Router(key_column, function.parallelism, function.max_parallelism), ROUTED_SCHEMA
-    )
-    return routed.groupBy(SUBTASK).applyInPandasWithState(
+    if df.columns != [SUBTASK, PAYLOAD]:
+        raise ProtocolError(
+            f"the executor path reads a routed ckpt-source ({SUBTASK}, {PAYLOAD}), got {df.columns}"
+        )
+    return df.groupBy(SUBTASK).applyInPandasWithState(
         function, REPORT_SCHEMA, FENCE_SCHEMA, "update", GroupStateTimeout.NoTimeout
     )

@@ -64,6 +64,7 @@ from spark_ckpt.spark.mailbox import SinkSpec, Topology, mark_starting, write_to
 from spark_ckpt.spark.pipeline_run import PipelineRun, RunFunction
 from spark_ckpt.spark.quiet_stop import silence_task_kill_logs
 from spark_ckpt.spark.restore import prepare_restore
+from spark_ckpt.spark.routing import Router
 from spark_ckpt.spark.run import RunFiles, Runs, RunState, new_run_id
 from spark_ckpt.spark.shipping import ship_by_value
 from spark_ckpt.spark.source_options import SourceOptions, check_pipeline_options, default_root
@@ -112,13 +113,12 @@ class PreparedRun:
     dataframe: DataFrame
     function: RunFunction
     files: RunFiles
-    key_column: str = ""
 
     def stream_writer(self) -> DataStreamWriter:
         """The run's query, not started: the ``foreachBatch`` function over the source, or
         (subtasks on executors) the subtasks' stateful query into ``noop``."""
         if isinstance(self.function, SubtaskFunction):
-            query = subtask_query(self.dataframe, self.function, self.key_column)
+            query = subtask_query(self.dataframe, self.function)
             writer: DataStreamWriter = query.writeStream.format("noop").outputMode("update")
             return writer
         return self.dataframe.writeStream.foreachBatch(self.function)
@@ -235,6 +235,9 @@ class Pipeline:
         if job.placement is Placement.EXECUTORS:
             ship_by_value([*job.operators, job.tracer])  # the job's own code, to executors
             function = SubtaskFunction(spec)
+            # the source's read() hands the rows on routed to the subtasks
+            key = job.operators[0].key_column
+            opts.update(Router(key, job.parallelism, self.config.max_parallelism).options())
         else:
             function = ForeachBatchFunction(spec)
         sink = SinkSpec("delta", job.output, CHAIN_VERTEX)
@@ -243,8 +246,7 @@ class Pipeline:
         mark_starting(self.root, run_id)  # live for requests until its coordinator beats
         self._run_ids.add(run_id)
         df = self.spark.readStream.format("ckpt-source").options(**opts).load()
-        key = job.operators[0].key_column
-        return PreparedRun(run_id, df, function, RunFiles(self.root, run_id), key)
+        return PreparedRun(run_id, df, function, RunFiles(self.root, run_id))
 
     def start(
         self,

@@ -20,6 +20,9 @@ generator: ``seed``, ``channels``, ``rate``, ``backlog``, ``keys``, ``skew``
 delta: ``path``, ``channels``, ``startingVersion``
 ``run``                     set by :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>`
                             for each attempt (see :mod:`spark_ckpt.spark.run`); not for users
+``route.key``,              set by the pipeline when its subtasks run on the executors:
+``route.parallelism``,      the source's rows leave ``read()`` routed to the subtasks
+``route.maxParallelism``    (:mod:`spark_ckpt.spark.routing`); not for users
 ``checkpoint.*``, ``execution.checkpointing.*``, ``restart-strategy*``, ``state.*``,
 ``savepoint.*``             checkpoint configuration
 (:class:`~spark_ckpt.runtime.config.CheckpointConfig`)
@@ -49,10 +52,19 @@ from spark_ckpt.runtime.config import (
 )
 from spark_ckpt.sources.generator import GeneratorSpec
 from spark_ckpt.sources.stream_offset import BarrierPlacement, SourceAlignment
+from spark_ckpt.spark.routing import (
+    ROUTE_KEY,
+    ROUTE_MAX_PARALLELISM,
+    ROUTE_OPTIONS,
+    ROUTE_PARALLELISM,
+    Router,
+)
 
 SOURCE_KINDS: Final = ("generator", "delta")
-_OWN_KEYS: Final = frozenset(
-    {"pipeline", "store", "source", "maxrowspertrigger", "barrierplacement", "run"}
+_ROUTE_KEYS: Final = frozenset(k.lower() for k in ROUTE_OPTIONS)
+_OWN_KEYS: Final = (
+    frozenset({"pipeline", "store", "source", "maxrowspertrigger", "barrierplacement", "run"})
+    | _ROUTE_KEYS
 )
 _DELTA_KEYS: Final = frozenset({"path", "channels", "startingversion"})
 _GENERATOR_KEYS: Final = frozenset(k.lower() for k in GeneratorSpec.OPTION_KEYS)
@@ -93,6 +105,8 @@ def check_pipeline_options(
             )
         if lowered == "run":
             raise ConfigError(key, raw, "no value: each run of a pipeline sets its own")
+        if lowered in _ROUTE_KEYS:
+            raise ConfigError(key, raw, "no value: the pipeline routes its rows itself")
         parsed = parse_option(key, value)
         if parsed is None:
             continue
@@ -131,6 +145,8 @@ class SourceOptions:
     delta: dict[str, str] = field(default_factory=dict)
     raw: dict[str, str] = field(default_factory=dict)
     run_id: str | None = None
+    #: the subtasks ``read()`` routes the rows to (the executor path), or None
+    router: Router | None = None
 
     @property
     def alignment(self) -> SourceAlignment:
@@ -186,7 +202,31 @@ class SourceOptions:
             delta=delta,
             raw=opts,
             run_id=opts.get("run") or None,
+            router=_router(opts),
         )
+
+
+def _router(opts: Mapping[str, str]) -> Router | None:
+    """The ``route.*`` options (lower-cased keys) as a router; all three or none."""
+    given = {k: opts[k.lower()] for k in ROUTE_OPTIONS if k.lower() in opts}
+    if not given:
+        return None
+    missing = [k for k in ROUTE_OPTIONS if k not in given]
+    if missing:
+        raise ConfigError(missing[0], None, f"a value: {', '.join(ROUTE_OPTIONS)} go together")
+    numbers = {}
+    for key in (ROUTE_PARALLELISM, ROUTE_MAX_PARALLELISM):
+        try:
+            numbers[key] = int(given[key])
+        except ValueError:
+            numbers[key] = 0
+        if numbers[key] < 1:
+            raise ConfigError(key, given[key], "a positive integer")
+    if numbers[ROUTE_PARALLELISM] > numbers[ROUTE_MAX_PARALLELISM]:
+        raise ConfigError(
+            ROUTE_PARALLELISM, given[ROUTE_PARALLELISM], f"at most {ROUTE_MAX_PARALLELISM}"
+        )
+    return Router(given[ROUTE_KEY], numbers[ROUTE_PARALLELISM], numbers[ROUTE_MAX_PARALLELISM])
 
 
 def source_alignment(
