@@ -14,7 +14,6 @@ channel and subtask, never the rows one by one, and the rows keep their Arrow ty
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -75,12 +74,6 @@ class Router:
             [pa.array(subtasks, pa.int32()), pa.array(payloads, pa.binary())],
             schema=ROUTED_SCHEMA,
         )
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """As a ``mapInArrow`` function: every non-empty batch routed."""
-        for batch in batches:
-            if batch.num_rows:
-                yield self.route(pa.Table.from_batches([batch]))
 
 
 def subtask_rows(payloads: list[bytes]) -> pa.Table:

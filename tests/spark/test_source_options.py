@@ -8,7 +8,8 @@ import pytest
 
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.runtime.config import CheckpointConfig
-from spark_ckpt.spark.source_options import check_pipeline_options
+from spark_ckpt.spark.routing import Router
+from spark_ckpt.spark.source_options import SourceOptions, check_pipeline_options
 
 CONFIG = CheckpointConfig.from_options(
     {
@@ -91,6 +92,8 @@ def test_an_invalid_value_gets_its_usual_error(key: str, value: str, accepted: s
         ("pipeline", "other", "'orders'"),
         ("store", "/lake/other", "'/lake/orders'"),
         ("run", "x", ""),
+        ("route.key", "user_id", "routes its rows itself"),
+        ("Route.Parallelism", "4", "routes its rows itself"),
     ],
 )
 def test_the_pipelines_own_options_cannot_be_overridden(
@@ -99,3 +102,34 @@ def test_the_pipelines_own_options_cannot_be_overridden(
     with pytest.raises(ConfigError) as raised:
         check(**{key: value})
     assert raised.value.option == key and expected in str(raised.value)
+
+
+def test_routing_options_parse_into_the_router_they_came_from() -> None:
+    router = Router("user_id", 3, 128)
+    parsed = SourceOptions.parse({"pipeline": "p", **router.options()})
+    assert parsed.router == router
+    assert SourceOptions.parse({"pipeline": "p"}).router is None
+
+
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [
+        ({"route.key": "user_id"}, "route.parallelism"),  # all three or none
+        (
+            {"route.key": "k", "route.parallelism": "0", "route.maxParallelism": "8"},
+            "route.parallelism",
+        ),
+        (
+            {"route.key": "k", "route.parallelism": "9", "route.maxParallelism": "8"},
+            "route.parallelism",
+        ),
+        (
+            {"route.key": "k", "route.parallelism": "2", "route.maxParallelism": "x"},
+            "route.maxParallelism",
+        ),
+    ],
+)
+def test_bad_routing_options_name_the_option(options: dict[str, str], option: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        SourceOptions.parse({"pipeline": "p", **options})
+    assert raised.value.option == option
