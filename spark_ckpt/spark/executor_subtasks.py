@@ -4,7 +4,7 @@
 function,
 this query over the ``ckpt-source`` DataFrame (``docs/design/executors.md``)::
 
-    ckpt-source (routed) ─ groupBy(_ckpt_subtask)
+    ckpt-source (routed) ─ groupBy(_ckpt_group)
            ─ applyInPandasWithState(SubtaskFunction) ─ writeStream.format("noop")
 
 * The source routes (:mod:`spark_ckpt.spark.routing`, executors, where the source's
@@ -82,7 +82,7 @@ from spark_ckpt.spark.executor_cache import (
 from spark_ckpt.spark.foreach_batch import AlignerSpec
 from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox
-from spark_ckpt.spark.routing import PAYLOAD, SUBTASK, subtask_rows
+from spark_ckpt.spark.routing import GROUP, PAYLOAD, ROUTED_SCHEMA, SUBTASK, subtask_rows
 from spark_ckpt.spark.run import RunFiles
 from spark_ckpt.testing import faults
 
@@ -123,8 +123,9 @@ class SubtaskFunction:
     def __call__(self, key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
         import pandas as pd
 
-        subtask = int(key[0])
-        payloads = [p for pdf in pdfs for p in pdf[PAYLOAD].tolist()]
+        frames = list(pdfs)  # the group's rows: one subtask's (key: its group key)
+        subtask = int(frames[0][SUBTASK].iloc[0])
+        payloads = [p for pdf in frames for p in pdf[PAYLOAD].tolist()]
         fence = Fence.from_row(state.get) if state.exists else None
         batch_id = current_batch_id()
         if batch_id is None:
@@ -354,10 +355,10 @@ def subtask_query(df: Any, function: SubtaskFunction) -> Any:
     with ``writeStream.format("noop")`` in update mode."""
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    if df.columns != [SUBTASK, PAYLOAD]:
+    if df.columns != ROUTED_SCHEMA.names:
         raise ProtocolError(
-            f"the executor path reads a routed ckpt-source ({SUBTASK}, {PAYLOAD}), got {df.columns}"
+            f"the executor path reads a routed ckpt-source {ROUTED_SCHEMA.names}, got {df.columns}"
         )
-    return df.groupBy(SUBTASK).applyInPandasWithState(
+    return df.groupBy(GROUP).applyInPandasWithState(
         function, REPORT_SCHEMA, FENCE_SCHEMA, "update", GroupStateTimeout.NoTimeout
     )

@@ -237,7 +237,9 @@ class Pipeline:
             function = SubtaskFunction(spec)
             # the source's read() hands the rows on routed to the subtasks
             key = job.operators[0].key_column
-            opts.update(Router(key, job.parallelism, self.config.max_parallelism).options())
+            partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions") or 200)
+            router = Router(key, job.parallelism, self.config.max_parallelism, partitions)
+            opts.update(router.options())
         else:
             function = ForeachBatchFunction(spec)
         sink = SinkSpec("delta", job.output, CHAIN_VERTEX)

@@ -2,7 +2,7 @@
 
 The executor path's query (:mod:`spark_ckpt.spark.executor_subtasks`) is::
 
-    ckpt-source (routed) ─ groupBy(_ckpt_subtask) ─ applyInPandasWithState(SubtaskFunction)
+    ckpt-source (routed) ─ groupBy(_ckpt_group) ─ applyInPandasWithState(SubtaskFunction)
 
 ``ckpt-source`` routes in ``read()`` (executors) when the pipeline sets the ``route.*``
 options: each channel's rows of a micro-batch leave the source as one **payload** per
@@ -10,11 +10,19 @@ subtask, the Arrow IPC bytes of the data rows of the subtask's key groups plus e
 row of the channel (barriers reach every subtask). Spark then moves a few binary rows per
 channel and subtask, never the rows one by one, and the rows keep their Arrow types exactly.
 :func:`subtask_rows` puts a subtask's payloads back into channel order.
+
+**Spreading the subtasks over the partitions.** Spark's shuffle sends a group to partition
+``pmod(murmur3(key, 42), partitions)``. Grouped by the subtask number itself, the subtasks
+collide: with 2 partitions, subtasks 0 and 1 both hash to partition 1, and one Spark task
+ran both subtasks one after the other while the other had nothing to do. Every subtask
+therefore gets a *group key* (:func:`group_keys`): an integer that Spark's hash sends to
+partition ``subtask mod partitions``, so up to ``partitions`` subtasks run in parallel.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Final
 
 import numpy as np
@@ -25,15 +33,58 @@ from spark_ckpt.protocol.barrier import CHANNEL, CHECKPOINT_ID, OFFSET
 from spark_ckpt.protocol.handle import encode_table
 from spark_ckpt.state.keygroup import subtasks_for_keys
 
-#: The routed rows' columns: the subtask, and its payload.
+#: The routed rows' columns: the shuffle's group key, the subtask, and its payload.
+GROUP: Final = "_ckpt_group"
 SUBTASK: Final = "_ckpt_subtask"
 PAYLOAD: Final = "_ckpt_payload"
-ROUTED_SCHEMA: Final = pa.schema([(SUBTASK, pa.int32()), (PAYLOAD, pa.binary())])
+ROUTED_SCHEMA: Final = pa.schema(
+    [(GROUP, pa.int32()), (SUBTASK, pa.int32()), (PAYLOAD, pa.binary())]
+)
 #: The ``ckpt-source`` options that make it route (set by the pipeline, not by users).
 ROUTE_KEY: Final = "route.key"
 ROUTE_PARALLELISM: Final = "route.parallelism"
 ROUTE_MAX_PARALLELISM: Final = "route.maxParallelism"
-ROUTE_OPTIONS: Final = (ROUTE_KEY, ROUTE_PARALLELISM, ROUTE_MAX_PARALLELISM)
+ROUTE_PARTITIONS: Final = "route.partitions"
+ROUTE_OPTIONS: Final = (ROUTE_KEY, ROUTE_PARALLELISM, ROUTE_MAX_PARALLELISM, ROUTE_PARTITIONS)
+#: Spark's seed of the shuffle's hash (``HashPartitioning``: ``Murmur3Hash(..., 42)``).
+SPARK_HASH_SEED: Final = 42
+_M32: Final = 0xFFFFFFFF
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def spark_hash_int(value: int, seed: int = SPARK_HASH_SEED) -> int:
+    """Spark's ``Murmur3Hash`` of an ``IntegerType`` value (``Murmur3_x86_32.hashInt``), as a
+    signed 32-bit integer."""
+    k = (value & _M32) * 0xCC9E2D51 & _M32
+    k = _rotl(k, 15) * 0x1B873593 & _M32
+    h = _rotl(seed ^ k, 13)
+    h = (h * 5 + 0xE6546B64) & _M32
+    h ^= 4
+    h ^= h >> 16
+    h = h * 0x85EBCA6B & _M32
+    h ^= h >> 13
+    h = h * 0xC2B2AE35 & _M32
+    h ^= h >> 16
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def group_keys(parallelism: int, partitions: int) -> tuple[int, ...]:
+    """Per subtask, the smallest distinct non-negative ``int`` group key that Spark's
+    shuffle sends to partition ``subtask % partitions``."""
+    if parallelism < 1 or partitions < 1:
+        raise ValueError("parallelism and partitions must be positive")
+    keys: list[int] = []
+    taken: set[int] = set()
+    for subtask in range(parallelism):
+        k = 0
+        while k in taken or spark_hash_int(k) % partitions != subtask % partitions:
+            k += 1
+        keys.append(k)
+        taken.add(k)
+    return tuple(keys)
 
 
 @dataclass(frozen=True)
@@ -44,6 +95,13 @@ class Router:
     key_column: str
     parallelism: int
     max_parallelism: int
+    #: the partitions of the subtasks' stage (``spark.sql.shuffle.partitions``)
+    partitions: int
+
+    @cached_property
+    def groups(self) -> tuple[int, ...]:
+        """Each subtask's group key (see the module docstring)."""
+        return group_keys(self.parallelism, self.partitions)
 
     def options(self) -> dict[str, str]:
         """The ``ckpt-source`` options that route as this router does."""
@@ -51,6 +109,7 @@ class Router:
             ROUTE_KEY: self.key_column,
             ROUTE_PARALLELISM: str(self.parallelism),
             ROUTE_MAX_PARALLELISM: str(self.max_parallelism),
+            ROUTE_PARTITIONS: str(self.partitions),
         }
 
     def route(self, table: pa.Table) -> pa.RecordBatch:
@@ -70,8 +129,13 @@ class Router:
             if mine.num_rows:
                 subtasks.append(s)
                 payloads.append(encode_table(mine))
+        groups = [self.groups[s] for s in subtasks]
         return pa.RecordBatch.from_arrays(
-            [pa.array(subtasks, pa.int32()), pa.array(payloads, pa.binary())],
+            [
+                pa.array(groups, pa.int32()),
+                pa.array(subtasks, pa.int32()),
+                pa.array(payloads, pa.binary()),
+            ],
             schema=ROUTED_SCHEMA,
         )
 

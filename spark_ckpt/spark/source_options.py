@@ -22,7 +22,8 @@ delta: ``path``, ``channels``, ``startingVersion``
                             for each attempt (see :mod:`spark_ckpt.spark.run`); not for users
 ``route.key``,              set by the pipeline when its subtasks run on the executors:
 ``route.parallelism``,      the source's rows leave ``read()`` routed to the subtasks
-``route.maxParallelism``    (:mod:`spark_ckpt.spark.routing`); not for users
+``route.maxParallelism``,   (:mod:`spark_ckpt.spark.routing`); not for users
+``route.partitions``
 ``checkpoint.*``, ``execution.checkpointing.*``, ``restart-strategy*``, ``state.*``,
 ``savepoint.*``             checkpoint configuration
 (:class:`~spark_ckpt.runtime.config.CheckpointConfig`)
@@ -57,6 +58,7 @@ from spark_ckpt.spark.routing import (
     ROUTE_MAX_PARALLELISM,
     ROUTE_OPTIONS,
     ROUTE_PARALLELISM,
+    ROUTE_PARTITIONS,
     Router,
 )
 
@@ -207,7 +209,7 @@ class SourceOptions:
 
 
 def _router(opts: Mapping[str, str]) -> Router | None:
-    """The ``route.*`` options (lower-cased keys) as a router; all three or none."""
+    """The ``route.*`` options (lower-cased keys) as a router; all or none."""
     given = {k: opts[k.lower()] for k in ROUTE_OPTIONS if k.lower() in opts}
     if not given:
         return None
@@ -215,7 +217,7 @@ def _router(opts: Mapping[str, str]) -> Router | None:
     if missing:
         raise ConfigError(missing[0], None, f"a value: {', '.join(ROUTE_OPTIONS)} go together")
     numbers = {}
-    for key in (ROUTE_PARALLELISM, ROUTE_MAX_PARALLELISM):
+    for key in (ROUTE_PARALLELISM, ROUTE_MAX_PARALLELISM, ROUTE_PARTITIONS):
         try:
             numbers[key] = int(given[key])
         except ValueError:
@@ -226,7 +228,12 @@ def _router(opts: Mapping[str, str]) -> Router | None:
         raise ConfigError(
             ROUTE_PARALLELISM, given[ROUTE_PARALLELISM], f"at most {ROUTE_MAX_PARALLELISM}"
         )
-    return Router(given[ROUTE_KEY], numbers[ROUTE_PARALLELISM], numbers[ROUTE_MAX_PARALLELISM])
+    return Router(
+        given[ROUTE_KEY],
+        numbers[ROUTE_PARALLELISM],
+        numbers[ROUTE_MAX_PARALLELISM],
+        numbers[ROUTE_PARTITIONS],
+    )
 
 
 def source_alignment(

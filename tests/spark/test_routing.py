@@ -14,11 +14,11 @@ from datasources.source import CkptSource, CkptStreamReader
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.protocol.barrier import CHECKPOINT_ID
 from spark_ckpt.sources.stream_offset import StreamOffset
-from spark_ckpt.spark.routing import PAYLOAD, SUBTASK, Router, subtask_rows
+from spark_ckpt.spark.routing import GROUP, PAYLOAD, SUBTASK, Router, group_keys, subtask_rows
 from spark_ckpt.state.keygroup import subtasks_for_keys
 
 OPTIONS = {"pipeline": "p", "rate": "0", "backlog": "40,70,10", "channels": "3", "keys": "9"}
-ROUTER = Router("user_id", 3, 16)
+ROUTER = Router("user_id", 3, 16, 2)  # two partitions for three subtasks
 
 
 def read_all(options: dict[str, str]) -> list[pa.RecordBatch]:
@@ -37,7 +37,9 @@ def rows(table: pa.Table) -> Counter[tuple[Any, ...]]:
 def test_every_subtask_gets_its_key_groups_rows_in_channel_order() -> None:
     plain = pa.Table.from_batches(read_all(OPTIONS))
     routed = pa.Table.from_batches(read_all({**OPTIONS, **ROUTER.options()}))
-    assert routed.column_names == [SUBTASK, PAYLOAD]
+    assert routed.column_names == [GROUP, SUBTASK, PAYLOAD]
+    groups = dict(zip(routed[SUBTASK].to_pylist(), routed[GROUP].to_pylist(), strict=True))
+    assert len(set(groups.values())) == len(groups)  # one subtask per group
     owners = subtasks_for_keys(plain.column("user_id"), 16, 3).to_pylist()
     for s in range(3):
         payloads = [
@@ -56,4 +58,10 @@ def test_every_subtask_gets_its_key_groups_rows_in_channel_order() -> None:
 
 def test_a_routing_key_the_source_lacks_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"route\.key"):
-        CkptSource({**OPTIONS, **Router("nope", 2, 16).options()}).schema()
+        CkptSource({**OPTIONS, **Router("nope", 2, 16, 2).options()}).schema()
+
+
+@pytest.mark.parametrize(("parallelism", "partitions"), [(1, 1), (2, 2), (4, 4), (5, 2), (8, 200)])
+def test_group_keys_are_distinct_and_spread_by_subtask(parallelism: int, partitions: int) -> None:
+    keys = group_keys(parallelism, partitions)
+    assert len(set(keys)) == parallelism and min(keys) >= 0

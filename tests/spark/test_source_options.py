@@ -105,7 +105,7 @@ def test_the_pipelines_own_options_cannot_be_overridden(
 
 
 def test_routing_options_parse_into_the_router_they_came_from() -> None:
-    router = Router("user_id", 3, 128)
+    router = Router("user_id", 3, 128, 2)
     parsed = SourceOptions.parse({"pipeline": "p", **router.options()})
     assert parsed.router == router
     assert SourceOptions.parse({"pipeline": "p"}).router is None
@@ -114,17 +114,32 @@ def test_routing_options_parse_into_the_router_they_came_from() -> None:
 @pytest.mark.parametrize(
     ("options", "option"),
     [
-        ({"route.key": "user_id"}, "route.parallelism"),  # all three or none
+        ({"route.key": "user_id"}, "route.parallelism"),  # all or none
         (
-            {"route.key": "k", "route.parallelism": "0", "route.maxParallelism": "8"},
+            {
+                "route.key": "k",
+                "route.parallelism": "0",
+                "route.maxParallelism": "8",
+                "route.partitions": "2",
+            },
             "route.parallelism",
         ),
         (
-            {"route.key": "k", "route.parallelism": "9", "route.maxParallelism": "8"},
+            {
+                "route.key": "k",
+                "route.parallelism": "9",
+                "route.maxParallelism": "8",
+                "route.partitions": "2",
+            },
             "route.parallelism",
         ),
         (
-            {"route.key": "k", "route.parallelism": "2", "route.maxParallelism": "x"},
+            {
+                "route.key": "k",
+                "route.parallelism": "2",
+                "route.maxParallelism": "x",
+                "route.partitions": "2",
+            },
             "route.maxParallelism",
         ),
     ],
