@@ -78,6 +78,26 @@ def export_image(
     return _image(task, DELTA if changes else FULL, blobs, staged)
 
 
+def export_folded_image(task: OperatorTask, writer: DetachableWriter | None) -> SubtaskImage | None:
+    """A :data:`DELTA` image of what changed since the last :data:`FULL` image *task*
+    exported (the changelog's delta segments since, folded into one: a changelog can link
+    it straight to that full image), or None, with nothing touched, when the task cannot
+    fold (:meth:`~spark_ckpt.state.backend.KeyedStateBackend.folded_blobs`): the caller
+    must export a full image then. Otherwise as :func:`export_image`."""
+    _check_aligned(task)
+    backends = [task.backends[op.uid] for op in task.operators]
+    blobs: list[StateBlob] = []
+    for backend in backends:
+        folded = backend.folded_blobs()
+        if folded is None:  # earlier backends started their next segment: harmless, the
+            return None  # caller exports a full image, which starts every segment anew
+        blobs.extend(folded)
+    staged: tuple[str, ...] = ()
+    if writer is not None:
+        staged = writer.detach(task.sink_uid, task.task_id.subtask)
+    return _image(task, DELTA, blobs, staged)
+
+
 def _check_aligned(task: OperatorTask) -> None:
     aligner = task.aligner
     if aligner.pending_checkpoints or aligner.buffered_rows:

@@ -82,7 +82,6 @@ from spark_ckpt.state.snapshot import (
     StateChanges,
     full_table,
     log_table,
-    start_segment,
 )
 
 #: Keys or values as the vectorized API takes them: an Arrow array or a Python sequence.
@@ -755,6 +754,12 @@ class KeyedStateBackend:
         <spark_ckpt.state.snapshot.SnapshotStrategy.changed_blobs>`)."""
         return self._snapshots.changed_blobs(self._states, self._operator_states)
 
+    def folded_blobs(self) -> list[StateBlob] | None:
+        """What changed since the changelog's last full image, folded into one segment, or
+        None when it cannot be (:meth:`SnapshotStrategy.folded_blobs
+        <spark_ckpt.state.snapshot.SnapshotStrategy.folded_blobs>`)."""
+        return self._snapshots.folded_blobs(self._states, self._operator_states)
+
     def forget_snapshot_history(self, last_snapshot_id: int) -> None:
         """No base, no pending snapshot: the next snapshot is full, and its id must exceed
         *last_snapshot_id* (:meth:`SnapshotStrategy.forget_history
@@ -772,7 +777,7 @@ class KeyedStateBackend:
 
     def start_segment(self) -> None:
         """Start the next changelog segment here (after a full image of the state)."""
-        start_segment(self._states)
+        self._snapshots.full_image_taken(self._states)
 
     def pending_snapshots(self) -> list[int]:
         """Ids of snapshots neither completed nor aborted, oldest first."""

@@ -14,11 +14,18 @@ key groups it owns. Incremental snapshots (the default) keep, per state, a chain
   the restored checkpoint) reuses the base's chain (``TaskSnapshot.reused``);
 * a changed state gets a DELTA blob with exactly the keys changed since the base — their
   current value, or a tombstone (``deleted = true``) — appended to the base chain;
-* the chain is replaced by a new FULL blob (seq 0) when the base chain already holds
-  :data:`MAX_CHAIN_DELTAS` deltas, or when the delta rows a restore would replay (the chain's
-  deltas plus the new one) exceed :data:`MAX_DELTA_ROWS_RATIO` times the state's current
-  number of keys. So a restore replays at most 8 deltas and at most 1.5 times the live rows. A
-  state that became empty is dropped (no blob at all);
+* when the base chain already holds :data:`MAX_CHAIN_DELTAS` deltas, or when the delta
+  rows a restore would replay (the chain's deltas plus the new one) would exceed
+  :data:`MAX_DELTA_ROWS_RATIO` times the state's current number of keys, the chain's deltas
+  and the new changes are *folded* into one DELTA (seq 1) after the chain's FULL blob: the
+  current value of every key changed since that FULL blob. Its size follows the keys changed
+  since the FULL blob, not the state (a hot set of keys updated over and over folds into a
+  delta of the hot set), so a large state with few changing keys never rewrites its FULL
+  blob. Only when the folded delta would exceed :data:`MAX_DELTA_ROWS_RATIO` times the live
+  keys, or when the strategy does not know what the chain's deltas hold (a chain it
+  restored rather than wrote), is the chain replaced by a new FULL blob (seq 0). So a restore
+  replays at most 8 deltas and at most 1.5 times the live rows. A state that became empty
+  is dropped (no blob at all);
 * after a restore at another parallelism there is no base chain of exactly this subtask's
   key groups, so the first snapshot is full.
 
@@ -149,6 +156,17 @@ class StateChanges:
         if len(positions) == table.num_rows:
             return table
         return table.take(pa.array(positions))
+
+    def compacted(self) -> StateChanges:
+        """The same changes with the log deduplicated (one row per key) when it holds
+        several tables (the per-record keys are shared, not copied)."""
+        if len(self.log) <= 1:
+            return self
+        compacted = StateChanges()
+        compacted.log = [self.compacted_log()]
+        compacted.log_rows = compacted.log[0].num_rows
+        compacted.keys = self.keys
+        return compacted
 
     def then(self, later: StateChanges) -> StateChanges:
         """These changes followed by *later* ones (neither is modified)."""
@@ -291,11 +309,12 @@ def checked_chain(refs: Sequence[BlobRef]) -> tuple[BlobRef, ...]:
     return tuple(chain)
 
 
-def _needs_full(chain: tuple[BlobRef, ...], new_delta_rows: int, live_rows: int) -> bool:
+def _appendable(chain: tuple[BlobRef, ...], new_delta_rows: int, live_rows: int) -> bool:
+    """Whether a delta of *new_delta_rows* may extend *chain* (see the module docstring)."""
     if len(chain) - 1 >= MAX_CHAIN_DELTAS:
-        return True
+        return False
     delta_rows = sum(r.rows for r in chain[1:]) + new_delta_rows
-    return delta_rows > MAX_DELTA_ROWS_RATIO * live_rows
+    return delta_rows <= MAX_DELTA_ROWS_RATIO * live_rows
 
 
 @dataclass
@@ -329,6 +348,12 @@ class SnapshotStrategy:
         self._base_id = 0
         self._last_snapshot_id = 0
         self._pending: list[_PendingSnapshot] = []
+        # per state: the changes the base chain's deltas hold (the keys changed since the
+        # chain's FULL blob), known only for chains this strategy wrote since that blob
+        self._since_full: dict[str, StateChanges] = {}
+        # per state: the changes the changelog's delta segments hold since its last full
+        # image (None: unknown, the state was loaded, not exported whole, since)
+        self._since_full_image: dict[str, StateChanges] | None = None
 
     @property
     def base_checkpoint_id(self) -> int:
@@ -369,14 +394,10 @@ class SnapshotStrategy:
                 reused.extend(chain)
                 continue
             live = state.count()
-            delta = None
-            if not full and chain and not _needs_full(chain, 0, live):
-                delta = delta_table(state, changed, self.key_type, self.max_parallelism)
-                if _needs_full(chain, delta.num_rows, live):
-                    delta = None
+            delta = None if full or not chain else self._delta(name, state, chain, changed, live)
             if delta is not None:
-                new_blobs.append(self._blob(BlobKind.KEYED_DELTA, name, delta, len(chain)))
-                reused.extend(chain)
+                new_blobs.append(delta)
+                reused.extend(chain[: delta.seq])
             elif live:
                 table = full_table(state, self.key_type, self.max_parallelism)
                 new_blobs.append(self._blob(BlobKind.KEYED_FULL, name, table, 0))
@@ -385,6 +406,29 @@ class SnapshotStrategy:
         self._pending.append(_PendingSnapshot(checkpoint_id, changes))
         self._last_snapshot_id = checkpoint_id
         return TaskSnapshot(self.task_id, tuple(new_blobs), tuple(reused))
+
+    def _delta(
+        self,
+        name: str,
+        state: TrackedState,
+        chain: tuple[BlobRef, ...],
+        changed: StateChanges,
+        live: int,
+    ) -> StateBlob | None:
+        """The DELTA blob of state *name* on its base *chain*: the *changed* keys appended to
+        the chain, else the chain's deltas and *changed* folded into one delta after its FULL
+        blob; None when the state needs a FULL blob (see the module docstring)."""
+        if len(chain) - 1 < MAX_CHAIN_DELTAS:
+            delta = delta_table(state, changed, self.key_type, self.max_parallelism)
+            if _appendable(chain, delta.num_rows, live):
+                return self._blob(BlobKind.KEYED_DELTA, name, delta, len(chain))
+        earlier = self._since_full.get(name)
+        if earlier is None or len(chain) == 1:
+            return None
+        folded = delta_table(state, earlier.then(changed), self.key_type, self.max_parallelism)
+        if folded.num_rows > MAX_DELTA_ROWS_RATIO * live:
+            return None
+        return self._blob(BlobKind.KEYED_DELTA, name, folded, 1)
 
     def full_blobs(
         self, keyed: Mapping[str, TrackedState], operator: Mapping[str, OperatorListState]
@@ -422,8 +466,49 @@ class SnapshotStrategy:
             for name in sorted(keyed)
             if keyed[name].segment
         ]
-        start_segment(keyed)
+        self._next_segment(keyed)
         return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
+
+    def folded_blobs(
+        self, keyed: Mapping[str, TrackedState], operator: Mapping[str, OperatorListState]
+    ) -> list[StateBlob] | None:
+        """What changed since the changelog's last full image, as :meth:`changed_blobs` gives
+        it for one segment: the changelog's delta segments since that image folded into one
+        (the current value of every key changed since, or its tombstone), so the changelog
+        can drop them. None, and nothing touched, when what those segments hold is not
+        known here (the state was loaded since the last full image) or a folded delta would
+        exceed :data:`MAX_DELTA_ROWS_RATIO` times its state's keys: export a full image
+        then. Starts the next segment."""
+        if self._since_full_image is None:
+            return None
+        blobs: list[StateBlob] = []
+        for name in sorted(keyed):
+            state = keyed[name]
+            earlier = self._since_full_image.get(name)
+            since = state.segment if earlier is None else earlier.then(state.segment)
+            if not since:
+                continue
+            table = delta_table(state, since, self.key_type, self.max_parallelism)
+            if table.num_rows > MAX_DELTA_ROWS_RATIO * state.count():
+                return None
+            blobs.append(self._blob(BlobKind.KEYED_DELTA, name, table, 1))
+        self._next_segment(keyed)
+        return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
+
+    def full_image_taken(self, keyed: Mapping[str, TrackedState]) -> None:
+        """The whole state was just exported as a full image of the changelog: the next
+        segment starts here, and folds start from here."""
+        start_segment(keyed)
+        self._since_full_image = {}
+
+    def _next_segment(self, keyed: Mapping[str, TrackedState]) -> None:
+        if self._since_full_image is not None:
+            for name, state in keyed.items():
+                if state.segment:
+                    earlier = self._since_full_image.get(name)
+                    since = state.segment if earlier is None else earlier.then(state.segment)
+                    self._since_full_image[name] = since.compacted()
+        start_segment(keyed)
 
     def _operator_blob(self, name: str, op: OperatorListState) -> StateBlob:
         table = pa.table(
@@ -470,9 +555,34 @@ class SnapshotStrategy:
         for ref in handle.blobs:
             if ref.kind in KEYED_BLOB_KINDS:
                 chains.setdefault(ref.state_name, []).append(ref)
-        self._base = {name: checked_chain(refs) for name, refs in chains.items()}
+        base = {name: checked_chain(refs) for name, refs in chains.items()}
+        completed = [p for p in self._pending if p.checkpoint_id <= checkpoint_id]
+        self._since_full = {
+            name: since
+            for name, chain in base.items()
+            if (since := self._since_full_after(name, chain, completed)) is not None
+        }
+        self._base = base
         self._base_id = checkpoint_id
         self._pending = [p for p in self._pending if p.checkpoint_id > checkpoint_id]
+
+    def _since_full_after(
+        self, name: str, chain: tuple[BlobRef, ...], completed: list[_PendingSnapshot]
+    ) -> StateChanges | None:
+        """What the deltas of state *name*'s new base *chain* hold, given the snapshots
+        *completed* with it (None: unknown, the chain was not built on what this strategy
+        tracked)."""
+        if len(chain) == 1:
+            return StateChanges()
+        old = self._base.get(name)
+        since = self._since_full.get(name)
+        if since is None or not old or old[0] != chain[0]:
+            return None
+        for pending in completed:
+            changes = pending.changes.get(name)
+            if changes:
+                since = since.then(changes)
+        return since.compacted()
 
     def notify_checkpoint_aborted(
         self, checkpoint_id: int, keyed: Mapping[str, TrackedState]
@@ -504,6 +614,7 @@ class SnapshotStrategy:
         self._base = {}
         self._base_id = 0
         self._pending = []
+        self._since_full = {}
         self._last_snapshot_id = max(self._last_snapshot_id, last_snapshot_id)
 
     def adopt_restored(
@@ -519,6 +630,9 @@ class SnapshotStrategy:
         self._base = dict(base)
         self._base_id = checkpoint_id
         self._last_snapshot_id = checkpoint_id
+        self._since_full_image = None
+        # what a restored chain's deltas hold is not known here: a long one gets a FULL blob
+        self._since_full = {name: StateChanges() for name, chain in base.items() if len(chain) == 1}
         for state in keyed.values():
             _take_changes(state)
         start_segment(keyed)

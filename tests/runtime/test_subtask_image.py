@@ -22,9 +22,9 @@ from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, BlobKind, DeclineC
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
 from spark_ckpt.runtime.subtask_image import (
     DELTA,
-    FULL,
     SubtaskImage,
     catch_up,
+    export_folded_image,
     export_image,
     import_image,
     import_images,
@@ -44,6 +44,10 @@ from spark_ckpt.testing.micro_batches import MicroBatches
 CHANNELS = 2
 HEADS = (120, 90)
 SPEC = GeneratorSpec(seed=5, channels=CHANNELS, rows_per_second=0, backlog=HEADS, key_cardinality=7)
+#: many keys, few of them changed per micro-batch: folds of the changelog stay small
+SPEC_WIDE = GeneratorSpec(
+    seed=5, channels=CHANNELS, rows_per_second=0, backlog=HEADS, key_cardinality=1000
+)
 SCHEMA = stream_schema(GENERATOR_SCHEMA)
 
 
@@ -120,20 +124,26 @@ def run(
     via: str,
     schedule: list[int] | None = None,
     chain: Callable[[], list[KeyedOperator]] = counting_chain,
+    folds: bool = False,
+    spec: GeneratorSpec = SPEC,
 ) -> tuple[list[Any], MemorySink, Any]:
     """Feed the micro-batches (read limit, whether a checkpoint is triggered) and a final
     one to a subtask, which a fresh task takes over before every micro-batch *via* the
     previous one's ``image``, or its ``changelog``: the chain of images since the newest
-    full one (full at the start and every fifth, a segment of changes otherwise).
-    ``workers``: as on the executors, each micro-batch runs in the Python worker that
-    *schedule* names (cycled; 0 or 1, -1: a new worker), whose task stays alive between
-    micro-batches: it continues if it ran the previous micro-batch, catches up by the
-    changelog's deltas since its own if it can, else a fresh task rebuilds from the chain;
-    completions are notified, so snapshots are incremental. Returns the
-    acknowledgements, the sink and the store."""
+    full one (full at the start and every fifth, a segment of changes otherwise; with
+    *folds*, every fifth folds the chain's segments into one when the task can, as
+    :mod:`spark_ckpt.spark.changelog` links it). ``workers``: as on the executors, each
+    micro-batch runs in the Python worker that *schedule* names (cycled; 0 or 1, -1: a new
+    worker), whose task stays alive between micro-batches: it continues if it ran the
+    previous micro-batch, catches up by the changelog's images since its own if it can
+    (through a fold of the chain it stands on), else a fresh task rebuilds from the chain;
+    completions are notified, so snapshots are incremental. Returns the acknowledgements,
+    the sink and the store."""
     store, sink, acks = InMemoryCheckpointStore(), MemorySink(), []
-    micro = MicroBatches(SPEC.rows, SCHEMA, StreamOffset.initial([0] * CHANNELS))
+    micro = MicroBatches(spec.rows, SCHEMA, StreamOffset.initial([0] * CHANNELS))
     log: list[SubtaskImage] = [export_image(new_task(store, sink, acks, chain), sink.writer)]
+    links = [0]  # the current chain: positions in log, its full image first
+    folded: dict[int, set[int]] = {}  # a fold's position -> the positions it folds
     alive: dict[int, tuple[OperatorTask, int]] = {}  # worker -> (task, its log position)
     order = schedule or [-1]
     next_id = 1
@@ -143,32 +153,42 @@ def run(
         table = micro.next(barriers, HEADS, max_rows)
         worker = order[i % len(order)] if via == "workers" else -1
         held = alive.pop(worker, None)
-        start = max(p for p, image in enumerate(log) if image.meta["kind"] == FULL)
-        if held is not None and held[1] == len(log) - 1:
+        through = [j for j in links if held is not None and held[1] in folded.get(j, ())]
+        if held is not None and held[1] == links[-1]:
             task = held[0]
             sink.writer.attach(task.sink_uid, 0, tuple(log[-1].meta["open"]))
-        elif held is not None and held[1] >= start:
+        elif held is not None and (held[1] in links or through):
             task = held[0]
-            catch_up(task, sink.writer, log[held[1] + 1 :])
+            after = links.index(through[0]) if through else links.index(held[1]) + 1
+            catch_up(task, sink.writer, [log[j] for j in links[after:]])
         else:
             task = new_task(store, sink, acks, chain)
-            import_images(task, sink.writer, log[start:])
+            import_images(task, sink.writer, [log[j] for j in links])
         seen = len(acks)
         task.process(table)
         if via == "workers":
             for ack in acks[seen:]:
                 task.notify_complete(ack.checkpoint_id, 0)  # nothing committed: keep sealed
-        changes = via != "image" and i % 5 != 4
-        log.append(export_image(task, sink.writer, changes=changes))
+        image = None
+        if via != "image" and i % 5 == 4 and folds:
+            image = export_folded_image(task, sink.writer)
+            if image is not None:
+                folded[len(log)] = {j for k in links[1:] for j in {k, *folded.get(k, ())}}
+                links = [links[0], len(log)]
+        if image is None:
+            changes = via != "image" and i % 5 != 4
+            image = export_image(task, sink.writer, changes=changes)
+            links = [*links, len(log)] if changes else [len(log)]
+        log.append(image)
         if worker >= 0:
             alive[worker] = (task, len(log) - 1)
     return acks, sink, store
 
 
-def fold(ends: dict[tuple[str, int], int]) -> Counter[int]:
+def fold(ends: dict[tuple[str, int], int], spec: GeneratorSpec = SPEC) -> Counter[int]:
     counts: Counter[int] = Counter()
     for c in range(CHANNELS):
-        counts.update(SPEC.rows(c, 0, ends[("source", c)]).column("user_id").to_pylist())
+        counts.update(spec.rows(c, 0, ends[("source", c)]).column("user_id").to_pylist())
     return counts
 
 
@@ -187,15 +207,25 @@ def checkpoint_state(store: InMemoryCheckpointStore, ack: AcknowledgeCheckpoint)
 @settings(max_examples=40, deadline=None)
 @given(
     batches=st.lists(
-        st.tuples(st.sampled_from([None, 10, 30, 50]), st.booleans()), min_size=1, max_size=12
+        st.tuples(st.sampled_from([None, 10, 30, 50]), st.booleans()), min_size=1, max_size=16
     ),
     via=st.sampled_from(["image", "changelog", "workers"]),
     schedule=st.lists(st.sampled_from([0, 1, -1]), min_size=1, max_size=12),
+    folds=st.booleans(),
 )
 def test_a_subtask_rebuilt_every_batch_matches_the_fold(
-    batches: list[tuple[int | None, bool]], via: str, schedule: list[int]
+    batches: list[tuple[int | None, bool]], via: str, schedule: list[int], folds: bool
 ) -> None:
-    acks, sink, store = run(batches, via=via, schedule=schedule)
+    spec = SPEC_WIDE if folds else SPEC
+    acks, sink, store = run(batches, via=via, schedule=schedule, folds=folds, spec=spec)
+    assert_matches_the_fold(acks, sink, store, spec)
+
+
+def assert_matches_the_fold(
+    acks: list[Any], sink: MemorySink, store: InMemoryCheckpointStore, spec: GeneratorSpec
+) -> None:
+    """Every checkpoint's state is the plain fold over the input up to its offsets, and the
+    committed output is every running count once."""
     assert not [a for a in acks if isinstance(a, DeclineCheckpoint)]
     # a snapshot builds only on a checkpoint the coordinator still keeps: bases never go back
     kept_from = 0
@@ -207,7 +237,7 @@ def test_a_subtask_rebuilt_every_batch_matches_the_fold(
         assert isinstance(ack, AcknowledgeCheckpoint)
         ends = {(o.source, o.channel): o.offset for o in ack.state.offsets}
         counts, seen = checkpoint_state(store, ack)
-        folded = fold(ends)
+        folded = fold(ends, spec)
         assert counts == dict(folded)
         assert seen == sum(folded.values())
         final = ack
@@ -226,8 +256,30 @@ def test_a_subtask_rebuilt_every_batch_matches_the_fold(
     got = Counter(
         zip(out.column("user_id").to_pylist(), out.column("count").to_pylist(), strict=True)
     )
-    total = fold({("source", c): h for c, h in enumerate(HEADS)})
+    total = fold({("source", c): h for c, h in enumerate(HEADS)}, spec)
     assert got == Counter((k, i) for k, n in total.items() for i in range(1, n + 1))
+
+
+def test_a_folded_changelog_rebuilds_and_catches_up_like_the_fold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # worker 0 exports the full image at micro-batch 4 and folds the chain at 9; worker 1,
+    # which stands on a delta the fold replaced (micro-batch 6), catches up through the
+    # fold at 10; a new worker rebuilds from [full, fold, ...] at 12
+    schedule = [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, -1, 1]
+    counted = {"fold": 0}
+    real = export_folded_image
+
+    def counting(task: OperatorTask, writer: Any) -> SubtaskImage | None:
+        image = real(task, writer)
+        counted["fold"] += image is not None
+        return image
+
+    monkeypatch.setitem(globals(), "export_folded_image", counting)
+    batches = [(60, True)] + [(8, True)] * 12
+    acks, sink, store = run(batches, via="workers", schedule=schedule, folds=True, spec=SPEC_WIDE)
+    assert counted["fold"] == 1
+    assert_matches_the_fold(acks, sink, store, SPEC_WIDE)
 
 
 def restored_states(store: InMemoryCheckpointStore, ack: AcknowledgeCheckpoint) -> dict[str, Any]:
@@ -248,15 +300,20 @@ def restored_states(store: InMemoryCheckpointStore, ack: AcknowledgeCheckpoint) 
         st.tuples(st.sampled_from([None, 10, 30]), st.booleans()), min_size=1, max_size=10
     ),
     schedule=st.lists(st.sampled_from([0, 1, -1]), min_size=1, max_size=8),
+    folds=st.booleans(),
 )
 def test_list_and_map_state_across_workers_match_one_task(
-    batches: list[tuple[int | None, bool]], schedule: list[int]
+    batches: list[tuple[int | None, bool]], schedule: list[int], folds: bool
 ) -> None:
     """Differential: every checkpoint of a subtask that moves between workers (continued,
-    caught up, rebuilt) holds the same list and map state as one task that ran it all."""
-    acks, _, store = run(batches, via="workers", schedule=schedule, chain=lambda: [Recent()])
+    caught up, rebuilt; through folded changelogs) holds the same list and map state as one
+    task that ran it all."""
+    spec = SPEC_WIDE if folds else SPEC
+    acks, _, store = run(
+        batches, via="workers", schedule=schedule, chain=lambda: [Recent()], folds=folds, spec=spec
+    )
     reference, _, reference_store = run(
-        batches, via="workers", schedule=[0], chain=lambda: [Recent()]
+        batches, via="workers", schedule=[0], chain=lambda: [Recent()], spec=spec
     )
     assert [a.checkpoint_id for a in acks] == [a.checkpoint_id for a in reference]
     for ack, expected in zip(acks, reference, strict=True):

@@ -352,6 +352,101 @@ def test_chains_rebase_after_too_many_deltas_and_restore_correctly() -> None:
     assert max(seqs_seen) == MAX_CHAIN_DELTAS  # chains grew to the limit, then restarted
 
 
+def test_a_hot_set_on_a_large_state_folds_its_deltas_and_never_rewrites_the_full_blob() -> None:
+    # the same 500 keys of a 20k-key state change between checkpoints: every checkpoint
+    # writes about the hot set, however long the run, and restores the model
+    store = InMemoryCheckpointStore()
+    b = backend(max_p=8)
+    n, hot = 20_000, list(range(0, 20_000, 40))
+    model = dict.fromkeys(range(n), 0)
+    b.put_values(COUNT, pa.array(list(model)), pa.array(list(model.values())))
+    first = checkpoint(store, b, 1)
+    [full] = [r for r in first.blobs if r.kind is BlobKind.KEYED_FULL]
+    written: list[int] = []
+    for cid in range(2, 3 * MAX_CHAIN_DELTAS + 4):
+        values = [cid * 1000 + k for k in hot]
+        b.put_values(COUNT, pa.array(hot), pa.array(values))
+        model.update(zip(hot, values, strict=True))
+        if cid % 5 == 0:  # a key deleted, then written again later: tombstones fold too
+            b.clear_values(COUNT, pa.array([hot[cid]]))
+            model.pop(hot[cid])
+        handle = checkpoint(store, b, cid)
+        fulls = [r for r in handle.blobs if r.kind is BlobKind.KEYED_FULL]
+        assert fulls == [full]  # the FULL blob of checkpoint 1, reused
+        new = [r for r in handle.blobs if r.checkpoint_id == cid]
+        written.append(sum(r.rows for r in new))
+        assert len(handle.blobs) <= MAX_CHAIN_DELTAS + 1
+        assert table_dict(restored(store, handle.blobs, max_p=8)[0].to_table(COUNT)) == model
+    assert max(written) <= len(hot)
+    folded = [r for r in store_refs(store) if r.kind is BlobKind.KEYED_DELTA and r.seq == 1]
+    assert len(folded) >= 3  # the chain was folded back to one delta, more than once
+
+
+def test_a_changing_set_larger_than_the_ratio_still_gets_a_full_blob() -> None:
+    store = InMemoryCheckpointStore()
+    b = backend(max_p=8)
+    b.put_values(COUNT, pa.array(range(1000)), pa.array([0] * 1000))
+    checkpoint(store, b, 1)
+    model = dict.fromkeys(range(1000), 0)
+    kinds: list[set[BlobKind]] = []
+    for cid in range(2, 14):
+        keys = list(range((cid - 2) * 100, (cid - 1) * 100))  # 100 new keys each time
+        b.put_values(COUNT, pa.array([k % 1000 for k in keys]), pa.array([cid] * 100))
+        model.update(dict.fromkeys([k % 1000 for k in keys], cid))
+        handle = checkpoint(store, b, cid)
+        kinds.append({r.kind for r in handle.blobs if r.checkpoint_id == cid})
+        assert table_dict(restored(store, handle.blobs, max_p=8)[0].to_table(COUNT)) == model
+    # after half the state changed since the FULL blob, a new one is written
+    assert {BlobKind.KEYED_FULL} in kinds and kinds[0] == {BlobKind.KEYED_DELTA}
+
+
+def store_refs(store: InMemoryCheckpointStore) -> list[BlobRef]:
+    return list(store.stored_blobs())
+
+
+hot_step = st.one_of(
+    st.tuples(st.just("put"), st.integers(0, 12), st.integers(-5, 5)),
+    st.tuples(st.just("clear"), st.integers(0, 12), st.just(0)),
+    st.tuples(st.just("vput"), st.integers(0, 12), st.integers(-5, 5)),
+    st.tuples(st.just("bput"), st.integers(0, 12), st.integers(-5, 5)),
+    st.tuples(st.just("add"), st.integers(0, 12), st.integers(0, 3)),
+    st.just("snap"),
+    st.just("complete"),
+    st.just("abort"),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(hot_step, min_size=20, max_size=200))
+def test_long_chains_fold_and_restore_every_completed_checkpoint(steps: list[Any]) -> None:
+    # few keys change over many checkpoints of a larger state: chains grow past the limit
+    # and fold, with snapshots pending, completed out of order and aborted meanwhile
+    store = InMemoryCheckpointStore()
+    b = backend(max_p=4)
+    model = Model()
+    b.put_values(COUNT, pa.array(range(100, 400)), pa.array(range(300)))
+    model.values.update(zip(range(100, 400), range(300), strict=True))
+    pending: list[tuple[int, TaskSnapshot, Model]] = []
+    verified: list[tuple[TaskStateHandle, Model]] = []
+    cid = 0
+    for step in steps:
+        if step == "snap" or (step == "complete" and not pending):
+            cid += 1
+            pending.append((cid, b.snapshot(cid), copy.deepcopy(model)))
+        if step == "complete":
+            c, snap, expected = pending.pop((cid * 5) % len(pending))
+            verified.append((complete(store, b, snap, c), expected))
+        elif step == "abort" and pending:
+            c, _, _ = pending.pop(0)
+            b.notify_checkpoint_aborted(c)
+        elif isinstance(step, tuple):
+            apply(step, b, model)
+    cid += 1
+    verified.append((checkpoint(store, b, cid), model))
+    for handle, expected in verified:
+        assert contents(restored(store, handle.blobs, max_p=4)) == expected.as_tuple()
+
+
 def test_full_snapshot_writes_only_full_blobs() -> None:
     store = InMemoryCheckpointStore()
     b = backend()
