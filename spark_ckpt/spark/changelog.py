@@ -2,11 +2,17 @@
 
 Every micro-batch, a subtask on the executors publishes a segment into this changelog, under
 the (local) pipeline root, which outlives the executor and its Python workers. A segment is
-either the whole state (:data:`~spark_ckpt.runtime.subtask_image.FULL`: the run's first
-micro-batch, or every :data:`MAX_CHAIN`-th) or what the micro-batch changed
+the whole state (:data:`~spark_ckpt.runtime.subtask_image.FULL`: the run's first
+micro-batch, or when a subtask cannot fold), or what the micro-batch changed
 (:data:`~spark_ckpt.runtime.subtask_image.DELTA`: the changed keys, the operator state, the
 sink transactions), whether or not it took a checkpoint. Each segment names its predecessor
-and the full segment its chain starts at.
+and the full segment its chain starts at. Once a chain holds :data:`MAX_CHAIN` segments, the
+next one is a *fold*: every change since the chain's full segment in one delta, linked
+straight to it (a chain of two), naming the segments it replaced. A fold costs what changed
+since the full segment, not the state: a large state whose updates keep to a set of keys
+never writes itself whole again (the full segment is rewritten only when the subtask cannot
+fold: it was rebuilt since, or the fold would hold half its keys,
+:meth:`~spark_ckpt.state.snapshot.SnapshotStrategy.folded_blobs`).
 
 The subtask's task stays alive in the Python worker that ran it
 (:class:`~spark_ckpt.spark.executor_subtasks.LiveSubtasks`). A worker whose task stands at an
@@ -22,8 +28,10 @@ committed, never a zombie's.
 **Layout.** ``<root>/_changelog/<run id>/<subtask>/b<batch>-<token>/``: an entry in the
 executor cache's format (an Arrow IPC file per table, ``meta.json``), written under a
 temporary name and renamed into place. **Eviction.** Publishing a segment removes the
-subtask's segments older than the full segment its predecessor's chain starts at (a retry of
-this micro-batch still finds that chain); a run's changelog goes when the run is retired
+subtask's segments older than the full segment its predecessor's chain starts at, and, after
+a fold, the segments it replaced (a retry of this micro-batch still finds its predecessor's
+chain; a Python worker whose task stands on a replaced segment catches up by the fold,
+:meth:`SubtaskChangelog.since`); a run's changelog goes when the run is retired
 (:meth:`~spark_ckpt.spark.pipeline_run.PipelineRun.retire`) or pruned.
 
 Local pipeline roots only (the executor cache's entry format, local files): on a remote root
@@ -39,15 +47,23 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from spark_ckpt.errors import StoreError
 from spark_ckpt.runtime.subtask_image import FULL, SubtaskImage
-from spark_ckpt.spark.executor_cache import Fence, StateImage, entry_name, read_entry, write_entry
+from spark_ckpt.spark.executor_cache import (
+    Fence,
+    StateImage,
+    entry_name,
+    read_entry,
+    read_entry_meta,
+    write_entry,
+)
 
 CHANGELOG_DIR = "_changelog"
-#: Deltas after which a subtask writes a full segment again (bounds a rebuild's chain).
+#: Segments after which a subtask folds its chain (bounds a rebuild's chain).
 MAX_CHAIN = 20
 #: The executor name in a changelog segment's fence (segments belong to no executor).
 DURABLE = "durable"
@@ -85,20 +101,29 @@ class SubtaskChangelog:
         previous: Segment | None,
         *,
         executor: str = DURABLE,
+        folded: bool = False,
     ) -> Segment:
         """Publish *image* (full, or the changes since *previous*, the segment the
         micro-batch started from) as micro-batch *batch_id*'s segment of attempt *token*,
         written on *executor* (recorded for diagnostics); evicts what no retry can need.
-        Raises :class:`StoreError`."""
+        *folded*: *image* holds every change since the full segment of *previous*'s chain
+        (:func:`~spark_ckpt.runtime.subtask_image.export_folded_image`), and is linked
+        straight to it (a chain of two), naming the segments it folds so a task standing at
+        one of them can still catch up. Raises :class:`StoreError`."""
         full = image.meta.get("kind") == FULL
         if not full and previous is None:
             raise StoreError("a changelog starts with a full segment")
+        if folded and (full or previous is None):
+            raise StoreError("only a delta segment after another one folds")
         base = (batch_id, token) if full or previous is None else previous.base
-        length = 1 if full or previous is None else previous.length + 1
-        link = {"base": list(base), "length": length, "executor": executor}
+        length = 1 if full or previous is None else 2 if folded else previous.length + 1
+        link: dict[str, Any] = {"base": list(base), "length": length, "executor": executor}
         meta = {**image.meta, "changelog": link}
-        if previous is not None:
-            meta["changelog"]["previous"] = [previous.batch_id, previous.token]
+        if previous is not None and folded:
+            link["previous"] = list(previous.base)
+            link["folded"] = [list(at) for at in self._members(previous)]
+        elif previous is not None:
+            link["previous"] = [previous.batch_id, previous.token]
         fence = Fence(self.run_id, batch_id, token, DURABLE)
         final = self.directory / entry_name(batch_id, token)
         tmp = self.directory / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
@@ -110,8 +135,27 @@ class SubtaskChangelog:
             shutil.rmtree(tmp, ignore_errors=True)
             raise StoreError(f"changelog: cannot publish {final}: {e}") from e
         if previous is not None:
-            self._evict(before=previous.base[0])
+            if previous.length == 2:  # its chain: its full segment and itself
+                self._evict(before=previous.batch_id, keep=entry_name(*previous.base))
+            else:
+                self._evict(before=previous.base[0])
         return Segment(batch_id, token, base, length)
+
+    def _members(self, segment: Segment) -> list[tuple[int, str]]:
+        """The segments of *segment*'s chain after its full segment, newest first (read
+        from their links)."""
+        members: list[tuple[int, str]] = []
+        at: tuple[int, str] | None = (segment.batch_id, segment.token)
+        while at is not None and at != segment.base:
+            members.append(at)
+            try:
+                link = read_entry_meta(self.directory / entry_name(*at))["changelog"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise StoreError(f"changelog segment {at} is missing or unreadable: {e}") from e
+            members.extend((int(b), str(t)) for b, t in link.get("folded", []))
+            previous = link.get("previous")
+            at = None if previous is None else (int(previous[0]), str(previous[1]))
+        return members
 
     def chain(self, batch_id: int, token: str) -> tuple[list[SubtaskImage], Segment]:
         """The images of the chain ending at segment (*batch_id*, *token*), full segment
@@ -166,19 +210,22 @@ class SubtaskChangelog:
                 base = link["base"]
                 segment = Segment(at[0], at[1], (int(base[0]), str(base[1])), int(link["length"]))
             images.append(SubtaskImage(image.tables, image.meta))
+            if list(after) in link.get("folded", []):
+                at = after  # a fold of the chain *after* stands on: it holds every change
+                break
             previous = link.get("previous")
             at = None if previous is None else (int(previous[0]), str(previous[1]))
         if at is None or segment is None:
             return None
         return images[::-1], segment
 
-    def _evict(self, before: int) -> None:
+    def _evict(self, before: int, keep: str = "") -> None:
         try:
             names = os.listdir(self.directory)
         except OSError:
             return
         for name in names:
-            if name.startswith("b") and "-" in name:
+            if name.startswith("b") and "-" in name and name != keep:
                 try:
                     batch = int(name[1:].split("-", 1)[0])
                 except ValueError:

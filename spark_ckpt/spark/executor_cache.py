@@ -403,6 +403,15 @@ def write_entry(directory: Path, fence: Fence, image: StateImage) -> int:
     return written + len(data)
 
 
+def read_entry_meta(path: Path) -> dict[str, Any]:
+    """The image metadata of the entry at *path* (its tables unread); ``ValueError`` unless
+    in a known format."""
+    meta = json.loads((path / _META).read_bytes())
+    if meta.get("format") != FORMAT_VERSION:
+        raise ValueError(f"cache entry format {meta.get('format')!r}")
+    return dict(meta["meta"])
+
+
 def read_entry(path: Path, fence: Fence) -> tuple[StateImage, int]:
     """The image of the entry at *path*, memory-mapped, and its size; ``ValueError`` unless
     it is the entry of *fence* in a known format."""

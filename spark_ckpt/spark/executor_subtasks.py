@@ -25,8 +25,10 @@ this query over the ``ckpt-source`` DataFrame (``docs/design/executors.md``)::
 **State between micro-batches.** The subtask's task stays alive in the Python worker that
 ran it (:class:`LiveSubtasks`), and every micro-batch publishes a segment of the subtask's
 durable changelog under the pipeline root (:mod:`spark_ckpt.spark.changelog`: what the
-micro-batch changed; the whole state at the run's start and every
-:data:`~spark_ckpt.spark.changelog.MAX_CHAIN`-th). Spark's own state for the group holds
+micro-batch changed; the whole state at the run's start; every
+:data:`~spark_ckpt.spark.changelog.MAX_CHAIN`-th, every change since the chain's full
+segment folded into one, so a large state with a small changing set never writes itself
+whole again). Spark's own state for the group holds
 only the fence naming the segment (run, micro-batch, attempt token, executor). The next
 micro-batch continues the task if its worker holds it at that fence (``hit``); a worker
 holding it at an earlier segment of the fence's chain applies the deltas since
@@ -66,7 +68,13 @@ from spark_ckpt.protocol.handle import (
     DeclineCheckpoint,
     TaskId,
 )
-from spark_ckpt.runtime.subtask_image import SubtaskImage, catch_up, export_image, import_images
+from spark_ckpt.runtime.subtask_image import (
+    SubtaskImage,
+    catch_up,
+    export_folded_image,
+    export_image,
+    import_images,
+)
 from spark_ckpt.runtime.task import CHAIN_VERTEX, OperatorTask
 from spark_ckpt.spark.changelog import MAX_CHAIN, Segment, SubtaskChangelog
 from spark_ckpt.spark.executor_cache import (
@@ -146,12 +154,13 @@ class SubtaskFunction:
         task.process(table)
         task.tick()
         token = attempt_token()
-        changes = changelog is not None and segment is not None and segment.length < MAX_CHAIN
-        image = export_image(task, writer, changes=changes)  # a delta: what changed
+        image, folded = _segment_image(task, writer, changelog, segment)
         published: Segment | None = None
         if changelog is not None:
             executor = executor_identity()
-            published = changelog.publish(batch_id, token, image, segment, executor=executor)
+            published = changelog.publish(
+                batch_id, token, image, segment, executor=executor, folded=folded
+            )
             fenced = Fence(self.spec.run_id, batch_id, token, executor)
         else:  # a remote root: the whole image into this executor's cache
             fenced = ExecutorStateCache.for_this_executor().publish(
@@ -288,6 +297,27 @@ def _resume(
     except (StateError, StoreError):
         return None  # half-updated: a new task rebuilds
     return live.task, live.writer, CAUGHT_UP, segment
+
+
+def _segment_image(
+    task: OperatorTask,
+    writer: Any,
+    changelog: SubtaskChangelog | None,
+    segment: Segment | None,
+) -> tuple[SubtaskImage, bool]:
+    """The image a micro-batch publishes, and whether it is a fold: what the micro-batch
+    changed, while the subtask's changelog chain is shorter than
+    :data:`~spark_ckpt.spark.changelog.MAX_CHAIN`; then everything changed since the chain's
+    full segment, folded into one delta (its size follows the keys changed since, not the
+    state); the whole state when there is no chain yet, on a remote root, or when the task
+    cannot fold (it was rebuilt since the full segment, or half its keys changed)."""
+    if changelog is not None and segment is not None:
+        if segment.length < MAX_CHAIN:
+            return export_image(task, writer, changes=True), False
+        folded = export_folded_image(task, writer)
+        if folded is not None:
+            return folded, True
+    return export_image(task, writer), False
 
 
 def _notify_committed(task: OperatorTask) -> None:
