@@ -69,13 +69,16 @@ def export_image(
     if changes:
         blobs = [blob for b in backends for blob in b.changed_blobs()]
     else:
-        for backend in backends:
-            backend.start_segment()
+        taken = [backend.full_image_taken(task.last_snapshot_id) for backend in backends]
+        rebase_from = max(taken, default=task.last_snapshot_id + 1)
         blobs = [blob for b in backends for blob in b.full_blobs()]
     staged: tuple[str, ...] = ()
     if writer is not None:
         staged = writer.detach(task.sink_uid, task.task_id.subtask)
-    return _image(task, DELTA if changes else FULL, blobs, staged)
+    image = _image(task, DELTA if changes else FULL, blobs, staged)
+    if not changes:  # the oldest checkpoint holding this image's state (a rebuild's rebase)
+        image = SubtaskImage(image.tables, {**image.meta, "rebase_from": rebase_from})
+    return image
 
 
 def export_folded_image(task: OperatorTask, writer: DetachableWriter | None) -> SubtaskImage | None:
@@ -177,6 +180,17 @@ def import_images(
         restore_backend(
             backend, refs.get(uid, []), lambda ref: tables[ref.key], incremental_base=False
         )
+    # what the delta images changed since the full one: folds and rebases work from here
+    deltas: dict[str, dict[str, list[pa.Table]]] = {}
+    for image in images[1:]:
+        for b in image.meta["blobs"]:
+            if BlobKind(b["kind"]) is BlobKind.KEYED_DELTA:
+                by_state = deltas.setdefault(b["uid"], {})
+                by_state.setdefault(b["state"], []).append(image.tables[b["table"]])
+    first = images[0].meta
+    rebase_from = int(first.get("rebase_from", int(first.get("last_snapshot", 0)) + 1))
+    for uid, backend in task.backends.items():
+        backend.loaded_image_chain(deltas.get(uid, {}), rebase_from)
     _adopt_newest(task, writer, images[newest], detach=False)
 
 

@@ -66,6 +66,7 @@ from spark_ckpt.sinks.sink import (
     TransactionalSink,
 )
 from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.descriptor import KEYED_BLOB_KINDS
 from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.state.keygroup import key_groups, range_for_subtask
 from spark_ckpt.state.restore import restore_backend
@@ -410,11 +411,43 @@ class OperatorTask:
             backend.forget_snapshot_history(last_snapshot_id)
         self.last_snapshot_id = max(self.last_snapshot_id, last_snapshot_id)
 
+    def rebase(self, checkpoint: CompletedCheckpoint) -> bool:
+        """After :meth:`forget_snapshot_history` (another process ran this subtask and
+        snapshotted meanwhile): build the next snapshots on *checkpoint*, a completed
+        checkpoint (not a savepoint) this subtask's history snapshotted, instead of taking a
+        full one (:meth:`KeyedStateBackend.rebase
+        <spark_ckpt.state.backend.KeyedStateBackend.rebase>`). All operators or none: False,
+        and nothing changed, when one cannot."""
+        if checkpoint.is_savepoint or checkpoint.checkpoint_id > self.last_snapshot_id:
+            return False
+        mine = [t for t in checkpoint.tasks if t.task == self.task_id]
+        if len(mine) != 1:
+            return False
+        cid = checkpoint.checkpoint_id
+        if not all(backend.can_rebase(cid) for backend in self.backends.values()):
+            return False
+        refs = {uid: [b for b in mine[0].blobs if b.operator_uid == uid] for uid in self.backends}
+        if not all(_covers(backend, refs[uid]) for uid, backend in self.backends.items()):
+            return False
+        for uid, backend in self.backends.items():
+            backend.rebase(cid, refs[uid])
+        return True
+
     def notify_aborted(self, checkpoint_id: int, reason: str) -> None:
         """The coordinator aborted *checkpoint_id*: stop aligning on it."""
         with self._acked_lock:
             self._acked.pop(checkpoint_id, None)
         self._run(self.aligner.abort(checkpoint_id))
+
+
+def _covers(backend: KeyedStateBackend, refs: Sequence[BlobRef]) -> bool:
+    """Whether the keyed blobs of *refs* cover exactly *backend*'s key groups."""
+    kgr = backend.key_group_range
+    return all(
+        (r.key_group_start, r.key_group_end) == (kgr.start, kgr.end)
+        for r in refs
+        if r.kind in KEYED_BLOB_KINDS
+    )
 
 
 def _run_inline(job: Callable[[], None]) -> None:

@@ -146,6 +146,8 @@ class SubtaskFunction:
             task, writer, outcome, segment = resumed
         else:
             task, writer, outcome, segment = self._open(subtask, fence, changelog)
+        if outcome in (CAUGHT_UP, REBUILT):
+            self._rebase(task)
         load_ms = (time.perf_counter() - start) * 1000
         hit = outcome in (HIT, CAUGHT_UP)
         task.cache = (task.cache or CacheMetrics()).add(hit=hit, ms=round(load_ms))
@@ -261,6 +263,27 @@ class SubtaskFunction:
             ) from e
         import_images(task, sink.writer, images)
         return task, sink.writer, REBUILT, segment
+
+    def _rebase(self, task: OperatorTask) -> None:
+        """A task that other Python workers ran meanwhile (rebuilt, or caught up after
+        they snapshotted) has no incremental base: build its next snapshots on the latest
+        checkpoint the sink committed (:meth:`OperatorTask.rebase
+        <spark_ckpt.runtime.task.OperatorTask.rebase>`: what changed since is known from the
+        changelog), so that its next checkpoint writes what changed, not the whole state.
+        Left as it is (the next snapshot full) when that checkpoint cannot be read or
+        rebased onto."""
+        from spark_ckpt.delta.store import DeltaCheckpointStore
+
+        if task.sink is None or any(b.base_checkpoint_id for b in task.backends.values()):
+            return
+        committed = task.sink.committer.committed_checkpoint()
+        if not committed or not all(b.can_rebase(committed) for b in task.backends.values()):
+            return
+        try:
+            checkpoint = DeltaCheckpointStore(self.spec.root).get(committed)
+        except StoreError:
+            return  # retention dropped it meanwhile: a full snapshot
+        task.rebase(checkpoint)
 
     def retire(self) -> None:
         """Nothing to release in the driver: the runtime lives in the executors' tasks."""

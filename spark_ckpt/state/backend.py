@@ -51,6 +51,7 @@ from spark_ckpt.errors import StateError
 from spark_ckpt.protocol.handle import BlobRef, StateBlob, TaskId, TaskSnapshot, TaskStateHandle
 from spark_ckpt.state.descriptor import (
     CONVERSION_ERRORS,
+    KEYED_BLOB_KINDS,
     ListStateDescriptor,
     MapStateDescriptor,
     StateDescriptor,
@@ -775,9 +776,45 @@ class KeyedStateBackend:
             raise StateError(f"no keyed state {name!r} to record changes of")
         state.log_table(pa.table(delta.columns[:3], names=list(LOG_COLUMNS)))
 
-    def start_segment(self) -> None:
-        """Start the next changelog segment here (after a full image of the state)."""
-        self._snapshots.full_image_taken(self._states)
+    def full_image_taken(self, last_snapshot_id: int) -> int:
+        """A full image of the state was just exported, after snapshot *last_snapshot_id*:
+        the next changelog segment starts here; returns the oldest checkpoint whose snapshot
+        holds the image's state (:meth:`SnapshotStrategy.full_image_taken
+        <spark_ckpt.state.snapshot.SnapshotStrategy.full_image_taken>`)."""
+        return self._snapshots.full_image_taken(self._states, last_snapshot_id)
+
+    def loaded_image_chain(
+        self, deltas: Mapping[str, Sequence[pa.Table]], rebase_from: int
+    ) -> None:
+        """The state was just loaded from a changelog chain (:meth:`SnapshotStrategy.
+        loaded_image_chain <spark_ckpt.state.snapshot.SnapshotStrategy.loaded_image_chain>`)."""
+        self._snapshots.loaded_image_chain(deltas, rebase_from)
+
+    def can_rebase(self, checkpoint_id: int) -> bool:
+        """Whether :meth:`rebase` onto *checkpoint_id* is possible."""
+        return self._snapshots.can_rebase(checkpoint_id)
+
+    def rebase(self, checkpoint_id: int, refs: Sequence[BlobRef]) -> bool:
+        """Build the next snapshots on completed checkpoint *checkpoint_id*, whose blobs of
+        this backend are *refs* (:meth:`SnapshotStrategy.rebase
+        <spark_ckpt.state.snapshot.SnapshotStrategy.rebase>`). False, and nothing changed,
+        when its keyed chains do not cover exactly this subtask's key groups or cannot be
+        rebased onto."""
+        chains: dict[str, list[BlobRef]] = {}
+        for ref in refs:
+            if ref.kind in KEYED_BLOB_KINDS:
+                if (ref.key_group_start, ref.key_group_end) != (
+                    self.key_group_range.start,
+                    self.key_group_range.end,
+                ):
+                    return False
+                chains.setdefault(ref.state_name, []).append(ref)
+        if not self._snapshots.can_rebase(checkpoint_id):
+            return False
+        self._snapshots.rebase(
+            checkpoint_id, {n: tuple(c) for n, c in chains.items()}, self._states
+        )
+        return True
 
     def pending_snapshots(self) -> list[int]:
         """Ids of snapshots neither completed nor aborted, oldest first."""

@@ -352,8 +352,11 @@ class SnapshotStrategy:
         # chain's FULL blob), known only for chains this strategy wrote since that blob
         self._since_full: dict[str, StateChanges] = {}
         # per state: the changes the changelog's delta segments hold since its last full
-        # image (None: unknown, the state was loaded, not exported whole, since)
+        # image (None: unknown, the state was loaded, not exported whole, since), and the
+        # oldest checkpoint whose snapshot holds everything that image holds
         self._since_full_image: dict[str, StateChanges] | None = None
+        self._rebase_from = 0
+        self._snapshotted = 0  # the last snapshot this strategy took itself
 
     @property
     def base_checkpoint_id(self) -> int:
@@ -405,6 +408,7 @@ class SnapshotStrategy:
         changes = {n: _take_changes(s) for n, s in keyed.items() if s.changes}
         self._pending.append(_PendingSnapshot(checkpoint_id, changes))
         self._last_snapshot_id = checkpoint_id
+        self._snapshotted = checkpoint_id
         return TaskSnapshot(self.task_id, tuple(new_blobs), tuple(reused))
 
     def _delta(
@@ -495,11 +499,80 @@ class SnapshotStrategy:
         self._next_segment(keyed)
         return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
 
-    def full_image_taken(self, keyed: Mapping[str, TrackedState]) -> None:
-        """The whole state was just exported as a full image of the changelog: the next
-        segment starts here, and folds start from here."""
+    def full_image_taken(self, keyed: Mapping[str, TrackedState], last_snapshot_id: int) -> int:
+        """The whole state was just exported as a full image of the changelog, after
+        snapshot *last_snapshot_id*: the next segment starts here, and folds start from
+        here. Returns the oldest checkpoint whose snapshot holds the image's state:
+        *last_snapshot_id* if this strategy took it and nothing changed since, else the
+        next one."""
+        unchanged = self._snapshotted == last_snapshot_id and not any(
+            state.changes for state in keyed.values()
+        )
         start_segment(keyed)
         self._since_full_image = {}
+        self._rebase_from = last_snapshot_id if unchanged else last_snapshot_id + 1
+        return self._rebase_from
+
+    def loaded_image_chain(
+        self, deltas: Mapping[str, Sequence[pa.Table]], rebase_from: int
+    ) -> None:
+        """The state was just loaded from a changelog chain: a full image whose state
+        checkpoint *rebase_from* and later ones hold (what :meth:`full_image_taken`
+        returned), then delta images whose keyed DELTA tables are *deltas* (by state name,
+        oldest first): what the chain's segments changed since the full image is known, so
+        folds and :meth:`rebase` work from here."""
+        tracked: dict[str, StateChanges] = {}
+        for name, tables in deltas.items():
+            changes = StateChanges()
+            for table in tables:
+                log = table.select(list(LOG_COLUMNS))  # as the log holds it: nullable fields
+                changes.append_table(pa.table(log.columns, names=list(LOG_COLUMNS)), 0)
+            tracked[name] = changes.compacted()
+        self._since_full_image = tracked
+        self._rebase_from = rebase_from
+
+    def can_rebase(self, checkpoint_id: int) -> bool:
+        """Whether :meth:`rebase` onto completed checkpoint *checkpoint_id* is possible:
+        what changed since the changelog's full image is known, and the snapshot of
+        *checkpoint_id* holds everything the image holds (it was taken after the image, or
+        with nothing changed between it and the image)."""
+        return self._since_full_image is not None and checkpoint_id >= self._rebase_from
+
+    def rebase(
+        self,
+        checkpoint_id: int,
+        base: Mapping[str, tuple[BlobRef, ...]],
+        keyed: Mapping[str, TrackedState],
+    ) -> None:
+        """Build the next snapshots on completed checkpoint *checkpoint_id*, whose chains
+        of this subtask's key groups are *base* (by state name), although this strategy did
+        not snapshot it (another process ran the subtask meanwhile; subtasks on the
+        executors): the changes since it are taken to be the changes since the changelog's
+        full image, a superset, since the checkpoint was snapshotted after that image
+        (:meth:`can_rebase`). The pending snapshots are forgotten. StateError unless
+        :meth:`can_rebase`."""
+        if self._since_full_image is None or not self.can_rebase(checkpoint_id):
+            raise StateError(
+                f"cannot rebase onto checkpoint {checkpoint_id}: what changed since it is not "
+                "known here"
+            )
+        chains = {name: checked_chain(refs) for name, refs in base.items()}
+        for name, state in keyed.items():
+            earlier = self._since_full_image.get(name)
+            changes = state.segment if earlier is None else earlier.then(state.segment)
+            state.changes = StateChanges().then(changes).compacted()  # not the segment's
+        self._base = chains
+        self._base_id = checkpoint_id
+        self._pending = []
+        # what a chain's deltas hold: nothing, or (a superset) what changed since the full
+        # image, when the chain's FULL blob was snapshotted after that image
+        tracked = self._since_full_image
+        self._since_full = {
+            name: StateChanges() if len(c) == 1 else StateChanges().then(tracked[name])
+            for name, c in chains.items()
+            if len(c) == 1 or (c[0].checkpoint_id >= self._rebase_from and name in tracked)
+        }
+        self._last_snapshot_id = max(self._last_snapshot_id, checkpoint_id)
 
     def _next_segment(self, keyed: Mapping[str, TrackedState]) -> None:
         if self._since_full_image is not None:

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_ckpt.errors import ProtocolError, StateError
-from spark_ckpt.protocol.barrier import CheckpointBarrier
+from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
+from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, BlobKind, DeclineCheckpoint, TaskId
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
@@ -126,6 +127,7 @@ def run(
     chain: Callable[[], list[KeyedOperator]] = counting_chain,
     folds: bool = False,
     spec: GeneratorSpec = SPEC,
+    rebase: bool = False,
 ) -> tuple[list[Any], MemorySink, Any]:
     """Feed the micro-batches (read limit, whether a checkpoint is triggered) and a final
     one to a subtask, which a fresh task takes over before every micro-batch *via* the
@@ -137,8 +139,10 @@ def run(
     worker), whose task stays alive between micro-batches: it continues if it ran the
     previous micro-batch, catches up by the changelog's images since its own if it can
     (through a fold of the chain it stands on), else a fresh task rebuilds from the chain;
-    completions are notified, so snapshots are incremental. Returns the acknowledgements,
-    the sink and the store."""
+    completions are notified, so snapshots are incremental; with *rebase*, a task caught up
+    or rebuilt builds its next snapshot on the latest acknowledged checkpoint (as the
+    executors build it on the latest committed one). Returns the acknowledgements, the
+    sink and the store."""
     store, sink, acks = InMemoryCheckpointStore(), MemorySink(), []
     micro = MicroBatches(spec.rows, SCHEMA, StreamOffset.initial([0] * CHANNELS))
     log: list[SubtaskImage] = [export_image(new_task(store, sink, acks, chain), sink.writer)]
@@ -164,6 +168,8 @@ def run(
         else:
             task = new_task(store, sink, acks, chain)
             import_images(task, sink.writer, [log[j] for j in links])
+        if rebase and acks and not any(b.base_checkpoint_id for b in task.backends.values()):
+            task.rebase(completed(acks[-1]))
         seen = len(acks)
         task.process(table)
         if via == "workers":
@@ -183,6 +189,13 @@ def run(
         if worker >= 0:
             alive[worker] = (task, len(log) - 1)
     return acks, sink, store
+
+
+def completed(ack: AcknowledgeCheckpoint) -> CompletedCheckpoint:
+    """The checkpoint a coordinator would complete from this subtask's acknowledgement."""
+    return CompletedCheckpoint(
+        ack.checkpoint_id, SnapshotType.CHECKPOINT, (ack.state,), CheckpointStats(0, 0)
+    )
 
 
 def fold(ends: dict[tuple[str, int], int], spec: GeneratorSpec = SPEC) -> Counter[int]:
@@ -212,12 +225,19 @@ def checkpoint_state(store: InMemoryCheckpointStore, ack: AcknowledgeCheckpoint)
     via=st.sampled_from(["image", "changelog", "workers"]),
     schedule=st.lists(st.sampled_from([0, 1, -1]), min_size=1, max_size=12),
     folds=st.booleans(),
+    rebase=st.booleans(),
 )
 def test_a_subtask_rebuilt_every_batch_matches_the_fold(
-    batches: list[tuple[int | None, bool]], via: str, schedule: list[int], folds: bool
+    batches: list[tuple[int | None, bool]],
+    via: str,
+    schedule: list[int],
+    folds: bool,
+    rebase: bool,
 ) -> None:
     spec = SPEC_WIDE if folds else SPEC
-    acks, sink, store = run(batches, via=via, schedule=schedule, folds=folds, spec=spec)
+    acks, sink, store = run(
+        batches, via=via, schedule=schedule, folds=folds, spec=spec, rebase=rebase
+    )
     assert_matches_the_fold(acks, sink, store, spec)
 
 
@@ -282,6 +302,38 @@ def test_a_folded_changelog_rebuilds_and_catches_up_like_the_fold(
     assert_matches_the_fold(acks, sink, store, SPEC_WIDE)
 
 
+def full_snapshots(acks: list[Any]) -> list[int]:
+    """The checkpoints whose snapshot wrote a full keyed blob."""
+    return [
+        a.checkpoint_id
+        for a in acks
+        if any(
+            r.kind is BlobKind.KEYED_FULL and r.checkpoint_id == a.checkpoint_id
+            for r in a.state.blobs
+        )
+    ]
+
+
+def test_workers_taking_turns_build_on_the_latest_checkpoint_not_a_full_one() -> None:
+    # two workers alternate (as under local[2]): each catches up by the other's segment
+    # after the other snapshotted; rebased onto the latest checkpoint, its next snapshot is
+    # a delta, and every checkpoint restores the fold
+    batches = [(60, True)] + [(6, True)] * 11
+    schedule = [0, 1]
+    acks, sink, store = run(
+        batches, via="workers", schedule=schedule, spec=SPEC_WIDE, folds=True, rebase=True
+    )
+    assert_matches_the_fold(acks, sink, store, SPEC_WIDE)
+    assert [a.base_checkpoint_id for a in acks][1:] == [a.checkpoint_id for a in acks][:-1]
+    # full only while the changes since the changelog's first full image (micro-batch 4)
+    # hold half the keys, and at the end (the last micro-batch reads every row left)
+    assert set(full_snapshots(acks)) <= {1, 2, 3, 4, 5, 13}
+    # without the rebase, every worker switch after a snapshot made the next one full
+    plain, _, _ = run(batches, via="workers", schedule=schedule, spec=SPEC_WIDE, folds=True)
+    assert all(a.base_checkpoint_id == 0 for a in plain)
+    assert set(range(6, 13)) <= set(full_snapshots(plain))
+
+
 def restored_states(store: InMemoryCheckpointStore, ack: AcknowledgeCheckpoint) -> dict[str, Any]:
     """Every keyed state of the acknowledged snapshot, as sorted rows."""
     task = new_task(InMemoryCheckpointStore(), MemorySink(), [], lambda: [Recent()])
@@ -301,16 +353,23 @@ def restored_states(store: InMemoryCheckpointStore, ack: AcknowledgeCheckpoint) 
     ),
     schedule=st.lists(st.sampled_from([0, 1, -1]), min_size=1, max_size=8),
     folds=st.booleans(),
+    rebase=st.booleans(),
 )
 def test_list_and_map_state_across_workers_match_one_task(
-    batches: list[tuple[int | None, bool]], schedule: list[int], folds: bool
+    batches: list[tuple[int | None, bool]], schedule: list[int], folds: bool, rebase: bool
 ) -> None:
     """Differential: every checkpoint of a subtask that moves between workers (continued,
     caught up, rebuilt; through folded changelogs) holds the same list and map state as one
     task that ran it all."""
     spec = SPEC_WIDE if folds else SPEC
     acks, _, store = run(
-        batches, via="workers", schedule=schedule, chain=lambda: [Recent()], folds=folds, spec=spec
+        batches,
+        via="workers",
+        schedule=schedule,
+        chain=lambda: [Recent()],
+        folds=folds,
+        spec=spec,
+        rebase=rebase,
     )
     reference, _, reference_store = run(
         batches, via="workers", schedule=[0], chain=lambda: [Recent()], spec=spec
