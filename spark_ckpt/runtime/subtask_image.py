@@ -43,6 +43,8 @@ IMAGE_VERSION = 1
 #: a subtask's changelog).
 FULL = "full"
 DELTA = "delta"
+#: Image metadata: a DELTA image that holds every change since the chain's FULL image.
+FOLD = "fold"
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ def export_image(
     _check_aligned(task)
     backends = [task.backends[op.uid] for op in task.operators]
     if changes:
-        blobs = [blob for b in backends for blob in b.changed_blobs()]
+        blobs = [blob for b in backends for blob in b.changed_blobs(task.last_snapshot_id)]
     else:
         taken = [backend.full_image_taken(task.last_snapshot_id) for backend in backends]
         rebase_from = max(taken, default=task.last_snapshot_id + 1)
@@ -91,14 +93,15 @@ def export_folded_image(task: OperatorTask, writer: DetachableWriter | None) -> 
     backends = [task.backends[op.uid] for op in task.operators]
     blobs: list[StateBlob] = []
     for backend in backends:
-        folded = backend.folded_blobs()
+        folded = backend.folded_blobs(task.last_snapshot_id)
         if folded is None:  # earlier backends started their next segment: harmless, the
             return None  # caller exports a full image, which starts every segment anew
         blobs.extend(folded)
     staged: tuple[str, ...] = ()
     if writer is not None:
         staged = writer.detach(task.sink_uid, task.task_id.subtask)
-    return _image(task, DELTA, blobs, staged)
+    image = _image(task, DELTA, blobs, staged)
+    return SubtaskImage(image.tables, {**image.meta, FOLD: True})
 
 
 def _check_aligned(task: OperatorTask) -> None:
@@ -181,16 +184,16 @@ def import_images(
             backend, refs.get(uid, []), lambda ref: tables[ref.key], incremental_base=False
         )
     # what the delta images changed since the full one: folds and rebases work from here
-    deltas: dict[str, dict[str, list[pa.Table]]] = {}
-    for image in images[1:]:
-        for b in image.meta["blobs"]:
-            if BlobKind(b["kind"]) is BlobKind.KEYED_DELTA:
-                by_state = deltas.setdefault(b["uid"], {})
-                by_state.setdefault(b["state"], []).append(image.tables[b["table"]])
     first = images[0].meta
-    rebase_from = int(first.get("rebase_from", int(first.get("last_snapshot", 0)) + 1))
+    image_tag = int(first.get("last_snapshot", 0))
+    rebase_from = int(first.get("rebase_from", image_tag + 1))
     for uid, backend in task.backends.items():
-        backend.loaded_image_chain(deltas.get(uid, {}), rebase_from)
+        segments = [
+            (int(image.meta.get("last_snapshot", 0)), bool(image.meta.get(FOLD)), deltas)
+            for image in images[1:]
+            for deltas in [_keyed_deltas(image, uid)]
+        ]
+        backend.loaded_image_chain(segments, image_tag, rebase_from)
     _adopt_newest(task, writer, images[newest], detach=False)
 
 
@@ -215,9 +218,20 @@ def catch_up(
             raise StateError(
                 f"the image holds state of operators {unknown} the chain does not have"
             )
+        tag = int(image.meta.get("last_snapshot", 0))
         for backend in task.backends.values():
             apply_segment(backend, blobs)
+            backend.segment_applied(tag, folds=bool(image.meta.get(FOLD)))
     _adopt_newest(task, writer, images[-1], detach=True)
+
+
+def _keyed_deltas(image: SubtaskImage, uid: str) -> dict[str, list[pa.Table]]:
+    """The keyed DELTA tables of operator *uid* in *image*, by state name."""
+    out: dict[str, list[pa.Table]] = {}
+    for b in image.meta["blobs"]:
+        if b["uid"] == uid and BlobKind(b["kind"]) is BlobKind.KEYED_DELTA:
+            out.setdefault(b["state"], []).append(image.tables[b["table"]])
+    return out
 
 
 def _check_images(task: OperatorTask, images: Sequence[SubtaskImage], *, first: str) -> None:

@@ -748,18 +748,18 @@ class KeyedStateBackend:
         them back with :func:`~spark_ckpt.state.restore.restore_backend`."""
         return self._snapshots.full_blobs(self._states, self._operator_states)
 
-    def changed_blobs(self) -> list[StateBlob]:
+    def changed_blobs(self, tag: int) -> list[StateBlob]:
         """What changed since the previous changelog segment or the restore, whatever
         snapshots were taken meanwhile; starts the next segment
         (:meth:`SnapshotStrategy.changed_blobs
         <spark_ckpt.state.snapshot.SnapshotStrategy.changed_blobs>`)."""
-        return self._snapshots.changed_blobs(self._states, self._operator_states)
+        return self._snapshots.changed_blobs(self._states, self._operator_states, tag)
 
-    def folded_blobs(self) -> list[StateBlob] | None:
+    def folded_blobs(self, tag: int) -> list[StateBlob] | None:
         """What changed since the changelog's last full image, folded into one segment, or
         None when it cannot be (:meth:`SnapshotStrategy.folded_blobs
         <spark_ckpt.state.snapshot.SnapshotStrategy.folded_blobs>`)."""
-        return self._snapshots.folded_blobs(self._states, self._operator_states)
+        return self._snapshots.folded_blobs(self._states, self._operator_states, tag)
 
     def forget_snapshot_history(self, last_snapshot_id: int) -> None:
         """No base, no pending snapshot: the next snapshot is full, and its id must exceed
@@ -784,11 +784,21 @@ class KeyedStateBackend:
         return self._snapshots.full_image_taken(self._states, last_snapshot_id)
 
     def loaded_image_chain(
-        self, deltas: Mapping[str, Sequence[pa.Table]], rebase_from: int
+        self,
+        segments: Sequence[tuple[int, bool, Mapping[str, Sequence[pa.Table]]]],
+        image_tag: int,
+        rebase_from: int,
     ) -> None:
         """The state was just loaded from a changelog chain (:meth:`SnapshotStrategy.
         loaded_image_chain <spark_ckpt.state.snapshot.SnapshotStrategy.loaded_image_chain>`)."""
-        self._snapshots.loaded_image_chain(deltas, rebase_from)
+        self._snapshots.loaded_image_chain(segments, image_tag, rebase_from)
+
+    def segment_applied(self, tag: int, *, folds: bool = False) -> None:
+        """A changelog segment another process published was just applied
+        (:func:`~spark_ckpt.state.restore.apply_segment`): it is a segment of this task's
+        history, not part of its next one (:meth:`SnapshotStrategy.segment_done
+        <spark_ckpt.state.snapshot.SnapshotStrategy.segment_done>`)."""
+        self._snapshots.segment_done(self._states, tag, folds=folds)
 
     def can_rebase(self, checkpoint_id: int) -> bool:
         """Whether :meth:`rebase` onto *checkpoint_id* is possible."""

@@ -317,6 +317,62 @@ def _appendable(chain: tuple[BlobRef, ...], new_delta_rows: int, live_rows: int)
     return delta_rows <= MAX_DELTA_ROWS_RATIO * live_rows
 
 
+class ImageHistory:
+    """What the changelog's segments changed since its last full image, segment by segment,
+    each tagged with the newest snapshot taken by the end of its micro-batch (subtasks on
+    the executors, :mod:`spark_ckpt.runtime.subtask_image`). It answers two questions: what
+    changed since the full image (a fold of the changelog), and what changed since
+    checkpoint *C* (a rebase onto *C*). Because the source aligns, a micro-batch's snapshot
+    is taken after all of its data rows: the changes of the segment in which *C* was
+    snapshotted precede *C*, those of every later segment follow it."""
+
+    def __init__(self, image_tag: int, rebase_from: int) -> None:
+        #: the newest snapshot taken by the full image's micro-batch
+        self.image_tag = image_tag
+        #: the oldest checkpoint whose snapshot holds everything the full image holds
+        self.rebase_from = rebase_from
+        # (tag, whether a fold, changes by state name), oldest first
+        self._segments: list[tuple[int, bool, dict[str, StateChanges]]] = []
+
+    def add(self, tag: int, changes: Mapping[str, StateChanges], *, folds: bool = False) -> None:
+        """A segment after the previous ones, its micro-batch's newest snapshot *tag*;
+        *folds*: it holds every change since the full image (a fold), and replaces them."""
+        if folds:
+            self._segments = []
+        kept = {name: c.compacted() if folds else c for name, c in changes.items() if c}
+        self._segments.append((tag, folds, kept))
+
+    def since_image(self) -> dict[str, StateChanges]:
+        """Per state, every change since the full image."""
+        return self._union(self._segments)
+
+    def since(self, checkpoint_id: int) -> dict[str, StateChanges] | None:
+        """Per state, a superset of the changes since checkpoint *checkpoint_id*'s snapshot,
+        or None when they are not known here (it was taken before the full image, or after
+        the last segment)."""
+        if checkpoint_id < self.rebase_from:
+            return None
+        if self.image_tag >= checkpoint_id:  # taken in the full image's micro-batch
+            return self._union(self._segments)
+        for i, (tag, folds, _) in enumerate(self._segments):
+            if tag >= checkpoint_id:  # the segment in which it was taken
+                # a fold also holds the changes of the segments it replaced, some of which
+                # may follow the snapshot: it stays in
+                return self._union(self._segments[i if folds else i + 1 :])
+        return None
+
+    @staticmethod
+    def _union(
+        segments: Sequence[tuple[int, bool, dict[str, StateChanges]]],
+    ) -> dict[str, StateChanges]:
+        out: dict[str, StateChanges] = {}
+        for _, _, changes in segments:
+            for name, c in changes.items():
+                earlier = out.get(name)
+                out[name] = c if earlier is None else earlier.then(c)
+        return {name: StateChanges().then(c).compacted() for name, c in out.items()}
+
+
 @dataclass
 class _PendingSnapshot:
     """A snapshot taken but neither completed nor aborted, with the changes made between the
@@ -351,11 +407,9 @@ class SnapshotStrategy:
         # per state: the changes the base chain's deltas hold (the keys changed since the
         # chain's FULL blob), known only for chains this strategy wrote since that blob
         self._since_full: dict[str, StateChanges] = {}
-        # per state: the changes the changelog's delta segments hold since its last full
-        # image (None: unknown, the state was loaded, not exported whole, since), and the
-        # oldest checkpoint whose snapshot holds everything that image holds
-        self._since_full_image: dict[str, StateChanges] | None = None
-        self._rebase_from = 0
+        # what the changelog's segments changed since its last full image (None: unknown,
+        # the state was loaded, not exported whole, since)
+        self._image_history: ImageHistory | None = None
         self._snapshotted = 0  # the last snapshot this strategy took itself
 
     @property
@@ -453,13 +507,17 @@ class SnapshotStrategy:
         return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
 
     def changed_blobs(
-        self, keyed: Mapping[str, TrackedState], operator: Mapping[str, OperatorListState]
+        self,
+        keyed: Mapping[str, TrackedState],
+        operator: Mapping[str, OperatorListState],
+        tag: int,
     ) -> list[StateBlob]:
         """What changed since the previous changelog segment (or the restore), whatever
         snapshots were taken meanwhile: a DELTA blob per keyed state that changed (``seq`` 1:
         the caller orders a chain) and an OPERATOR blob per operator state (always whole).
-        A subtask's changelog segment (:mod:`spark_ckpt.runtime.subtask_image`); starts the
-        next segment (the snapshot history is not touched)."""
+        A subtask's changelog segment (:mod:`spark_ckpt.runtime.subtask_image`), whose
+        micro-batch's newest snapshot is *tag*; starts the next segment (the snapshot history
+        is not touched)."""
         blobs = [
             self._blob(
                 BlobKind.KEYED_DELTA,
@@ -470,11 +528,14 @@ class SnapshotStrategy:
             for name in sorted(keyed)
             if keyed[name].segment
         ]
-        self._next_segment(keyed)
+        self.segment_done(keyed, tag)
         return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
 
     def folded_blobs(
-        self, keyed: Mapping[str, TrackedState], operator: Mapping[str, OperatorListState]
+        self,
+        keyed: Mapping[str, TrackedState],
+        operator: Mapping[str, OperatorListState],
+        tag: int,
     ) -> list[StateBlob] | None:
         """What changed since the changelog's last full image, as :meth:`changed_blobs` gives
         it for one segment: the changelog's delta segments since that image folded into one
@@ -483,20 +544,24 @@ class SnapshotStrategy:
         known here (the state was loaded since the last full image) or a folded delta would
         exceed :data:`MAX_DELTA_ROWS_RATIO` times its state's keys: export a full image
         then. Starts the next segment."""
-        if self._since_full_image is None:
+        if self._image_history is None:
             return None
+        earlier = self._image_history.since_image()
+        folded: dict[str, StateChanges] = {}
         blobs: list[StateBlob] = []
         for name in sorted(keyed):
             state = keyed[name]
-            earlier = self._since_full_image.get(name)
-            since = state.segment if earlier is None else earlier.then(state.segment)
+            before = earlier.get(name)
+            since = state.segment if before is None else before.then(state.segment)
             if not since:
                 continue
             table = delta_table(state, since, self.key_type, self.max_parallelism)
             if table.num_rows > MAX_DELTA_ROWS_RATIO * state.count():
                 return None
+            folded[name] = since
             blobs.append(self._blob(BlobKind.KEYED_DELTA, name, table, 1))
-        self._next_segment(keyed)
+        self._image_history.add(tag, folded, folds=True)
+        start_segment(keyed)
         return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
 
     def full_image_taken(self, keyed: Mapping[str, TrackedState], last_snapshot_id: int) -> int:
@@ -509,34 +574,51 @@ class SnapshotStrategy:
             state.changes for state in keyed.values()
         )
         start_segment(keyed)
-        self._since_full_image = {}
-        self._rebase_from = last_snapshot_id if unchanged else last_snapshot_id + 1
-        return self._rebase_from
+        rebase_from = last_snapshot_id if unchanged else last_snapshot_id + 1
+        self._image_history = ImageHistory(last_snapshot_id, rebase_from)
+        return rebase_from
 
     def loaded_image_chain(
-        self, deltas: Mapping[str, Sequence[pa.Table]], rebase_from: int
+        self,
+        segments: Sequence[tuple[int, bool, Mapping[str, Sequence[pa.Table]]]],
+        image_tag: int,
+        rebase_from: int,
     ) -> None:
-        """The state was just loaded from a changelog chain: a full image whose state
-        checkpoint *rebase_from* and later ones hold (what :meth:`full_image_taken`
-        returned), then delta images whose keyed DELTA tables are *deltas* (by state name,
-        oldest first): what the chain's segments changed since the full image is known, so
-        folds and :meth:`rebase` work from here."""
-        tracked: dict[str, StateChanges] = {}
-        for name, tables in deltas.items():
-            changes = StateChanges()
-            for table in tables:
-                log = table.select(list(LOG_COLUMNS))  # as the log holds it: nullable fields
-                changes.append_table(pa.table(log.columns, names=list(LOG_COLUMNS)), 0)
-            tracked[name] = changes.compacted()
-        self._since_full_image = tracked
-        self._rebase_from = rebase_from
+        """The state was just loaded from a changelog chain: a full image taken after
+        snapshot *image_tag*, whose state checkpoint *rebase_from* and later ones hold (what
+        :meth:`full_image_taken` returned), then delta images, each with its tag, whether
+        it is a fold, and its keyed DELTA tables by state name (*segments*, oldest first):
+        what the chain's segments changed is known, so folds and :meth:`rebase` work from
+        here."""
+        history = ImageHistory(image_tag, rebase_from)
+        for tag, folds, deltas in segments:
+            changes: dict[str, StateChanges] = {}
+            for name, tables in deltas.items():
+                c = changes[name] = StateChanges()
+                for table in tables:
+                    log = table.select(list(LOG_COLUMNS))  # as the log holds it: nullable
+                    c.append_table(pa.table(log.columns, names=list(LOG_COLUMNS)), 0)
+            history.add(tag, changes, folds=folds)
+        self._image_history = history
+
+    def segment_done(
+        self, keyed: Mapping[str, TrackedState], tag: int, *, folds: bool = False
+    ) -> None:
+        """The keyed states' changes since the previous segment form a segment of the
+        changelog, whose micro-batch's newest snapshot is *tag* (a segment this task
+        published, or one another process published and this task just applied; *folds*:
+        one that holds every change since the full image); the next segment starts."""
+        if self._image_history is not None:
+            changes = {name: state.segment for name, state in keyed.items()}
+            self._image_history.add(tag, changes, folds=folds)
+        start_segment(keyed)
 
     def can_rebase(self, checkpoint_id: int) -> bool:
         """Whether :meth:`rebase` onto completed checkpoint *checkpoint_id* is possible:
-        what changed since the changelog's full image is known, and the snapshot of
-        *checkpoint_id* holds everything the image holds (it was taken after the image, or
-        with nothing changed between it and the image)."""
-        return self._since_full_image is not None and checkpoint_id >= self._rebase_from
+        what changed since its snapshot is known from the changelog's segments
+        (:meth:`ImageHistory.since`)."""
+        history = self._image_history
+        return history is not None and history.since(checkpoint_id) is not None
 
     def rebase(
         self,
@@ -547,41 +629,35 @@ class SnapshotStrategy:
         """Build the next snapshots on completed checkpoint *checkpoint_id*, whose chains
         of this subtask's key groups are *base* (by state name), although this strategy did
         not snapshot it (another process ran the subtask meanwhile; subtasks on the
-        executors): the changes since it are taken to be the changes since the changelog's
-        full image, a superset, since the checkpoint was snapshotted after that image
-        (:meth:`can_rebase`). The pending snapshots are forgotten. StateError unless
-        :meth:`can_rebase`."""
-        if self._since_full_image is None or not self.can_rebase(checkpoint_id):
+        executors): the changes since it come from the changelog's segments since its
+        snapshot (:meth:`ImageHistory.since`), plus the current segment. The pending
+        snapshots are forgotten. StateError unless :meth:`can_rebase`."""
+        history = self._image_history
+        since = None if history is None else history.since(checkpoint_id)
+        if history is None or since is None:
             raise StateError(
                 f"cannot rebase onto checkpoint {checkpoint_id}: what changed since it is not "
                 "known here"
             )
         chains = {name: checked_chain(refs) for name, refs in base.items()}
         for name, state in keyed.items():
-            earlier = self._since_full_image.get(name)
+            earlier = since.get(name)
             changes = state.segment if earlier is None else earlier.then(state.segment)
             state.changes = StateChanges().then(changes).compacted()  # not the segment's
         self._base = chains
         self._base_id = checkpoint_id
         self._pending = []
-        # what a chain's deltas hold: nothing, or (a superset) what changed since the full
-        # image, when the chain's FULL blob was snapshotted after that image
-        tracked = self._since_full_image
-        self._since_full = {
-            name: StateChanges() if len(c) == 1 else StateChanges().then(tracked[name])
-            for name, c in chains.items()
-            if len(c) == 1 or (c[0].checkpoint_id >= self._rebase_from and name in tracked)
-        }
+        # what a chain's deltas hold: nothing, or (a superset) what changed since its FULL
+        # blob's snapshot, when the changelog's segments tell
+        self._since_full = {}
+        for name, c in chains.items():
+            if len(c) == 1:
+                self._since_full[name] = StateChanges()
+                continue
+            after_full = history.since(c[0].checkpoint_id)
+            if after_full is not None:
+                self._since_full[name] = after_full.get(name, StateChanges())
         self._last_snapshot_id = max(self._last_snapshot_id, checkpoint_id)
-
-    def _next_segment(self, keyed: Mapping[str, TrackedState]) -> None:
-        if self._since_full_image is not None:
-            for name, state in keyed.items():
-                if state.segment:
-                    earlier = self._since_full_image.get(name)
-                    since = state.segment if earlier is None else earlier.then(state.segment)
-                    self._since_full_image[name] = since.compacted()
-        start_segment(keyed)
 
     def _operator_blob(self, name: str, op: OperatorListState) -> StateBlob:
         table = pa.table(
@@ -703,7 +779,7 @@ class SnapshotStrategy:
         self._base = dict(base)
         self._base_id = checkpoint_id
         self._last_snapshot_id = checkpoint_id
-        self._since_full_image = None
+        self._image_history = None
         # what a restored chain's deltas hold is not known here: a long one gets a FULL blob
         self._since_full = {name: StateChanges() for name, chain in base.items() if len(chain) == 1}
         for state in keyed.values():

@@ -6,6 +6,7 @@ and the count at each checkpoint's positions; the rows seen in total (operator s
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -128,6 +129,7 @@ def run(
     folds: bool = False,
     spec: GeneratorSpec = SPEC,
     rebase: bool = False,
+    heads: tuple[int, ...] = HEADS,
 ) -> tuple[list[Any], MemorySink, Any]:
     """Feed the micro-batches (read limit, whether a checkpoint is triggered) and a final
     one to a subtask, which a fresh task takes over before every micro-batch *via* the
@@ -154,7 +156,7 @@ def run(
     for i, (max_rows, trigger) in enumerate([*batches, (None, True)]):
         barriers = [CheckpointBarrier(next_id, 0)] if trigger else []
         next_id += trigger
-        table = micro.next(barriers, HEADS, max_rows)
+        table = micro.next(barriers, heads, max_rows)
         worker = order[i % len(order)] if via == "workers" else -1
         held = alive.pop(worker, None)
         through = [j for j in links if held is not None and held[1] in folded.get(j, ())]
@@ -242,7 +244,11 @@ def test_a_subtask_rebuilt_every_batch_matches_the_fold(
 
 
 def assert_matches_the_fold(
-    acks: list[Any], sink: MemorySink, store: InMemoryCheckpointStore, spec: GeneratorSpec
+    acks: list[Any],
+    sink: MemorySink,
+    store: InMemoryCheckpointStore,
+    spec: GeneratorSpec,
+    heads: tuple[int, ...] = HEADS,
 ) -> None:
     """Every checkpoint's state is the plain fold over the input up to its offsets, and the
     committed output is every running count once."""
@@ -261,7 +267,7 @@ def assert_matches_the_fold(
         assert counts == dict(folded)
         assert seen == sum(folded.values())
         final = ack
-    assert final is not None and [o.offset for o in final.state.offsets] == list(HEADS)
+    assert final is not None and [o.offset for o in final.state.offsets] == list(heads)
     # every transaction sealed up to the final checkpoint: exactly the running counts
     txns = [
         t
@@ -276,7 +282,7 @@ def assert_matches_the_fold(
     got = Counter(
         zip(out.column("user_id").to_pylist(), out.column("count").to_pylist(), strict=True)
     )
-    total = fold({("source", c): h for c, h in enumerate(HEADS)}, spec)
+    total = fold({("source", c): h for c, h in enumerate(heads)}, spec)
     assert got == Counter((k, i) for k, n in total.items() for i in range(1, n + 1))
 
 
@@ -325,13 +331,55 @@ def test_workers_taking_turns_build_on_the_latest_checkpoint_not_a_full_one() ->
     )
     assert_matches_the_fold(acks, sink, store, SPEC_WIDE)
     assert [a.base_checkpoint_id for a in acks][1:] == [a.checkpoint_id for a in acks][:-1]
-    # full only while the changes since the changelog's first full image (micro-batch 4)
-    # hold half the keys, and at the end (the last micro-batch reads every row left)
-    assert set(full_snapshots(acks)) <= {1, 2, 3, 4, 5, 13}
+    # full: the first; the 9th delta of a chain whose full blob (checkpoint 1) predates the
+    # changelog's full image (micro-batch 4), so what its deltas hold is unknown after a
+    # rebase and it cannot fold; the last (its micro-batch reads every row left)
+    assert set(full_snapshots(acks)) <= {1, 10, 13}
+    # a rebased delta holds what changed since the checkpoint it builds on: the 6 rows of a
+    # micro-batch, except after a fold of the changelog (which holds everything since the
+    # changelog's full image)
+    rows = [
+        sum(
+            r.rows
+            for r in a.state.blobs
+            if r.checkpoint_id == a.checkpoint_id and r.state_name == "count"
+        )
+        for a in acks
+        if a.checkpoint_id not in (1, 10, 11, 13)
+    ]
+    assert max(rows) <= 6
     # without the rebase, every worker switch after a snapshot made the next one full
     plain, _, _ = run(batches, via="workers", schedule=schedule, spec=SPEC_WIDE, folds=True)
     assert all(a.base_checkpoint_id == 0 for a in plain)
     assert set(range(6, 13)) <= set(full_snapshots(plain))
+
+
+#: a longer input, for runs of many micro-batches
+SPEC_LONG = GeneratorSpec(
+    seed=5, channels=CHANNELS, rows_per_second=0, backlog=(600, 500), key_cardinality=400
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_long_runs_with_folds_rebases_and_worker_turns_match_the_fold(seed: int) -> None:
+    # up to 40 micro-batches: chains fold (changelog and checkpoints), workers take turns,
+    # catch up through folds, rebuild and rebase; every checkpoint restores the fold
+    rnd = random.Random(seed)
+    batches = [
+        (rnd.choice([5, 10, 20, 40, 8]), rnd.random() < 0.7) for _ in range(rnd.randint(5, 40))
+    ]
+    schedule = [rnd.choice([0, 1, 1, 0, -1]) for _ in range(rnd.randint(1, 10))]
+    acks, sink, store = run(
+        batches,
+        via=rnd.choice(["workers", "workers", "changelog", "image"]),
+        schedule=schedule,
+        folds=rnd.random() < 0.7,
+        spec=SPEC_LONG,
+        rebase=rnd.random() < 0.7,
+        heads=(600, 500),
+    )
+    assert_matches_the_fold(acks, sink, store, SPEC_LONG, (600, 500))
 
 
 def restored_states(store: InMemoryCheckpointStore, ack: AcknowledgeCheckpoint) -> dict[str, Any]:
