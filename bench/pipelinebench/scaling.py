@@ -7,7 +7,8 @@ the driver process's peak RSS.
 
 A Spark master cannot change inside one JVM, so the bench's driver runs one **cell** per
 (cores, keys) as a subprocess (``bench/scaling.py --cell ...``): its own SparkSession at
-``local[cores]``, spark-ckpt's parallelism and ``spark.sql.shuffle.partitions`` = cores.
+``local[cores]``, spark-ckpt's parallelism and ``spark.sql.shuffle.partitions`` = cores, its
+processes pinned to ``cores`` CPUs (``pin_cores``: so that ``local[n]`` has *n* cores).
 Cells run in the order (1, 100k), (2, 100k), (1, 10M), (2, 10M). In a cell every variant
 runs once unmeasured on ``warmup_rows`` (Python workers, JIT), then ``reps`` repetitions run
 every variant once, in ABBA order. Each run works off the same backlog of ``rows`` rows
@@ -62,6 +63,11 @@ class ScalingSettings:
     reps: int  # repetitions per cell; each runs every variant once (ABBA order)
     driver_memory: str  # the cell's JVM heap (spark.driver.memory), the same for all
     query_timeout_s: float
+    # pin each cell's processes (driver, JVM, Python workers) to its first `cores` CPUs, so
+    # local[n] has n cores: unpinned, local[1] keeps more than one core busy (the source's
+    # and the subtasks' Python workers and the JVM run side by side) and the ratio
+    # local[2] / local[1] measures what the second task slot adds, not the second core
+    pin_cores: bool = True
 
     def __post_init__(self) -> None:
         if self.rows <= (self.warmup_batches + 1) * self.batch_rows:
@@ -121,6 +127,8 @@ def run_cell(s: ScalingSettings, cores: int, keys: int, log: Any) -> dict[str, A
     """Every variant at ``local[cores]`` and *keys* (see the module docstring)."""
     from spark_ckpt.spark.session import local_session
 
+    if s.pin_cores:  # before the JVM starts: every child process inherits the affinity
+        os.sched_setaffinity(0, set(range(cores)))
     variants = scaling_variants()
     names = list(variants)
     spark = local_session(
@@ -272,7 +280,52 @@ def summarize(s: ScalingSettings, cells: list[dict[str, Any]]) -> dict[str, Any]
                 }
                 for n in variants
             }
-    return {"variants": variants, "cells": table, "scaling": scaling, "driver_rss": rss}
+    return {
+        "variants": variants,
+        "cells": table,
+        "scaling": scaling,
+        "model": scaling_model(s, table, variants),
+        "driver_rss": rss,
+    }
+
+
+def scaling_model(s: ScalingSettings, table: dict[str, Any], variants: list[str]) -> dict[str, Any]:
+    """Per variant and key count, the two-point model of a micro-batch of ``batch_rows``
+    rows on *n* cores: ``T(n) = fixed + work / n``, fitted to the median rows/s at the two
+    masters (``T = batch_rows / rows_per_s``). ``fixed`` is what no core added shortens
+    (the driver's planning and commits, the source runner, the coordinator, task launches);
+    ``work`` the core-seconds that spread over the cores. Projected rows/s at 4, 8 and 16
+    cores, and ``n_half``: the cores at which the fixed part equals the spread part (beyond
+    it, each further core adds less than half of what the first ones did). A negative
+    ``fixed`` (the second master more than twice as fast) says the model does not apply."""
+    lo, hi = min(s.cores), max(s.cores)
+    out: dict[str, Any] = {}
+    for keys in s.keys:
+        a = table.get(f"local[{lo}] {keys:,} keys")
+        b = table.get(f"local[{hi}] {keys:,} keys")
+        if not a or not b or lo == hi:
+            continue
+        for n in variants:
+            ra, rb = a["rows_per_s"][n]["median"], b["rows_per_s"][n]["median"]
+            if not ra or not rb:
+                continue
+            ta, tb = s.batch_rows / ra, s.batch_rows / rb
+            work = (ta - tb) / (1 / lo - 1 / hi)
+            fixed = ta - work / lo
+            projected = {
+                str(c): s.batch_rows / (fixed + work / c) if fixed + work / c > 0 else None
+                for c in (4, 8, 16)
+            }
+            out[f"{n} {keys:,} keys"] = {
+                "batch_s": {f"local[{lo}]": ta, f"local[{hi}]": tb},
+                "fixed_s_per_batch": fixed,
+                "work_core_s_per_batch": work,
+                "work_core_us_per_row": work / s.batch_rows * 1e6,
+                "projected_rows_per_s": projected,
+                "ceiling_rows_per_s": s.batch_rows / fixed if fixed > 0 else None,
+                "n_half": work / fixed if fixed > 0 else None,
+            }
+    return out
 
 
 def render(result: dict[str, Any]) -> str:
@@ -310,6 +363,15 @@ def render(result: dict[str, Any]) -> str:
                 )
     for label, ratios in su["scaling"].items():
         lines.append(f"  {label}: " + ", ".join(f"{n} {v:.2f}x" for n, v in ratios.items()))
+    for label, m in su.get("model", {}).items():
+        proj = ", ".join(
+            f"{c} cores {v:,.0f}" for c, v in m["projected_rows_per_s"].items() if v is not None
+        )
+        lines.append(
+            f"  model {label}: fixed {m['fixed_s_per_batch']:.3f} s/batch, work "
+            f"{m['work_core_us_per_row']:.2f} core-us/row; projected rows/s {proj}; "
+            f"n_half {m['n_half'] or 0:.1f}"
+        )
     for master, by in su["driver_rss"].items():
         for n, r in by.items():
             lines.append(
