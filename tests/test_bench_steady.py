@@ -108,3 +108,23 @@ def test_batch_rows_come_from_the_source_positions() -> None:
     first = p | {"sources": [{"startOffset": None, "endOffset": end}]}
     assert batch_rows(first) == 550
     assert batch_rows(progress(3, 0.0, 8, 100)) == 8  # not a ckpt-source: Spark's count
+
+
+def test_the_scaling_model_splits_a_batch_into_fixed_and_spread_cost() -> None:
+    from dataclasses import replace
+
+    from pipelinebench.scaling import FULL, scaling_model
+
+    s = replace(FULL, keys=(100,), batch_rows=1000)
+    # one core: 1.0 s per batch of 1000 rows; two cores: 0.6 s -> fixed 0.2 s, work 0.8
+    table = {
+        "local[1] 100 keys": {"rows_per_s": {"v": {"median": 1000.0}}},
+        "local[2] 100 keys": {"rows_per_s": {"v": {"median": 1000 / 0.6}}},
+    }
+    [(label, m)] = scaling_model(s, table, ["v"]).items()
+    assert label == "v 100 keys"
+    assert m["fixed_s_per_batch"] == pytest.approx(0.2)
+    assert m["work_core_s_per_batch"] == pytest.approx(0.8)
+    assert m["projected_rows_per_s"]["4"] == pytest.approx(1000 / (0.2 + 0.8 / 4))
+    assert m["n_half"] == pytest.approx(4.0)
+    assert m["ceiling_rows_per_s"] == pytest.approx(5000.0)
