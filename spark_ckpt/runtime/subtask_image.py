@@ -15,9 +15,12 @@ channel, no buffered row, no snapshot in progress), so its image is only
 * its sink's open transaction: the files staged since the last barrier
   (:class:`~spark_ckpt.sinks.sink.DetachableWriter`).
 
-A subtask built fresh from an image has no incremental base, so its next snapshot is full;
-one kept alive in its Python worker between micro-batches
-(:class:`~spark_ckpt.spark.executor_subtasks.LiveSubtasks`) keeps its base.
+A subtask built fresh from an image has no incremental base; one kept alive in its Python
+worker between micro-batches (:class:`~spark_ckpt.spark.executor_subtasks.LiveSubtasks`)
+keeps its base. Either can build on the latest completed checkpoint instead
+(:meth:`~spark_ckpt.runtime.task.OperatorTask.rebase`): what changed since is known from the
+changelog's segments, each tagged with the newest snapshot at its end (the image metadata's
+``last_snapshot``; :class:`~spark_ckpt.state.snapshot.ImageHistory`).
 
 The image's metadata is JSON-compatible (``version`` :data:`IMAGE_VERSION`); nothing in it
 is pickled.

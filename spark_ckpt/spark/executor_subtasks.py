@@ -37,7 +37,10 @@ holding it at an earlier segment of the fence's chain applies the deltas since
 groups from the chain (``rebuilt``). Never a zombie's, a retried attempt's or another run's
 state: segments are named by their fence. The first micro-batch of a run restores the
 subtask's key groups from the checkpoint the run's coordinator chose (``restored``). A task
-kept alive keeps its incremental snapshot base, so its checkpoints write only what changed.
+kept alive keeps its incremental snapshot base, so its checkpoints write only what changed;
+one caught up after another worker snapshotted, or rebuilt, rebases onto the latest
+committed checkpoint (:meth:`SubtaskFunction._rebase`), so its checkpoints too write only
+what changed.
 On a remote pipeline root (no changelog) the whole image goes into the executor's cache
 (:mod:`spark_ckpt.spark.executor_cache`) every micro-batch instead. Only when the state
 cannot be found (a remote root's image lost with its executor, a segment gone) does the
