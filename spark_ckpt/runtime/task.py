@@ -66,7 +66,6 @@ from spark_ckpt.sinks.sink import (
     TransactionalSink,
 )
 from spark_ckpt.state.backend import KeyedStateBackend
-from spark_ckpt.state.descriptor import KEYED_BLOB_KINDS
 from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.state.keygroup import key_groups, range_for_subtask
 from spark_ckpt.state.restore import restore_backend
@@ -424,10 +423,8 @@ class OperatorTask:
         if len(mine) != 1:
             return False
         cid = checkpoint.checkpoint_id
-        if not all(backend.can_rebase(cid) for backend in self.backends.values()):
-            return False
         refs = {uid: [b for b in mine[0].blobs if b.operator_uid == uid] for uid in self.backends}
-        if not all(_covers(backend, refs[uid]) for uid, backend in self.backends.items()):
+        if not all(b.can_rebase(cid, refs[uid]) for uid, b in self.backends.items()):
             return False
         for uid, backend in self.backends.items():
             backend.rebase(cid, refs[uid])
@@ -438,16 +435,6 @@ class OperatorTask:
         with self._acked_lock:
             self._acked.pop(checkpoint_id, None)
         self._run(self.aligner.abort(checkpoint_id))
-
-
-def _covers(backend: KeyedStateBackend, refs: Sequence[BlobRef]) -> bool:
-    """Whether the keyed blobs of *refs* cover exactly *backend*'s key groups."""
-    kgr = backend.key_group_range
-    return all(
-        (r.key_group_start, r.key_group_end) == (kgr.start, kgr.end)
-        for r in refs
-        if r.kind in KEYED_BLOB_KINDS
-    )
 
 
 def _run_inline(job: Callable[[], None]) -> None:

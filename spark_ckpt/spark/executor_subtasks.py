@@ -280,7 +280,7 @@ class SubtaskFunction:
         if task.sink is None or any(b.base_checkpoint_id for b in task.backends.values()):
             return
         committed = task.sink.committer.committed_checkpoint()
-        if not committed or not all(b.can_rebase(committed) for b in task.backends.values()):
+        if not committed or committed > task.last_snapshot_id:
             return
         try:
             checkpoint = DeltaCheckpointStore(self.spec.root).get(committed)

@@ -800,31 +800,32 @@ class KeyedStateBackend:
         <spark_ckpt.state.snapshot.SnapshotStrategy.segment_done>`)."""
         self._snapshots.segment_done(self._states, tag, folds=folds)
 
-    def can_rebase(self, checkpoint_id: int) -> bool:
-        """Whether :meth:`rebase` onto *checkpoint_id* is possible."""
-        return self._snapshots.can_rebase(checkpoint_id)
+    def can_rebase(self, checkpoint_id: int, refs: Sequence[BlobRef]) -> bool:
+        """Whether :meth:`rebase` onto completed checkpoint *checkpoint_id*, whose blobs of
+        this backend are *refs*, is possible: its keyed blobs cover exactly this subtask's
+        key groups, and what changed since it is known (:meth:`SnapshotStrategy.can_rebase
+        <spark_ckpt.state.snapshot.SnapshotStrategy.can_rebase>`)."""
+        kgr = self.key_group_range
+        return self._snapshots.can_rebase(checkpoint_id) and all(
+            (r.key_group_start, r.key_group_end) == (kgr.start, kgr.end)
+            for r in refs
+            if r.kind in KEYED_BLOB_KINDS
+        )
 
-    def rebase(self, checkpoint_id: int, refs: Sequence[BlobRef]) -> bool:
+    def rebase(self, checkpoint_id: int, refs: Sequence[BlobRef]) -> None:
         """Build the next snapshots on completed checkpoint *checkpoint_id*, whose blobs of
         this backend are *refs* (:meth:`SnapshotStrategy.rebase
-        <spark_ckpt.state.snapshot.SnapshotStrategy.rebase>`). False, and nothing changed,
-        when its keyed chains do not cover exactly this subtask's key groups or cannot be
-        rebased onto."""
+        <spark_ckpt.state.snapshot.SnapshotStrategy.rebase>`). StateError unless
+        :meth:`can_rebase`."""
+        if not self.can_rebase(checkpoint_id, refs):
+            raise StateError(f"{self}: cannot rebase onto checkpoint {checkpoint_id}")
         chains: dict[str, list[BlobRef]] = {}
         for ref in refs:
             if ref.kind in KEYED_BLOB_KINDS:
-                if (ref.key_group_start, ref.key_group_end) != (
-                    self.key_group_range.start,
-                    self.key_group_range.end,
-                ):
-                    return False
                 chains.setdefault(ref.state_name, []).append(ref)
-        if not self._snapshots.can_rebase(checkpoint_id):
-            return False
         self._snapshots.rebase(
             checkpoint_id, {n: tuple(c) for n, c in chains.items()}, self._states
         )
-        return True
 
     def pending_snapshots(self) -> list[int]:
         """Ids of snapshots neither completed nor aborted, oldest first."""
