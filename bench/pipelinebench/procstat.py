@@ -34,6 +34,21 @@ def _stat_fields(pid: int) -> list[str] | None:
     return text[text.rfind(")") + 2 :].split()
 
 
+def parent(pid: int) -> int | None:
+    """The parent of *pid* (None: gone)."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[1])
+
+
+def cmdline(pid: int) -> str:
+    """The command line of *pid*, arguments joined by spaces (empty: gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def descendants(root: int) -> list[int]:
     """*root* and every process below it (one scan of ``/proc``)."""
     children: dict[int, list[int]] = {}

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from pipelinebench.measure import git_info
-from pipelinebench.procstat import descendants, process_cpu_s
+from pipelinebench.procstat import cmdline, descendants, parent, process_cpu_s
 from pipelinebench.report import machine_info
 from pipelinebench.settings import PIPELINE
-from pipelinebench.state_size import write_state
+from pipelinebench.state_size import hot_set_source, write_state
 from spark_ckpt.protocol.barrier import SnapshotType
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "recovery.json"
@@ -77,27 +77,11 @@ FULL = RecoverySettings(
 QUICK = replace(FULL, state_keys=1_000_000, kills=2, timeout_s=600.0)
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def python_workers(jvm_pid: int) -> list[int]:
     """The Python workers the executor forked: children of PySpark's worker daemon."""
     below = descendants(jvm_pid)
-    daemons = {p for p in below if "pyspark.daemon" in _cmdline(p) and _parent(p) == jvm_pid}
-    return [p for p in below if _parent(p) in daemons]
+    daemons = {p for p in below if "pyspark.daemon" in cmdline(p) and parent(p) == jvm_pid}
+    return [p for p in below if parent(p) in daemons]
 
 
 class Killer(threading.Thread):
@@ -212,13 +196,7 @@ def run_bench(s: RecoverySettings) -> dict[str, Any]:
         ),
         root=os.path.join(root, "pipeline"),
     )
-    source = {
-        "source": "generator",
-        "channels": s.channels,
-        "rate": s.rate / s.channels,
-        "keys": s.hot_keys,
-        "seed": 7,
-    }
+    source = hot_set_source(s.channels, s.rate, s.hot_keys)
     started_ms = time.time() * 1000
     killer = Killer(s, pipeline, pid, started_ms)
     killer.start()

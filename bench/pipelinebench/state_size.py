@@ -103,6 +103,18 @@ def write_state(path: str, keys: int, parallelism: int) -> float:
     return time.perf_counter() - started
 
 
+def hot_set_source(channels: int, rate: int, hot_keys: int) -> dict[str, object]:
+    """The generator's ``ckpt-source`` options: *rate* rows/s over *channels*, keys
+    ``0 .. hot_keys - 1``."""
+    return {
+        "source": "generator",
+        "channels": channels,
+        "rate": rate / channels,
+        "keys": hot_keys,
+        "seed": 7,
+    }
+
+
 class Rss:
     """The driver's (this process's), the JVM's and the Python workers' RSS, sampled."""
 
@@ -144,13 +156,7 @@ def run_cell(s: StateSizeSettings, keys: int, log: Any) -> dict[str, Any]:
         config=CheckpointConfig(interval_ms=s.interval_ms, retained_checkpoints=2),
         root=os.path.join(root, "pipeline"),
     )
-    source = {
-        "source": "generator",
-        "channels": s.channels,
-        "rate": s.rate / s.channels,
-        "keys": s.hot_keys,
-        "seed": 7,
-    }
+    source = hot_set_source(s.channels, s.rate, s.hot_keys)
     started = time.monotonic()
     started_ms = time.time() * 1000  # checkpoints of this run: triggered after this
     run = pipeline.start(
