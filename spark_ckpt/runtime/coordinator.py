@@ -523,9 +523,13 @@ class CheckpointCoordinator:
 
     def receive_decline(self, decline: DeclineCheckpoint) -> None:
         """A task declined: abort the checkpoint. Counts as a failure unless the task gave it
-        up for a newer checkpoint or a cancel marker (``code`` subsumed/cancelled)."""
+        up for a newer checkpoint or a cancel marker (``code`` subsumed/cancelled). A decline
+        of a checkpoint that is not pending, or from a task that has acknowledged it (a
+        late decline of a write that finished after all), changes nothing."""
         pending = self._pending.get(decline.checkpoint_id)
         if pending is None or self.status is not CoordinatorStatus.RUNNING:
+            return
+        if decline.task in pending.acks:
             return
         try:
             reason = CheckpointFailureReason(decline.code)

@@ -85,6 +85,19 @@ SINK_TRANSACTIONS = "_sink_transactions"
 Response = AcknowledgeCheckpoint | DeclineCheckpoint
 
 
+@dataclass(frozen=True)
+class AsyncPhase:
+    """The asynchronous phase of checkpoint *checkpoint_id*'s snapshot of one task (write the
+    state, then acknowledge or decline): a job for *run_async*, which may run it on another
+    thread, in the order submitted."""
+
+    checkpoint_id: int
+    run: Callable[[], None]
+
+    def __call__(self) -> None:
+        self.run()
+
+
 @dataclass
 class _SnapshotInProgress:
     snapshots: list[TaskSnapshot]
@@ -98,7 +111,8 @@ class OperatorTask:
     coordinator's inbox); it must not call back into the task synchronously.
 
     *run_async* runs the asynchronous phase of a checkpoint (writing the state, then
-    acknowledging): by default inline, on the task's thread; a
+    acknowledging; an :class:`AsyncPhase`, which names its checkpoint): by default inline,
+    on the task's thread; a
     :class:`~spark_ckpt.runtime.snapshot_worker.SnapshotWorker`'s ``submit`` moves it to another
     thread, in which case ``respond`` is called from that thread too.
 
@@ -351,7 +365,7 @@ class OperatorTask:
                 )
             )
 
-        self._run_async(write_and_acknowledge)
+        self._run_async(AsyncPhase(cid, write_and_acknowledge))
 
     def notify_complete(self, checkpoint_id: int, sink_committed: int | None = None) -> None:
         """Checkpoint *checkpoint_id* completed: update the incremental base, and forget the

@@ -157,6 +157,14 @@ class SubtaskChangelog:
             at = None if previous is None else (int(previous[0]), str(previous[1]))
         return members
 
+    def segment_meta(self, batch_id: int, token: str) -> dict[str, Any]:
+        """The metadata of segment (*batch_id*, *token*) ({} when it is missing or
+        unreadable)."""
+        try:
+            return dict(read_entry_meta(self.directory / entry_name(batch_id, token)))
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+
     def chain(self, batch_id: int, token: str) -> tuple[list[SubtaskImage], Segment]:
         """The images of the chain ending at segment (*batch_id*, *token*), full segment
         first, and that segment. Raises :class:`StoreError` when a segment of it is missing

@@ -95,6 +95,7 @@ from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox
 from spark_ckpt.spark.routing import GROUP, PAYLOAD, ROUTED_SCHEMA, SUBTASK, subtask_rows
 from spark_ckpt.spark.run import RunFiles
+from spark_ckpt.spark.snapshot_threads import SNAPSHOTS, WRITER, decline_lost_writes
 from spark_ckpt.testing import faults
 
 # pyspark's own pandas serializer of applyInPandasWithState concatenates the group's (empty)
@@ -150,6 +151,8 @@ class SubtaskFunction:
         else:
             task, writer, outcome, segment = self._open(subtask, fence, changelog)
         if outcome in (CAUGHT_UP, REBUILT):
+            if changelog is not None and fence is not None:
+                decline_lost_writes(task, changelog.segment_meta(fence.batch_id, fence.token))
             self._rebase(task)
         load_ms = (time.perf_counter() - start) * 1000
         hit = outcome in (HIT, CAUGHT_UP)
@@ -160,6 +163,9 @@ class SubtaskFunction:
         task.tick()
         token = attempt_token()
         image, folded = _segment_image(task, writer, changelog, segment)
+        image = SubtaskImage(
+            image.tables, {**image.meta, WRITER: SNAPSHOTS.writer(self._key(subtask)).to_json()}
+        )
         published: Segment | None = None
         if changelog is not None:
             executor = executor_identity()
@@ -228,6 +234,7 @@ class SubtaskFunction:
             max_parallelism=self.spec.max_parallelism,
             sink=sink,
             source_vertex=SOURCE_TASK.vertex,
+            run_async=SNAPSHOTS.run_async(self._key(subtask)),
             tracer=self.spec.tracer,
         )
         if fence is None:

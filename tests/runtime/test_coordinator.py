@@ -214,6 +214,20 @@ def test_decline_within_tolerance() -> None:
     assert store.latest_completed() is None
 
 
+def test_a_decline_from_a_task_that_acknowledged_changes_nothing() -> None:
+    """A late decline (a lost writer's checkpoint that its write acknowledged after all)
+    does not abort the checkpoint, which completes with the other task's ack."""
+    coord, gw, clock, store = make(tolerable_failed_checkpoints=0)
+    clock.set(100)
+    [b] = coord.tick()
+    assert ack(coord, store, b.checkpoint_id, OP) is AckResult.SUCCESS
+    coord.receive_decline(DeclineCheckpoint(b.checkpoint_id, OP, "its writer was lost"))
+    assert gw.aborted == []
+    assert ack(coord, store, b.checkpoint_id, SRC) is AckResult.SUCCESS
+    latest = store.latest_completed()
+    assert latest is not None and latest.checkpoint_id == b.checkpoint_id
+
+
 def test_each_ack_result() -> None:
     coord, _, clock, store = make()
     clock.set(100)

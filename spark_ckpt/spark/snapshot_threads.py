@@ -1,0 +1,151 @@
+"""The asynchronous phase of the executors' checkpoints, off the Spark task.
+
+A subtask's snapshot has a synchronous phase (copy the changed state, seal the sink's
+transaction) that runs in its micro-batch's task, and an asynchronous phase (write the copy
+to the checkpoint store, then acknowledge) that Flink runs on a thread of its own. On the
+executors that thread is :class:`ExecutorSnapshots`' :class:`SnapshotWorker
+<spark_ckpt.runtime.snapshot_worker.SnapshotWorker>`, one per Python worker: the task ends
+without waiting for the Delta commit of its state, and the next micro-batch's tasks start
+while it runs.
+
+Only where Spark reuses its Python workers (``spark.python.worker.reuse``, the default:
+``SPARK_REUSE_WORKER=1`` in the worker's environment). A worker that is not reused ends when
+its task does, so there the phase runs inline, in the task, as before.
+
+**A writer lost before it acknowledged.** A Python worker may die (killed, out of memory,
+its executor lost) between its task and the end of the write, while no task of Spark's runs
+in it: Spark notices nothing, and the checkpoint would wait for an acknowledgement that never
+comes, until its timeout. So every changelog segment names its writer (:class:`Writer`: host,
+process, and the checkpoints whose write it had not finished when it published the segment).
+The next micro-batch of the subtask that runs in another process (it caught up, or rebuilt
+the state) reads the fence's segment: if that writer is gone (its process no longer exists
+on this host, or it was on another host), it declines those checkpoints
+(:func:`decline_lost_writes`). A decline of a checkpoint the writer had acknowledged after
+all, or that is no longer pending, changes nothing at the coordinator.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from spark_ckpt.protocol.handle import DeclineCheckpoint
+from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
+from spark_ckpt.runtime.task import AsyncPhase, OperatorTask
+from spark_ckpt.spark.executor_cache import CacheKey
+from spark_ckpt.spark.mailbox import process_exists
+
+#: The key of a changelog segment's metadata that names its writer.
+WRITER = "writer"
+
+
+@dataclass(frozen=True)
+class Writer:
+    """The process that published a changelog segment, and the checkpoints whose state it
+    was still writing then (the asynchronous phase, not acknowledged yet)."""
+
+    host: str
+    pid: int
+    writing: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "pid": self.pid, "writing": list(self.writing)}
+
+    @staticmethod
+    def from_meta(meta: Mapping[str, Any]) -> Writer | None:
+        """The writer a segment's metadata names (None: none named, an older segment)."""
+        d = meta.get(WRITER)
+        if not isinstance(d, dict):
+            return None
+        return Writer(str(d["host"]), int(d["pid"]), tuple(int(c) for c in d["writing"]))
+
+    def lost(self) -> bool:
+        """Whether its writes may never finish: its process is gone from this host, or it
+        ran on another host (whose process this one cannot see)."""
+        return self.host != socket.gethostname() or not process_exists(self.pid)
+
+
+class ExecutorSnapshots:
+    """This Python worker's snapshot thread, and the checkpoints each subtask's asynchronous
+    phases are writing (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._worker: SnapshotWorker | None = None
+        self._lock = threading.Lock()
+        self._writing: dict[CacheKey, list[int]] = {}
+
+    @staticmethod
+    def reused_worker() -> bool:
+        """Whether Spark reuses this Python worker after its task (the phase may outlive the
+        task only then)."""
+        return os.environ.get("SPARK_REUSE_WORKER") == "1"
+
+    def run_async(self, key: CacheKey) -> Callable[[Callable[[], None]], None] | None:
+        """The *run_async* of *key*'s :class:`~spark_ckpt.runtime.task.OperatorTask`: this
+        worker's snapshot thread, or None (inline) in a worker that is not reused."""
+        return partial(self._submit, key) if self.reused_worker() else None
+
+    def _submit(self, key: CacheKey, job: Callable[[], None]) -> None:
+        """Queue *job* (an :class:`AsyncPhase`) on the thread. Raises what stopped the thread
+        (an unexpected error of an earlier job: the task fails); the next submit starts a
+        new thread."""
+        cid = job.checkpoint_id if isinstance(job, AsyncPhase) else 0
+
+        def run() -> None:
+            try:
+                job()
+            finally:
+                with self._lock:
+                    self._writing[key].remove(cid)
+
+        with self._lock:
+            self._writing.setdefault(key, []).append(cid)
+        try:
+            if self._worker is None:
+                self._worker = SnapshotWorker("spark-ckpt-executor-snapshot")
+            self._worker.submit(run)
+        except BaseException:
+            self._worker = None
+            with self._lock:
+                self._writing[key].remove(cid)
+            raise
+
+    def writer(self, key: CacheKey) -> Writer:
+        """This process as the writer of *key*'s next changelog segment."""
+        with self._lock:
+            writing = tuple(sorted(self._writing.get(key, ())))
+        return Writer(socket.gethostname(), os.getpid(), writing)
+
+    def drain(self) -> None:
+        """Wait until every queued write has finished (tests, and a worker's end)."""
+        if self._worker is not None:
+            self._worker.drain()
+
+
+#: This Python worker's snapshot thread (one per process).
+SNAPSHOTS = ExecutorSnapshots()
+
+
+def decline_lost_writes(task: OperatorTask, segment_meta: Mapping[str, Any]) -> list[int]:
+    """*task* continues its subtask after another process ran it and published the segment
+    whose metadata is *segment_meta*: if that writer is lost (:meth:`Writer.lost`), decline
+    the checkpoints it had not finished writing (their acknowledgements will never come).
+    Returns the checkpoints declined."""
+    writer = Writer.from_meta(segment_meta)
+    if writer is None or not writer.writing or not writer.lost():
+        return []
+    for cid in writer.writing:
+        task.respond(
+            DeclineCheckpoint(
+                cid,
+                task.task_id,
+                f"the Python worker writing its state (process {writer.pid} on "
+                f"{writer.host}) was lost before it acknowledged",
+            )
+        )
+    return list(writer.writing)
