@@ -93,6 +93,18 @@ class RestoreError(SparkCkptError):
     retried. The message names what differs."""
 
 
+class SourceError(SparkCkptError):
+    """A source cannot deliver what a micro-batch planned: its system is unreachable within
+    the configured time, or the records are gone or malformed. The message names the source,
+    the partition or file, and the positions. The run fails and restarts per the restart
+    strategy; the positions stay where the last completed checkpoint put them."""
+
+
+class DataLossError(SourceError):
+    """Records a source has to read were deleted first (Kafka retention or compaction
+    before they were read), and the source fails on data loss (``failOnDataLoss``)."""
+
+
 class ProtocolError(SparkCkptError):
     """A message broke the checkpoint protocol (for example a barrier on an unknown channel or
     a record that does not match the channel's schema)."""
