@@ -25,6 +25,7 @@ position in the latest completed checkpoint, so a new query resumes exactly afte
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -70,6 +71,10 @@ def open_channel_source(options: SourceOptions) -> ChannelSource:
         from spark_ckpt.delta.tail import DeltaTailSource
 
         return DeltaTailSource.from_options(options.delta)
+    if options.source == "kafka":
+        from spark_ckpt.kafka.source import KafkaChannelSource
+
+        return KafkaChannelSource.from_options(options.kafka)
     from spark_ckpt.sources.generator import GeneratorSource
 
     assert options.generator is not None
@@ -131,6 +136,9 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         self._drain_to: list[int] | None = None  # a stop with drain reads up to here
         self._heads: list[int] | None = None  # the channels' heads at the last latestOffset
         self._clock = SystemClock()  # the aligned-checkpoint timeout (recorded in the offsets)
+        self._initial: dict[str, Any] | None = None  # initialOffset's answer
+        self._next_discovery = 0.0  # monotonic: when to look for new channels next
+        self._restarting = False  # new channels found: the run ends with a final checkpoint
 
     # -- lazily opened, in the source runner ---------------------------------------------------
     @property
@@ -148,18 +156,41 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
 
     # -- offsets -----------------------------------------------------------------------------
     def initialOffset(self) -> dict[str, Any]:
-        """Source runner; deterministic (Spark calls it twice). The positions of the
-        checkpoint the run restores from (:meth:`CoordinatorHost.start_run`)."""
+        """Source runner; deterministic (Spark calls it twice: the first answer is kept).
+        The positions of the checkpoint the run restores from
+        (:meth:`CoordinatorHost.start_run`), by channel index, or by channel name for a
+        source that names its channels (Kafka partitions); without a checkpoint, where the
+        source starts (``startingOffsets``; the first row otherwise)."""
+        if self._initial is None:
+            self._initial = self._initial_offset().to_dict()
+        return self._initial
+
+    def _initial_offset(self) -> StreamOffset:
         latest = self.host.call(CoordinatorHost.start_run)
-        channels = self.source.channels
+        source = self.source
+        names: list[str] | None = getattr(source, "channel_names", None)
+        if names is not None:  # every checkpoint of the run records them
+            self.host.call(lambda host: host.name_channels(names))
         if latest is None:
-            return StreamOffset.initial([0] * channels).to_dict()
+            start = getattr(source, "start_positions", None)
+            return StreamOffset.initial([0] * source.channels if start is None else start())
         offsets = latest.offsets()
-        positions = [offsets.get((SOURCE_TASK.vertex, c), 0) for c in range(channels)]
-        resume = getattr(self.source, "resume_from", None)
+        if names is not None:
+            from spark_ckpt.kafka.source import resume_positions
+            from spark_ckpt.sources.kafka_options import CHANNEL_NAMES
+
+            recorded = latest.properties.get(CHANNEL_NAMES)
+            known = None if recorded is None else list(json.loads(recorded))
+            new = [c for c, n in enumerate(names) if known is not None and n not in known]
+            mine = {c: o for (v, c), o in offsets.items() if v == SOURCE_TASK.vertex}
+            earliest = source.earliest(new) if new else {}  # type: ignore[attr-defined]
+            positions = resume_positions(names, known, mine, earliest)
+        else:
+            positions = [offsets.get((SOURCE_TASK.vertex, c), 0) for c in range(source.channels)]
+        resume = getattr(source, "resume_from", None)
         if resume is not None:
             resume(positions)
-        return StreamOffset.initial(positions, latest.checkpoint_id).to_dict()
+        return StreamOffset.initial(positions, latest.checkpoint_id)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_rows_per_trigger is not None:
@@ -178,6 +209,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         end offset; returns *start* itself when the batch would carry nothing (no micro-batch
         runs, see :meth:`StreamOffset.is_idle_after`)."""
         faults.hit(self.options.root, faults.Fault.SOURCE_RUNNER)
+        self._discover()
         begin = StreamOffset.from_dict(start)
         offset = begin
         if self._target is not None:
@@ -208,6 +240,25 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             offset = self._available_now(offset, heads)
         end = alignment.next(offset, heads, max_rows, self._clock.now_ms())
         return start if end.is_idle_after(begin) else end.to_dict()
+
+    def _discover(self) -> None:
+        """Every ``partitionDiscoveryIntervalMs``, for a source that discovers channels
+        (Kafka partitions) in a run of a pipeline: if there are new ones, end the run with
+        a final checkpoint (:meth:`CoordinatorHost.request_restart`), after which
+        ``Pipeline.run`` starts the next run with them."""
+        discover = getattr(self.source, "discover", None)
+        interval_ms = self.options.discovery_interval_ms
+        if discover is None or interval_ms <= 0 or self.options.run_id is None:
+            return
+        now = time.monotonic()
+        if self._restarting or now < self._next_discovery:
+            return
+        self._next_discovery = now + interval_ms / 1000
+        new = discover()
+        if new:
+            reason = f"new partitions {[f'{t}-{p}' for t, p in new]}"
+            log.info("%s: ending the run for a restart that reads them", reason)
+            self._restarting = self.host.call(lambda host: host.request_restart(reason))
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         """Source runner: the channels' heads (``positions``, per channel, as in the start
@@ -281,13 +332,18 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         if not isinstance(partition, ChannelPartition):
             raise ProtocolError(f"not a ckpt-source partition: {partition!r}")
         faults.hit(partition.root, faults.Fault.SOURCE_READ, lambda: {"channel": partition.channel})
+        plan = partition.plan
+        user = plan.read()
+        column = getattr(plan, "position_column", None)  # positions with gaps (Kafka offsets)
         table = channel_rows(
-            partition.plan.read(),
+            user,
             partition.schema,
             partition.channel,
             partition.start,
             partition.marks,
             partition.channels,
+            positions=None if column is None else user.column(column).combine_chunks(),
+            end=plan.end,
         )
         if partition.router is None:
             yield from table.to_batches()
@@ -303,6 +359,9 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         Spark signalled by closing the runner's channel ends the process without a trace."""
         if self._host is not None:
             self._host.stop()
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
         exit_quietly_if_channel_closed()
 
 
@@ -319,6 +378,11 @@ class CkptSource(DataSource):  # type: ignore[misc]
         self.parsed = SourceOptions.parse(options)
 
     def _user_schema(self) -> pa.Schema:
+        if self.parsed.source == "kafka":  # Spark's Kafka columns: no broker to ask
+            from spark_ckpt.kafka.client import record_schema
+            from spark_ckpt.sources.kafka_options import KafkaOptions
+
+            return record_schema(KafkaOptions.parse(self.parsed.kafka).include_headers)
         return open_channel_source(self.parsed).schema
 
     def schema(self) -> StructType:

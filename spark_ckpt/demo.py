@@ -1,4 +1,4 @@
-"""The main job: generator (or a Delta table) → keyed running count (keyed state) → Delta,
+"""The main job: generator (or a Delta table, or Kafka) → keyed running count (keyed state) → Delta,
 exactly-once.
 
 Runs on the embedded default: local Spark (``local[2]``) and a Delta checkpoint store in a
@@ -23,6 +23,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NoReturn
+
+import pyarrow as pa
 
 from spark_ckpt.errors import ConfigError, SparkCkptError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
@@ -200,6 +202,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="tail this append-only Delta table (user_id int64 column) instead of the generator",
     )
+    p.add_argument(
+        "--kafka",
+        metavar="SERVERS",
+        default=None,
+        help="read Kafka at these brokers instead of the generator (a count per record key)",
+    )
+    p.add_argument(
+        "--subscribe-pattern",
+        default=".*",
+        help="with --kafka: the topics to read, a regular expression (new ones are discovered)",
+    )
     p.add_argument("--max-rows-per-trigger", type=int, default=None)
     p.add_argument(
         "--restarts", type=int, default=3, help="restart attempts after a failure (fixed delay)"
@@ -353,8 +366,18 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
     )
     pipeline = Pipeline(spark, args.pipeline, config=build_config(args), root=root)
     source: dict[str, object]
+    key, key_type = "user_id", pa.int64()
     if args.input:
         source = {"source": "delta", "path": os.path.abspath(args.input), "channels": args.channels}
+    elif args.kafka:
+        source = {
+            "source": "kafka",
+            "kafka.bootstrap.servers": args.kafka,
+            "subscribePattern": args.subscribe_pattern,
+            "startingOffsets": "earliest",
+            "partitionDiscoveryIntervalMs": 1000,
+        }
+        key, key_type = "key", pa.binary()  # Kafka record keys
     else:
         source = {
             "source": "generator",
@@ -365,7 +388,8 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
             "seed": args.seed,
         }
     if args.max_rows_per_trigger:
-        source["maxRowsPerTrigger"] = args.max_rows_per_trigger
+        limit = "maxOffsetsPerTrigger" if args.kafka else "maxRowsPerTrigger"
+        source[limit] = args.max_rows_per_trigger
         source["barrierPlacement"] = args.barrier_placement
 
     printing = threading.Lock()  # "stopping" comes from a thread of its own
@@ -381,7 +405,7 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
     say(LEGEND)
     say(HEADER)
     started = time.monotonic()
-    rate = None if args.input or args.rate <= 0 else args.rate * args.channels
+    rate = None if args.input or args.kafka or args.rate <= 0 else args.rate * args.channels
     line = CheckpointLine(lambda: source_heads(spark, args.pipeline), rate)
 
     def progress(cp: CompletedCheckpoint) -> None:
@@ -393,7 +417,7 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
         else:
             say(f"stopping... (--seconds {args.seconds:g} reached; final checkpoint)")
 
-    operator: KeyedOperator = RunningCount(args.uid, "user_id")
+    operator: KeyedOperator = RunningCount(args.uid, key, key_type)
     if faults.enabled():  # crash and chaos tests arm fail points in the operator
         operator = faults.FaultyOperator(operator, root)
     result = pipeline.run(

@@ -273,6 +273,9 @@ class CheckpointCoordinator:
         self.config = config
         self.store = store
         self.gateway = gateway
+        #: Properties every checkpoint of this coordinator carries (a request's own win),
+        #: e.g. the names of the source's channels (set by its host).
+        self.checkpoint_properties: dict[str, str] = {}
         self.clock: Clock = clock or SystemClock()
         self.tasks_to_trigger = tuple(tasks_to_trigger)
         self.tasks_to_ack = frozenset(tasks_to_ack)
@@ -486,7 +489,7 @@ class CheckpointCoordinator:
             barrier=barrier,
             tasks_to_ack=self.tasks_to_ack,
             deadline_ms=now + self.config.timeout_ms,
-            properties=dict(req.properties) if req else {},
+            properties={**self.checkpoint_properties, **(req.properties if req else {})},
         )
         self._pending[cid] = pending
         self.num_triggered += 1

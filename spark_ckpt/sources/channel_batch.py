@@ -36,13 +36,22 @@ def stream_schema(user: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_nullable(True) for f in user] + list(BARRIER_FIELDS))
 
 
-def data_rows(user: pa.Table, schema: pa.Schema, channel: int, start: int) -> pa.Table:
-    """*user* rows as channel *channel* rows ``start, start+1, ...`` of *schema*."""
+def data_rows(
+    user: pa.Table,
+    schema: pa.Schema,
+    channel: int,
+    start: int,
+    positions: pa.Array | None = None,
+) -> pa.Table:
+    """*user* rows as channel *channel* rows of *schema*, at positions ``start, start+1,
+    ...``, or at *positions* (increasing; a source whose positions have gaps)."""
     n = user.num_rows
     cols = [user.column(f.name).cast(f.type) for f in schema if not f.name.startswith("_ckpt_")]
     cols += [
         pa.array(np.full(n, channel, dtype=np.int32)),
-        pa.array(np.arange(start, start + n, dtype=np.int64)),
+        pa.array(np.arange(start, start + n, dtype=np.int64))
+        if positions is None
+        else positions.cast(pa.int64()),
         pa.array(np.full(n, RecordKind.DATA.code, dtype=np.int8)),
         pa.nulls(n, pa.int64()),
         pa.nulls(n, pa.timestamp("us", tz="UTC")),
@@ -91,24 +100,39 @@ def channel_rows(
     start: int,
     marks: Sequence[tuple[int, CheckpointBarrier]] = (),
     channels: int | None = None,
+    *,
+    positions: pa.Array | None = None,
+    end: int | None = None,
 ) -> pa.Table:
     """Data rows ``[start, start + user.num_rows)`` of *channel* with each barrier inserted
-    before the data row at its position (at the end when the position is the end)."""
-    end = start + user.num_rows
-    data = data_rows(user, schema, channel, start)
+    before the data row at its position (at the end when the position is the end). A
+    source whose positions have gaps (Kafka offsets: transaction markers, compaction) gives
+    each row's *positions* (increasing, in ``[start, end)``) and the range's *end*: a barrier
+    then goes before the first row at or after its position."""
+    if positions is None:
+        end = start + user.num_rows
+        index = np.arange(user.num_rows + 1, dtype=np.int64)  # row i is at start + i
+        at = np.arange(start, start + user.num_rows + 1, dtype=np.int64)
+    else:
+        if end is None:
+            raise ProtocolError("rows at positions with gaps need the range's end")
+        at = np.append(np.asarray(positions.cast(pa.int64())), end)
+        index = np.arange(at.size, dtype=np.int64)
+    data = data_rows(user, schema, channel, start, positions)
     if not marks:
         return data
     pieces: list[pa.Table] = []
-    cursor = start
+    cursor, row = start, 0
     for i, (pos, _) in enumerate(marks):
         if not start <= pos <= end or pos < cursor:
             raise ProtocolError(
                 f"barrier position {pos} outside [{cursor}, {end}] on channel {channel}"
             )
-        if pos > cursor:
-            pieces.append(data.slice(cursor - start, pos - cursor))
+        upto = int(index[np.searchsorted(at, pos, side="left")])
+        if upto > row:
+            pieces.append(data.slice(row, upto - row))
         pieces.append(barrier_rows(schema, channel, marks[i : i + 1], channels))
-        cursor = pos
-    if cursor < end:
-        pieces.append(data.slice(cursor - start, end - cursor))
+        cursor, row = pos, upto
+    if row < data.num_rows:
+        pieces.append(data.slice(row, data.num_rows - row))
     return pa.concat_tables(pieces)

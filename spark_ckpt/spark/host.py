@@ -22,6 +22,7 @@ Fail points (:mod:`spark_ckpt.testing.faults`): ``before-sink-commit`` and ``sin
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -70,6 +71,9 @@ REQUEST_ID = "request_id"
 STOP = "stop"
 #: Completed-checkpoint property naming the run whose coordinator took it.
 RUN = "run"
+#: Completed-checkpoint property set on the final checkpoint of a run that ends for a
+#: restart (its source found new channels): why. ``Pipeline.run`` starts the next run.
+RESTART = "restart"
 
 #: Builds the committer of a topology's sink: the host is its global committer (driver side).
 SinkFactory = Callable[[SinkSpec], SinkCommitter]
@@ -116,6 +120,7 @@ class CoordinatorHost:
         self._restored: CompletedCheckpoint | None = None
         self._aborted: list[int] = []
         self.coordinator: CheckpointCoordinator | None = None
+        self._checkpoint_properties: dict[str, str] = {}
         self.sink: SinkCommitter | None = None
         self.stopping: CheckpointRequest | None = None
         #: A stop with drain waiting for the sources to catch up (see :meth:`finish_drain`).
@@ -317,6 +322,37 @@ class CoordinatorHost:
             else coordinator.trigger_checkpoint(props, final=True)
         )
 
+    def name_channels(self, names: list[str]) -> None:
+        """Source runner: every checkpoint of this run records the source's channel names
+        (:data:`~spark_ckpt.sources.kafka_options.CHANNEL_NAMES`), by which the next run
+        resumes each channel."""
+        from spark_ckpt.sources.kafka_options import CHANNEL_NAMES
+
+        self._checkpoint_properties[CHANNEL_NAMES] = json.dumps(names)
+        if self.coordinator is not None:
+            self.coordinator.checkpoint_properties.update(self._checkpoint_properties)
+
+    def request_restart(self, reason: str) -> bool:
+        """Source runner: the source found channels this run does not read (new Kafka
+        partitions). End the run as a stop does, with a final checkpoint, which records
+        *reason* (:data:`RESTART`); ``Pipeline.run`` then starts the next run, which reads
+        them. False (nothing done) while a stop is under way or when nothing coordinates."""
+        coordinator = self.coordinator
+        if (
+            coordinator is None
+            or coordinator.status is not CoordinatorStatus.RUNNING
+            or self.stopping is not None
+            or self.draining is not None
+        ):
+            return False
+        request_id = f"restart-{uuid.uuid4().hex[:12]}"
+        props = {REQUEST_ID: request_id, PIPELINE: self.pipeline, RESTART: reason, STOP: request_id}
+        if self.run_id is not None:
+            props[RUN] = self.run_id
+        coordinator.stop_periodic_trigger()
+        self.stopping = coordinator.trigger_checkpoint(props, final=True)
+        return True
+
     def finish_drain(self) -> None:
         """Source runner: the channels reached the positions they had when the draining stop
         request arrived; take its final checkpoint (or savepoint) now. Idempotent."""
@@ -344,6 +380,7 @@ class CoordinatorHost:
             clock=self.clock,
             defer_after_completion=self.defer_after_completion,
         )
+        coordinator.checkpoint_properties.update(self._checkpoint_properties)
         if self.run is not None:
             self.run.write_lease(coordinator.epoch)
         latest = self._choose_restore_point()

@@ -42,6 +42,7 @@ client). Imports pyspark lazily.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import uuid
@@ -55,6 +56,7 @@ from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
 from spark_ckpt.runtime.task import CHAIN_VERTEX
+from spark_ckpt.sources.kafka_options import PINNED
 from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.executor_subtasks import SubtaskFunction, subtask_query
 from spark_ckpt.spark.foreach_batch import AlignerSpec, ForeachBatchFunction
@@ -216,14 +218,15 @@ class Pipeline:
         opts = self.source_options(**job.source)
         opts["run"] = run_id
         parsed = SourceOptions.parse(opts)
-        from datasources.source import open_channel_source
-
+        channels, names = _channels(parsed)
+        if names is not None:  # the run reads these partitions, whatever appears meanwhile
+            opts[PINNED] = json.dumps(names)
         spec = AlignerSpec(
             root=self.root,
             pipeline=self.name,
             run_id=run_id,
             operators=job.operators,
-            channels=open_channel_source(parsed).channels,
+            channels=channels,
             output=job.output,
             parallelism=job.parallelism,
             mode=alignment_mode(self.config),
@@ -291,14 +294,14 @@ class Pipeline:
         return run
 
     def shape(self, job: JobSpec) -> PipelineShape:
-        """What a restore of *job* is checked against (uids, channels, max parallelism)."""
-        from datasources.source import open_channel_source
-
-        parsed = SourceOptions.parse(self.source_options(**job.source))
+        """What a restore of *job* is checked against (uids, channels, max parallelism). A
+        source that names its channels (Kafka partitions) resumes them by name, whatever
+        their number: its channel count is not checked."""
+        channels, names = _channels(SourceOptions.parse(self.source_options(**job.source)))
         return PipelineShape(
             pipeline=self.name,
             operator_uids=tuple(op.uid for op in job.operators),
-            channels={SOURCE_TASK.vertex: open_channel_source(parsed).channels},
+            channels={} if names is not None else {SOURCE_TASK.vertex: channels},
             max_parallelism=self.config.max_parallelism,
         )
 
@@ -397,3 +400,18 @@ class Pipeline:
         )
         with Interrupts(supervisor.on_interrupt) as interrupts:
             return supervisor.run(interrupts.requested)
+
+
+def _channels(options: SourceOptions) -> tuple[int, list[str] | None]:
+    """The number of channels of the source the options name and, for a source that names
+    them (Kafka partitions, discovered now), their names."""
+    from datasources.source import open_channel_source
+
+    source = open_channel_source(options)
+    try:
+        names: list[str] | None = getattr(source, "channel_names", None)
+        return source.channels, None if names is None else list(names)
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()

@@ -35,7 +35,7 @@ from spark_ckpt.spark.changelog import remove_run
 from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.executor_subtasks import SubtaskFunction
 from spark_ckpt.spark.foreach_batch import ForeachBatchFunction
-from spark_ckpt.spark.host import REQUEST_ID, RUN, STOP
+from spark_ckpt.spark.host import REQUEST_ID, RESTART, RUN, STOP
 from spark_ckpt.spark.mailbox import Mailbox, RequestKind, read_topology
 from spark_ckpt.spark.run import RunFiles, RunState, RunStatus
 from spark_ckpt.spark.savepoints import wait_exported
@@ -167,7 +167,10 @@ class PipelineRun:
                 wait_exported(self.pipeline.root, final, timeout_s=120.0)
             end_query(self.query)
             self.retire()
-            end_job(self.pipeline, JobStatus.FINISHED if final.is_savepoint else JobStatus.CANCELED)
+            if RESTART not in final.properties:  # a restart goes on with the next run
+                end_job(
+                    self.pipeline, JobStatus.FINISHED if final.is_savepoint else JobStatus.CANCELED
+                )
             self._stopped = True
             self.report(RunState.STOPPED, restored_from=self.restored_from, stop_request=request_id)
 

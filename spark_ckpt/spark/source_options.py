@@ -10,7 +10,7 @@ option                      meaning
 ``pipeline`` (required)     name of the pipeline: one checkpoint store, one coordinator
 ``store``                   pipeline root (checkpoint store, mailbox); default
                             ``./spark-ckpt-data/<pipeline>`` made absolute
-``source``                  ``generator`` (default) or ``delta``
+``source``                  ``generator`` (default), ``delta`` or ``kafka``
 ``maxRowsPerTrigger``       read limit per micro-batch, shared equally by the channels
 ``barrierPlacement``        ``read`` (default: at the end of the micro-batch that takes the
                             trigger) or ``head`` (at each channel's produced head, so a
@@ -18,6 +18,10 @@ option                      meaning
                             :class:`~spark_ckpt.sources.stream_offset.BarrierPlacement`
 generator: ``seed``, ``channels``, ``rate``, ``backlog``, ``keys``, ``skew``
 delta: ``path``, ``channels``, ``startingVersion``
+kafka: ``kafka.bootstrap.servers``, ``subscribe``/``subscribePattern``/``assign``,
+``startingOffsets``, ``maxOffsetsPerTrigger``, ``failOnDataLoss``, ``includeHeaders``,
+``kafka.*``, ``partitionDiscoveryIntervalMs`` (see
+:mod:`spark_ckpt.sources.kafka_options` and :mod:`spark_ckpt.kafka.source`)
 ``run``                     set by :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>`
                             for each attempt (see :mod:`spark_ckpt.spark.run`); not for users
 ``route.key``,              set by the pipeline when its subtasks run on the executors:
@@ -45,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.protocol.option import parse_int
 from spark_ckpt.runtime.config import (
     RESERVED_PREFIXES,
     CheckpointConfig,
@@ -52,6 +57,9 @@ from spark_ckpt.runtime.config import (
     parse_option,
 )
 from spark_ckpt.sources.generator import GeneratorSpec
+from spark_ckpt.sources.kafka_options import OPTION_KEYS as KAFKA_OPTION_KEYS
+from spark_ckpt.sources.kafka_options import PINNED, KafkaOptions
+from spark_ckpt.sources.kafka_options import PREFIX as KAFKA_PREFIX
 from spark_ckpt.sources.stream_offset import BarrierPlacement, SourceAlignment
 from spark_ckpt.spark.routing import (
     ROUTE_KEY,
@@ -62,7 +70,7 @@ from spark_ckpt.spark.routing import (
     Router,
 )
 
-SOURCE_KINDS: Final = ("generator", "delta")
+SOURCE_KINDS: Final = ("generator", "delta", "kafka")
 _ROUTE_KEYS: Final = frozenset(k.lower() for k in ROUTE_OPTIONS)
 _OWN_KEYS: Final = (
     frozenset({"pipeline", "store", "source", "maxrowspertrigger", "barrierplacement", "run"})
@@ -70,6 +78,13 @@ _OWN_KEYS: Final = (
 )
 _DELTA_KEYS: Final = frozenset({"path", "channels", "startingversion"})
 _GENERATOR_KEYS: Final = frozenset(k.lower() for k in GeneratorSpec.OPTION_KEYS)
+DISCOVERY_INTERVAL_NAME: Final = "partitionDiscoveryIntervalMs"
+DISCOVERY_INTERVAL: Final = DISCOVERY_INTERVAL_NAME.lower()
+#: Kafka partition discovery every 10 s unless set.
+DEFAULT_DISCOVERY_INTERVAL_MS: Final = 10_000
+#: ``source=kafka``: Spark's Kafka options (``kafka.*`` aside), how often the source runner
+#: looks for new partitions, and the partitions the pipeline pins for a run.
+_KAFKA_KEYS: Final = KAFKA_OPTION_KEYS | {DISCOVERY_INTERVAL, PINNED}
 DEFAULT_STORE_DIR: Final = "spark-ckpt-data"
 
 
@@ -145,6 +160,10 @@ class SourceOptions:
     barrier_placement: BarrierPlacement = BarrierPlacement.READ
     generator: GeneratorSpec | None = None
     delta: dict[str, str] = field(default_factory=dict)
+    #: ``source=kafka``: its options (lower-cased keys, ``kafka.*`` included)
+    kafka: dict[str, str] = field(default_factory=dict)
+    #: ``source=kafka``: how often the source runner looks for new partitions (0: never)
+    discovery_interval_ms: int = 0
     raw: dict[str, str] = field(default_factory=dict)
     run_id: str | None = None
     #: the subtasks ``read()`` routes the rows to (the executor path), or None
@@ -165,13 +184,28 @@ class SourceOptions:
         source = opts.get("source", "generator").strip().lower()
         if source not in SOURCE_KINDS:
             raise ConfigError("source", opts.get("source"), " or ".join(SOURCE_KINDS))
-        allowed = _OWN_KEYS | (_GENERATOR_KEYS if source == "generator" else _DELTA_KEYS)
+        allowed = (
+            _OWN_KEYS
+            | {
+                "generator": _GENERATOR_KEYS,
+                "delta": _DELTA_KEYS,
+                "kafka": _KAFKA_KEYS,
+            }[source]
+        )
         for key in opts:
+            if source == "kafka" and key.startswith(KAFKA_PREFIX):
+                continue
             if key not in allowed and not key.startswith(RESERVED_PREFIXES):
                 raise ConfigError(
                     key, opts[key], f"a ckpt-source option for source={source}: {sorted(allowed)}"
                 )
-        limit_text = opts.get("maxrowspertrigger")
+        if source == "kafka" and "maxrowspertrigger" in opts:
+            raise ConfigError(
+                "maxRowsPerTrigger",
+                opts["maxrowspertrigger"],
+                "maxOffsetsPerTrigger (source=kafka)",
+            )
+        limit_text = opts.get("maxrowspertrigger", opts.get("maxoffsetspertrigger"))
         limit: int | None = None
         if limit_text is not None:
             try:
@@ -179,7 +213,8 @@ class SourceOptions:
             except ValueError:
                 limit = 0
             if limit < 1:
-                raise ConfigError("maxRowsPerTrigger", limit_text, "a positive integer")
+                name = "maxOffsetsPerTrigger" if source == "kafka" else "maxRowsPerTrigger"
+                raise ConfigError(name, limit_text, "a positive integer")
         placement_text = opts.get("barrierplacement", BarrierPlacement.READ.value)
         try:
             placement = BarrierPlacement(placement_text.strip().lower())
@@ -191,6 +226,19 @@ class SourceOptions:
         root = opts.get("store") or config.checkpoint_storage or default_root(pipeline)
         generator = GeneratorSpec.from_options(opts) if source == "generator" else None
         delta = {k: v for k, v in opts.items() if k in _DELTA_KEYS} if source == "delta" else {}
+        kafka: dict[str, str] = {}
+        discovery_ms = DEFAULT_DISCOVERY_INTERVAL_MS
+        if source == "kafka":
+            kafka = {k: v for k, v in opts.items() if k in _KAFKA_KEYS or k.startswith("kafka.")}
+            KafkaOptions.parse(kafka)  # errors name the option, before anything runs
+            if DISCOVERY_INTERVAL in opts:
+                discovery_ms = parse_int(DISCOVERY_INTERVAL_NAME, opts[DISCOVERY_INTERVAL])
+                if discovery_ms < 0:
+                    raise ConfigError(
+                        DISCOVERY_INTERVAL_NAME,
+                        opts[DISCOVERY_INTERVAL],
+                        "an integer >= 0 (0: off)",
+                    )
         if source == "delta" and "path" not in delta:
             raise ConfigError("path", None, "the path of the Delta table to tail (source=delta)")
         return SourceOptions(
@@ -202,6 +250,8 @@ class SourceOptions:
             barrier_placement=placement,
             generator=generator,
             delta=delta,
+            kafka=kafka,
+            discovery_interval_ms=discovery_ms,
             raw=opts,
             run_id=opts.get("run") or None,
             router=_router(opts),

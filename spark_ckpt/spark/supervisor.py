@@ -25,7 +25,7 @@ from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.coordinator import JobStatus
 from spark_ckpt.runtime.restart import RestartTracker
-from spark_ckpt.spark.host import REQUEST_ID, RUN, STOP
+from spark_ckpt.spark.host import REQUEST_ID, RESTART, RUN, STOP
 from spark_ckpt.spark.pipeline_run import PipelineRun, end_job
 from spark_ckpt.spark.run import Runs, RunState
 
@@ -214,13 +214,17 @@ class RunSupervisor:
                 continue
             restored.append(run.restored_from)
             run.retire()
+            if reason is None:  # the run ended for a restart: its source found new channels
+                continue
             self.reporter.report()
             return self._result(attempt - 1, last, reason, restored, failures)
 
     def _supervise(
         self, run: PipelineRun, interrupted: threading.Event
-    ) -> tuple[StopReason, CompletedCheckpoint | None]:
-        """Watch one run until it ends or is stopped; raises what failed its query."""
+    ) -> tuple[StopReason | None, CompletedCheckpoint | None]:
+        """Watch one run until it ends or is stopped; raises what failed its query. The
+        reason is None when the run ended for a restart (:data:`~spark_ckpt.spark.host.RESTART`:
+        its source found new channels, e.g. Kafka partitions): the next run reads them."""
         query = run.query
         while query.isActive:
             if interrupted.is_set():
@@ -230,6 +234,11 @@ class RunSupervisor:
                 if STOP in cp.properties and cp.properties.get(RUN) == run.run_id:
                     # a stop request from outside (CLI): its final checkpoint completed
                     run.finish_stop(cp, str(cp.properties.get(REQUEST_ID)))
+                    if RESTART in cp.properties:
+                        log.info(
+                            "run %s ended for a restart: %s", run.run_id, cp.properties[RESTART]
+                        )
+                        return None, cp
                     return StopReason.STOP, cp
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 if self.on_stop is not None:

@@ -70,6 +70,10 @@ class DemoArgs:
     remote: str | None = None
     #: default directory of savepoints (``--savepoint-dir``)
     savepoint_dir: Path | None = None
+    #: read Kafka at these brokers (``--kafka``) instead of the generator, the topics
+    #: matching ``kafka_pattern`` (``--subscribe-pattern``)
+    kafka: str | None = None
+    kafka_pattern: str = ".*"
     #: further command-line arguments (e.g. ``("--restore-savepoint", path)``)
     extra: tuple[str, ...] = ()
 
@@ -123,6 +127,8 @@ class DemoArgs:
             args += ["--conf", setting]
         if self.input is not None:
             args += ["--input", str(self.input)]
+        if self.kafka is not None:
+            args += ["--kafka", self.kafka, "--subscribe-pattern", self.kafka_pattern]
         if self.remote is not None:
             args += ["--remote", self.remote]
         if self.savepoint_dir is not None:

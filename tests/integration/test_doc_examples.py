@@ -100,6 +100,10 @@ def _check_readme(ns: dict[str, Any], spark: SparkSession, lake: Path) -> None:
     assert ns["spark"] is spark  # local_session() returned the test session
     assert ns["result"].last_checkpoint is not None
     assert _rows(lake / "totals") == 2_000  # Totals passes its input through
+    # the Kafka example: 3 partitions of 100 clicks over 5 users, each counted once
+    kafka_counts = output_rows(read_delta(lake / "clicks_per_user"), "key")
+    users = Counter(f"user-{i % 5}".encode() for _ in range(3) for i in range(100))
+    assert kafka_counts == running_count_rows(users)
 
     # the started run stopped by client.stop(savepoint=True, drain=True) — no run.stop()
     run = ns["run"]
