@@ -48,7 +48,7 @@ from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.coordinator import CheckpointRequest, RequestStatus
 from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
-from spark_ckpt.sources.channel_source import ChannelSource, ReadPlan
+from spark_ckpt.sources.channel_source import ChannelSource, ReadPlan, read_rows
 from spark_ckpt.sources.stream_offset import StreamOffset
 from spark_ckpt.spark.host import (
     SOURCE_TASK,
@@ -75,6 +75,10 @@ def open_channel_source(options: SourceOptions) -> ChannelSource:
         from spark_ckpt.kafka.source import KafkaChannelSource
 
         return KafkaChannelSource.from_options(options.kafka)
+    if options.source == "files":
+        from spark_ckpt.sources.files import FilesChannelSource, FilesSpec
+
+        return FilesChannelSource(FilesSpec.from_options(options.files), options.root)
     from spark_ckpt.sources.generator import GeneratorSource
 
     assert options.generator is not None
@@ -139,6 +143,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         self._initial: dict[str, Any] | None = None  # initialOffset's answer
         self._next_discovery = 0.0  # monotonic: when to look for new channels next
         self._restarting = False  # new channels found: the run ends with a final checkpoint
+        self._cleaned = 0  # the checkpoint whose positions cleanSource acted on last
 
     # -- lazily opened, in the source runner ---------------------------------------------------
     @property
@@ -202,7 +207,8 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         ``initialOffset``, so restore the positions first: a restored stream must not aim
         behind where it resumes."""
         self.initialOffset()
-        self._target = self.source.heads()
+        # a source with a per-trigger admission (maxFilesPerTrigger) admits all there is now
+        self._target = getattr(self.source, "heads_available_now", self.source.heads)()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """Source runner. Places the barriers the coordinator triggered and returns the next
@@ -210,6 +216,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         runs, see :meth:`StreamOffset.is_idle_after`)."""
         faults.hit(self.options.root, faults.Fault.SOURCE_RUNNER)
         self._discover()
+        self._clean()
         begin = StreamOffset.from_dict(start)
         offset = begin
         if self._target is not None:
@@ -259,6 +266,21 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             reason = f"new partitions {[f'{t}-{p}' for t, p in new]}"
             log.info("%s: ending the run for a restart that reads them", reason)
             self._restarting = self.host.call(lambda host: host.request_restart(reason))
+
+    def _clean(self) -> None:
+        """For a source that cleans what checkpoints cover (``cleanSource`` of
+        ``source=files``): hand it the positions of each newly completed checkpoint."""
+        clean = getattr(self.source, "clean", None)
+        if clean is None:
+            return
+        latest = self.host.call(lambda host: host.last_completed)
+        if latest is None or latest.checkpoint_id == self._cleaned:
+            return
+        self._cleaned = latest.checkpoint_id
+        offsets = latest.offsets()
+        positions = [offsets.get((SOURCE_TASK.vertex, c), 0) for c in range(self.source.channels)]
+        for path in clean(positions):
+            log.info("cleanSource: %s (covered by checkpoint %d)", path, latest.checkpoint_id)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         """Source runner: the channels' heads (``positions``, per channel, as in the start
@@ -332,9 +354,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         if not isinstance(partition, ChannelPartition):
             raise ProtocolError(f"not a ckpt-source partition: {partition!r}")
         faults.hit(partition.root, faults.Fault.SOURCE_READ, lambda: {"channel": partition.channel})
-        plan = partition.plan
-        user = plan.read()
-        column = getattr(plan, "position_column", None)  # positions with gaps (Kafka offsets)
+        user, positions = read_rows(partition.plan)
         table = channel_rows(
             user,
             partition.schema,
@@ -342,8 +362,8 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             partition.start,
             partition.marks,
             partition.channels,
-            positions=None if column is None else user.column(column).combine_chunks(),
-            end=plan.end,
+            positions=positions,
+            end=partition.plan.end,
         )
         if partition.router is None:
             yield from table.to_batches()

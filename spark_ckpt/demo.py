@@ -1,5 +1,5 @@
-"""The main job: generator (or a Delta table, or Kafka) → keyed running count (keyed state) → Delta,
-exactly-once.
+"""The main job: generator (or a Delta table, Kafka, files landing in a directory) → keyed
+running count (keyed state) → Delta, exactly-once.
 
 Runs on the embedded default: local Spark (``local[2]``) and a Delta checkpoint store in a
 local folder. Prints a legend, then one line per completed checkpoint (id, duration, state
@@ -209,6 +209,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="read Kafka at these brokers instead of the generator (a count per record key)",
     )
     p.add_argument(
+        "--files",
+        metavar="DIR",
+        default=None,
+        help="read JSON-lines files (user_id long) landing in DIR instead of the generator",
+    )
+    p.add_argument(
         "--subscribe-pattern",
         default=".*",
         help="with --kafka: the topics to read, a regular expression (new ones are discovered)",
@@ -378,6 +384,14 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
             "partitionDiscoveryIntervalMs": 1000,
         }
         key, key_type = "key", pa.binary()  # Kafka record keys
+    elif args.files:
+        source = {
+            "source": "files",
+            "path": os.path.abspath(args.files),
+            "format": "json",
+            "schema": "user_id long",
+            "channels": args.channels,
+        }
     else:
         source = {
             "source": "generator",
@@ -389,6 +403,8 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
         }
     if args.max_rows_per_trigger:
         limit = "maxOffsetsPerTrigger" if args.kafka else "maxRowsPerTrigger"
+        if args.files:
+            limit = "maxFilesPerTrigger"
         source[limit] = args.max_rows_per_trigger
         source["barrierPlacement"] = args.barrier_placement
 
@@ -405,7 +421,11 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
     say(LEGEND)
     say(HEADER)
     started = time.monotonic()
-    rate = None if args.input or args.kafka or args.rate <= 0 else args.rate * args.channels
+    rate = (
+        None
+        if args.input or args.kafka or args.files or args.rate <= 0
+        else args.rate * args.channels
+    )
     line = CheckpointLine(lambda: source_heads(spark, args.pipeline), rate)
 
     def progress(cp: CompletedCheckpoint) -> None:

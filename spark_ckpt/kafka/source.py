@@ -7,7 +7,7 @@ fixed for the run and named ``topic:partition`` (:func:`channel_name`):
 * ``plan`` — driver: a :class:`KafkaReadPlan` of offsets ``[start, end)``;
 * :meth:`KafkaReadPlan.read` — executors: the records, by assign and seek
   (:func:`~spark_ckpt.kafka.client.read_range`); a range with gaps (transaction markers,
-  compaction) has fewer rows than offsets, each row at its own offset (``position_column``).
+  compaction) has fewer rows than offsets, each row at its own offset (``read_positioned``).
 
 **Names, not indexes.** Every checkpoint records the run's channel names (a checkpoint
 property, :data:`~spark_ckpt.sources.kafka_options.CHANNEL_NAMES`), and a run resumes each
@@ -63,11 +63,14 @@ class KafkaReadPlan:
     channel: int
     start: int
     end: int
-    #: the column holding each row's position (its offset): positions may have gaps
-    position_column: str = "offset"
 
     def read(self) -> pa.Table:
         return read_range(self.options, self.topic, self.partition, self.start, self.end).table
+
+    def read_positioned(self) -> tuple[pa.Table, pa.Array]:
+        """The records and each one's position, its offset (offsets may have gaps)."""
+        table = self.read()
+        return table, table.column("offset").combine_chunks()
 
 
 class KafkaChannelSource:

@@ -37,8 +37,21 @@ class ReadPlan(Protocol):
     def end(self) -> int: ...
 
     def read(self) -> pa.Table:
-        """Executor side: the rows, exactly ``end - start`` of them, in channel order."""
+        """Executor side: the rows, exactly ``end - start`` of them, in channel order (a
+        plan whose positions may have gaps also has ``read_positioned``, see
+        :func:`read_rows`)."""
         ...
+
+
+def read_rows(plan: ReadPlan) -> tuple[pa.Table, pa.Array | None]:
+    """Executor side: the plan's rows and, for a plan whose positions may have gaps (it
+    has ``read_positioned``: Kafka offsets, malformed records set aside), each row's
+    position; None when row *i* is at ``start + i``."""
+    positioned = getattr(plan, "read_positioned", None)
+    if positioned is not None:
+        table, positions = positioned()
+        return table, positions
+    return plan.read(), None
 
 
 class ChannelSource(Protocol):

@@ -121,6 +121,8 @@ class CoordinatorHost:
         self._aborted: list[int] = []
         self.coordinator: CheckpointCoordinator | None = None
         self._checkpoint_properties: dict[str, str] = {}
+        #: The newest checkpoint this host saw complete (its sink commit follows).
+        self.last_completed: CompletedCheckpoint | None = None
         self.sink: SinkCommitter | None = None
         self.stopping: CheckpointRequest | None = None
         #: A stop with drain waiting for the sources to catch up (see :meth:`finish_drain`).
@@ -137,6 +139,7 @@ class CoordinatorHost:
             return
         self._committed.add(checkpoint_id)
         cp = self.store.get(checkpoint_id)
+        self.last_completed = cp
         cp_id = cp.checkpoint_id
         sink = self.sink
         faults.hit(

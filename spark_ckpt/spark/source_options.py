@@ -10,7 +10,7 @@ option                      meaning
 ``pipeline`` (required)     name of the pipeline: one checkpoint store, one coordinator
 ``store``                   pipeline root (checkpoint store, mailbox); default
                             ``./spark-ckpt-data/<pipeline>`` made absolute
-``source``                  ``generator`` (default), ``delta`` or ``kafka``
+``source``                  ``generator`` (default), ``delta``, ``kafka`` or ``files``
 ``maxRowsPerTrigger``       read limit per micro-batch, shared equally by the channels
 ``barrierPlacement``        ``read`` (default: at the end of the micro-batch that takes the
                             trigger) or ``head`` (at each channel's produced head, so a
@@ -22,6 +22,9 @@ kafka: ``kafka.bootstrap.servers``, ``subscribe``/``subscribePattern``/``assign`
 ``startingOffsets``, ``maxOffsetsPerTrigger``, ``failOnDataLoss``, ``includeHeaders``,
 ``kafka.*``, ``partitionDiscoveryIntervalMs`` (see
 :mod:`spark_ckpt.sources.kafka_options` and :mod:`spark_ckpt.kafka.source`)
+files: ``path``, ``format``, ``schema``, ``header``, ``channels``, ``maxFilesPerTrigger``,
+``cleanSource``, ``sourceArchiveDir``, ``badRecordsPath`` (see
+:mod:`spark_ckpt.sources.files`)
 ``run``                     set by :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>`
                             for each attempt (see :mod:`spark_ckpt.spark.run`); not for users
 ``route.key``,              set by the pipeline when its subtasks run on the executors:
@@ -56,6 +59,8 @@ from spark_ckpt.runtime.config import (
     CheckpointingMode,
     parse_option,
 )
+from spark_ckpt.sources.files import OPTION_KEYS as FILES_OPTION_KEYS
+from spark_ckpt.sources.files import FilesSpec
 from spark_ckpt.sources.generator import GeneratorSpec
 from spark_ckpt.sources.kafka_options import OPTION_KEYS as KAFKA_OPTION_KEYS
 from spark_ckpt.sources.kafka_options import PINNED, KafkaOptions
@@ -70,7 +75,7 @@ from spark_ckpt.spark.routing import (
     Router,
 )
 
-SOURCE_KINDS: Final = ("generator", "delta", "kafka")
+SOURCE_KINDS: Final = ("generator", "delta", "kafka", "files")
 _ROUTE_KEYS: Final = frozenset(k.lower() for k in ROUTE_OPTIONS)
 _OWN_KEYS: Final = (
     frozenset({"pipeline", "store", "source", "maxrowspertrigger", "barrierplacement", "run"})
@@ -162,6 +167,8 @@ class SourceOptions:
     delta: dict[str, str] = field(default_factory=dict)
     #: ``source=kafka``: its options (lower-cased keys, ``kafka.*`` included)
     kafka: dict[str, str] = field(default_factory=dict)
+    #: ``source=files``: its options (lower-cased keys)
+    files: dict[str, str] = field(default_factory=dict)
     #: ``source=kafka``: how often the source runner looks for new partitions (0: never)
     discovery_interval_ms: int = 0
     raw: dict[str, str] = field(default_factory=dict)
@@ -184,14 +191,13 @@ class SourceOptions:
         source = opts.get("source", "generator").strip().lower()
         if source not in SOURCE_KINDS:
             raise ConfigError("source", opts.get("source"), " or ".join(SOURCE_KINDS))
-        allowed = (
-            _OWN_KEYS
-            | {
-                "generator": _GENERATOR_KEYS,
-                "delta": _DELTA_KEYS,
-                "kafka": _KAFKA_KEYS,
-            }[source]
-        )
+        kind_keys = {
+            "generator": _GENERATOR_KEYS,
+            "delta": _DELTA_KEYS,
+            "kafka": _KAFKA_KEYS,
+            "files": FILES_OPTION_KEYS,
+        }
+        allowed = _OWN_KEYS | kind_keys[source]
         for key in opts:
             if source == "kafka" and key.startswith(KAFKA_PREFIX):
                 continue
@@ -239,6 +245,10 @@ class SourceOptions:
                         opts[DISCOVERY_INTERVAL],
                         "an integer >= 0 (0: off)",
                     )
+        files: dict[str, str] = {}
+        if source == "files":
+            files = {k: v for k, v in opts.items() if k in FILES_OPTION_KEYS}
+            FilesSpec.from_options(files)  # errors name the option, before anything runs
         if source == "delta" and "path" not in delta:
             raise ConfigError("path", None, "the path of the Delta table to tail (source=delta)")
         return SourceOptions(
@@ -251,6 +261,7 @@ class SourceOptions:
             generator=generator,
             delta=delta,
             kafka=kafka,
+            files=files,
             discovery_interval_ms=discovery_ms,
             raw=opts,
             run_id=opts.get("run") or None,

@@ -74,6 +74,8 @@ class DemoArgs:
     #: matching ``kafka_pattern`` (``--subscribe-pattern``)
     kafka: str | None = None
     kafka_pattern: str = ".*"
+    #: read JSON-lines files landing in this directory (``--files``)
+    files: Path | None = None
     #: further command-line arguments (e.g. ``("--restore-savepoint", path)``)
     extra: tuple[str, ...] = ()
 
@@ -129,6 +131,8 @@ class DemoArgs:
             args += ["--input", str(self.input)]
         if self.kafka is not None:
             args += ["--kafka", self.kafka, "--subscribe-pattern", self.kafka_pattern]
+        if self.files is not None:
+            args += ["--files", str(self.files)]
         if self.remote is not None:
             args += ["--remote", self.remote]
         if self.savepoint_dir is not None:
