@@ -9,9 +9,10 @@ survives from one attempt into the next.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
@@ -53,6 +54,9 @@ class JobSpec:
     pipelined: bool = True
     tracer: Tracer = NOOP_TRACER
     placement: Placement = Placement.EXECUTORS
+    #: Spark SQL applied to the source DataFrame before the operators (the driver builds
+    #: the query with it; see :mod:`spark_ckpt.spark.transform`)
+    transform: Callable[[Any], Any] | None = None
 
     @staticmethod
     def of(
@@ -64,6 +68,7 @@ class JobSpec:
         pipelined: bool = True,
         tracer: Tracer = NOOP_TRACER,
         placement: Placement | str = Placement.EXECUTORS,
+        transform: Callable[[Any], Any] | None = None,
     ) -> JobSpec:
         """A validated spec: at least one operator, distinct uids, a known placement; a
         local *output* made absolute."""
@@ -94,4 +99,4 @@ class JobSpec:
                 f"the first operator; these are keyed by {', '.join(map(repr, keys))})",
             )
         out = output if "://" in output else os.path.abspath(output)
-        return JobSpec(dict(source), ops, out, parallelism, pipelined, tracer, where)
+        return JobSpec(dict(source), ops, out, parallelism, pipelined, tracer, where, transform)

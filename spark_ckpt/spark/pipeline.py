@@ -66,11 +66,12 @@ from spark_ckpt.spark.mailbox import SinkSpec, Topology, mark_starting, write_to
 from spark_ckpt.spark.pipeline_run import PipelineRun, RunFunction
 from spark_ckpt.spark.quiet_stop import silence_task_kill_logs
 from spark_ckpt.spark.restore import prepare_restore
-from spark_ckpt.spark.routing import Router
+from spark_ckpt.spark.routing import ROUTED_DDL, Router
 from spark_ckpt.spark.run import RunFiles, Runs, RunState, new_run_id
 from spark_ckpt.spark.shipping import ship_by_value
 from spark_ckpt.spark.source_options import SourceOptions, check_pipeline_options, default_root
 from spark_ckpt.spark.supervisor import Interrupts, RunResult, RunSupervisor, StopReason
+from spark_ckpt.spark.transform import RouteBatches, Transform, apply_transform
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -191,13 +192,18 @@ class Pipeline:
         pipelined: bool = True,
         tracer: Tracer = NOOP_TRACER,
         placement: Placement | str = Placement.EXECUTORS,
+        transform: Transform | None = None,
     ) -> PreparedRun:
         """Everything one run of the job needs before its query starts (see
         :class:`~spark_ckpt.spark.job.JobSpec` for the arguments). Callers that drive the
         query themselves (benchmarks) start ``dataframe`` with ``function`` (or a wrapper
         calling it) as the ``foreachBatch`` function. *tracer*: receives the run's engine
         spans where foreachBatch runs (picklable, cheap; see
-        :mod:`spark_ckpt.protocol.trace`)."""
+        :mod:`spark_ckpt.protocol.trace`). *transform*: Spark SQL on the source DataFrame
+        before the operators, called with a DataFrame that keeps the barrier rows
+        (``lambda df: df.selectExpr("CAST(value AS STRING) AS json")...``; see
+        :mod:`spark_ckpt.spark.transform`); an operation that cannot keep them raises
+        :class:`~spark_ckpt.errors.ConfigError`."""
         job = JobSpec.of(
             source,
             operators,
@@ -206,6 +212,7 @@ class Pipeline:
             pipelined=pipelined,
             tracer=tracer,
             placement=placement,
+            transform=transform,
         )
         return self._prepare(job)
 
@@ -242,7 +249,8 @@ class Pipeline:
             key = job.operators[0].key_column
             partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions") or 200)
             router = Router(key, job.parallelism, self.config.max_parallelism, partitions)
-            opts.update(router.options())
+            if job.transform is None:  # read() routes; else the transformed rows are routed
+                opts.update(router.options())
         else:
             function = ForeachBatchFunction(spec)
         sink = SinkSpec("delta", job.output, CHAIN_VERTEX)
@@ -251,6 +259,10 @@ class Pipeline:
         mark_starting(self.root, run_id)  # live for requests until its coordinator beats
         self._run_ids.add(run_id)
         df = self.spark.readStream.format("ckpt-source").options(**opts).load()
+        if job.transform is not None:
+            df = apply_transform(job.transform, df, job.operators[0].key_column)
+            if job.placement is Placement.EXECUTORS:
+                df = df.mapInArrow(RouteBatches(router), ROUTED_DDL)
         return PreparedRun(run_id, df, function, RunFiles(self.root, run_id))
 
     def start(
@@ -266,6 +278,7 @@ class Pipeline:
         tracer: Tracer = NOOP_TRACER,
         placement: Placement | str = Placement.EXECUTORS,
         restore: RestoreSettings | None = None,
+        transform: Transform | None = None,
     ) -> PipelineRun:
         """Start one run of the job (see :class:`~spark_ckpt.spark.job.JobSpec`). The run
         restores from the latest completed checkpoint whose data verifies (chosen by its
@@ -287,6 +300,7 @@ class Pipeline:
             pipelined=pipelined,
             tracer=tracer,
             placement=placement,
+            transform=transform,
         )
         self._restore(job, restore)
         run = self._start(job, available_now, trigger_s, attempt=1)
@@ -358,6 +372,7 @@ class Pipeline:
         placement: Placement | str = Placement.EXECUTORS,
         restore: RestoreSettings | None = None,
         on_stop: Callable[[StopReason], None] | None = None,
+        transform: Transform | None = None,
     ) -> RunResult:
         """Run the job (see :meth:`start` and :meth:`prepare` for its arguments) until the
         query finishes (``available_now``), *duration_s* passes, Ctrl-C, or a stop request (CLI
@@ -383,6 +398,7 @@ class Pipeline:
             pipelined=pipelined,
             tracer=tracer,
             placement=placement,
+            transform=transform,
         )
         start_from = self._restore(job, restore)
 

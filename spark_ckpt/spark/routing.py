@@ -40,6 +40,8 @@ PAYLOAD: Final = "_ckpt_payload"
 ROUTED_SCHEMA: Final = pa.schema(
     [(GROUP, pa.int32()), (SUBTASK, pa.int32()), (PAYLOAD, pa.binary())]
 )
+#: :data:`ROUTED_SCHEMA` as Spark DDL (the return type of the routing ``mapInArrow``).
+ROUTED_DDL: Final = f"{GROUP} int, {SUBTASK} int, {PAYLOAD} binary"
 #: The ``ckpt-source`` options that make it route (set by the pipeline, not by users).
 ROUTE_KEY: Final = "route.key"
 ROUTE_PARALLELISM: Final = "route.parallelism"

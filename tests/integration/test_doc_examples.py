@@ -100,10 +100,15 @@ def _check_readme(ns: dict[str, Any], spark: SparkSession, lake: Path) -> None:
     assert ns["spark"] is spark  # local_session() returned the test session
     assert ns["result"].last_checkpoint is not None
     assert _rows(lake / "totals") == 2_000  # Totals passes its input through
-    # the Kafka example: 3 partitions of 100 clicks over 5 users, each counted once
-    kafka_counts = output_rows(read_delta(lake / "clicks_per_user"), "key")
-    users = Counter(f"user-{i % 5}".encode() for _ in range(3) for i in range(100))
+    # the Kafka example: 3 partitions of 100 JSON clicks over 5 users, the one with amount 0
+    # of each partition filtered out, each other counted once
+    kafka_counts = output_rows(read_delta(lake / "clicks_per_user"), "user")
+    users = Counter(f"user-{i % 5}" for _ in range(3) for i in range(1, 100))
     assert kafka_counts == running_count_rows(users)
+    # the files example: 50 users over 3 files, each counted once
+    assert output_rows(read_delta(lake / "landing_counts")) == running_count_rows(
+        Counter(range(50))
+    )
 
     # the started run stopped by client.stop(savepoint=True, drain=True) — no run.stop()
     run = ns["run"]
