@@ -74,7 +74,7 @@ def open_channel_source(options: SourceOptions) -> ChannelSource:
     if options.source == "kafka":
         from spark_ckpt.kafka.source import KafkaChannelSource
 
-        return KafkaChannelSource.from_options(options.kafka)
+        return KafkaChannelSource.from_options(options.kafka, options.root)
     if options.source == "files":
         from spark_ckpt.sources.files import FilesChannelSource, FilesSpec
 

@@ -9,7 +9,8 @@
 # MAGIC 2. **stateful**: a keyed running count, its subtasks on the executors next to their state.
 # MAGIC
 # MAGIC Then we look at the checkpoint store: the checkpoints, their statistics, and the Delta
-# MAGIC tables under the pipeline root. Runs as a Databricks notebook or as plain Python.
+# MAGIC tables under the pipeline root; and we count the same rows landing as files in a
+# MAGIC directory (`source=files`). Runs as a Databricks notebook or as plain Python.
 
 # COMMAND ----------
 
@@ -166,7 +167,59 @@ state.orderBy("key").show(5)
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC ## 4. Checks
+# MAGIC ## 4. Files landing in a directory
+# MAGIC
+# MAGIC `source=files` reads Parquet, JSON lines or CSV files as they land (here: the
+# MAGIC generator's rows written as JSON-lines files). Each file is recorded once in a listing
+# MAGIC under the pipeline root, so a replay reads the same files in the same order; a file is
+# MAGIC archived (`cleanSource`) only once a completed checkpoint covers it. A writer writes
+# MAGIC under a hidden name (`.` first) and renames the file into place.
+
+# COMMAND ----------
+
+import json
+import os
+
+landing = f"{BASE}/landing"
+os.makedirs(landing, exist_ok=True)
+generated = copied.sort_values("event_ts")[["user_id", "amount"]]
+for i, chunk in enumerate(range(0, len(generated), 500)):
+    rows = generated.iloc[chunk : chunk + 500].to_dict("records")
+    hidden = f"{landing}/.part-{i:03d}.json"
+    with open(hidden, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    os.replace(hidden, f"{landing}/part-{i:03d}.json")
+
+landed = Pipeline(spark, "landed", config=config, root=f"{BASE}/landed_root")
+landed_result = landed.run(
+    {
+        "source": "files",
+        "path": landing,
+        "format": "json",
+        "schema": "user_id long, amount long",
+        "channels": CHANNELS,
+        "cleanSource": "archive",
+        "sourceArchiveDir": f"{BASE}/landed_archive",
+    },
+    RunningCount("counter", "user_id"),
+    output=f"{BASE}/landed_out",
+    available_now=True,
+)
+landed_out = DeltaTable(f"{BASE}/landed_out").to_pandas()
+print(landed_result)
+print(
+    len(landed_out),
+    "rows counted from",
+    len(os.listdir(landing)),
+    "files still landing,",
+    len(os.listdir(f"{BASE}/landed_archive")) if os.path.exists(f"{BASE}/landed_archive") else 0,
+    "archived",
+)
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## 5. Checks
 # MAGIC Every input row was copied once; the running count emitted `(key, 1..n)` once per key,
 # MAGIC and the state holds each key's total.
 
@@ -179,4 +232,7 @@ assert (totals["max"] == totals["count"]).all()  # gapless 1..n per key
 assert not out.duplicated(["user_id", "count"]).any()
 state_totals = dict(state.select("key", "value").toPandas().itertuples(index=False))
 assert state_totals == totals["max"].to_dict()
+landed_totals = landed_out.groupby("user_id")["count"].agg(["max", "count"])
+assert len(landed_out) == CHANNELS * ROWS  # every landed row counted once
+assert landed_totals["max"].to_dict() == totals["max"].to_dict()
 print("01 quickstart: OK")

@@ -215,6 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="read JSON-lines files (user_id long) landing in DIR instead of the generator",
     )
     p.add_argument(
+        "--files-archive",
+        metavar="DIR",
+        default=None,
+        help="with --files: archive each file into DIR once a checkpoint covers it",
+    )
+    p.add_argument(
         "--subscribe-pattern",
         default=".*",
         help="with --kafka: the topics to read, a regular expression (new ones are discovered)",
@@ -392,6 +398,9 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
             "schema": "user_id long",
             "channels": args.channels,
         }
+        if args.files_archive:
+            source["cleanSource"] = "archive"
+            source["sourceArchiveDir"] = os.path.abspath(args.files_archive)
     else:
         source = {
             "source": "generator",

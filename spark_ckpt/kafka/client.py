@@ -12,7 +12,7 @@ with ``failOnDataLoss=false`` the range starts at the low watermark and the skip
 reported.
 
 Every Kafka error leaves as :class:`~spark_ckpt.errors.SourceError` naming the brokers and
-the partition; an unreachable broker fails within ``timeout_s``.
+the partition; an unreachable broker fails within ``kafkaConsumer.pollTimeoutMs``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ from spark_ckpt.sources.kafka_options import EARLIEST, LATEST, KafkaOptions
 
 log = logging.getLogger(__name__)
 
-#: How long a metadata call, or a read that makes no progress, may take.
-DEFAULT_TIMEOUT_S: Final = 30.0
 #: Records asked for per ``consume`` call.
 CONSUME_BATCH: Final = 10_000
 
@@ -93,10 +91,10 @@ class KafkaMetadata:
     """Driver side: the partitions the subscription reads, their watermarks, and where a
     partition starts. One consumer, kept open; :meth:`close` it."""
 
-    def __init__(self, options: KafkaOptions, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, options: KafkaOptions, *, timeout_s: float | None = None) -> None:
         self.options = options
-        self.timeout_s = timeout_s
-        self._consumer = _consumer(options, timeout_s)
+        self.timeout_s = options.timeout_ms / 1000 if timeout_s is None else timeout_s
+        self._consumer = _consumer(options, self.timeout_s)
 
     def close(self) -> None:
         self._consumer.close()
@@ -185,13 +183,15 @@ def read_range(
     start: int,
     end: int,
     *,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
+    timeout_s: float | None = None,
 ) -> RangeRead:
     """Executor side: the records of offsets ``[start, end)`` of *topic*-*partition*, in
     offset order, as a table of :func:`record_schema` (see the module docstring)."""
     schema = record_schema(options.include_headers)
     if end <= start:
         return RangeRead(schema.empty_table())
+    if timeout_s is None:
+        timeout_s = options.timeout_ms / 1000
     kafka = _kafka()
     consumer = _consumer(options, timeout_s)
     where = f"{topic}-{partition} offsets [{start}, {end})"

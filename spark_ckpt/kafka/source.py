@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -53,9 +54,15 @@ def parse_channel_name(name: str) -> tuple[str, int]:
     return topic, int(partition)
 
 
+#: Under the pipeline root: a record per range of offsets deleted before it was read and
+#: skipped (``failOnDataLoss=false``).
+DATA_LOSS_DIR = os.path.join("_sources", "kafka-data-loss")
+
+
 @dataclass(frozen=True)
 class KafkaReadPlan:
-    """Offsets ``[start, end)`` of one partition (picklable; read on an executor)."""
+    """Offsets ``[start, end)`` of one partition (picklable; read on an executor). *root*:
+    the pipeline root, where skipped offsets are recorded (:data:`DATA_LOSS_DIR`)."""
 
     options: KafkaOptions
     topic: str
@@ -63,9 +70,27 @@ class KafkaReadPlan:
     channel: int
     start: int
     end: int
+    root: str | None = None
 
     def read(self) -> pa.Table:
-        return read_range(self.options, self.topic, self.partition, self.start, self.end).table
+        got = read_range(self.options, self.topic, self.partition, self.start, self.end)
+        if got.lost is not None:
+            self._record_loss(*got.lost)
+        return got.table
+
+    def _record_loss(self, first: int, end: int) -> None:
+        """Record the skipped offsets under the root (one JSON file per range: a replay
+        writes the same one); a remote root only gets the executor's log line."""
+        if self.root is None or "://" in self.root:
+            return
+        directory = os.path.join(self.root, DATA_LOSS_DIR)
+        os.makedirs(directory, exist_ok=True)
+        name = f"{self.topic}-{self.partition}-{first}-{end}.json"
+        record = {"topic": self.topic, "partition": self.partition, "from": first, "to": end}
+        tmp = os.path.join(directory, f".{name}.{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, os.path.join(directory, name))
 
     def read_positioned(self) -> tuple[pa.Table, pa.Array]:
         """The records and each one's position, its offset (offsets may have gaps)."""
@@ -82,8 +107,10 @@ class KafkaChannelSource:
         partitions: Sequence[tuple[str, int]] | None = None,
         *,
         metadata: KafkaMetadata | None = None,
+        root: str | None = None,
     ) -> None:
         self.options = options
+        self.root = root
         self._metadata = metadata or KafkaMetadata(options)
         found = self._metadata.partitions() if partitions is None else list(partitions)
         if not found:
@@ -96,20 +123,20 @@ class KafkaChannelSource:
         self._heads = [0] * len(self.partitions)
 
     @staticmethod
-    def from_options(options: Mapping[str, str]) -> KafkaChannelSource:
+    def from_options(options: Mapping[str, str], root: str | None = None) -> KafkaChannelSource:
         """The source of the ``ckpt-source`` options (lower-cased keys): the Kafka options,
-        and the pinned partitions if the pipeline pinned them."""
+        and the pinned partitions if the pipeline pinned them; *root*: the pipeline root."""
         parsed = KafkaOptions.parse(options)
         pinned = options.get(PINNED)
         if pinned is None:
-            return KafkaChannelSource(parsed)
+            return KafkaChannelSource(parsed, root=root)
         try:
             names = json.loads(pinned)
         except json.JSONDecodeError as e:
             raise ConfigError(PINNED, pinned, "a JSON list of channel names") from e
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise ConfigError(PINNED, pinned, "a JSON list of channel names")
-        return KafkaChannelSource(parsed, [parse_channel_name(n) for n in names])
+        return KafkaChannelSource(parsed, [parse_channel_name(n) for n in names], root=root)
 
     def close(self) -> None:
         self._metadata.close()
@@ -151,7 +178,7 @@ class KafkaChannelSource:
 
     def plan(self, channel: int, start: int, end: int) -> KafkaReadPlan:
         topic, partition = self.partitions[channel]
-        return KafkaReadPlan(self.options, topic, partition, channel, start, end)
+        return KafkaReadPlan(self.options, topic, partition, channel, start, end, self.root)
 
 
 def resume_positions(

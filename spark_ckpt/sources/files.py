@@ -444,13 +444,27 @@ class FilesReadPlan:
 
 
 def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
+    """*table* as *schema*: its columns cast, a missing one null (JSON lines and CSV) or,
+    for a Parquet file (*where*), an error naming the file, as is a column that does not
+    cast."""
     missing = [f.name for f in schema if f.name not in table.column_names]
     if missing and where:
         raise SourceError(f"file {where} lacks the columns {missing} of the source's schema")
-    arrays = [
-        pa.nulls(table.num_rows, f.type) if f.name in missing else table.column(f.name).cast(f.type)
-        for f in schema
-    ]
+    arrays = []
+    for f in schema:
+        if f.name in missing:
+            arrays.append(pa.nulls(table.num_rows, f.type))
+            continue
+        column = table.column(f.name)
+        try:
+            arrays.append(column.cast(f.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            if not where:
+                raise
+            raise SourceError(
+                f"file {where}: column {f.name!r} is {column.type}, the source's schema says "
+                f"{f.type} ({e})"
+            ) from e
     return pa.Table.from_arrays(arrays, schema=schema)
 
 

@@ -16,6 +16,8 @@ option                      meaning
                             compaction before they were read fail the query; ``false``:
                             skip them and record what was skipped
 ``includeHeaders``          ``false`` (default): add a ``headers`` column
+``kafkaConsumer.``          how long a metadata call, or a read that gets no record,
+``pollTimeoutMs``           may take before the run fails (default 30000)
 ``kafka.*``                 passed to the client (without the prefix)
 ==========================  =========================================================
 
@@ -52,8 +54,11 @@ OPTION_KEYS: Final = frozenset(
         "maxoffsetspertrigger",
         "failondataloss",
         "includeheaders",
+        "kafkaconsumer.polltimeoutms",
     }
 )
+#: How long a metadata call, or a read that makes no progress, may take by default.
+DEFAULT_TIMEOUT_MS: Final = 30_000
 PREFIX: Final = "kafka."
 #: The ``ckpt-source`` option in which a pipeline pins the partitions of a run (a JSON list
 #: of channel names ``topic:partition``); not for users.
@@ -121,6 +126,8 @@ class KafkaOptions:
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    #: ``kafkaConsumer.pollTimeoutMs``: the bound of a metadata call or a stalled read
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
     #: every ``kafka.*`` option without its prefix (``bootstrap.servers`` included)
     client: Mapping[str, str] = field(default_factory=dict)
 
@@ -149,6 +156,7 @@ class KafkaOptions:
             max_offsets_per_trigger=_positive(lowered.get("maxoffsetspertrigger")),
             fail_on_data_loss=_bool(lowered.get("failondataloss"), True),
             include_headers=_bool(lowered.get("includeheaders"), False),
+            timeout_ms=_positive(lowered.get("kafkaconsumer.polltimeoutms")) or DEFAULT_TIMEOUT_MS,
             client=client,
         )
 

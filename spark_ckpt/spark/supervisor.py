@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.errors import PipelineFailedError, PipelineFencedError, SparkCkptError
+from spark_ckpt.errors import (
+    PipelineFailedError,
+    PipelineFencedError,
+    SourceError,
+    SparkCkptError,
+)
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.coordinator import JobStatus
@@ -176,6 +181,11 @@ class RunSupervisor:
             except KeyboardInterrupt:  # Ctrl-C while a run starts: nothing runs yet
                 last = pipeline.client.latest()
                 return self._result(attempt - 1, last, StopReason.INTERRUPT, restored, failures)
+            except SourceError as e:  # the source cannot be reached now: a failed run
+                failure = f"{type(e).__name__}: {e}"
+                failures.append(failure)
+                self._restart_or_fail(tracker, attempt, failure)
+                continue
             try:
                 reason, last = self._supervise(run, interrupted)
             except KeyboardInterrupt:
@@ -198,19 +208,7 @@ class RunSupervisor:
                     ) from None
                 run.report(RunState.FAILED, error=failure)
                 failures.append(failure)
-                decision = tracker.record_failure(failure)
-                if not decision.restart:
-                    end_job(pipeline, JobStatus.FAILED)
-                    raise PipelineFailedError(
-                        f"pipeline {pipeline.name!r} failed: {decision.reason}"
-                    ) from None
-                log.warning(
-                    "run %d failed, next run in %d ms: %s",
-                    attempt,
-                    decision.delay_ms,
-                    decision.reason,
-                )
-                time.sleep(decision.delay_ms / 1000)
+                self._restart_or_fail(tracker, attempt, failure)
                 continue
             restored.append(run.restored_from)
             run.retire()
@@ -218,6 +216,20 @@ class RunSupervisor:
                 continue
             self.reporter.report()
             return self._result(attempt - 1, last, reason, restored, failures)
+
+    def _restart_or_fail(self, tracker: RestartTracker, attempt: int, failure: str) -> None:
+        """Run *attempt* failed: wait as the restart strategy says before the next one, or
+        raise :class:`PipelineFailedError` when it allows no more."""
+        decision = tracker.record_failure(failure)
+        if not decision.restart:
+            end_job(self.pipeline, JobStatus.FAILED)
+            raise PipelineFailedError(
+                f"pipeline {self.pipeline.name!r} failed: {decision.reason}"
+            ) from None
+        log.warning(
+            "run %d failed, next run in %d ms: %s", attempt, decision.delay_ms, decision.reason
+        )
+        time.sleep(decision.delay_ms / 1000)
 
     def _supervise(
         self, run: PipelineRun, interrupted: threading.Event

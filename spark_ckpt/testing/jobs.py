@@ -74,8 +74,10 @@ class DemoArgs:
     #: matching ``kafka_pattern`` (``--subscribe-pattern``)
     kafka: str | None = None
     kafka_pattern: str = ".*"
-    #: read JSON-lines files landing in this directory (``--files``)
+    #: read JSON-lines files landing in this directory (``--files``), archiving each into
+    #: ``files_archive`` once a checkpoint covers it (``--files-archive``)
     files: Path | None = None
+    files_archive: Path | None = None
     #: further command-line arguments (e.g. ``("--restore-savepoint", path)``)
     extra: tuple[str, ...] = ()
 
@@ -133,6 +135,8 @@ class DemoArgs:
             args += ["--kafka", self.kafka, "--subscribe-pattern", self.kafka_pattern]
         if self.files is not None:
             args += ["--files", str(self.files)]
+        if self.files_archive is not None:
+            args += ["--files-archive", str(self.files_archive)]
         if self.remote is not None:
             args += ["--remote", self.remote]
         if self.savepoint_dir is not None:

@@ -21,6 +21,7 @@ from conftest import DemoArgs, DemoLauncher, output_rows, read_delta, running_co
 
 from spark_ckpt import CheckpointConfig, Pipeline, RunningCount
 from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.sources.files import FileListing
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -78,8 +79,27 @@ def test_files_are_counted_exactly_once_and_cleaned_after_their_checkpoint(
     assert sorted(p.name for p in landing.iterdir() if not p.name.startswith(".")) == []
 
 
+def covered(root: Path, files: list[str]) -> list[str]:
+    """Of *files* (names), those whose rows all lie before the latest completed
+    checkpoint's positions, by the source's own listing."""
+    latest = DeltaCheckpointStore(str(root)).latest_completed()
+    if latest is None:
+        return []
+    positions = latest.offsets()
+    listing = FileListing(str(root))
+    at: Counter[int] = Counter()
+    done = set()
+    for f in listing.files:
+        at[f.channel] += f.rows
+        if at[f.channel] <= positions.get(("source", f.channel), 0):
+            done.add(f.path)
+    return [f for f in files if f in done]
+
+
 def test_exactly_once_from_files_under_sigkill(demo: DemoLauncher, tmp_path: Path) -> None:
-    landing = tmp_path / "landing"
+    """Files keep landing while the job is killed and restarted; ``cleanSource=archive``
+    never archives a file before a completed checkpoint covers it."""
+    landing, archive = tmp_path / "landing", tmp_path / "archive"
     landing.mkdir()
     args = DemoArgs(
         root=tmp_path / "root",
@@ -88,8 +108,13 @@ def test_exactly_once_from_files_under_sigkill(demo: DemoLauncher, tmp_path: Pat
         interval="300ms",
         channels=2,
         files=landing,
+        files_archive=archive,
         max_rows_per_trigger=3,  # maxFilesPerTrigger
     )
+
+    def archived() -> list[str]:
+        return sorted(p.name for p in archive.iterdir()) if archive.exists() else []
+
     written: Counter[int] = Counter()
     stop = threading.Event()
     rng = random.Random(5)
@@ -118,9 +143,14 @@ def test_exactly_once_from_files_under_sigkill(demo: DemoLauncher, tmp_path: Pat
             demo.wait_until(run, lambda: latest_id() > before, 240.0, f"a checkpoint in run {i}")  # noqa: B023
             time.sleep(rng.uniform(0.0, 2.0))
             run.kill()
+            gone = archived()  # archived after a completion: covered by the latest one
+            assert covered(args.root, gone) == gone, f"archived before its checkpoint: {gone}"
     finally:
         stop.set()
         thread.join(30)
     final = demo.start(replace(args, available_now=True))
     assert final.wait(300) == 0, final.tail()
     assert output_rows(read_delta(args.output)) == running_count_rows(written)
+    gone = archived()
+    assert gone and covered(args.root, gone) == gone
+    assert not set(gone) & {p.name for p in landing.iterdir()}  # moved, not copied

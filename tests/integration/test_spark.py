@@ -470,7 +470,7 @@ def test_delta_tail_reads_another_pipelines_output_exactly_once(
         ({"rate": "fast"}, "rate"),
         ({"maxRowsPerTrigger": "0"}, "maxRowsPerTrigger"),
         ({"barrierPlacement": "tail"}, "barrierPlacement"),
-        ({"source": "kafka"}, "source"),
+        ({"source": "kinesis"}, "source"),
         ({"checkpoint.intervall": "1s"}, "checkpoint.intervall"),
     ],
 )

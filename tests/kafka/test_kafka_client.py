@@ -4,14 +4,17 @@ broker."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from spark_ckpt.errors import DataLossError, SourceError
 from spark_ckpt.kafka.client import KafkaMetadata, Watermarks, read_range, record_schema
+from spark_ckpt.kafka.source import DATA_LOSS_DIR, KafkaReadPlan
 from spark_ckpt.sources.kafka_options import KafkaOptions
 from spark_ckpt.testing.kafka import Broker, produce
 
@@ -95,7 +98,7 @@ def test_a_range_reads_exactly_its_records_with_spark_s_columns(broker: Broker) 
 
 
 def test_deleted_offsets_fail_or_are_skipped_as_failOnDataLoss_says(
-    broker: Broker, monkeypatch: pytest.MonkeyPatch
+    broker: Broker, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Retention deleted offsets [0, 4) (the low watermark moved to 4: tansu keeps
     everything, so the adapter's watermark read is what the test changes)."""
@@ -118,6 +121,13 @@ def test_deleted_offsets_fail_or_are_skipped_as_failOnDataLoss_says(
     assert skipped.table.column("offset").to_pylist() == [4, 5, 6, 7]
     gone = read_range(options(broker, subscribe=t, failOnDataLoss="false"), t, 0, 0, 3)
     assert gone.lost == (0, 3) and gone.table.num_rows == 0
+    # the source records what it skipped under the pipeline root (a replay: the same file)
+    lenient = options(broker, subscribe=t, failOnDataLoss="false")
+    plan = KafkaReadPlan(lenient, t, 0, 0, 2, 8, root=str(tmp_path))
+    for _ in range(2):
+        assert plan.read().column("offset").to_pylist() == [4, 5, 6, 7]
+    [record] = list((tmp_path / DATA_LOSS_DIR).iterdir())
+    assert json.loads(record.read_text()) == {"topic": t, "partition": 0, "from": 2, "to": 4}
 
 
 def test_an_unreachable_broker_is_a_clear_error_within_the_timeout() -> None:

@@ -36,8 +36,10 @@ def test_options_in_any_case_and_client_options_pass_through() -> None:
             "includeHeaders": "true",
             "kafka.security.protocol": "SSL",
             "kafka.group.id": "monitoring",
+            "kafkaConsumer.pollTimeoutMs": "2500",
         }
     )
+    assert o.timeout_ms == 2500
     assert o.subscription.matches("orders-eu") and not o.subscription.matches("refunds")
     assert o.starting.for_partition("orders-eu", 3) == EARLIEST
     assert (o.max_offsets_per_trigger, o.fail_on_data_loss, o.include_headers) == (

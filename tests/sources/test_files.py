@@ -168,3 +168,17 @@ def test_options_are_checked() -> None:
         pa.decimal128(10, 2),
         pa.timestamp("us", tz="UTC"),
     ]
+
+
+def test_a_parquet_file_that_does_not_fit_the_schema_is_named(tmp_path: Path) -> None:
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(pa.table({"user_id": ["seven"]}), d / "bad.parquet")
+    source = FilesChannelSource(spec(d, "parquet", schema="user_id long"), str(tmp_path / "r"))
+    source.heads()
+    with pytest.raises(SourceError, match=r"bad\.parquet: column 'user_id' is string"):
+        read_channel(source, 0, 0, 1)
+    pq.write_table(pa.table({"other": [1]}), d / "lacks.parquet")
+    source.heads()
+    with pytest.raises(SourceError, match=r"lacks\.parquet lacks the columns \['user_id'\]"):
+        read_channel(source, 0, 1, 2)
