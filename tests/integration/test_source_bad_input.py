@@ -39,7 +39,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def config() -> CheckpointConfig:
-    return CheckpointConfig(interval_ms=300, restart_strategy=RestartStrategies.fixed_delay_restart(1, 100))
+    return CheckpointConfig(
+        interval_ms=300, restart_strategy=RestartStrategies.fixed_delay_restart(1, 100)
+    )
 
 
 def test_a_broker_lost_mid_run_fails_per_the_restart_strategy_and_loses_nothing(
