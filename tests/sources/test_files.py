@@ -182,3 +182,24 @@ def test_a_parquet_file_that_does_not_fit_the_schema_is_named(tmp_path: Path) ->
     source.heads()
     with pytest.raises(SourceError, match=r"lacks\.parquet lacks the columns \['user_id'\]"):
         read_channel(source, 0, 1, 2)
+
+
+def test_a_malformed_csv_row_is_named_or_set_aside(tmp_path: Path) -> None:
+    d = tmp_path / "in"
+    land(d, "x.csv", "user_id,amount\n1,2.5\n2,not-a-number\n3,1.0\n")
+    strict = FilesChannelSource(
+        spec(d, "csv", schema="user_id long, amount double"), str(tmp_path / "r1")
+    )
+    assert strict.heads() == [3]
+    with pytest.raises(SourceError, match=r"malformed csv record in .*x\.csv, line 3"):
+        read_channel(strict, 0, 0, 3)
+    bad = tmp_path / "bad"
+    lenient = FilesChannelSource(
+        spec(d, "csv", schema="user_id long, amount double", badRecordsPath=str(bad)),
+        str(tmp_path / "r2"),
+    )
+    lenient.heads()
+    table, positions = lenient.plan(0, 0, 3).read_positioned()
+    assert table.to_pylist() == [{"user_id": 1, "amount": 2.5}, {"user_id": 3, "amount": 1.0}]
+    assert positions.to_pylist() == [0, 2]
+    assert pq.read_table(bad).column("record").to_pylist() == ["2,not-a-number"]
