@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
 
@@ -221,6 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --files: archive each file into DIR once a checkpoint covers it",
     )
     p.add_argument(
+        "--kafka-json",
+        action="store_true",
+        help="with --kafka: the values are JSON objects; count per their user_id (parsed with "
+        "Spark SQL before the keyed operator) instead of per record key",
+    )
+    p.add_argument(
         "--subscribe-pattern",
         default=".*",
         help="with --kafka: the topics to read, a regular expression (new ones are discovered)",
@@ -365,6 +371,18 @@ def stop_spark(spark: SparkSession) -> None:
         log.debug("stopping Spark: %s", e)
 
 
+def parse_user_ids(df: Any) -> Any:
+    """``--kafka-json``: Kafka values ``{"user_id": n, ...}`` as a ``user_id`` column."""
+    from pyspark.sql import functions as F
+
+    return (
+        df.selectExpr("CAST(value AS STRING) AS json")
+        .select(F.from_json("json", "user_id LONG").alias("event"))
+        .select("event.user_id")
+        .where("user_id IS NOT NULL")
+    )
+
+
 def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings) -> int:
     """The job on *spark*, as *args* say, restoring as *settings* say; returns 0 when it
     stopped as asked. Raises what failed it (see :func:`main`); does not stop *spark*."""
@@ -379,6 +397,7 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
     pipeline = Pipeline(spark, args.pipeline, config=build_config(args), root=root)
     source: dict[str, object]
     key, key_type = "user_id", pa.int64()
+    transform: Callable[[Any], Any] | None = None
     if args.input:
         source = {"source": "delta", "path": os.path.abspath(args.input), "channels": args.channels}
     elif args.kafka:
@@ -390,6 +409,8 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
             "partitionDiscoveryIntervalMs": 1000,
         }
         key, key_type = "key", pa.binary()  # Kafka record keys
+        if args.kafka_json:
+            key, key_type, transform = "user_id", pa.int64(), parse_user_ids
     elif args.files:
         source = {
             "source": "files",
@@ -460,6 +481,7 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
         on_checkpoint=progress,
         on_stop=stopping,
         restore=settings,
+        transform=transform,
     )
     last = result.last_checkpoint
     restored = ", ".join("fresh" if r is None else str(r) for r in result.restored_from)

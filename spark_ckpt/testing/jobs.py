@@ -74,6 +74,8 @@ class DemoArgs:
     #: matching ``kafka_pattern`` (``--subscribe-pattern``)
     kafka: str | None = None
     kafka_pattern: str = ".*"
+    #: the Kafka values are JSON with a ``user_id`` (``--kafka-json``)
+    kafka_json: bool = False
     #: read JSON-lines files landing in this directory (``--files``), archiving each into
     #: ``files_archive`` once a checkpoint covers it (``--files-archive``)
     files: Path | None = None
@@ -133,6 +135,8 @@ class DemoArgs:
             args += ["--input", str(self.input)]
         if self.kafka is not None:
             args += ["--kafka", self.kafka, "--subscribe-pattern", self.kafka_pattern]
+            if self.kafka_json:
+                args.append("--kafka-json")
         if self.files is not None:
             args += ["--files", str(self.files)]
         if self.files_archive is not None:
