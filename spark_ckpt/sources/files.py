@@ -50,6 +50,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
@@ -360,13 +362,13 @@ class FilesReadPlan:
         for r in self.ranges:
             table, kept = self._read_range(r)
             tables.append(table)
-            positions.append(pa.array([at + i for i in kept], pa.int64()))
+            positions.append(pa.array(at + kept, pa.int64()))
             at += r.rows
         if not tables:
             return self.schema.empty_table(), pa.array([], pa.int64())
         return pa.concat_tables(tables), pa.concat_arrays(positions)
 
-    def _read_range(self, r: FileRange) -> tuple[pa.Table, list[int]]:
+    def _read_range(self, r: FileRange) -> tuple[pa.Table, npt.NDArray[np.int64]]:
         full = os.path.join(self.spec.path, r.file.path)
         try:
             st = os.stat(full)
@@ -379,7 +381,7 @@ class FilesReadPlan:
             )
         if self.spec.format == "parquet":
             table = pq.read_table(full).slice(r.first, r.rows)
-            return _conform(table, self.schema, full), list(range(r.rows))
+            return _conform(table, self.schema, full), np.arange(r.rows, dtype=np.int64)
         with open(full, "rb") as f:
             lines = _text_lines(f.read())
         header: bytes | None = None
@@ -387,7 +389,8 @@ class FilesReadPlan:
             header, lines = lines[0][1], lines[1:]
         wanted = lines[r.first : r.first + r.rows]
         try:
-            return self._parse([line for _, line in wanted], header), list(range(len(wanted)))
+            parsed = self._parse([line for _, line in wanted], header)
+            return parsed, np.arange(len(wanted), dtype=np.int64)
         except (pa.ArrowInvalid, ValueError):
             pass  # find the bad lines, one by one
         good: list[bytes] = []
@@ -415,7 +418,7 @@ class FilesReadPlan:
             kept.append(i)
         if bad and self.spec.bad_records_path is not None:
             BadRecords(self.spec.bad_records_path).write(r.file.path, r.first, bad)
-        return self._parse(good, header), kept
+        return self._parse(good, header), np.asarray(kept, dtype=np.int64)
 
     def _parse(self, lines: list[bytes], header: bytes | None) -> pa.Table:
         if not lines:
