@@ -143,7 +143,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         self._initial: dict[str, Any] | None = None  # initialOffset's answer
         self._next_discovery = 0.0  # monotonic: when to look for new channels next
         self._restarting = False  # new channels found: the run ends with a final checkpoint
-        self._cleaned = 0  # the checkpoint whose positions cleanSource acted on last
+        self._notified = 0  # the last completed checkpoint the source was told of
 
     # -- lazily opened, in the source runner ---------------------------------------------------
     @property
@@ -216,7 +216,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         runs, see :meth:`StreamOffset.is_idle_after`)."""
         faults.hit(self.options.root, faults.Fault.SOURCE_RUNNER)
         self._discover()
-        self._clean()
+        self._notify_completed()
         begin = StreamOffset.from_dict(start)
         offset = begin
         if self._target is not None:
@@ -267,20 +267,26 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             log.info("%s: ending the run for a restart that reads them", reason)
             self._restarting = self.host.call(lambda host: host.request_restart(reason))
 
-    def _clean(self) -> None:
-        """For a source that cleans what checkpoints cover (``cleanSource`` of
-        ``source=files``): hand it the positions of each newly completed checkpoint."""
-        clean = getattr(self.source, "clean", None)
-        if clean is None:
+    def _notify_completed(self) -> None:
+        """For a source that acts on completed checkpoints (``checkpoint_completed``: the
+        files source cleans what they cover, Kafka commits a group's offsets): hand it the
+        positions of each newly completed checkpoint, as Flink's ``notifyCheckpointComplete``."""
+        notify = getattr(self.source, "checkpoint_completed", None)
+        if notify is None:
             return
         latest = self.host.call(lambda host: host.last_completed)
-        if latest is None or latest.checkpoint_id == self._cleaned:
+        if latest is None or latest.checkpoint_id == self._notified:
             return
-        self._cleaned = latest.checkpoint_id
+        self._notified = latest.checkpoint_id
+        names: list[str] | None = getattr(self.source, "channel_names", None)
+        if names is not None:
+            from spark_ckpt.sources.kafka_options import CHANNEL_NAMES
+
+            if latest.properties.get(CHANNEL_NAMES) != json.dumps(names):
+                return  # taken by an earlier run, over other channels
         offsets = latest.offsets()
         positions = [offsets.get((SOURCE_TASK.vertex, c), 0) for c in range(self.source.channels)]
-        for path in clean(positions):
-            log.info("cleanSource: %s (covered by checkpoint %d)", path, latest.checkpoint_id)
+        notify(latest.checkpoint_id, positions)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         """Source runner: the channels' heads (``positions``, per channel, as in the start
@@ -304,6 +310,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
                 # the completion's sink commit, which may still run on the host thread (the
                 # status is set before it), has finished: the query must not end before it
                 self.host.sync()
+                self._notify_completed()
                 return StreamOffset(
                     offset.positions,
                     offset.emitted,
@@ -378,6 +385,11 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         """Source runner, when the query stops: stop the coordinator's thread; a stop that
         Spark signalled by closing the runner's channel ends the process without a trace."""
         if self._host is not None:
+            try:
+                if self._source is not None:
+                    self._notify_completed()  # a final checkpoint (a stop's, a savepoint)
+            except Exception as e:  # the query is ending either way
+                log.warning("on stop: the source was not told of the last checkpoint: %s", e)
             self._host.stop()
         close = getattr(self._source, "close", None)
         if close is not None:

@@ -145,6 +145,17 @@ class KafkaMetadata:
             out.append(Watermarks(int(low), int(high)))
         return out
 
+    def commit(self, partitions: Sequence[tuple[str, int]], offsets: Sequence[int]) -> None:
+        """Commit *offsets* (the next offset to read, per partition) under ``kafka.group.id``,
+        synchronously. For monitoring only: nothing reads them back."""
+        tp = _kafka().TopicPartition
+        self._call(
+            f"committing offsets for group {self.options.group_id!r}",
+            self._consumer.commit,
+            offsets=[tp(t, p, o) for (t, p), o in zip(partitions, offsets, strict=True)],
+            asynchronous=False,
+        )
+
     def starting_offsets(self, partitions: Sequence[tuple[str, int]]) -> list[int]:
         """Where each partition starts without a checkpoint (``startingOffsets``): earliest
         is the low watermark, latest the high watermark, an offset itself (an offset beyond

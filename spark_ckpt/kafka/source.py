@@ -172,6 +172,21 @@ class KafkaChannelSource:
         marks = self._metadata.watermarks([self.partitions[c] for c in channels])
         return {c: m.low for c, m in zip(channels, marks, strict=True)}
 
+    def checkpoint_completed(self, checkpoint_id: int, positions: Sequence[int]) -> None:
+        """Source runner, after checkpoint *checkpoint_id* completed with *positions* (per
+        channel of this run): with ``kafka.group.id``, commit them as the group's offsets, as
+        Flink's KafkaSource does, so lag tools see the progress. Monitoring only: the
+        checkpoint stays the truth for positions, and a failed commit is logged, not raised.
+        Idempotent."""
+        if self.options.group_id is None:
+            return
+        try:
+            self._metadata.commit(self.partitions, positions)
+        except SourceError as e:
+            log.warning(
+                "checkpoint %d: offsets not committed (monitoring only): %s", checkpoint_id, e
+            )
+
     def discover(self) -> list[tuple[str, int]]:
         """Partitions the subscription reads now that this run does not (sorted)."""
         return sorted(set(self._metadata.partitions()) - set(self.partitions))

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import re
 import shutil
@@ -76,6 +77,8 @@ OPTION_KEYS: Final = frozenset(
         "badrecordspath",
     }
 )
+log = logging.getLogger(__name__)
+
 LISTING: Final = os.path.join("_sources", "files.jsonl")
 LISTING_VERSION: Final = 1
 
@@ -573,10 +576,17 @@ class FilesChannelSource:
             at += f.rows
         return FilesReadPlan(channel, start, end, self.spec, self.schema, tuple(ranges))
 
+    def checkpoint_completed(self, checkpoint_id: int, positions: Sequence[int]) -> None:
+        """Source runner, after checkpoint *checkpoint_id* completed with *positions*:
+        ``cleanSource`` the files it covers (see :meth:`clean`). Idempotent."""
+        for path in self.clean(positions):
+            log.info("cleanSource: %s (covered by checkpoint %d)", path, checkpoint_id)
+
     def clean(self, positions: Sequence[int]) -> list[str]:
         """``cleanSource``: archive or delete every file whose rows all lie before
         *positions* (a completed checkpoint's, per channel). Returns the files cleaned;
-        a file already gone is skipped."""
+        a file already gone is skipped, one that cannot be moved or deleted is logged and
+        tried again after the next checkpoint."""
         if self.spec.clean_source == "off":
             return []
         done = []
@@ -588,11 +598,15 @@ class FilesChannelSource:
             full = os.path.join(self.spec.path, f.path)
             if not os.path.exists(full):
                 continue
-            if self.spec.clean_source == "delete":
-                os.remove(full)
-            else:
-                assert self.spec.archive_dir is not None
-                os.makedirs(self.spec.archive_dir, exist_ok=True)
-                shutil.move(full, os.path.join(self.spec.archive_dir, f.path))
+            try:
+                if self.spec.clean_source == "delete":
+                    os.remove(full)
+                else:
+                    assert self.spec.archive_dir is not None
+                    os.makedirs(self.spec.archive_dir, exist_ok=True)
+                    shutil.move(full, os.path.join(self.spec.archive_dir, f.path))
+            except OSError as e:  # as Spark's cleanSource: a warning, tried again next time
+                log.warning("cleanSource=%s of %s failed: %s", self.spec.clean_source, full, e)
+                continue
             done.append(f.path)
         return done

@@ -131,6 +131,12 @@ class KafkaOptions:
     #: every ``kafka.*`` option without its prefix (``bootstrap.servers`` included)
     client: Mapping[str, str] = field(default_factory=dict)
 
+    @property
+    def group_id(self) -> str | None:
+        """``kafka.group.id``: the consumer group under which the positions of each completed
+        checkpoint are committed, for monitoring (lag) only; None: nothing is committed."""
+        return self.client.get("group.id")
+
     @staticmethod
     def parse(options: Mapping[str, str]) -> KafkaOptions:
         """Parse the source's options (keys in any case; unknown keys are the caller's).

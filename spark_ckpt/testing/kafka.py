@@ -162,3 +162,16 @@ def produce(
     if errors or remaining:
         raise EnvironmentSetupError(f"producing to {topic}: {errors or f'{remaining} undelivered'}")
     return n
+
+
+def committed(bootstrap: str, group: str, partitions: Iterable[tuple[str, int]]) -> list[int]:
+    """The offsets *group* has committed for *partitions*, as a lag tool reads them (a
+    consumer of its own); -1001 (``OFFSET_INVALID``) where it has none."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        got = c.committed([TopicPartition(t, p) for t, p in partitions], timeout=10)
+        return [int(tp.offset) for tp in got]
+    finally:
+        c.close()

@@ -20,7 +20,7 @@ from conftest import output_rows, read_delta, running_count_rows
 
 from spark_ckpt import CheckpointConfig, Pipeline, RunningCount
 from spark_ckpt.sources.kafka_options import CHANNEL_NAMES
-from spark_ckpt.testing.kafka import Broker, produce, running_broker
+from spark_ckpt.testing.kafka import Broker, committed, produce, running_broker
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -64,6 +64,7 @@ def test_a_count_over_partitions_is_exactly_once_across_runs(
         "subscribe": topic,
         "startingOffsets": "earliest",
         "maxOffsetsPerTrigger": "40",
+        "kafka.group.id": f"lag-{topic}",  # each completed checkpoint commits its offsets
     }
     out = tmp_path / "out"
     first = pipeline.run(source, counter(), output=str(out), available_now=True)
@@ -74,6 +75,11 @@ def test_a_count_over_partitions_is_exactly_once_across_runs(
     names = json.loads(last.properties[CHANNEL_NAMES])
     assert names == [f"{topic}:{p}" for p in range(3)]
     assert {c: o for (_, c), o in last.offsets().items()} == {0: 40, 1: 50, 2: 60}
+    assert committed(broker.bootstrap, f"lag-{topic}", [(topic, p) for p in range(3)]) == [
+        40,
+        50,
+        60,
+    ]
     # more records; the next run resumes every partition where the checkpoint left it
     for p in range(3):
         produced.update(produce_keys(broker, topic, p, 40 + 10 * p, 15))

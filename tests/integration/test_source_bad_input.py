@@ -4,8 +4,8 @@ spark-ckpt's hierarchy, restarts follow the restart strategy, and nothing is los
 * Kafka's broker goes away mid-run: the run fails within ``kafkaConsumer.pollTimeoutMs``,
   the restarts fail alike until the strategy gives up with a ``PipelineFailedError`` naming
   the broker; the output holds exactly the records up to the last completed checkpoint.
-* A malformed JSON line fails the run naming the file and the line; run again with
-  ``badRecordsPath``, the line is set aside and every other row is counted once.
+* A malformed JSON line or CSV row fails the run naming the file and the line; run again
+  with ``badRecordsPath``, the record is set aside and every other row is counted once.
 * A Parquet file whose column does not fit the schema fails the run naming the file and the
   column.
 """
@@ -91,16 +91,33 @@ def land(directory: Path, name: str, text: str) -> None:
     os.replace(directory / f".{name}", directory / name)
 
 
-def test_a_malformed_line_fails_the_run_then_is_set_aside_and_nothing_is_lost(
-    spark: SparkSession, tmp_path: Path
+MALFORMED = {
+    # format: (a good file, a file whose line 2 is malformed, the malformed line's number)
+    "json": (
+        "".join(json.dumps({"user_id": u}) + "\n" for u in range(10)),
+        '{"user_id": 1}\n{"user_id": }\n{"user_id": 2}\n',
+        2,
+    ),
+    "csv": (
+        "user_id\n" + "".join(f"{u}\n" for u in range(10)),
+        "user_id\n1\nnot-a-number\n2\n",
+        3,  # the header is line 1
+    ),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(MALFORMED))
+def test_a_malformed_record_fails_the_run_then_is_set_aside_and_nothing_is_lost(
+    spark: SparkSession, tmp_path: Path, fmt: str
 ) -> None:
+    good, bad_text, bad_line = MALFORMED[fmt]
     landing = tmp_path / "landing"
-    land(landing, "a.json", "".join(json.dumps({"user_id": u}) + "\n" for u in range(10)))
-    land(landing, "b.json", '{"user_id": 1}\n{"user_id": }\n{"user_id": 2}\n')
+    land(landing, f"a.{fmt}", good)
+    land(landing, f"b.{fmt}", bad_text)
     pipeline = Pipeline(spark, "malformed", config=config(), root=str(tmp_path / "root"))
-    source = {"source": "files", "path": str(landing), "format": "json", "schema": "user_id long"}
+    source = {"source": "files", "path": str(landing), "format": fmt, "schema": "user_id long"}
     out = str(tmp_path / "out")
-    with pytest.raises(PipelineFailedError, match=r"b\.json, line 2"):
+    with pytest.raises(PipelineFailedError, match=rf"b\.{fmt}, line {bad_line}"):
         pipeline.run(source, RunningCount(), output=out, available_now=True)
     bad = tmp_path / "bad"
     pipeline.run(
@@ -108,7 +125,7 @@ def test_a_malformed_line_fails_the_run_then_is_set_aside_and_nothing_is_lost(
     )
     expected = running_count_rows(Counter([*range(10), 1, 2]))
     assert output_rows(read_delta(tmp_path / "out")) == expected
-    assert pq.read_table(bad).column("line").to_pylist() == [2]
+    assert pq.read_table(bad).column("line").to_pylist() == [bad_line]
 
 
 def test_a_parquet_file_that_does_not_fit_the_schema_fails_the_run_naming_it(

@@ -14,9 +14,9 @@ import pytest
 
 from spark_ckpt.errors import DataLossError, SourceError
 from spark_ckpt.kafka.client import KafkaMetadata, Watermarks, read_range, record_schema
-from spark_ckpt.kafka.source import DATA_LOSS_DIR, KafkaReadPlan
+from spark_ckpt.kafka.source import DATA_LOSS_DIR, KafkaChannelSource, KafkaReadPlan
 from spark_ckpt.sources.kafka_options import KafkaOptions
-from spark_ckpt.testing.kafka import Broker, produce
+from spark_ckpt.testing.kafka import Broker, committed, produce
 
 
 def topic(broker: Broker, partitions: int = 1) -> str:
@@ -128,6 +128,27 @@ def test_deleted_offsets_fail_or_are_skipped_as_failOnDataLoss_says(
         assert plan.read().column("offset").to_pylist() == [4, 5, 6, 7]
     [record] = list((tmp_path / DATA_LOSS_DIR).iterdir())
     assert json.loads(record.read_text()) == {"topic": t, "partition": 0, "from": 2, "to": 4}
+
+
+def test_completed_checkpoints_commit_the_group_s_offsets_only_with_a_group_id(
+    broker: Broker,
+) -> None:
+    a = topic(broker, 2)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    source = KafkaChannelSource(options(broker, subscribe=a, **{"kafka.group.id": group}))
+    try:
+        source.checkpoint_completed(3, [7, 2])
+        assert committed(broker.bootstrap, group, [(a, 0), (a, 1)]) == [7, 2]
+        source.checkpoint_completed(4, [9, 2])  # a later checkpoint moves them on
+        assert committed(broker.bootstrap, group, [(a, 0), (a, 1)]) == [9, 2]
+    finally:
+        source.close()
+    anonymous = KafkaChannelSource(options(broker, subscribe=a))
+    try:
+        anonymous.checkpoint_completed(5, [11, 11])  # no group: nothing is committed
+    finally:
+        anonymous.close()
+    assert committed(broker.bootstrap, group, [(a, 0), (a, 1)]) == [9, 2]
 
 
 def test_an_unreachable_broker_is_a_clear_error_within_the_timeout() -> None:

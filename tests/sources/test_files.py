@@ -141,6 +141,24 @@ def test_clean_source_acts_only_on_files_a_checkpoint_covers(tmp_path: Path, mod
         assert sorted(p.name for p in archive.iterdir()) == ["f0.json", "f1.json", "f2.json"]
 
 
+def test_an_archive_that_fails_is_logged_and_done_after_a_later_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    d, archive = tmp_path / "in", tmp_path / "archive"
+    land(d, "f0.json", json_lines([{"k": 0}]))
+    archive.write_text("a file where the archive directory should be")
+    source = FilesChannelSource(
+        spec(d, cleanSource="archive", sourceArchiveDir=str(archive)), str(tmp_path / "root")
+    )
+    assert source.heads() == [1]
+    source.checkpoint_completed(1, [1])  # no error: the run goes on
+    assert "cleanSource=archive of" in caplog.text
+    assert [p.name for p in d.iterdir()] == ["f0.json"]  # nothing lost
+    archive.unlink()
+    source.checkpoint_completed(2, [1])
+    assert [p.name for p in archive.iterdir()] == ["f0.json"] and not list(d.iterdir())
+
+
 def test_a_torn_listing_line_is_ignored_and_overwritten(tmp_path: Path) -> None:
     d, root = tmp_path / "in", tmp_path / "root"
     land(d, "a.json", json_lines([{"k": 1}]))
