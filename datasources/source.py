@@ -219,8 +219,13 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         self._notify_completed()
         begin = StreamOffset.from_dict(start)
         offset = begin
+        target: list[int] | None = None
         if self._target is not None:
-            heads = [max(t, p) for t, p in zip(self._target, offset.positions, strict=True)]
+            target = [max(t, p) for t, p in zip(self._target, offset.positions, strict=True)]
+            # a source with a per-trigger admission (maxFilesPerTrigger) admits that much of
+            # the target per batch, as Spark's AvailableNow does
+            admit = getattr(self.source, "admit", None)
+            heads = target if admit is None else admit(offset.positions, target)
         else:
             heads = self.source.heads()
         self._heads = list(heads)
@@ -243,8 +248,8 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             # drained: the host takes the final checkpoint (or savepoint); its barrier is
             # placed by the next call, exactly here
             self.host.call(CoordinatorHost.finish_drain)
-        if self._target is not None:
-            offset = self._available_now(offset, heads)
+        if target is not None:
+            offset = self._available_now(offset, heads, target)
         end = alignment.next(offset, heads, max_rows, self._clock.now_ms())
         return start if end.is_idle_after(begin) else end.to_dict()
 
@@ -295,12 +300,15 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         a read limit). None before the first batch. Costs nothing: no source is read."""
         return None if self._heads is None else {"positions": self._heads}
 
-    def _available_now(self, offset: StreamOffset, heads: Sequence[int]) -> StreamOffset:
+    def _available_now(
+        self, offset: StreamOffset, heads: Sequence[int], target: Sequence[int]
+    ) -> StreamOffset:
         """Trigger.AvailableNow ends with a final checkpoint at the target positions: once all
         data is admitted, trigger it and let a batch carry its barriers; once they are emitted,
         wait here (polling the coordinator) until it completed. Spark ends the query when the
-        end offset equals the start."""
-        if list(offset.positions) != list(heads):
+        end offset equals the start. *heads*: what this batch may read; *target*: where the
+        query ends."""
+        if list(offset.positions) != list(target):
             return offset
         deadline = time.monotonic() + self.options.config.timeout_ms / 1000
         while True:

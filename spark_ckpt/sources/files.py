@@ -9,7 +9,9 @@ size, modification time, row count and channel. The recorded order is the log: a
 restart or a restore reads the same files in the same order, whatever the directory holds
 by then. New files are recorded by modification time, then name; hidden files (``.`` or
 ``_`` first) are skipped, so a writer should write under such a name and rename into place.
-``maxFilesPerTrigger`` records at most that many new files per micro-batch.
+``maxFilesPerTrigger`` records at most that many new files per micro-batch; under
+``Trigger.AvailableNow`` every file there at the start is recorded, and read in batches of
+at most that many files (:meth:`FilesChannelSource.admit`), as in Spark.
 
 The first record fixes the schema: the ``schema`` option (a DDL string,
 ``"user_id long, amount double"``), or the schema of the first file (inferred once). A file
@@ -522,6 +524,27 @@ class FilesChannelSource:
         """``Trigger.AvailableNow``: record every file there now; each channel's rows."""
         self._list_new(None)
         return self._heads()
+
+    def admit(self, positions: Sequence[int], target: Sequence[int]) -> list[int]:
+        """``Trigger.AvailableNow`` with ``maxFilesPerTrigger``: the heads of the next batch
+        from *positions*, at most that many files further in listing order (a file partly
+        read counts), never past *target*; *target* itself without the option."""
+        limit = self.spec.max_files_per_trigger
+        if limit is None:
+            return list(target)
+        heads = list(positions)
+        ends = [0] * self.spec.channels
+        taken = 0
+        for f in self.listing.files:
+            ends[f.channel] += f.rows
+            end = min(ends[f.channel], target[f.channel])
+            if f.rows == 0 or end <= positions[f.channel]:
+                continue
+            if taken == limit:
+                break
+            heads[f.channel] = end
+            taken += 1
+        return heads
 
     def _heads(self) -> list[int]:
         heads = [0] * self.spec.channels

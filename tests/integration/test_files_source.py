@@ -79,6 +79,38 @@ def test_files_are_counted_exactly_once_and_cleaned_after_their_checkpoint(
     assert sorted(p.name for p in landing.iterdir() if not p.name.startswith(".")) == []
 
 
+def test_available_now_reads_max_files_per_trigger_per_batch(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """As Spark's ``Trigger.AvailableNow``: everything there at the start, in several
+    batches of at most ``maxFilesPerTrigger`` files (one channel: a batch's rows are the
+    difference of its source offsets)."""
+    landing = tmp_path / "landing"
+    written: Counter[int] = Counter()
+    for i in range(5):
+        keys = [i * 10 + k for k in range(10)]
+        land(landing, f"part-{i}.json", keys)
+        written.update(keys)
+    pipeline = Pipeline(spark, "files-now", root=str(tmp_path / "root"))
+    source = {
+        "source": "files",
+        "path": str(landing),
+        "format": "json",
+        "schema": "user_id long",
+        "channels": 1,
+        "maxFilesPerTrigger": 2,
+    }
+    run = pipeline.start(source, RunningCount(), output=str(tmp_path / "out"), available_now=True)
+    run.await_termination()
+    read = []
+    for progress in run.query.recentProgress:
+        [s] = progress.sources
+        begin, end = (json.loads(o or "null") for o in (s.startOffset, s.endOffset))
+        read.append(end["positions"][0] - (begin["positions"][0] if begin else 0))
+    assert [r for r in read if r] == [20, 20, 10]
+    assert output_rows(read_delta(tmp_path / "out")) == running_count_rows(written)
+
+
 def covered(root: Path, files: list[str]) -> list[str]:
     """Of *files* (names), those whose rows all lie before the latest completed
     checkpoint's positions, by the source's own listing."""

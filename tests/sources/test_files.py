@@ -72,6 +72,23 @@ def test_max_files_per_trigger_records_that_many_per_call(tmp_path: Path) -> Non
     assert [source.heads() for _ in range(4)] == [[2], [4], [5], [5]]
 
 
+def test_available_now_admits_max_files_per_trigger_per_batch(tmp_path: Path) -> None:
+    d = tmp_path / "in"
+    for i, rows in enumerate([2, 0, 3, 1, 4]):  # f1 is empty: it takes no share
+        land(d, f"f{i}.json", json_lines([{"k": i}] * rows))
+    source = FilesChannelSource(
+        spec(d, channels="2", maxFilesPerTrigger="2"), str(tmp_path / "root")
+    )
+    target = source.heads_available_now()  # channel 0: f0 f2 f4; channel 1: f1 f3
+    assert target == [9, 1]
+    assert source.admit([0, 0], target) == [5, 0]  # f0, f2 (f1 empty)
+    assert source.admit([5, 0], target) == [9, 1]  # f3, f4
+    assert source.admit([1, 0], target) == [5, 0]  # f0 partly read counts as one
+    assert source.admit([5, 0], [7, 1]) == [7, 1]  # never past the target
+    unlimited = FilesChannelSource(spec(d, channels="2"), str(tmp_path / "root"))
+    assert unlimited.admit([0, 0], target) == target
+
+
 def test_csv_with_a_given_schema_and_parquet_with_an_inferred_one(tmp_path: Path) -> None:
     d = tmp_path / "csv"
     land(d, "x.csv", "user_id,amount\n1,2.5\n\n2,3.0\n")
