@@ -11,14 +11,17 @@ $(STAMP): setup.cfg pyproject.toml
 	$(VENV)/bin/pip install -q -e ".[dev]" --config-settings editable_mode=compat
 	touch $(STAMP)
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test test-fast lint bench
 setup: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/spark-ckpt demo --seconds 60
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q --durations=15
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup --durations=15
+
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -n 2 -m "not spark and not slow" --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check spark_ckpt datasources tests bench notebooks

@@ -10,10 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.spark.mailbox import MAILBOX_DIR
 from spark_ckpt.spark.run import Runs, RunState
 from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 REQUESTS = (
     ("checkpoint",),
