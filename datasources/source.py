@@ -279,7 +279,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         notify = getattr(self.source, "checkpoint_completed", None)
         if notify is None:
             return
-        latest = self.host.call(lambda host: host.last_completed)
+        latest = self.host.last_completed  # no wait for a completion in progress
         if latest is None or latest.checkpoint_id == self._notified:
             return
         self._notified = latest.checkpoint_id

@@ -442,6 +442,7 @@ class HostThread:
         self._barriers: list[CheckpointBarrier] = []
         self._stopping: CheckpointRequest | None = None
         self._draining = False
+        self._last_completed: CompletedCheckpoint | None = None
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -479,6 +480,7 @@ class HostThread:
             barriers = self.host.poll(tick=False)
             stopping = self.host.stopping
             self._draining = self.host.draining is not None
+            self._last_completed = self.host.last_completed
         self._queue(barriers, stopping)
         with self._host_lock:  # separately: latestOffset may tick in between
             self.host.maintain()
@@ -521,6 +523,12 @@ class HostThread:
         queued by it)."""
         with self._queue_lock:
             return self._stopping
+
+    @property
+    def last_completed(self) -> CompletedCheckpoint | None:
+        """The newest checkpoint completed in this run, as of the last poll; read without
+        waiting for a poll in progress (a completion's commit takes 100-300 ms)."""
+        return self._last_completed
 
     @property
     def draining(self) -> bool:
