@@ -40,15 +40,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) the tests that start
-    a local Spark Connect server (``demo --remote local[2]``) share one worker: pyspark's
-    local server listens on the fixed port 15002."""
-    for item in items:
-        if "connect" in item.nodeid.lower():
-            item.add_marker(pytest.mark.xdist_group("connect"))
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """A local SparkSession shared by the whole test session (``local[2]``, 2 shuffle

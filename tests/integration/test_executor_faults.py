@@ -42,10 +42,8 @@ from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import DemoArgs, DemoRun, session_processes
 
-#: one xdist worker runs them all, one after the other: a local cluster's executors work
-#: under ``$SPARK_HOME/work``, shared by every local cluster on the machine, and the tests
-#: read and remove what their clusters left there (:func:`retried_tasks`)
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.xdist_group("local-cluster")]
+#: one xdist worker runs them all, one after the other: see tests/conftest.py
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 CLUSTER = "local-cluster[2,1,1024]"
 EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"

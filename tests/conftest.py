@@ -1,0 +1,44 @@
+"""The root of the test suite: how ``make test``'s two pytest-xdist workers share the machine.
+
+Most tests can run side by side. Two kinds cannot, and each kind runs on one worker, one test
+after the other (a scope of xdist's scheduler):
+
+* ``connect`` — the tests that start a local Spark Connect server (``demo --remote
+  local[2]``): pyspark's local server listens on the fixed port 15002.
+* ``local-cluster`` — ``test_executor_faults.py``: a local cluster's executors work under
+  ``$SPARK_HOME/work``, shared by every local cluster on the machine, which those tests read
+  and clear.
+
+(xdist's own ``xdist_group`` marker has no effect with pytest 9: it renames the items'
+``_nodeid``, which pytest 9 no longer reads.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The scheduling scope of test *nodeid*: a shared name for the tests that must not run
+    beside each other, the test itself otherwise."""
+    if "test_executor_faults.py" in nodeid:
+        return "local-cluster"
+    if "connect" in nodeid.lower():
+        return "connect"
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``-n N`` (``--dist load``, the default): load balancing by :func:`xdist_scope`."""
+    if config.getvalue("dist") not in ("load", "loadgroup", "loadscope"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByScope(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return ByScope(config, log)
