@@ -165,6 +165,34 @@ class SubtaskChangelog:
         except (OSError, ValueError, KeyError, TypeError):
             return {}
 
+    def newest_segment_metas(self) -> list[dict[str, Any]]:
+        """The metadata of the segments of the newest micro-batch in the changelog, one per
+        attempt that published it ([] when there is none): where the driver looks for the
+        writer of the subtask's last checkpoints
+        (:class:`~spark_ckpt.spark.snapshot_threads.LostWriterScan`)."""
+        batches: dict[int, list[str]] = {}
+        for name in self._segment_names():
+            batches.setdefault(int(name[1:].split("-", 1)[0]), []).append(name)
+        if not batches:
+            return []
+        metas = []
+        for name in sorted(batches[max(batches)]):
+            try:
+                metas.append(dict(read_entry_meta(self.directory / name)))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # evicted or half-removed since the listing
+        return metas
+
+    def _segment_names(self) -> list[str]:
+        """The names of the published segments (``b<batch>-<token>``)."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        return [
+            n for n in names if n.startswith("b") and "-" in n and n[1:].split("-", 1)[0].isdigit()
+        ]
+
     def chain(self, batch_id: int, token: str) -> tuple[list[SubtaskImage], Segment]:
         """The images of the chain ending at segment (*batch_id*, *token*), full segment
         first, and that segment. Raises :class:`StoreError` when a segment of it is missing
@@ -228,18 +256,9 @@ class SubtaskChangelog:
         return images[::-1], segment
 
     def _evict(self, before: int, keep: str = "") -> None:
-        try:
-            names = os.listdir(self.directory)
-        except OSError:
-            return
-        for name in names:
-            if name.startswith("b") and "-" in name and name != keep:
-                try:
-                    batch = int(name[1:].split("-", 1)[0])
-                except ValueError:
-                    continue
-                if batch < before:
-                    shutil.rmtree(self.directory / name, ignore_errors=True)
+        for name in self._segment_names():
+            if name != keep and int(name[1:].split("-", 1)[0]) < before:
+                shutil.rmtree(self.directory / name, ignore_errors=True)
 
 
 def remove_run(root: str, run_id: str) -> None:

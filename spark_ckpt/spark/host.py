@@ -57,6 +57,7 @@ from spark_ckpt.spark.mailbox import (
     read_topology,
 )
 from spark_ckpt.spark.run import RestorePoint, RunFiles, SkippedCheckpoint
+from spark_ckpt.spark.snapshot_threads import LostWriterScan
 from spark_ckpt.storage.store import CheckpointStore
 from spark_ckpt.testing import faults
 
@@ -115,6 +116,7 @@ class CoordinatorHost:
         self._started_ms = self.clock.now_ms()
         self.mailbox = Mailbox(root)
         self.run_mailbox = Mailbox(root, run_id) if run_id else None
+        self._lost_writer_scan = LostWriterScan(root, run_id) if run_id else None
         self.topology: Topology | None = None
         self.restore_point: RestorePoint | None = None
         self._restored: CompletedCheckpoint | None = None
@@ -253,6 +255,7 @@ class CoordinatorHost:
         coordinator = self.coordinator
         if coordinator is None:
             return []
+        lost = self._lost_writes(coordinator)  # before the acks: see LostWriterScan
         for mailbox in (self.mailbox, self.run_mailbox):
             if mailbox is None:
                 continue
@@ -265,12 +268,26 @@ class CoordinatorHost:
                 elif isinstance(message, Request):
                     self._on_request(coordinator, message)
             mailbox.delete([name for name, _ in received])
+        for decline in lost:
+            waiting = {p.checkpoint_id: p.not_yet_acknowledged for p in coordinator.pending}
+            if decline.task in waiting.get(decline.checkpoint_id, ()):
+                log.warning("declining checkpoint %d: %s", decline.checkpoint_id, decline.reason)
+                coordinator.receive_decline(decline)
         if tick:
             return self.tick()
         if coordinator.status is CoordinatorStatus.RUNNING:
             coordinator.expire_overdue()
         barriers, self._barriers = self._barriers, []
         return barriers
+
+    def _lost_writes(self, coordinator: CheckpointCoordinator) -> list[DeclineCheckpoint]:
+        """The declines of pending checkpoints whose state write on the executors was lost
+        with its Python worker after the subtask's last micro-batch (a run's subtasks on the
+        executors: :class:`~spark_ckpt.spark.snapshot_threads.LostWriterScan`)."""
+        if self._lost_writer_scan is None or coordinator.status is not CoordinatorStatus.RUNNING:
+            return []
+        waiting = {p.checkpoint_id: p.not_yet_acknowledged for p in coordinator.pending}
+        return self._lost_writer_scan.scan({c: t for c, t in waiting.items() if t})
 
     def tick(self) -> list[CheckpointBarrier]:
         """Tick the coordinator (periodic triggers, timeouts): what ``latestOffset`` does, so

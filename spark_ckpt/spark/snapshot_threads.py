@@ -22,6 +22,15 @@ the state) reads the fence's segment: if that writer is gone (its process no lon
 on this host, or it was on another host), it declines those checkpoints
 (:func:`decline_lost_writes`). A decline of a checkpoint the writer had acknowledged after
 all, or that is no longer pending, changes nothing at the coordinator.
+
+No micro-batch may follow: the final checkpoint of ``Trigger.AvailableNow`` or of a stop is
+the last one the subtasks see. So the coordinator's host also looks, about once a second
+while a checkpoint waits for subtasks (:class:`LostWriterScan`), at the newest segment of
+each subtask that has not acknowledged it: a writer on the driver's host whose process is
+gone is declined there, and the final checkpoint is taken again (the next micro-batch carries
+its barrier, and the subtasks rebuild elsewhere). A writer on another host is left to the
+next micro-batch, or else to the checkpoint's timeout (the driver cannot see that host's
+processes).
 """
 
 from __future__ import annotations
@@ -29,14 +38,16 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from spark_ckpt.protocol.handle import DeclineCheckpoint
+from spark_ckpt.protocol.handle import DeclineCheckpoint, TaskId
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
 from spark_ckpt.runtime.task import AsyncPhase, OperatorTask
+from spark_ckpt.spark.changelog import SubtaskChangelog
 from spark_ckpt.spark.executor_cache import CacheKey
 from spark_ckpt.spark.mailbox import process_exists
 
@@ -68,6 +79,21 @@ class Writer:
         """Whether its writes may never finish: its process is gone from this host, or it
         ran on another host (whose process this one cannot see)."""
         return self.host != socket.gethostname() or not process_exists(self.pid)
+
+    def gone_from_here(self) -> bool:
+        """Whether its writes will never finish as seen from another process of a pipeline
+        (the driver): it ran on this host and its process no longer exists. A writer on
+        another host may be alive: this host cannot tell."""
+        return self.host == socket.gethostname() and not process_exists(self.pid)
+
+    def decline(self, checkpoint_id: int, task: TaskId) -> DeclineCheckpoint:
+        """The decline of *task*'s checkpoint *checkpoint_id*, which this writer lost."""
+        return DeclineCheckpoint(
+            checkpoint_id,
+            task,
+            f"the Python worker writing its state (process {self.pid} on {self.host}) was "
+            "lost before it acknowledged",
+        )
 
 
 class ExecutorSnapshots:
@@ -140,12 +166,44 @@ def decline_lost_writes(task: OperatorTask, segment_meta: Mapping[str, Any]) -> 
     if writer is None or not writer.writing or not writer.lost():
         return []
     for cid in writer.writing:
-        task.respond(
-            DeclineCheckpoint(
-                cid,
-                task.task_id,
-                f"the Python worker writing its state (process {writer.pid} on "
-                f"{writer.host}) was lost before it acknowledged",
-            )
-        )
+        task.respond(writer.decline(cid, task.task_id))
     return list(writer.writing)
+
+
+class LostWriterScan:
+    """The coordinator's host (driver side): which pending checkpoints wait for a write that
+    its Python worker lost after the subtask's last micro-batch (see the module docstring).
+
+    Use: :meth:`scan` *before* reading the mailbox, then apply its declines *after* the
+    acknowledgements read there. A writer that acknowledged and then died has its ack in the
+    mailbox by then, and a decline after an ack changes nothing at the coordinator."""
+
+    def __init__(self, root: str, run_id: str, interval_s: float = 1.0) -> None:
+        self.root = root
+        self.run_id = run_id
+        self.interval_s = interval_s
+        self._next = 0.0
+
+    def scan(self, waiting: Mapping[int, Iterable[TaskId]]) -> list[DeclineCheckpoint]:
+        """*waiting*: each pending checkpoint and the subtasks that have not acknowledged it.
+        The declines of those whose subtask's newest changelog segment names a writer gone
+        from this host that was still writing them. At most once per *interval_s* ([] in
+        between, and on a root without a changelog)."""
+        now = time.monotonic()
+        if not waiting or now < self._next or not SubtaskChangelog.available(self.root):
+            return []
+        self._next = now + self.interval_s
+        writers: dict[int, list[Writer]] = {}
+        declines = []
+        for cid, tasks in sorted(waiting.items()):
+            for task in tasks:
+                if task.subtask not in writers:
+                    changelog = SubtaskChangelog(self.root, self.run_id, task.subtask)
+                    metas = changelog.newest_segment_metas()
+                    found = (Writer.from_meta(m) for m in metas)
+                    writers[task.subtask] = [w for w in found if w is not None and w.writing]
+                for writer in writers[task.subtask]:
+                    if cid in writer.writing and writer.gone_from_here():
+                        declines.append(writer.decline(cid, task))
+                        break
+        return declines

@@ -198,14 +198,57 @@ def test_a_task_failing_after_it_staged_output_is_retried_exactly_once(
     """A faulty checkpoint store kills the Python worker in a subtask's state write, once:
     the write comes after the subtask sealed the checkpoint's output into staged files.
     Spark retries the task; the retry stages the same rows again under other names, and
-    only one attempt's output is ever committed."""
-    args = replace(cluster_args(tmp_path), rate=0.0, backlog="900,300,300", available_now=True)
+    only one attempt's output is ever committed. Python workers are not reused here, so the
+    write runs in the task (in a reused worker it runs after it: the next test)."""
+    args = replace(
+        cluster_args(tmp_path),
+        rate=0.0,
+        backlog="900,300,300",
+        available_now=True,
+        conf=("spark.python.worker.reuse=false",),
+    )
     faults.arm(str(args.root), faults.Fault.STORE_WRITE, faults.Action.KILL)
     started = time.time()
     run = demo.start(args)
     assert run.wait(300) == 0, run.tail()
     assert len(faults.hits(str(args.root), faults.Fault.STORE_WRITE)) == 1
     assert retried_tasks(started), run.tail()
+    final = _finish(demo, args)
+    assert [final.offsets()[("source", c)] for c in range(3)] == [900, 300, 300]
+    expected = running_count_rows(generated_keys(args.spec(), [900, 300, 300]))
+    actual = output_rows(read_delta(args.output))
+    assert actual == expected, f"{_diff(actual, expected)}\n{run.tail()}"
+
+
+def test_a_worker_lost_while_writing_the_final_checkpoint_ends_the_run_exactly_once(
+    demo: DemoLauncher, tmp_path: Path
+) -> None:
+    """The only checkpoint of a ``Trigger.AvailableNow`` run is its final one, written by
+    reused Python workers after their tasks ended; the faulty store kills one of them in that
+    write. No micro-batch follows to notice: the driver finds the lost writer, the final
+    checkpoint is declined and taken again, and the run ends well before the checkpoint's
+    timeout (10 minutes) with every row exactly once."""
+    args = replace(
+        cluster_args(tmp_path),
+        rate=0.0,
+        backlog="900,300,300",
+        available_now=True,
+        interval="600s",  # no periodic checkpoint: the final one is the first
+    )
+    faults.arm(str(args.root), faults.Fault.STORE_WRITE, faults.Action.KILL)
+    started = time.time()
+    run = demo.start(args)
+    assert run.wait(300) == 0, run.tail()
+    assert len(faults.hits(str(args.root), faults.Fault.STORE_WRITE)) == 1
+    history = DeltaCheckpointStore(str(args.root)).list_history()
+    failed = [r.failure for r in history if r.failure is not None]
+    # the kill landed after the tasks (declined, taken again) or in a later task (retried)
+    lost = [f for f in failed if "was lost before it acknowledged" in f.message]
+    assert lost or retried_tasks(started, remove=False), f"{failed}\n{run.tail()}"
+    retried_tasks(started)
+    completed = [r for r in history if r.failure is None]
+    assert len(completed) == 1, history
+    assert all(completed[0].checkpoint_id > f.checkpoint_id for f in failed), history
     final = _finish(demo, args)
     assert [final.offsets()[("source", c)] for c in range(3)] == [900, 300, 300]
     expected = running_count_rows(generated_keys(args.spec(), [900, 300, 300]))
