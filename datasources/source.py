@@ -232,6 +232,8 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         barriers = self.host.take_barriers()
         stopping = self.host.stopping  # as of the take: a stop barrier comes with its request
+        if stopping is None and not self.host.draining:
+            self._stop_at = self._drain_to = None  # (again) no stop under way: one failed
         if self._drain_to is None and self.host.draining:
             self._drain_to = list(heads)  # a stop with drain reads up to the heads as of now
         if self._drain_to is not None:

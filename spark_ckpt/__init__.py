@@ -29,6 +29,7 @@ ensure_pyspark_python()
 from spark_ckpt.delta.savepoint import Savepoint, dispose_savepoint, list_savepoints
 from spark_ckpt.errors import (
     CheckpointError,
+    CheckpointFailedError,
     ConfigError,
     CorruptCheckpointError,
     DataLossError,
@@ -74,6 +75,7 @@ __all__ = [
     "BARRIER_COLUMNS",
     "CheckpointConfig",
     "CheckpointError",
+    "CheckpointFailedError",
     "CheckpointStats",
     "CheckpointSummary",
     "CheckpointingMode",

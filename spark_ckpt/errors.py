@@ -31,8 +31,10 @@ class CheckpointError(SparkCkptError):
     """A checkpoint could not be triggered, acknowledged or completed."""
 
 
-class CheckpointDeclinedError(CheckpointError):
-    """A task declined a checkpoint; the checkpoint is aborted with this reason."""
+class CheckpointFailedError(CheckpointError):
+    """The checkpoint, savepoint or final checkpoint of a stop that a client requested
+    failed (declined by a task, expired, aborted); the message names the reason. The
+    pipeline goes on running, as Flink's does after a failed stop-with-savepoint."""
 
 
 class TolerableFailuresExceededError(CheckpointError):

@@ -180,7 +180,9 @@ class FailedCheckpoint:
     expired, subsumed, or cancelled by a failure or shutdown. Recorded durably next to the
     completed ones (:meth:`~spark_ckpt.storage.store.CheckpointLog.record_failure`), with the
     figures of the tasks that had acknowledged before the abort. ``reason`` is a
-    :class:`~spark_ckpt.runtime.failure.CheckpointFailureReason` value."""
+    :class:`~spark_ckpt.runtime.failure.CheckpointFailureReason` value; ``properties``: the
+    checkpoint's properties as triggered (a client's request id among them: how a client
+    learns that its request failed)."""
 
     checkpoint_id: int
     snapshot_type: SnapshotType
@@ -189,6 +191,7 @@ class FailedCheckpoint:
     reason: str
     message: str = ""
     task_metrics: Mapping[str, CheckpointMetrics] = field(default_factory=dict)
+    properties: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def duration_ms(self) -> int:
@@ -204,6 +207,7 @@ class FailedCheckpoint:
             "reason": self.reason,
             "message": self.message,
             "task_metrics": {k: v.to_dict() for k, v in sorted(self.task_metrics.items())},
+            **({"properties": dict(sorted(self.properties.items()))} if self.properties else {}),
         }
 
     def to_json(self) -> str:
@@ -224,6 +228,7 @@ class FailedCheckpoint:
                     str(k): CheckpointMetrics.from_dict(v)
                     for k, v in d.get("task_metrics", {}).items()
                 },
+                properties={str(k): str(v) for k, v in d.get("properties", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptCheckpointError(f"failed-checkpoint record is malformed: {e}") from e

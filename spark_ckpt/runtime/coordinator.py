@@ -336,6 +336,13 @@ class CheckpointCoordinator:
         savepoints and pending checkpoints proceed."""
         self._next_periodic_ms = None
 
+    def resume_periodic_trigger(self) -> None:
+        """Periodic checkpoints again, the first one an interval from now: a stop whose final
+        checkpoint failed lets the job go on (Flink restarts its checkpoint scheduler after
+        a failed stop-with-savepoint)."""
+        if self.config.interval_ms is not None and self.status is CoordinatorStatus.RUNNING:
+            self._next_periodic_ms = self.clock.now_ms() + self.config.interval_ms
+
     def shutdown(self, job_status: JobStatus = JobStatus.SUSPENDED) -> None:
         """Abort pending checkpoints (not counted as failures) and apply externalized
         retention for *job_status*. Savepoints are never discarded. Idempotent."""
@@ -702,6 +709,7 @@ class CheckpointCoordinator:
             reason=failure.reason.value,
             message=failure.message,
             task_metrics={str(t): a.metrics for t, a in sorted(pending.acks.items())},
+            properties=dict(pending.properties),
         )
         try:
             self.store.record_failure(self._lease, record, history_size=self.config.history_size)

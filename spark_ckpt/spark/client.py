@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from statistics import mean
 from typing import TYPE_CHECKING
 
-from spark_ckpt.errors import CheckpointError
+from spark_ckpt.errors import CheckpointError, CheckpointFailedError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.failure import CheckpointFailureReason
@@ -164,14 +164,36 @@ class PipelineClient:
             None,
         )
 
+    def failure(self, request_id: str) -> FailedCheckpoint | None:
+        """The failure of the checkpoint that answered *request_id*, if it failed (from the
+        statistics history, where the coordinator records it with the request's id)."""
+        return next(
+            (
+                r.failure
+                for r in self.store.list_history()
+                if r.failure is not None and r.failure.properties.get(REQUEST_ID) == request_id
+            ),
+            None,
+        )
+
     def wait_for(self, request_id: str, timeout_s: float = 120.0) -> CompletedCheckpoint:
-        """Wait until the checkpoint answering *request_id* completed; raises
-        :class:`~spark_ckpt.errors.CheckpointError` after *timeout_s*."""
+        """Wait until the checkpoint answering *request_id* completed. Raises
+        :class:`~spark_ckpt.errors.CheckpointFailedError` once it failed (the pipeline goes
+        on), :class:`~spark_ckpt.errors.CheckpointError` after *timeout_s* without an
+        answer."""
         deadline = time.monotonic() + timeout_s
         while True:
             answer = self.answer(request_id)
             if answer is not None:
                 return answer
+            failed = self.failure(request_id)
+            if failed is not None:
+                posted = self._posted.get(request_id)
+                what = f"the {posted[1].value} request" if posted else f"request {request_id}"
+                raise CheckpointFailedError(
+                    f"{what} failed: {failed.snapshot_type.value} {failed.checkpoint_id} "
+                    f"{failed.reason}: {failed.message}"
+                )
             if time.monotonic() >= deadline:
                 posted = self._posted.get(request_id)
                 what = f"the {posted[1].value} request" if posted else f"request {request_id}"

@@ -43,6 +43,7 @@ from spark_ckpt.runtime.coordinator import (
     CheckpointRequest,
     CoordinatorStatus,
     JobStatus,
+    RequestStatus,
 )
 from spark_ckpt.runtime.restore_settings import PIPELINE
 from spark_ckpt.runtime.task import commit_checkpoint, recover_sink
@@ -273,6 +274,7 @@ class CoordinatorHost:
             if decline.task in waiting.get(decline.checkpoint_id, ()):
                 log.warning("declining checkpoint %d: %s", decline.checkpoint_id, decline.reason)
                 coordinator.receive_decline(decline)
+        self._after_failed_stop(coordinator)
         if tick:
             return self.tick()
         if coordinator.status is CoordinatorStatus.RUNNING:
@@ -288,6 +290,27 @@ class CoordinatorHost:
             return []
         waiting = {p.checkpoint_id: p.not_yet_acknowledged for p in coordinator.pending}
         return self._lost_writer_scan.scan({c: t for c, t in waiting.items() if t})
+
+    def _after_failed_stop(self, coordinator: CheckpointCoordinator) -> None:
+        """The final checkpoint (or savepoint) of a stop failed: a restart for new channels
+        takes it again; a client's stop fails (its client reads the failure, recorded with
+        the request's id) and the pipeline goes on, with periodic checkpoints again, as
+        Flink's after a failed stop-with-savepoint. The source then reads past the stop's
+        positions again (:attr:`stopping` is None)."""
+        request = self.stopping
+        if request is None or request.status is not RequestStatus.FAILED:
+            return
+        if coordinator.status is not CoordinatorStatus.RUNNING:
+            return
+        if RESTART in request.properties:
+            log.warning("the final checkpoint of a restart failed (%s); retrying", request.failure)
+            self.stopping = coordinator.trigger_checkpoint(dict(request.properties), final=True)
+            return
+        log.warning(
+            "the stop failed (%s): the pipeline goes on; request the stop again", request.failure
+        )
+        self.stopping = None
+        coordinator.resume_periodic_trigger()
 
     def tick(self) -> list[CheckpointBarrier]:
         """Tick the coordinator (periodic triggers, timeouts): what ``latestOffset`` does, so

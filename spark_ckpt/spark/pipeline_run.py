@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from spark_ckpt.errors import CheckpointError, SparkCkptError
+from spark_ckpt.errors import CheckpointError, CheckpointFailedError, SparkCkptError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.coordinator import JobStatus, discards_checkpoints
@@ -55,6 +55,9 @@ RunFunction = ForeachBatchFunction | SubtaskFunction
 
 #: How often a run's watcher looks for the final checkpoint of a stop request.
 WATCH_POLL_S = 0.5
+#: How often a stop on the user's behalf requests its final checkpoint before it stops
+#: without one (:meth:`PipelineRun.stop_quietly`).
+STOP_ATTEMPTS = 3
 
 
 @dataclass
@@ -134,14 +137,21 @@ class PipelineRun:
 
     def stop_quietly(self) -> CompletedCheckpoint | None:
         """A stop on the user's behalf (duration, Ctrl-C): with a final checkpoint when the
-        query still runs; never a stack trace."""
-        try:
-            return self.stop()
-        except KeyboardInterrupt:  # a second Ctrl-C: stop now, without a final checkpoint
-            end_query(self.query)
-            self.retire()
-            self.report(RunState.STOPPED, restored_from=self.restored_from)
-            return self.pipeline.client.latest()
+        query still runs; never a stack trace. A final checkpoint that fails is requested
+        again, up to :data:`STOP_ATTEMPTS` times; then the query stops without one (the next
+        run resumes from the latest completed checkpoint)."""
+        for attempt in range(1, STOP_ATTEMPTS + 1):
+            try:
+                return self.stop()
+            except KeyboardInterrupt:  # a second Ctrl-C: stop now, without a final checkpoint
+                break
+            except CheckpointFailedError as e:
+                then = "trying again" if attempt < STOP_ATTEMPTS else "stopping without one"
+                log.warning("the final checkpoint of the stop failed (%s); %s", e, then)
+        end_query(self.query)
+        self.retire()
+        self.report(RunState.STOPPED, restored_from=self.restored_from)
+        return self.pipeline.client.latest()
 
     def finish_stop(self, final: CompletedCheckpoint, request_id: str) -> None:
         """The final checkpoint of a stop completed: wait for its sink commit, let the

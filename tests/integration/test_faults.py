@@ -437,6 +437,29 @@ def test_cli_stop_ends_the_job_and_applies_externalized_retention(
         job.drain_and_check()
 
 
+def test_a_stop_whose_final_checkpoint_fails_leaves_the_pipeline_running(job: Job) -> None:
+    """Every state write fails while ``spark-ckpt stop`` runs: a task declines the final
+    checkpoint. The CLI ends in one ``error:`` line naming the failure as soon as it is on
+    record (not at its timeout); the pipeline goes on, as Flink's after a failed
+    stop-with-savepoint: it reads on and its periodic checkpoints complete again. A second
+    stop ends it, and the output is exactly once."""
+    run = job.start()
+    job.wait_processed_past_checkpoint(run)
+    faults.arm(job.root, faults.Fault.STORE_WRITE, faults.Action.RAISE, times=faults.ALWAYS)
+    failed = cli("stop", "--root", job.root, "--timeout", "180")
+    faults.disarm(job.root, faults.Fault.STORE_WRITE)
+    assert failed.returncode == 1 and failed.stderr.count("\n") == 1, failed.stderr
+    assert failed.stderr.startswith("error: the stop request failed: checkpoint"), failed.stderr
+    assert "injected fault store-write" in failed.stderr, failed.stderr
+    assert run.alive(), run.tail()
+    after = job.latest_id()
+    job.feed.append(300)
+    job.wait_checkpoint_after(run, after)  # a periodic one: nobody requested it
+    assert run.alive(), run.tail()
+    job.stop(run)
+    job.drain_and_check()
+
+
 # -- damaged checkpoint data -------------------------------------------------------------------
 
 

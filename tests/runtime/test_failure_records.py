@@ -4,6 +4,7 @@ and the figures of the tasks that had acknowledged; recording never fails the jo
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 from test_coordinator import OP, SRC, RecordingGateway, ack, ack_all, make
@@ -27,7 +28,7 @@ def test_declined_and_expired_checkpoints_are_recorded_with_reason_and_subtask_f
     ack(coord, store, declined.checkpoint_id, SRC, metrics=CheckpointMetrics(3, 4, 5, 6, 7, 8))
     clock.set(50)
     coord.receive_decline(DeclineCheckpoint(declined.checkpoint_id, OP, "disk full"))
-    expired = coord.trigger_checkpoint()
+    expired = coord.trigger_checkpoint({"request_id": "r-2"})
     assert expired.checkpoint_id is not None and expired.status is RequestStatus.TRIGGERED
     clock.set(2000)
     coord.tick()  # expires it
@@ -45,6 +46,7 @@ def test_declined_and_expired_checkpoints_are_recorded_with_reason_and_subtask_f
     assert second.checkpoint_id == expired.checkpoint_id and second.reason == "expired"
     assert second.trigger_ms == 50 and second.failed_ms == 2000
     assert second.task_metrics == {}  # nobody had acknowledged
+    assert second.properties == {"request_id": "r-2"}  # how its client learns of it
 
 
 def test_every_abort_is_recorded_subsumed_savepoint_finalize_and_shutdown() -> None:
@@ -182,3 +184,6 @@ def test_failed_checkpoint_json_round_trip() -> None:
     assert FailedCheckpoint.from_json(text) == failed
     assert failed.to_dict()["duration_ms"] == 150
     assert text == FailedCheckpoint.from_json(text).to_json()  # canonical
+    assert "properties" not in failed.to_dict()  # records written before properties existed
+    requested = replace(failed, properties={"request_id": "stop-1", "stop": "stop-1"})
+    assert FailedCheckpoint.from_json(requested.to_json()) == requested
