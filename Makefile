@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(VENV)/bin/spark-ckpt demo --seconds 60
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q --durations=15
+	$(VENV)/bin/python -m pytest -q -n 2 --durations=15
 
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n 2 -m "not spark and not slow" --durations=15
