@@ -766,6 +766,25 @@ class CheckpointCoordinator:
     def next_periodic_ms(self) -> int | None:
         return self._next_periodic_ms
 
+    def next_trigger_ms(self) -> int | None:
+        """The earliest time at which :meth:`tick` may trigger something, as things stand: 0
+        for a forced request queued; else, unless max concurrent or min pause hold every
+        trigger back until a pending checkpoint ends (None), the due time of a queued
+        request (0) or of the next periodic checkpoint, no sooner than min pause after the
+        last completion; None when nothing would trigger (not running, nothing queued, no
+        periodic trigger). Only a completion, an abort or a new request change it."""
+        if self.status is not CoordinatorStatus.RUNNING:
+            return None
+        if self._queue and self._queue[0].forced:
+            return 0
+        min_pause = self.config.min_pause_ms
+        if len(self._pending) >= self.config.max_concurrent or (min_pause > 0 and self._pending):
+            return None
+        due = 0 if self._queue else self._next_periodic_ms
+        if due is not None and min_pause > 0 and self._last_completion_ms is not None:
+            due = max(due, self._last_completion_ms + min_pause)
+        return due
+
     def latest_completed(self) -> CompletedCheckpoint | None:
         """The checkpoint (or savepoint) a restart restores from."""
         return self.store.latest_completed()

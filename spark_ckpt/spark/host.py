@@ -322,6 +322,14 @@ class CoordinatorHost:
         barriers, self._barriers = self._barriers, []
         return barriers
 
+    def next_trigger_ms(self) -> int | None:
+        """When :meth:`tick` may trigger something next (0: now; None: not before something
+        else changes), see :meth:`CheckpointCoordinator.next_trigger_ms`. Before the
+        coordinator is installed: 0 (unknown)."""
+        if self.coordinator is None:
+            return 0
+        return self.coordinator.next_trigger_ms()
+
     def maintain(self) -> None:
         """Deferred retention (see ``defer_after_completion``)."""
         if self.coordinator is not None:
@@ -483,6 +491,8 @@ class HostThread:
         self._stopping: CheckpointRequest | None = None
         self._draining = False
         self._last_completed: CompletedCheckpoint | None = None
+        #: when a tick may trigger something next, as of the last poll or tick (0: unknown)
+        self._due_ms: int | None = 0
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -521,6 +531,7 @@ class HostThread:
             stopping = self.host.stopping
             self._draining = self.host.draining is not None
             self._last_completed = self.host.last_completed
+            self._due_ms = self.host.next_trigger_ms()
         self._queue(barriers, stopping)
         with self._host_lock:  # separately: latestOffset may tick in between
             self.host.maintain()
@@ -533,7 +544,10 @@ class HostThread:
     def call(self, fn: Callable[[CoordinatorHost], T]) -> T:
         """Run *fn* on the host (waits for a poll in progress)."""
         with self._host_lock:
-            return fn(self.host)
+            try:
+                return fn(self.host)
+            finally:
+                self._due_ms = self.host.next_trigger_ms()  # fn may have requested one
 
     def sync(self) -> None:
         """Wait until a poll in progress has finished — a completion with its global sink
@@ -545,17 +559,34 @@ class HostThread:
 
     def take_barriers(self) -> list[CheckpointBarrier]:
         """The barriers triggered since the last call, oldest first; raises what stopped the
-        polling thread, if anything did. Starts the thread on first use."""
+        polling thread, if anything did. Starts the thread on first use.
+
+        Ticks the coordinator, except while a poll holds the host (a completion with its
+        store and sink commits: 100-300 ms) and, as of the last poll, the tick would trigger
+        nothing (no request queued, no periodic checkpoint due): ``latestOffset`` does not
+        wait for a completion it has no use for. Only a tick that may trigger waits."""
         if self._error is not None:
             raise self._error
         self.start()
-        with self._host_lock:
-            ticked = self.host.tick()
-            stopping = self.host.stopping
-        self._queue(ticked, stopping)
+        locked = self._host_lock.acquire(blocking=False)
+        if not locked and self._tick_due():
+            locked = self._host_lock.acquire()
+        if locked:
+            try:
+                ticked = self.host.tick()
+                stopping = self.host.stopping
+                self._due_ms = self.host.next_trigger_ms()
+            finally:
+                self._host_lock.release()
+            self._queue(ticked, stopping)
         with self._queue_lock:
             barriers, self._barriers = self._barriers, []
         return barriers
+
+    def _tick_due(self) -> bool:
+        """Whether a tick may trigger something now (lock-free: as of the last poll)."""
+        due = self._due_ms
+        return due is not None and due <= self.host.clock.now_ms()
 
     @property
     def stopping(self) -> CheckpointRequest | None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spark_ckpt.errors import (
     CheckpointError,
@@ -623,3 +625,38 @@ def test_retention_fenced_error_still_fails_the_coordinator() -> None:
         ack(coord, store, r.checkpoint_id, OP)
     assert coord.status is CoordinatorStatus.FAILED
     assert isinstance(coord.failure_cause, FencedError)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    interval=st.sampled_from([100, None]),
+    max_concurrent=st.integers(1, 2),
+    min_pause=st.sampled_from([0, 50]),
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["advance", "tick", "ack", "request", "savepoint"]), st.integers(1, 120)
+        ),
+        max_size=40,
+    ),
+)
+def test_next_trigger_ms_says_exactly_when_a_tick_triggers(
+    interval: int | None, max_concurrent: int, min_pause: int, steps: list[tuple[str, int]]
+) -> None:
+    """What lets the source runner skip a tick while a poll holds the coordinator: a tick
+    triggers something exactly when ``next_trigger_ms`` is due."""
+    coord, _, clock, store = make(
+        interval_ms=interval, max_concurrent=max_concurrent, min_pause_ms=min_pause
+    )
+    for op, n in steps:
+        if op == "advance":
+            clock.advance(n)
+        elif op == "ack" and coord.pending:
+            ack_all(coord, store, coord.pending[0].checkpoint_id)
+        elif op == "request":
+            coord.trigger_checkpoint()
+        elif op == "savepoint":
+            coord.trigger_savepoint(None)
+        due = coord.next_trigger_ms()
+        if op == "tick":
+            sent = coord.tick()
+            assert bool(sent) == (due is not None and due <= clock.now_ms()), (due, sent)

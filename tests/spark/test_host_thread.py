@@ -94,6 +94,32 @@ def test_the_host_thread_expires_a_checkpoint_no_batch_acknowledges(tmp_path: Pa
         thread.stop()
 
 
+def test_latest_offset_waits_for_a_busy_poll_only_when_a_tick_may_trigger(
+    tmp_path: Path,
+) -> None:
+    """A poll holds the host while it completes a checkpoint (store and sink commits):
+    ``take_barriers`` does not wait for it when nothing is due, and waits, then triggers,
+    when the periodic checkpoint is due."""
+    thread, clock = hosted(tmp_path)
+    try:
+        thread.start()
+        wait_until(lambda: thread.call(lambda h: h.coordinator is not None))
+        assert thread.take_barriers() == []  # the interval has not passed: nothing due
+        taken: list[list[object]] = []
+        with thread._host_lock:  # a poll in progress
+            waiter = threading.Thread(target=lambda: taken.append(thread.take_barriers()))
+            waiter.start()
+            wait_until(lambda: bool(taken))  # returned while the poll still runs
+            assert taken == [[]]
+            clock.advance(1_000)  # the periodic checkpoint is due: this one has to wait
+            waiter = threading.Thread(target=lambda: taken.append(thread.take_barriers()))
+            waiter.start()
+        waiter.join(30)
+        assert len(taken) == 2 and len(taken[1]) == 1  # it ticked once the poll ended
+    finally:
+        thread.stop()
+
+
 def test_a_failed_poll_fails_the_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     thread, _ = hosted(tmp_path)
 
