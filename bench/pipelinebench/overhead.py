@@ -109,9 +109,16 @@ def workload(s: OverheadSettings, checkpoints: bool) -> Workload:
     )
 
 
-def run_overhead(spark: Any, s: OverheadSettings, log: Any) -> dict[str, Any]:
-    """The runs and their summary (see the module docstring)."""
-    variants = overhead_variants()
+def run_overhead(
+    spark: Any, s: OverheadSettings, log: Any, placement: str | None = None
+) -> dict[str, Any]:
+    """The runs and their summary (see the module docstring); *placement*: only its
+    variants."""
+    variants = {
+        name: v
+        for name, v in overhead_variants().items()
+        if placement is None or name.startswith(f"{placement}/")
+    }
     names = list(variants)
     py_gc = PyGcTimer().install()
 
@@ -158,6 +165,7 @@ def run_overhead(spark: Any, s: OverheadSettings, log: Any) -> dict[str, Any]:
             by_variant[f"{p}/checkpoints"], by_variant[f"{p}/off"]
         )
         for p in PLACEMENTS
+        if f"{p}/checkpoints" in by_variant
     }
     others = [r["diagnostics"]["other_cores"] for r in runs if r["diagnostics"] is not None]
     return {
@@ -239,6 +247,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--settle-timeout", type=float, help="max wait for a quiet machine before each run"
     )
+    parser.add_argument(
+        "--placement",
+        choices=sorted(PLACEMENTS),
+        help="only this placement's two variants (default: every placement)",
+    )
     args = parser.parse_args(argv)
     s = QUICK if args.quick else FULL
     if args.reps:
@@ -263,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     spark = local_session("spark-ckpt-overhead", master=s.master, log_level="ERROR")
     try:
-        result.update(run_overhead(spark, s, log))
+        result.update(run_overhead(spark, s, log, args.placement))
     finally:
         spark.stop()
     result["loadavg_end"] = os.getloadavg()
