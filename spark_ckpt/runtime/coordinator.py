@@ -437,19 +437,21 @@ class CheckpointCoordinator:
         return req
 
     def _may_trigger(self, now: int, forced: bool) -> bool:
-        if forced:
-            return True
-        if len(self._pending) >= self.config.max_concurrent:
-            return False
-        if self.config.min_pause_ms > 0:
-            if self._pending:
-                return False
-            if (
-                self._last_completion_ms is not None
-                and now < self._last_completion_ms + self.config.min_pause_ms
-            ):
-                return False
-        return True
+        return forced or (not self._held_back() and now >= self._pause_ends_ms())
+
+    def _held_back(self) -> bool:
+        """Max concurrent, or min pause (which counts from a completion), hold back every
+        trigger that is not forced until a pending checkpoint ends."""
+        pending = len(self._pending)
+        return pending >= self.config.max_concurrent or (
+            self.config.min_pause_ms > 0 and pending > 0
+        )
+
+    def _pause_ends_ms(self) -> int:
+        """When min pause after the last completion ends (0: no pause)."""
+        if self.config.min_pause_ms <= 0 or self._last_completion_ms is None:
+            return 0
+        return self._last_completion_ms + self.config.min_pause_ms
 
     def _trigger_what_is_allowed(self) -> list[CheckpointBarrier]:
         sent: list[CheckpointBarrier] = []
@@ -777,13 +779,10 @@ class CheckpointCoordinator:
             return None
         if self._queue and self._queue[0].forced:
             return 0
-        min_pause = self.config.min_pause_ms
-        if len(self._pending) >= self.config.max_concurrent or (min_pause > 0 and self._pending):
+        if self._held_back():
             return None
         due = 0 if self._queue else self._next_periodic_ms
-        if due is not None and min_pause > 0 and self._last_completion_ms is not None:
-            due = max(due, self._last_completion_ms + min_pause)
-        return due
+        return None if due is None else max(due, self._pause_ends_ms())
 
     def latest_completed(self) -> CompletedCheckpoint | None:
         """The checkpoint (or savepoint) a restart restores from."""

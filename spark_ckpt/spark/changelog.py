@@ -57,6 +57,7 @@ from spark_ckpt.spark.executor_cache import (
     Fence,
     StateImage,
     entry_name,
+    published_entry_batch,
     read_entry,
     read_entry_meta,
     write_entry,
@@ -170,28 +171,26 @@ class SubtaskChangelog:
         attempt that published it ([] when there is none): where the driver looks for the
         writer of the subtask's last checkpoints
         (:class:`~spark_ckpt.spark.snapshot_threads.LostWriterScan`)."""
-        batches: dict[int, list[str]] = {}
-        for name in self._segment_names():
-            batches.setdefault(int(name[1:].split("-", 1)[0]), []).append(name)
-        if not batches:
-            return []
+        segments = self._segments()
+        newest = max((batch for batch, _ in segments), default=None)
         metas = []
-        for name in sorted(batches[max(batches)]):
+        for batch, name in sorted(segments):
+            if batch != newest:
+                continue
             try:
                 metas.append(dict(read_entry_meta(self.directory / name)))
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # evicted or half-removed since the listing
         return metas
 
-    def _segment_names(self) -> list[str]:
-        """The names of the published segments (``b<batch>-<token>``)."""
+    def _segments(self) -> list[tuple[int, str]]:
+        """The published segments: (micro-batch, directory name)."""
         try:
             names = os.listdir(self.directory)
         except OSError:
             return []
-        return [
-            n for n in names if n.startswith("b") and "-" in n and n[1:].split("-", 1)[0].isdigit()
-        ]
+        found = ((published_entry_batch(n), n) for n in names)
+        return [(batch, name) for batch, name in found if batch is not None]
 
     def chain(self, batch_id: int, token: str) -> tuple[list[SubtaskImage], Segment]:
         """The images of the chain ending at segment (*batch_id*, *token*), full segment
@@ -256,8 +255,8 @@ class SubtaskChangelog:
         return images[::-1], segment
 
     def _evict(self, before: int, keep: str = "") -> None:
-        for name in self._segment_names():
-            if name != keep and int(name[1:].split("-", 1)[0]) < before:
+        for batch, name in self._segments():
+            if name != keep and batch < before:
                 shutil.rmtree(self.directory / name, ignore_errors=True)
 
 

@@ -182,21 +182,19 @@ class PipelineClient:
         on), :class:`~spark_ckpt.errors.CheckpointError` after *timeout_s* without an
         answer."""
         deadline = time.monotonic() + timeout_s
+        posted = self._posted.get(request_id)
+        what = f"the {posted[1].value} request" if posted else f"request {request_id}"
         while True:
             answer = self.answer(request_id)
             if answer is not None:
                 return answer
             failed = self.failure(request_id)
             if failed is not None:
-                posted = self._posted.get(request_id)
-                what = f"the {posted[1].value} request" if posted else f"request {request_id}"
                 raise CheckpointFailedError(
                     f"{what} failed: {failed.snapshot_type.value} {failed.checkpoint_id} "
                     f"{failed.reason}: {failed.message}"
                 )
             if time.monotonic() >= deadline:
-                posted = self._posted.get(request_id)
-                what = f"the {posted[1].value} request" if posted else f"request {request_id}"
                 raise CheckpointError(
                     f"no answer to {what} within {timeout_s:g} s "
                     f"(is the pipeline under {self.root} running?)"

@@ -75,6 +75,7 @@ ABANDONED_AFTER_S = 600.0
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,96}")
 _ENTRY = re.compile(r"(?:\.tmp-)?b(\d{12})-")
+_PUBLISHED = re.compile(r"b(\d+)-")
 _META = "meta.json"
 
 
@@ -198,6 +199,13 @@ def _digest(text: str) -> str:
 
 def entry_name(batch_id: int, token: str) -> str:
     return f"b{batch_id:012d}-{token}"
+
+
+def published_entry_batch(name: str) -> int | None:
+    """The micro-batch of an entry directory named by :func:`entry_name` (None for any
+    other name, a temporary one included)."""
+    match = _PUBLISHED.match(name)
+    return int(match.group(1)) if match else None
 
 
 def _entry_batch(name: str) -> int | None:
