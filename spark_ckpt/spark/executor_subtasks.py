@@ -19,22 +19,26 @@ this query over the ``ckpt-source`` DataFrame (``docs/design/executors.md``)::
   after them (the source aligns, :mod:`spark_ckpt.sources.stream_offset`), through an
   :class:`~spark_ckpt.runtime.task.OperatorTask`: operators, keyed and operator state,
   output staged into the Delta table, snapshots written to the checkpoint store and
-  acknowledged through the run's mailbox — all in the executor's Python worker. No data row
+  acknowledged through the run's mailbox — all on the executor, in the subtask's host
+  (:mod:`spark_ckpt.spark.subtask_host`), to which the task's Python worker hands the
+  subtask's payloads. No data row
   passes through the driver.
 
-**State between micro-batches.** The subtask's task stays alive in the Python worker that
-ran it (:class:`LiveSubtasks`), and every micro-batch publishes a segment of the subtask's
+**State between micro-batches.** The subtask's task stays alive in its host
+(:class:`LiveSubtasks`), whichever Python worker of the executor runs the next micro-batch's
+Spark task, and every micro-batch publishes a segment of the subtask's
 durable changelog under the pipeline root (:mod:`spark_ckpt.spark.changelog`: what the
 micro-batch changed; the whole state at the run's start; every
 :data:`~spark_ckpt.spark.changelog.MAX_CHAIN`-th, every change since the chain's full
 segment folded into one, so a large state with a small changing set never writes itself
 whole again). Spark's own state for the group holds
 only the fence naming the segment (run, micro-batch, attempt token, executor). The next
-micro-batch continues the task if its worker holds it at that fence (``hit``); a worker
-holding it at an earlier segment of the fence's chain applies the deltas since
-(``caught-up``, :func:`~spark_ckpt.runtime.subtask_image.catch_up`); any other worker
-(the subtask moved, its executor was lost, its worker restarted) rebuilds exactly its key
-groups from the chain (``rebuilt``). Never a zombie's, a retried attempt's or another run's
+micro-batch continues the task if its host holds it at that fence (``hit``); a host
+holding it at an earlier segment of the fence's chain (another executor ran the subtask
+meanwhile) applies the deltas since (``caught-up``,
+:func:`~spark_ckpt.runtime.subtask_image.catch_up`); any other host (the subtask moved, its
+executor was lost, its host was killed) rebuilds exactly its key groups from the chain
+(``rebuilt``). Never a zombie's, a retried attempt's or another run's
 state: segments are named by their fence. The first micro-batch of a run restores the
 subtask's key groups from the checkpoint the run's coordinator chose (``restored``). A task
 kept alive keeps its incremental snapshot base, so its checkpoints write only what changed;
@@ -96,6 +100,7 @@ from spark_ckpt.spark.mailbox import Mailbox
 from spark_ckpt.spark.routing import GROUP, PAYLOAD, ROUTED_SCHEMA, SUBTASK, subtask_rows
 from spark_ckpt.spark.run import RunFiles
 from spark_ckpt.spark.snapshot_threads import SNAPSHOTS, WRITER, decline_lost_writes
+from spark_ckpt.spark.subtask_host import SUBTASK_HOSTS, BatchDone, MicroBatch
 from spark_ckpt.testing import faults
 
 # pyspark's own pandas serializer of applyInPandasWithState concatenates the group's (empty)
@@ -133,15 +138,42 @@ class SubtaskFunction:
         return self.spec.max_parallelism
 
     def __call__(self, key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+        """The Spark task's side (a Python worker): hands the subtask's micro-batch to the
+        subtask's host on this executor (:mod:`spark_ckpt.spark.subtask_host`), then keeps
+        the fence it answers in Spark's state."""
         import pandas as pd
 
         frames = list(pdfs)  # the group's rows: one subtask's (key: its group key)
         subtask = int(frames[0][SUBTASK].iloc[0])
         payloads = [p for pdf in frames for p in pdf[PAYLOAD].tolist()]
-        fence = Fence.from_row(state.get) if state.exists else None
         batch_id = current_batch_id()
         if batch_id is None:
             raise ProtocolError("a subtask runs inside a streaming query's task")
+        batch = MicroBatch(
+            subtask,
+            batch_id,
+            attempt_token(),
+            executor_identity(),
+            Fence.from_row(state.get) if state.exists else None,
+        )
+        done = SUBTASK_HOSTS.run(self._key(subtask), self, batch, payloads)
+        state.update(done.fence.to_row())
+        yield pd.DataFrame(
+            {
+                "subtask": [subtask],
+                "batch": [batch_id],
+                "rows": [done.rows],
+                "outcome": [done.outcome],
+                "load_ms": [done.load_ms],
+            }
+        )
+
+    def run_batch(self, batch: MicroBatch, payloads: list[bytes]) -> BatchDone:
+        """Run one micro-batch of one subtask in this process (the subtask's host):
+        continue the subtask's live task at the fence, or catch it up, or open a new one;
+        process the rows; publish the changelog segment. Returns the fence to keep (see the
+        module docstring)."""
+        subtask, batch_id, fence = batch.subtask, batch.batch_id, batch.fence
         changelog = self._changelog(subtask)
         start = time.perf_counter()
         live = LIVE_SUBTASKS.take(self._key(subtask))
@@ -161,18 +193,17 @@ class SubtaskFunction:
         _notify_committed(task)
         task.process(table)
         task.tick()
-        token = attempt_token()
+        token = batch.token
         image, folded = _segment_image(task, writer, changelog, segment)
         image = SubtaskImage(
             image.tables, {**image.meta, WRITER: SNAPSHOTS.writer(self._key(subtask)).to_json()}
         )
         published: Segment | None = None
         if changelog is not None:
-            executor = executor_identity()
             published = changelog.publish(
-                batch_id, token, image, segment, executor=executor, folded=folded
+                batch_id, token, image, segment, executor=batch.executor, folded=folded
             )
-            fenced = Fence(self.spec.run_id, batch_id, token, executor)
+            fenced = Fence(self.spec.run_id, batch_id, token, batch.executor)
         else:  # a remote root: the whole image into this executor's cache
             fenced = ExecutorStateCache.for_this_executor().publish(
                 self._key(subtask),
@@ -181,21 +212,12 @@ class SubtaskFunction:
                 token=token,
                 previous=fence,
             )
-        state.update(fenced.to_row())
         if writer is not None:
             writer.attach(task.sink_uid, subtask, tuple(image.meta["open"]))
         LIVE_SUBTASKS.keep(
             self._key(subtask), LiveSubtask(task, writer, batch_id, token, published)
         )
-        yield pd.DataFrame(
-            {
-                "subtask": [subtask],
-                "batch": [batch_id],
-                "rows": [table.num_rows],
-                "outcome": [outcome],
-                "load_ms": [load_ms],
-            }
-        )
+        return BatchDone(fenced, table.num_rows, outcome, load_ms)
 
     def _key(self, subtask: int) -> CacheKey:
         return CacheKey(self.spec.root, self.spec.run_id, subtask)
@@ -268,14 +290,14 @@ class SubtaskFunction:
         except StoreError as e:
             raise SubtaskStateLostError(
                 f"subtask {subtask} of run {self.spec.run_id}: its state after micro-batch "
-                f"{fence.batch_id} is in no Python worker here and cannot be rebuilt from "
+                f"{fence.batch_id} is in no subtask host here and cannot be rebuilt from "
                 f"its changelog ({e}); the run restarts from the latest completed checkpoint"
             ) from e
         import_images(task, sink.writer, images)
         return task, sink.writer, REBUILT, segment
 
     def _rebase(self, task: OperatorTask) -> None:
-        """A task that other Python workers ran meanwhile (rebuilt, or caught up after
+        """A task that other processes ran meanwhile (rebuilt, or caught up after
         they snapshotted) has no incremental base: build its next snapshots on the latest
         checkpoint the sink committed (:meth:`OperatorTask.rebase
         <spark_ckpt.runtime.task.OperatorTask.rebase>`: what changed since is known from the
@@ -300,7 +322,7 @@ class SubtaskFunction:
 
 
 #: Where a micro-batch found its subtask's state (the ``outcome`` of its report row): its
-#: Python worker held it (``hit``), or held an earlier state and applied the changelog since
+#: host held it (``hit``), or held an earlier state and applied the changelog since
 #: (``caught-up``); a new task loaded the run's restore point (``restored``) or the changelog
 #: (``rebuilt``). The first two count as cache hits in the checkpoint statistics.
 HIT = "hit"
@@ -367,7 +389,7 @@ def _notify_committed(task: OperatorTask) -> None:
 
 @dataclass
 class LiveSubtask:
-    """A subtask's runtime kept in the Python worker after its micro-batch *batch_id* of
+    """A subtask's runtime kept in its host after its micro-batch *batch_id* of
     attempt *token* (the fence Spark kept for it if that attempt won), with its sink writer
     and the changelog segment it stands at."""
 
@@ -379,15 +401,14 @@ class LiveSubtask:
 
 
 class LiveSubtasks:
-    """The subtasks kept alive in this Python worker between micro-batches (the fastest
-    cache: nothing to load, and the task's incremental snapshot base survives, so its next
-    checkpoint writes only what changed). Spark reuses Python workers
-    (``spark.python.worker.reuse``) but may hand a subtask's next micro-batch to another
-    worker of the executor: a worker whose task stands at an earlier segment of the
-    subtask's changelog catches up by the deltas since (:func:`_resume`).
+    """The subtasks kept alive in this process between micro-batches (the fastest cache:
+    nothing to load, and the task's incremental snapshot base survives, so its next
+    checkpoint writes only what changed). A subtask host keeps its one subtask here; a task
+    that stands at an earlier segment of the subtask's changelog catches up by the deltas
+    since (:func:`_resume`).
 
     An entry is taken out when a micro-batch starts and put back only when it ended well, so
-    a micro-batch that failed half-way never leaves a half-updated task behind. One worker
+    a micro-batch that failed half-way never leaves a half-updated task behind. One process
     holds at most the subtasks of one run per pipeline root: keeping a run's subtask drops
     those of the root's older runs."""
 
@@ -408,7 +429,7 @@ class LiveSubtasks:
         return len(self._live)
 
 
-#: This Python worker's live subtasks (one registry per process).
+#: This process's live subtasks (one registry per process: a subtask host holds one).
 LIVE_SUBTASKS = LiveSubtasks()
 
 

@@ -4,19 +4,21 @@ A subtask's snapshot has a synchronous phase (copy the changed state, seal the s
 transaction) that runs in its micro-batch's task, and an asynchronous phase (write the copy
 to the checkpoint store, then acknowledge) that Flink runs on a thread of its own. On the
 executors that thread is :class:`ExecutorSnapshots`' :class:`SnapshotWorker
-<spark_ckpt.runtime.snapshot_worker.SnapshotWorker>`, one per Python worker: the task ends
-without waiting for the Delta commit of its state, and the next micro-batch's tasks start
-while it runs.
+<spark_ckpt.runtime.snapshot_worker.SnapshotWorker>`, one per subtask host
+(:mod:`spark_ckpt.spark.subtask_host`): the micro-batch ends without waiting for the Delta
+commit of its state, and the next micro-batch's tasks start while it runs.
 
 Only where Spark reuses its Python workers (``spark.python.worker.reuse``, the default:
-``SPARK_REUSE_WORKER=1`` in the worker's environment). A worker that is not reused ends when
-its task does, so there the phase runs inline, in the task, as before.
+``SPARK_REUSE_WORKER=1`` in the environment the host inherits from the worker that started
+it). Where it does not, the phase runs inline, in the micro-batch, so a failed write fails
+the task and Spark retries it.
 
-**A writer lost before it acknowledged.** A Python worker may die (killed, out of memory,
-its executor lost) between its task and the end of the write, while no task of Spark's runs
-in it: Spark notices nothing, and the checkpoint would wait for an acknowledgement that never
-comes, until its timeout. So every changelog segment names its writer (:class:`Writer`: host,
-process, and the checkpoints whose write it had not finished when it published the segment).
+**A writer lost before it acknowledged.** A subtask host may die (killed, out of memory,
+its executor lost) between its micro-batch and the end of the write, while no task of
+Spark's waits on it: Spark notices nothing, and the checkpoint would wait for an
+acknowledgement that never comes, until its timeout. So every changelog segment names its
+writer (:class:`Writer`: host, process, and the checkpoints whose write it had not finished
+when it published the segment).
 The next micro-batch of the subtask that runs in another process (it caught up, or rebuilt
 the state) reads the fence's segment: if that writer is gone (its process no longer exists
 on this host, or it was on another host), it declines those checkpoints
@@ -91,13 +93,13 @@ class Writer:
         return DeclineCheckpoint(
             checkpoint_id,
             task,
-            f"the Python worker writing its state (process {self.pid} on {self.host}) was "
+            f"the process writing its state (process {self.pid} on {self.host}) was "
             "lost before it acknowledged",
         )
 
 
 class ExecutorSnapshots:
-    """This Python worker's snapshot thread, and the checkpoints each subtask's asynchronous
+    """This process's snapshot thread, and the checkpoints each subtask's asynchronous
     phases are writing (see the module docstring)."""
 
     def __init__(self) -> None:
@@ -147,13 +149,18 @@ class ExecutorSnapshots:
             writing = tuple(sorted(self._writing.get(key, ())))
         return Writer(socket.gethostname(), os.getpid(), writing)
 
+    def writing(self) -> bool:
+        """Whether a write is queued or running."""
+        with self._lock:
+            return any(self._writing.values())
+
     def drain(self) -> None:
         """Wait until every queued write has finished (tests, and a worker's end)."""
         if self._worker is not None:
             self._worker.drain()
 
 
-#: This Python worker's snapshot thread (one per process).
+#: This process's snapshot thread (one per process).
 SNAPSHOTS = ExecutorSnapshots()
 
 
@@ -172,7 +179,7 @@ def decline_lost_writes(task: OperatorTask, segment_meta: Mapping[str, Any]) -> 
 
 class LostWriterScan:
     """The coordinator's host (driver side): which pending checkpoints wait for a write that
-    its Python worker lost after the subtask's last micro-batch (see the module docstring).
+    its host lost after the subtask's last micro-batch (see the module docstring).
 
     Use: :meth:`scan` *before* reading the mailbox, then apply its declines *after* the
     acknowledgements read there. A writer that acknowledged and then died has its ack in the
