@@ -110,13 +110,20 @@ class StateChanges:
 
     A delta therefore reads the log (last occurrence per key wins), then overrides it with
     the current value of every per-record key. The log is compacted (deduplicated) when it
-    outgrows ``2 *`` the state's live keys, so memory stays proportional to the state."""
+    outgrows ``2 *`` the state's live keys, so memory stays proportional to the state.
+    Compacting keeps the meaning, so it happens in place and once: every later reader of the
+    same changes (the snapshot's delta, the changelog's segment, the merge at a completion)
+    finds the log compacted."""
 
-    __slots__ = ("keys", "log", "log_rows")
+    __slots__ = ("compact", "distinct", "keys", "log", "log_rows")
 
     def __init__(self) -> None:
         self.log: list[pa.Table] = []
         self.log_rows = 0
+        #: at least this many distinct keys are in the log (its rows when last compacted)
+        self.distinct = 0
+        #: the log is one table with one row per key
+        self.compact = True
         self.keys: dict[int, set[Any]] = {}
 
     def __bool__(self) -> bool:
@@ -137,10 +144,9 @@ class StateChanges:
         """Record a vectorized change as a :func:`log_table`."""
         self.log.append(table)
         self.log_rows += table.num_rows
+        self.compact = False
         if self.log_rows > 65_536 + 2 * live_rows and len(self.log) > 1:
-            compacted = self.compacted_log()
-            self.log = [compacted]
-            self.log_rows = compacted.num_rows
+            self.compacted_log()
 
     def touch(self, key_group: int, key: Any) -> None:
         """Record a per-record change of *key* (its value is read at snapshot time)."""
@@ -150,29 +156,41 @@ class StateChanges:
         keys.add(key)
 
     def compacted_log(self) -> pa.Table:
-        """The log with one row per key: its last occurrence."""
+        """The log with one row per key: its last occurrence (the log is replaced by it)."""
+        if self.compact and len(self.log) == 1:
+            return self.log[0]
         table = pa.concat_tables(self.log).combine_chunks() if len(self.log) > 1 else self.log[0]
         positions = _last_occurrences(table.column("key").combine_chunks())
-        if len(positions) == table.num_rows:
-            return table
-        return table.take(pa.array(positions))
+        if len(positions) != table.num_rows:
+            table = table.take(pa.array(positions))
+        self.log = [table]
+        self.log_rows = self.distinct = table.num_rows
+        self.compact = True
+        return table
 
     def compacted(self) -> StateChanges:
-        """The same changes with the log deduplicated (one row per key) when it holds
-        several tables (the per-record keys are shared, not copied)."""
-        if len(self.log) <= 1:
-            return self
-        compacted = StateChanges()
-        compacted.log = [self.compacted_log()]
-        compacted.log_rows = compacted.log[0].num_rows
-        compacted.keys = self.keys
-        return compacted
+        """These changes with the log deduplicated (one row per key) when it holds several
+        tables: compacted in place (see the class docstring), so it is this object."""
+        if len(self.log) > 1:
+            self.compacted_log()
+        return self
+
+    def bounded(self) -> StateChanges:
+        """These changes, compacted when the log holds more than twice as many rows as it
+        has distinct keys at least (plus a margin): merging changes again and again
+        (:meth:`then`) then costs time in proportion to what is merged, and memory in
+        proportion to the keys changed."""
+        if self.log_rows > 65_536 + 2 * self.distinct and len(self.log) > 1:
+            self.compacted_log()
+        return self
 
     def then(self, later: StateChanges) -> StateChanges:
         """These changes followed by *later* ones (neither is modified)."""
         merged = StateChanges()
         merged.log = [*self.log, *later.log]
         merged.log_rows = self.log_rows + later.log_rows
+        merged.distinct = max(self.distinct, later.distinct)
+        merged.compact = (not self.log and later.compact) or (not later.log and self.compact)
         for source in (self.keys, later.keys):
             for kg, keys in source.items():
                 merged.keys.setdefault(kg, set()).update(keys)
@@ -731,7 +749,7 @@ class SnapshotStrategy:
             changes = pending.changes.get(name)
             if changes:
                 since = since.then(changes)
-        return since.compacted()
+        return since.bounded()
 
     def notify_checkpoint_aborted(
         self, checkpoint_id: int, keyed: Mapping[str, TrackedState]
