@@ -219,6 +219,12 @@ class SubtaskFunction:
         )
         return BatchDone(fenced, table.num_rows, outcome, load_ms)
 
+    def run_ended(self) -> bool:
+        """Whether this run is over, as its driver recorded it (a host of its subtasks then
+        ends: the next run has hosts of its own)."""
+        status = RunFiles(self.spec.root, self.spec.run_id).status()
+        return status is not None and status.ended
+
     def _key(self, subtask: int) -> CacheKey:
         return CacheKey(self.spec.root, self.spec.run_id, subtask)
 

@@ -134,6 +134,11 @@ class RunStatus:
     stop_request: str | None = None
     error: str | None = None
 
+    @property
+    def ended(self) -> bool:
+        """Whether the run is over (stopped, finished, failed or fenced)."""
+        return self.state.value in _ENDED
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
@@ -285,7 +290,7 @@ class Runs:
         without a status or still running are never touched. Returns the ids removed."""
         from spark_ckpt.spark.changelog import remove_run
 
-        ended = [s for s in self.statuses() if s.state.value in _ENDED]
+        ended = [s for s in self.statuses() if s.ended]
         doomed = [s.run_id for s in ended[: max(0, len(ended) - keep)]]
         for run_id in doomed:
             RunFiles(self.root, run_id).remove()

@@ -29,8 +29,10 @@ fences decide what each may continue (a zombie's micro-batch is never the fence 
 * when the executor goes: it watches the process that started its Python worker (the
   executor's daemon, or the JVM) and exits at once when it is gone, as the executor's
   workers do;
-* after :data:`IDLE_S` without a micro-batch, once its snapshot writes finished (the run
-  ended, or the subtask moved to another executor);
+* when its run is over (the driver recorded it stopped, finished, failed or fenced: a
+  restart is a new run, with hosts of its own), checked every :data:`RUN_CHECK_S`, or after
+  :data:`IDLE_S` without a micro-batch (the subtask moved to another executor, or the driver
+  died before it recorded the run's end) — in both cases once its snapshot writes finished;
 * killed: the task waiting for it fails (:class:`SubtaskHostLostError`), Spark retries it,
   and the retry starts a new host, which rebuilds the state from the changelog.
 
@@ -70,6 +72,8 @@ IDLE_S: Final = 120.0
 START_TIMEOUT_S: Final = 60.0
 #: Seconds between a host's checks of its executor and of its idle time.
 _TICK_S: Final = 0.5
+#: Seconds between a host's checks of whether its run is over.
+RUN_CHECK_S: Final = 5.0
 _COUNT = struct.Struct("!I")
 _LENGTH = struct.Struct("!Q")
 
@@ -79,6 +83,10 @@ class BatchRunner(Protocol):
     :class:`~spark_ckpt.spark.executor_subtasks.SubtaskFunction`."""
 
     def run_batch(self, batch: MicroBatch, payloads: list[bytes]) -> BatchDone: ...
+
+    def run_ended(self) -> bool:
+        """Whether the run whose micro-batches it runs is over (its driver said so)."""
+        ...
 
 
 class SubtaskHostLostError(StateError):
@@ -343,6 +351,7 @@ class SubtaskHost:
         self._watch_pid = watch_pid
         self._idle_s = idle_s
         self._runners: dict[bytes, BatchRunner] = {}
+        self._last: BatchRunner | None = None
 
     def serve(self) -> None:
         """Serve until idle or until the executor is gone; returns at once when another
@@ -360,13 +369,18 @@ class SubtaskHost:
         server.bind(str(self._address))
         server.listen(8)
         server.settimeout(_TICK_S)
-        last = time.monotonic()
+        last = checked = time.monotonic()
         try:
             while True:
                 if not process_exists(self._watch_pid):
                     self.remove_files()
                     os._exit(0)  # the executor is gone: go with it, as its workers do
-                if time.monotonic() - last > self._idle_s and not SNAPSHOTS.writing():
+                now = time.monotonic()
+                if now - checked > RUN_CHECK_S:
+                    checked = now
+                    if self._run_ended() and not SNAPSHOTS.writing():
+                        return
+                if now - last > self._idle_s and not SNAPSHOTS.writing():
                     return
                 try:
                     conn, _ = server.accept()
@@ -403,6 +417,15 @@ class SubtaskHost:
         with contextlib.suppress(OSError):
             _send(conn, reply)
 
+    def _run_ended(self) -> bool:
+        """Whether the run of the last micro-batch served is over."""
+        if self._last is None:
+            return False
+        try:
+            return self._last.run_ended()
+        except Exception:  # unreadable: the idle time decides
+            return False
+
     def _runner(self, data: bytes) -> BatchRunner:
         digest = hashlib.sha256(data).digest()
         runner = self._runners.get(digest)
@@ -410,6 +433,7 @@ class SubtaskHost:
             # the job's code, pickled by the Spark task that connected (this user's private
             # socket), as Spark pickled it to that task: never data read from storage
             runner = self._runners[digest] = pickle.loads(data)
+        self._last = runner
         return runner
 
 

@@ -102,10 +102,12 @@ def rebuilds(root: Path) -> int:
 
 
 def python_workers(run: DemoRun, executor: int) -> list[int]:
-    """The Python workers forked by the daemon of executor JVM *executor* (not the daemon)."""
+    """The Python processes of executor JVM *executor* that run its tasks: the workers forked
+    by its daemon (not the daemon), and the subtask hosts they started."""
     pids = session_processes(run.sid)
     daemons = [p for p in pids if _parent(p) == executor and "pyspark.daemon" in _cmdline(p)]
-    return [p for p in pids if _parent(p) in daemons]
+    workers = [p for p in pids if _parent(p) in daemons]
+    return workers + [p for p in pids if _parent(p) in workers]
 
 
 def _running(pid: int) -> bool:
@@ -141,11 +143,12 @@ def test_a_killed_executor_process_keeps_the_output_exactly_once(
     demo: DemoLauncher, tmp_path: Path, victim: str
 ) -> None:
     """After a checkpoint completed and while micro-batches run, SIGKILL either the executor
-    JVM where the subtasks run (its tasks, Python workers and cached subtask state go with
-    it: Spark runs the subtasks on the other executor, where they rebuild their state from
-    the changelog) or the busy Python workers of that executor (Spark retries their tasks,
-    which find the subtask's state in another Python worker or rebuild it from the
-    changelog). The job goes on checkpointing
+    JVM where the subtasks run (its tasks, Python workers, subtask hosts and their state go
+    with it: Spark runs the subtasks on the other executor, where they rebuild their state
+    from the changelog) or the busy Python processes of that executor — workers reading the
+    source or waiting for a subtask, subtask hosts in the middle of a micro-batch (Spark
+    retries their tasks, which find the subtask's state in its host or, the host killed,
+    rebuild it from the changelog in a new one). The job goes on checkpointing
     without a restart; after a final run every row is in the output exactly once."""
     args = cluster_args(tmp_path)
     started = time.time()

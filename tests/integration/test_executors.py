@@ -32,7 +32,10 @@ from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode, Resta
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
 from spark_ckpt.runtime.restore_settings import RestoreSettings
 from spark_ckpt.sources.generator import GeneratorSpec
+from spark_ckpt.spark.executor_cache import CacheKey
 from spark_ckpt.spark.pipeline import Pipeline
+from spark_ckpt.spark.run import Runs
+from spark_ckpt.spark.subtask_host import host_address
 from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.state.restore import restore_backends
 
@@ -160,6 +163,50 @@ def test_subtasks_on_executors_are_exactly_once(
         hits = sum(cache[t].hits for cache in caches)
         rebuilds = sum(cache[t].rebuilds for cache in caches)
         assert rebuilds == 1 and hits >= 1, caches
+
+
+def _host_locks(root: str, run_id: str) -> list[Path]:
+    """The lock files of the subtask hosts of *run_id* on the executor that wrote the
+    newest changelog segment (a host holds its lock file while it lives)."""
+    import json
+
+    metas = sorted(Path(root).glob("_changelog/*/*/b*/meta.json"), key=lambda m: m.stat().st_mtime)
+    executor = json.loads(metas[-1].read_text())["meta"]["changelog"]["executor"]
+    return [
+        host_address(CacheKey(root, run_id, subtask), executor).with_suffix(".lock")
+        for subtask in (0, 1)
+    ]
+
+
+def test_the_subtask_hosts_of_a_run_end_with_it(spark: SparkSession, tmp_path: Path) -> None:
+    """While a run goes on its subtasks live in their hosts; once the run is over (its driver
+    recorded it) its hosts end, long before their idle time."""
+    p = pipeline(spark, tmp_path / "root")
+    alive: list[bool] = []
+    locks: list[Path] = []
+
+    def run_id() -> str:
+        [only] = Runs(p.root).ids()
+        return only
+
+    def check(c: CompletedCheckpoint) -> None:
+        locks[:] = _host_locks(p.root, run_id())  # the run's changelog goes with it
+        alive.append(all(lock.exists() for lock in locks))
+
+    result = p.run(
+        source(maxRowsPerTrigger=300),
+        RunningCount("counter", "user_id"),
+        output=str(tmp_path / "out"),
+        available_now=True,
+        placement="executors",
+        on_checkpoint=check,
+    )
+    assert result.checkpoints_completed >= 2 and alive and all(alive), alive
+    deadline = time.monotonic() + 60  # the idle time is 120 s; a host checks every 5 s
+    while any(lock.exists() for lock in locks):
+        assert time.monotonic() < deadline, "the hosts of an ended run are still alive"
+        time.sleep(0.2)
+    check_exactly_once(p, tmp_path / "out")
 
 
 def test_a_failure_after_rows_past_the_checkpoint_restarts_exactly_once(

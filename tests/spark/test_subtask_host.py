@@ -44,6 +44,11 @@ class Counter:
 
     fail: int = -1
     die: int = -1
+    #: a file whose existence says the run is over
+    ended: str = ""
+
+    def run_ended(self) -> bool:
+        return bool(self.ended) and os.path.exists(self.ended)
 
     def run_batch(self, batch: MicroBatch, payloads: list[bytes]) -> BatchDone:
         if batch.batch_id == self.die:
@@ -188,3 +193,13 @@ def test_the_files_of_killed_hosts_are_swept(key: CacheKey) -> None:
     wait_gone(hosts, host_pid(done), "the host to die")
     _sweep(address.parent, older_s=0)
     assert not address.exists() and not address.with_suffix(".lock").exists()
+
+
+def test_a_host_ends_when_its_run_is_over(key: CacheKey, tmp_path: Path) -> None:
+    hosts = SubtaskHosts(idle_s=300)
+    over = tmp_path / "over"
+    done = hosts.run(key, Counter(ended=str(over)), batch(1), [])
+    assert process_exists(host_pid(done))
+    over.touch()  # the driver recorded the run's end
+    wait_gone(hosts, host_pid(done), "the host of an ended run to end")
+    assert not host_address(key, "exec-1").exists()
