@@ -128,3 +128,15 @@ def test_the_scaling_model_splits_a_batch_into_fixed_and_spread_cost() -> None:
     assert m["projected_rows_per_s"]["4"] == pytest.approx(1000 / (0.2 + 0.8 / 4))
     assert m["n_half"] == pytest.approx(4.0)
     assert m["ceiling_rows_per_s"] == pytest.approx(5000.0)
+
+
+def test_an_alternating_window_holds_the_batches_that_start_in_it() -> None:
+    from pipelinebench.alternating import window_between, windows_order
+
+    # batches start at 1.0, 1.5, ..., 10.5 s: [2.0, 4.0) holds 2.0 .. 3.5, closed by 4.0
+    w = window_between(BATCHES, T0 + 2.0, T0 + 4.0)
+    assert w is not None and (w.first, w.last) == (3, 6)
+    assert (w.rows, w.seconds) == (400, pytest.approx(2.0))
+    assert window_between(BATCHES, T0 + 2.0, T0 + 2.4) is None  # one batch: no rate
+    assert window_between(BATCHES, T0 + 9.0, T0 + 99.0) is None  # no batch closes it
+    assert windows_order(3) == [False, True, True, False, False, True]

@@ -33,6 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from pipelinebench.alternating import AlternatingSettings, run_alternating
 from pipelinebench.measure import abba, git_info, measure_variant
 from pipelinebench.procstat import PyGcTimer, settle
 from pipelinebench.report import machine_info
@@ -238,6 +239,27 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_alternating(result: dict[str, Any]) -> str:
+    a = result["alternating"]
+    s = a["settings"]
+    r = a["ratio"]
+    ci = r["median_ci95"]
+    return "\n".join(
+        [
+            f"Overhead inside one query ({s['placement']}): {s['pairs']} pairs of "
+            f"{s['window_s']:.0f} s windows (first {s['guard_s']:.0f} s not measured), "
+            f"checkpoints every {s['interval_ms']} ms against none, ABBA; load "
+            f"{result['loadavg_start'][0]:.1f} -> {result['loadavg_end'][0]:.1f}",
+            f"  ratio on/off: median {r['median']:.3f}"
+            + (f" (95% CI {ci[0]:.3f}-{ci[1]:.3f}, width {r['ci95_width']:.3f})" if ci else "")
+            + f", min {r['min']:.3f}, max {r['max']:.3f}, stdev {r['stdev']:.3f}, n {r['n']}",
+            f"  checkpoints per on window: {a['checkpoints_per_on_window']}; failed requests "
+            f"{a['failed_requests']}; the bench's own CPU: on {a['bench_cpu_s']['on']:.1f} s, "
+            f"off {a['bench_cpu_s']['off']:.1f} s",
+        ]
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run (~3 min)")
@@ -251,6 +273,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--placement",
         choices=sorted(PLACEMENTS),
         help="only this placement's two variants (default: every placement)",
+    )
+    parser.add_argument(
+        "--alternating",
+        type=int,
+        metavar="PAIRS",
+        help=(
+            "instead: one query of --placement (default executors), PAIRS windows of each "
+            "kind alternating between checkpoints every 1 s and none (pipelinebench.alternating)"
+        ),
     )
     args = parser.parse_args(argv)
     s = QUICK if args.quick else FULL
@@ -276,12 +307,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     spark = local_session("spark-ckpt-overhead", master=s.master, log_level="ERROR")
     try:
-        result.update(run_overhead(spark, s, log, args.placement))
+        if args.alternating:
+            alternating = AlternatingSettings(
+                placement=args.placement or "executors",
+                interval_ms=s.interval_ms,
+                warmup_s=20.0 if not args.quick else 5.0,
+                window_s=args.window or 10.0,
+                guard_s=2.0,
+                pairs=args.alternating,
+            )
+            result["settings"] = {**asdict(s), "alternating": asdict(alternating)}
+            result["alternating"] = run_alternating(
+                spark, alternating, workload(s, False).source, s.parallelism, log
+            )
+        else:
+            result.update(run_overhead(spark, s, log, args.placement))
     finally:
         spark.stop()
     result["loadavg_end"] = os.getloadavg()
     result["elapsed_s"] = time.perf_counter() - began
-    print(render(result))
+    print(render_alternating(result) if args.alternating else render(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=list) + "\n")
     print(f"wrote {args.out} in {result['elapsed_s']:.0f} s")

@@ -357,7 +357,7 @@ def render(result: dict[str, Any]) -> str:
                 rebuilds = sum(c["rebuilds"] for c in caches)
                 written = cell["checkpoint_bytes_written_p50"][n]
                 lines.append(
-                    f"  {label:<26} {n:<20} state found in its worker {hits} / "
+                    f"  {label:<26} {n:<20} state found in its host {hits} / "
                     f"{hits + rebuilds} subtask micro-batches; checkpoint bytes written p50 "
                     f"{written}"
                 )

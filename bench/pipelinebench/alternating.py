@@ -1,0 +1,201 @@
+"""The overhead measured inside one query (``bench/overhead.py --alternating``): windows
+that alternate between checkpoints every ``interval_ms`` and none, in one running pipeline.
+
+Why a second way. The ABBA runs of :mod:`pipelinebench.overhead` compare two queries that
+run one after the other, each with its own start, Python workers, JIT state and its share of
+whatever else the machine did meanwhile: on this 2-core machine adjacent runs of the *same*
+variant differ by up to ±7%, which hides a difference of a few percent. Here one query runs
+throughout, so the two kinds of window share everything but the checkpoints, and a pair of
+windows is ``2 * window_s`` seconds apart instead of minutes.
+
+How. The pipeline runs with checkpointing off (no periodic trigger) on the saturated path
+(a backlog, ``maxRowsPerTrigger``). After ``warmup_s``, windows of ``window_s`` follow each
+other in ABBA order (off, on, on, off, off, on, ...): during an *on* window the bench
+requests a checkpoint through the pipeline's client (``RequestKind.CHECKPOINT``, the request
+Flink's REST API calls *trigger a checkpoint*) every ``interval_ms``, the next one once the
+previous one completed — as the periodic trigger does with at most one checkpoint at a time
+— and none during an *off* window. A window's first ``guard_s`` are not measured: a
+checkpoint requested at the end of an *on* window completes in the next window's guard. A
+window's rows/s are those of the batches that start inside its measured part
+(:func:`window_between`). Reported: each pair's ratio on/off, their median with a bootstrap
+95% interval (:func:`~pipelinebench.steady.paired_ratios`), the checkpoints completed per
+*on* window, and the CPU the bench's own process used in each kind of window (it polls for
+completions only in *on* windows: that counts against the checkpoints).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipelinebench.settings import PIPELINE
+from pipelinebench.steady import (
+    ProgressLog,
+    Window,
+    _window,
+    batch_rows,
+    paired_ratios,
+    progress_start_s,
+)
+from pipelinebench.variants import PLACEMENTS, checkpoint_config
+from spark_ckpt.errors import SparkCkptError
+from spark_ckpt.spark.mailbox import RequestKind
+from spark_ckpt.spark.pipeline import Pipeline
+
+POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class AlternatingSettings:
+    placement: str
+    interval_ms: int
+    warmup_s: float  # after the first batch with data, before the first window
+    window_s: float
+    guard_s: float  # the first seconds of every window, not measured
+    pairs: int  # windows of each kind
+
+
+def window_between(batches: Sequence[dict[str, Any]], t0: float, t1: float) -> Window | None:
+    """The batches that start in ``[t0, t1)`` (epoch seconds), closed by the start of the
+    batch after them; None when fewer than two start there or none follows them."""
+    starts = [progress_start_s(b) for b in batches]
+    inside = [i for i, t in enumerate(starts) if t0 <= t < t1]
+    if len(inside) < 2 or inside[-1] + 1 >= len(batches):
+        return None
+    return _window(batches, inside[0], inside[-1] + 1)
+
+
+def windows_order(pairs: int) -> list[bool]:
+    """Which windows take checkpoints, in ABBA order: off, on, on, off, off, on, ..."""
+    order: list[bool] = []
+    for k in range(pairs):
+        order += [False, True] if k % 2 == 0 else [True, False]
+    return order
+
+
+class Requester:
+    """Requests a checkpoint every *interval_s* while :attr:`on` is set, the next once the
+    previous one completed (at most one at a time, as the periodic trigger)."""
+
+    def __init__(self, pipeline: Pipeline, interval_s: float) -> None:
+        self._client = pipeline.client
+        self._interval_s = interval_s
+        self.on = threading.Event()
+        self._stop = threading.Event()
+        self.completed: list[tuple[float, int]] = []  # (epoch s, checkpoint id)
+        self.failed = 0
+        self._thread = threading.Thread(target=self._loop, name="bench-requester", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self.on.wait(0.05):
+                continue
+            posted = time.monotonic()
+            try:
+                request_id = self._client.request(RequestKind.CHECKPOINT, timeout_s=60.0)
+                self._stop.wait(0.5)  # a checkpoint takes longer: no poll before
+                while not self._stop.is_set():
+                    answer = self._client.answer(request_id)
+                    if answer is not None:
+                        self.completed.append((time.time(), answer.checkpoint_id))
+                        break
+                    if self._client.failure(request_id) is not None:
+                        self.failed += 1
+                        break
+                    self._stop.wait(0.25)
+            except SparkCkptError:
+                self.failed += 1
+            rest = self._interval_s - (time.monotonic() - posted)
+            if rest > 0:
+                self._stop.wait(rest)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=120)
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def run_alternating(
+    spark: Any,
+    s: AlternatingSettings,
+    source: dict[str, object],
+    parallelism: int,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """One query, windows alternating (see the module docstring); its figures."""
+    root = tempfile.mkdtemp(prefix="spark-ckpt-bench-alternating-")
+    try:
+        pipeline = Pipeline(
+            spark, PIPELINE, config=checkpoint_config(None), root=os.path.join(root, "pipeline")
+        )
+        run = PLACEMENTS[s.placement](
+            pipeline, source, output=os.path.join(root, "out"), parallelism=parallelism
+        )
+        progress = ProgressLog()
+        requester = Requester(pipeline, s.interval_ms / 1000)
+        windows: list[dict[str, Any]] = []
+        try:
+            while not any(batch_rows(b) for b in progress.ordered()):
+                time.sleep(POLL_S)
+                progress.poll(run.query)
+            time.sleep(s.warmup_s)
+            for checkpoints in windows_order(s.pairs):
+                (requester.on.set if checkpoints else requester.on.clear)()
+                t0, cpu0 = time.time(), _cpu_s()
+                deadline = time.monotonic() + s.window_s
+                while (left := deadline - time.monotonic()) > 0:
+                    time.sleep(min(POLL_S, left))
+                    progress.poll(run.query)
+                windows.append(
+                    {"on": checkpoints, "t0": t0, "t1": time.time(), "bench_cpu_s": _cpu_s() - cpu0}
+                )
+            requester.on.clear()
+            time.sleep(3 * POLL_S)  # the batch closing the last window
+            progress.poll(run.query)
+        finally:
+            requester.close()
+            run.stop_quietly()
+        batches = progress.ordered()
+        for w in windows:
+            found = window_between(batches, w["t0"] + s.guard_s, w["t1"])
+            w["window"] = None if found is None else found.as_dict()
+            w["rows_per_s"] = None if found is None else found.rows_per_s
+            w["checkpoints"] = sum(1 for t, _ in requester.completed if w["t0"] <= t < w["t1"])
+            log(
+                f"  window {'on ' if w['on'] else 'off'} "
+                + (f"{w['rows_per_s']:>12,.0f} rows/s" if w["rows_per_s"] else "   (no window)")
+                + f", {w['checkpoints']} checkpoints, bench CPU {w['bench_cpu_s']:.2f} s"
+            )
+        on = [w for w in windows if w["on"]]
+        off = [w for w in windows if not w["on"]]
+        # pair k: the k-th window of each kind (adjacent in ABBA order)
+        pairs = [
+            (a, b) for a, b in zip(on, off, strict=True) if a["rows_per_s"] and b["rows_per_s"]
+        ]
+        return {
+            "settings": s.__dict__,
+            "windows": windows,
+            "ratio": paired_ratios(
+                [a["rows_per_s"] for a, _ in pairs], [b["rows_per_s"] for _, b in pairs]
+            ),
+            "checkpoints_per_on_window": [w["checkpoints"] for w in on],
+            "failed_requests": requester.failed,
+            "bench_cpu_s": {
+                "on": sum(w["bench_cpu_s"] for w in on),
+                "off": sum(w["bench_cpu_s"] for w in off),
+            },
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
