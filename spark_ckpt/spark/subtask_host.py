@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import IO, Final, Protocol
 
 from spark_ckpt import errors
-from spark_ckpt.errors import SparkCkptError, StateError
+from spark_ckpt.errors import EnvironmentSetupError, SparkCkptError, StateError
 from spark_ckpt.spark.executor_cache import CacheKey, Fence
 from spark_ckpt.spark.mailbox import process_exists
 
@@ -193,10 +193,23 @@ class BatchFailed:
 
 
 def host_directory() -> Path:
-    """This user's directory of host sockets (private: mode 0700)."""
-    path = Path(tempfile.gettempdir()) / f"spark-ckpt-{os.getuid()}" / "hosts"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
+    """This user's directory of host sockets: private (mode 0700; made so when this user
+    owns it); refused when another user owns it (whoever can connect to a host can make it
+    run code)."""
+    path = Path(tempfile.gettempdir()) / f"spark-ckpt-{os.getuid()}"
+    for directory in (path, path / "hosts"):
+        directory.mkdir(exist_ok=True, mode=0o700)
+        st = directory.stat()
+        if st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(directory, 0o700)  # ours, made by an older version: private now
+            st = directory.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise EnvironmentSetupError(
+                f"{directory} must be a directory of user {os.getuid()} that no one else may "
+                f"enter (owner {st.st_uid}, mode {oct(st.st_mode & 0o777)}): the subtask hosts' "
+                "sockets are kept there"
+            )
+    return path / "hosts"
 
 
 def host_address(key: CacheKey, executor: str) -> Path:
@@ -432,7 +445,8 @@ class SubtaskHost:
         if runner is None:
             # the job's code, pickled by the Spark task that connected (this user's private
             # socket), as Spark pickled it to that task: never data read from storage
-            runner = self._runners[digest] = pickle.loads(data)
+            runner = pickle.loads(data)
+            self._runners = {digest: runner}  # the newest only
         self._last = runner
         return runner
 

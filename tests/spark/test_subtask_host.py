@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 from pyspark import cloudpickle
 
-from spark_ckpt.errors import StateError
+from spark_ckpt.errors import EnvironmentSetupError, StateError
 from spark_ckpt.spark.executor_cache import CacheKey, Fence
 from spark_ckpt.spark.mailbox import process_exists
 from spark_ckpt.spark.subtask_host import (
@@ -29,6 +31,7 @@ from spark_ckpt.spark.subtask_host import (
     SubtaskHosts,
     _sweep,
     host_address,
+    host_directory,
 )
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -203,3 +206,17 @@ def test_a_host_ends_when_its_run_is_over(key: CacheKey, tmp_path: Path) -> None
     over.touch()  # the driver recorded the run's end
     wait_gone(hosts, host_pid(done), "the host of an ended run to end")
     assert not host_address(key, "exec-1").exists()
+
+
+def test_the_socket_directory_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine = tmp_path / f"spark-ckpt-{os.getuid()}"
+    mine.mkdir(mode=0o755)
+    os.chmod(mine, 0o755)
+    hosts = host_directory()
+    assert hosts.parent == mine
+    assert stat.S_IMODE(mine.stat().st_mode) == stat.S_IMODE(hosts.stat().st_mode) == 0o700
+    if os.getuid() == 0:  # another user's directory is refused
+        os.chown(mine, 12345, -1)
+        with pytest.raises(EnvironmentSetupError, match="must be a directory of user"):
+            host_directory()
