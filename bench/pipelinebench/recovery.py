@@ -7,7 +7,8 @@ One process: a savepoint of ``state_keys`` keys of the running count's state (as
 ``interval_ms``), fed by the generator at ``rate`` rows/s over ``hot_keys`` keys. After
 ``warmup_checkpoints`` completed checkpoints a killer thread (the bench's, not the product's)
 SIGKILLs the executor's Python workers (the children of PySpark's worker daemon: the
-processes that run the source's ``read()`` and the subtasks), at a moment one of them is
+processes that run the source's ``read()`` and hand the subtasks' rows to the subtask hosts,
+which are not killed), at a moment one of them is
 running a task (its CPU time advancing), ``kills`` times, each after the
 run completed ``between`` checkpoints triggered after the previous kill. A kill fails the
 micro-batch in flight (Spark fails the query: a local master does not retry tasks);
