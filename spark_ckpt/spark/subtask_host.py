@@ -56,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -422,8 +423,6 @@ class SubtaskHost:
             done = self._runner(runner_bytes).run_batch(batch, payloads)
             reply = [b"done", done.to_json()]
         except Exception as e:  # the task raises it; the host goes on
-            import traceback
-
             message = f"{e}\n(in the subtask host, process {os.getpid()})\n"
             message += "".join(traceback.format_exception(e)[-6:])
             reply = [b"failed", BatchFailed(type(e).__name__, message).to_json()]
