@@ -23,7 +23,10 @@ Modes (:class:`AlignmentMode`):
   switches to unaligned (checked on every :meth:`~BarrierAligner.process`,
   :meth:`~BarrierAligner.tick`, :meth:`~BarrierAligner.abort` and
   :meth:`~BarrierAligner.end_of_input`, and when the first barrier arrives). A barrier whose own
-  ``unaligned`` flag is set is taken unaligned from the start.
+  ``unaligned`` flag is set is taken unaligned from the start; one that arrives so flagged
+  while its checkpoint is aligning switches it to unaligned at once (as Flink's alternating
+  handler: an input that timed out upstream, or whose source cut the barrier, ends the
+  alignment everywhere).
 * ``UNALIGNED`` (exactly-once, unaligned): the first barrier *n* on any channel triggers the
   :class:`Snapshot` at once (the barrier overtakes the in-flight data). Rows that arrive later on
   channels that have not delivered *n* yet are emitted **and** recorded as channel state of *n*.

@@ -421,6 +421,38 @@ def test_barrier_with_unaligned_flag_is_unaligned_in_aligned_mode() -> None:
     h.check(s, ALIGNED, finished=False)
 
 
+@pytest.mark.parametrize("timeout", [0, 1000])
+def test_an_unaligned_barrier_switches_the_aligning_checkpoint_to_unaligned(timeout: int) -> None:
+    # Flink's AlternatingCheckpointsTest.testTimeoutAlignmentOnUnalignedCheckpoint: channel 0
+    # is aligned and blocked; channel 1's barrier of the same checkpoint comes unaligned
+    s = Stream().data(0, 1).barrier(0, 1).data(0, 2).data(1, 1).data(2, 1)
+    s.barrier(1, 1, unaligned=True).data(2, 2).barrier(2, 1).data(1, 1)
+    m = s.mark()
+    clock = ManualClock(5)
+    h = Harness(BarrierAligner([0, 1, 2], ALIGNED, clock, timeout))
+    out = h.take(h.aligner.process(s.table(0, 6)))
+    assert kinds(out) == ["Records"] and h.aligner.buffered_rows == 2
+    clock.advance(7)
+    out = h.take(h.aligner.process(s.table(6, m)))
+    assert kinds(out) == ["Snapshot", "Records", "Complete", "Records"]
+    snap, done = out[0], out[2]
+    assert isinstance(snap, Snapshot) and snap.unaligned and snap.alignment_ms == 7
+    assert isinstance(done, Complete)
+    # the blocked channel's rows are processed, not channel state; channel 2's are both
+    assert {ch: t.column("v").to_pylist() for ch, t in done.channel_state.items()} == {2: [5, 6]}
+    h.check(s, ALIGNED, finished=False)
+
+
+def test_an_unaligned_barrier_does_not_switch_a_savepoint() -> None:
+    s = Stream().barrier(0, 1, savepoint=True).data(0, 1).data(1, 1)
+    s.barrier(1, 1, savepoint=True, unaligned=True)
+    h, [out] = run(s, [0, 1], ALIGNED, timeout=10)
+    assert kinds(out) == ["Records", "Snapshot", "Complete", "Records"]
+    snap = out[1]
+    assert isinstance(snap, Snapshot) and not snap.unaligned
+    h.check(s, ALIGNED, finished=False)
+
+
 @pytest.mark.parametrize(("mode", "timeout"), [(UNALIGNED, 0), (ALIGNED, 10)])
 def test_savepoints_are_always_aligned(mode: AlignmentMode, timeout: int) -> None:
     s = Stream().data(0, 1).barrier(0, 1, ts=0, savepoint=True).data(0, 2).data(1, 1)
@@ -722,6 +754,13 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         if mode is ALIGNED and n_ckpts and not full
         else set()
     )
+    # the channels whose barrier of such a checkpoint carries the flag: all of them, or
+    # some (an input that timed out: the rest switches the aligning checkpoint over)
+    unaligned_on = {
+        (c, n)
+        for n in unaligned_ids
+        for c in draw(st.sets(st.integers(0, n_channels - 1), min_size=1))
+    }
     per_channel: list[list[tuple[str, int]]] = []
     for _ in range(n_channels):
         evs: list[tuple[str, int]] = [("d", 0)] * draw(st.integers(0, 4))
@@ -752,7 +791,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         "timeout": timeout,
         "ticks": ticks,
         "coord_aborts": coord_aborts,
-        "unaligned_ids": unaligned_ids,
+        "unaligned_on": unaligned_on,
         "full": full,
         "end_order": end_order,
     }
@@ -773,7 +812,7 @@ def test_random_interleavings_against_oracle(sc: dict[str, Any]) -> None:
         if kind == "d":
             s.data(ids[c])
         elif kind == "b":
-            s.barrier(ids[c], n, ts=10 * n, unaligned=n in sc["unaligned_ids"])
+            s.barrier(ids[c], n, ts=10 * n, unaligned=(c, n) in sc["unaligned_on"])
         else:
             s.cancel(ids[c], n)
     clock = ManualClock()

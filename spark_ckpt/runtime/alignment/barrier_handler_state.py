@@ -14,6 +14,8 @@ buffer hold/release, ledger updates) go through the shared
                                                          CollectingBarriersUnaligned
     CollectingBarriers (phase ALIGNING; arrived channels blocked, their items buffered)
       -- last barrier n / end of input   -> Snapshot, Complete, buffer released -> idle
+      -- barrier n flagged unaligned     -> Snapshot(unaligned), buffer released
+         (not a savepoint, not final)       -> CollectingBarriersUnaligned, which receives it
       -- abort / cancel n                -> Abort, buffer released -> idle
       -- barrier m > n                   -> Abort(SUBSUMED), buffer released -> idle, which
                                             receives barrier m
@@ -257,6 +259,31 @@ class CollectingBarriers(_CollectingState):
         if passed is not None:
             self._ctx.output.emit_records(passed)
 
+    def barrier_received(
+        self, channel: int, offset: int, barrier: CheckpointBarrier
+    ) -> BarrierHandlerState:
+        """As :class:`_CollectingState`, except that a barrier of the pending checkpoint that
+        arrives flagged unaligned (an upstream that timed out, or any input whose barrier
+        was cut) switches the checkpoint to unaligned at once, as Flink's alternating
+        handler does (``AlternatingCheckpointsTest.testTimeoutAlignmentOnUnalignedCheckpoint``):
+        the snapshot is taken now, the buffer is released, and the rest is collected as
+        channel state. Savepoints and final checkpoints stay aligned."""
+        if (
+            barrier.checkpoint_id == self._pending.checkpoint_id
+            and barrier.unaligned
+            and not self._pending.barrier.must_align
+        ):
+            return self._to_unaligned().barrier_received(channel, offset, barrier)
+        return super().barrier_received(channel, offset, barrier)
+
+    def _to_unaligned(self) -> CollectingBarriersUnaligned:
+        """Take the pending checkpoint's snapshot now (alignment time up to the switch),
+        release the buffer (the blocked channels' post-barrier rows are processed, they are
+        not channel state) and go on collecting unaligned."""
+        self._ctx.output.emit(self._pending.snapshot(self._ctx.clock.now_ms(), unaligned=True))
+        self._ctx.buffer.release()
+        return CollectingBarriersUnaligned(self._ctx, self._pending, self._idle)
+
     def _arrived_live_channels(self) -> frozenset[int]:
         ended = self._ctx.ledger.ended
         return frozenset(c for c in self._pending.arrived if c not in ended)
@@ -290,12 +317,9 @@ class AlternatingCollectingBarriers(CollectingBarriers):
         self._timeout_ms = timeout_ms
 
     def check_timeout(self) -> BarrierHandlerState:
-        now = self._ctx.clock.now_ms()
-        if now - self._pending.barrier.timestamp_ms < self._timeout_ms:
+        if self._ctx.clock.now_ms() - self._pending.barrier.timestamp_ms < self._timeout_ms:
             return self
-        self._ctx.output.emit(self._pending.snapshot(now, unaligned=True))
-        self._ctx.buffer.release()
-        return CollectingBarriersUnaligned(self._ctx, self._pending, self._idle)
+        return self._to_unaligned()
 
 
 class CollectingBarriersUnaligned(_CollectingState):
