@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from spark_ckpt.errors import ConfigError
+from spark_ckpt.errors import ConfigError, EnvironmentSetupError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -45,8 +45,16 @@ _SIZE_UNITS = (("B", 1), ("KiB", 1024), ("MiB", 1024**2), ("GiB", 1024**3))
 
 
 def _pyplot() -> Any:
-    """``matplotlib.pyplot`` on the non-interactive Agg backend."""
-    import matplotlib
+    """``matplotlib.pyplot`` on the non-interactive Agg backend; an
+    :class:`EnvironmentSetupError` naming the ``plot`` extra when matplotlib is not
+    installed (it is optional)."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise EnvironmentSetupError(
+            "drawing checkpoint statistics needs matplotlib, an optional dependency: "
+            "pip install 'spark-ckpt[plot]'"
+        ) from e
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -82,11 +90,11 @@ def checkpoint_stats_figure(records: Sequence[CheckpointRecord], title: str) -> 
     chosen by the largest value), max alignment (ms). Checkpoints are dots, savepoints
     squares; failed checkpoints are red crosses and aborted ones grey crosses on the
     duration panel. Axes as the module docstring promises. The caller closes the figure."""
+    plt = _pyplot()
     import matplotlib.dates as mdates
 
     from spark_ckpt.spark.client import is_aborted
 
-    plt = _pyplot()
     fig: Figure
     fig, (duration, size, alignment) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     completed = [r for r in records if r.stats is not None]

@@ -506,3 +506,21 @@ def test_a_request_where_nothing_runs_fails_at_once_and_writes_nothing(
         assert_failed_in_one_line(done, "no live run", str(where))
         assert not (where / "_mailbox").exists()
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_stats_plot_without_matplotlib_ends_in_one_error_line(root: Path, tmp_path: Path) -> None:
+    # matplotlib is an optional extra: a CLI without it says which one to install
+    blocked = (
+        "import sys; sys.modules['matplotlib'] = None; from spark_ckpt.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", blocked, "stats", "--root", str(root), "--plot", "s.png"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert_one_error_line(done, "pip install 'spark-ckpt[plot]'")
+    assert not (tmp_path / "s.png").exists()

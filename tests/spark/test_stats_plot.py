@@ -5,10 +5,12 @@ own values."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
+from spark_ckpt.errors import EnvironmentSetupError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.handle import CheckpointMetrics
@@ -94,3 +96,14 @@ def test_plot_checkpoint_stats_refuses_other_file_types(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"\.png"):
         plot_checkpoint_stats(str(tmp_path), str(tmp_path / "x.gif"))
+
+
+def test_without_matplotlib_the_plot_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(EnvironmentSetupError, match=r"pip install 'spark-ckpt\[plot\]'"):
+        plot_checkpoint_stats(str(tmp_path / "root"), str(tmp_path / "x.png"))
+    with pytest.raises(EnvironmentSetupError, match="matplotlib"):
+        checkpoint_stats_figure(records(1000), "t")
+    assert not (tmp_path / "x.png").exists()
