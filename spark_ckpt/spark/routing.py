@@ -145,8 +145,43 @@ class Router:
 def subtask_rows(payloads: list[bytes]) -> pa.Table:
     """A subtask's rows of one micro-batch from its payloads (in any order): data rows in
     channel order, then the control rows in channel order. The source emits a channel's
-    barriers after its last data row of the batch, so this keeps every channel's order."""
-    table = pa.concat_tables([pa.ipc.open_stream(pa.py_buffer(p)).read_all() for p in payloads])
+    barriers after its last data row of the batch, so this keeps every channel's order.
+
+    A payload as :meth:`Router.route` cuts it holds one channel's rows in order, data rows
+    first: the payloads' data rows are then only put side by side by channel, without
+    sorting the rows (only the few control rows are sorted), into one chunk as a sort
+    would give them. Payloads that are not so
+    (several for one channel, rows out of order) are sorted row by row."""
+    tables = [pa.ipc.open_stream(pa.py_buffer(p)).read_all() for p in payloads]
+    pieces = [(_in_order(t), t) for t in tables]
+    ordered = sorted(((cut, t) for cut, t in pieces if cut is not None), key=lambda p: p[0])
+    if len(ordered) < len(tables) or len({cut[0] for cut, _ in ordered}) < len(ordered):
+        return _sorted(pa.concat_tables(tables))
+    data = [t.slice(0, n_data) for (_, n_data), t in ordered]
+    control = pa.concat_tables([t.slice(n_data) for (_, n_data), t in ordered])
+    return pa.concat_tables([*data, _sorted(control)]).combine_chunks()
+
+
+def _in_order(table: pa.Table) -> tuple[int, int] | None:
+    """(channel, number of data rows) of a payload holding one channel's rows with the data
+    rows first, in offset order; None for any other payload (or an empty one)."""
+    if not table.num_rows:
+        return None
+    bounds = pc.min_max(table.column(CHANNEL)).as_py()
+    if bounds["min"] != bounds["max"]:
+        return None
+    n_data = table.column(CHECKPOINT_ID).null_count
+    if table.slice(0, n_data).column(CHECKPOINT_ID).null_count != n_data:
+        return None  # a control row before a data row
+    offsets = table.column(OFFSET).slice(0, n_data).to_numpy()
+    if len(offsets) > 1 and bool((offsets[1:] < offsets[:-1]).any()):
+        return None
+    return int(bounds["min"]), n_data
+
+
+def _sorted(table: pa.Table) -> pa.Table:
+    """*table*'s rows: data rows by channel and offset, then control rows by channel,
+    offset and checkpoint."""
     order = pc.sort_indices(
         pa.table(
             {

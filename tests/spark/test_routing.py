@@ -9,10 +9,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from datasources.source import CkptSource, CkptStreamReader
 from spark_ckpt.errors import ConfigError
-from spark_ckpt.protocol.barrier import CHECKPOINT_ID
+from spark_ckpt.protocol.barrier import CHANNEL, CHECKPOINT_ID, OFFSET
+from spark_ckpt.protocol.handle import encode_table
 from spark_ckpt.sources.stream_offset import StreamOffset
 from spark_ckpt.spark.routing import GROUP, PAYLOAD, SUBTASK, Router, group_keys, subtask_rows
 from spark_ckpt.state.keygroup import subtasks_for_keys
@@ -65,3 +68,54 @@ def test_a_routing_key_the_source_lacks_is_a_config_error() -> None:
 def test_group_keys_are_distinct_and_spread_by_subtask(parallelism: int, partitions: int) -> None:
     keys = group_keys(parallelism, partitions)
     assert len(set(keys)) == parallelism and min(keys) >= 0
+
+
+@st.composite
+def payload_sets(draw: st.DrawFn) -> list[list[dict[str, Any]]]:
+    """Payloads as a source's channels would hand them to one subtask: per channel a run of
+    data rows then barrier rows, cut into one or more payloads; sometimes shuffled inside."""
+    payloads: list[list[dict[str, Any]]] = []
+    for channel in range(draw(st.integers(1, 4))):
+        n_data = draw(st.integers(0, 6))
+        start = draw(st.integers(0, 50))
+        rows = [
+            {"v": draw(st.integers(0, 9)), CHANNEL: channel, OFFSET: start + i, CHECKPOINT_ID: None}
+            for i in range(n_data)
+        ]
+        rows += [
+            {"v": None, CHANNEL: channel, OFFSET: start + n_data, CHECKPOINT_ID: c}
+            for c in range(draw(st.integers(0, 2)))
+        ]
+        cuts = sorted(draw(st.lists(st.integers(1, max(1, len(rows) - 1)), max_size=2)))
+        for a, b in zip([0, *cuts], [*cuts, len(rows)], strict=True):
+            if rows[a:b]:
+                payloads.append(rows[a:b])
+    if draw(st.booleans()) and payloads:
+        draw(st.randoms()).shuffle(payloads[0])
+    return draw(st.permutations(payloads))
+
+
+PAYLOAD_SCHEMA = pa.schema(
+    [("v", pa.int64()), (CHANNEL, pa.int32()), (OFFSET, pa.int64()), (CHECKPOINT_ID, pa.int64())]
+)
+
+
+@given(payload_sets())
+def test_a_subtask_gets_its_payloads_rows_in_channel_order(
+    payloads: list[list[dict[str, Any]]],
+) -> None:
+    encoded = [encode_table(pa.Table.from_pylist(p, PAYLOAD_SCHEMA)) for p in payloads]
+    rows_in = [r for p in payloads for r in p]
+    expected = sorted(
+        rows_in,
+        key=lambda r: (
+            r[CHECKPOINT_ID] is not None,
+            r[CHANNEL],
+            r[OFFSET],
+            -1 if r[CHECKPOINT_ID] is None else r[CHECKPOINT_ID],
+        ),
+    )
+    got = subtask_rows(encoded).to_pylist() if encoded else []
+    keyed = [{k: r[k] for k in (CHANNEL, OFFSET, CHECKPOINT_ID)} for r in got]
+    assert keyed == [{k: r[k] for k in (CHANNEL, OFFSET, CHECKPOINT_ID)} for r in expected]
+    assert Counter(tuple(r.values()) for r in got) == Counter(tuple(r.values()) for r in rows_in)
