@@ -79,9 +79,9 @@ without periodic checkpoints it would never commit. ``off`` disables them (savep
 requested checkpoints still work).
 
 Keys outside the reserved namespaces ``checkpoint.``, ``savepoint.``, ``restart-strategy``,
-``state.`` and ``execution.checkpointing.`` belong to other subsystems and are ignored, as
-are the state backend's own keys (``state.backend…``, see :data:`DELEGATED_PREFIXES`). An
-unknown key inside a reserved namespace is a :class:`ConfigError` (typo protection). Two
+``state.`` and ``execution.checkpointing.`` belong to other subsystems and are ignored. An
+unknown key inside a reserved namespace is a :class:`ConfigError` (typo protection), and so
+is any of Flink's ``state.backend…`` keys: there is one state backend, nothing to choose. Two
 spellings of one option must agree. The ``restart-strategy.<type>.*`` keys are accepted only
 together with ``restart-strategy=<type>``.
 
@@ -453,9 +453,9 @@ RESERVED_PREFIXES: Final = (
     "state.",
     "execution.checkpointing.",
 )
-#: Keys inside the reserved namespaces that belong to another subsystem (the state backend)
-#: and are ignored here.
-DELEGATED_PREFIXES: Final = ("state.backend",)
+#: Flink's state backend options (``state.backend.type``, ``state.backend.incremental``, …):
+#: refused, there is one state backend (see :func:`_unknown_key`).
+STATE_BACKEND_PREFIX: Final = "state.backend"
 
 #: Flink's defaults for the parameters of a restart strategy chosen by type only.
 _RESTART_DEFAULTS: Final[dict[str, dict[str, int]]] = {
@@ -472,16 +472,28 @@ def _known_keys() -> str:
     return ", ".join(sorted(o.key for o in _OPTIONS)) + " (or their Flink spellings)"
 
 
+def _unknown_key(key: str, value: object) -> ConfigError:
+    """The error for *key*, inside the reserved namespaces but no option."""
+    if key.strip().lower().startswith(STATE_BACKEND_PREFIX):
+        return ConfigError(
+            key,
+            value,
+            "no state.backend option: spark-ckpt has one state backend (keyed state as Arrow "
+            "tables in each subtask, checkpoints always incremental), nothing to choose",
+        )
+    return ConfigError(key, value, f"a known option key: {_known_keys()}")
+
+
 def parse_option(key: str, value: str) -> tuple[str, object] | None:
     """The canonical key of the option spelled *key* (any case, Flink aliases) and *value*
     parsed as :meth:`CheckpointConfig.from_options` parses it; ``None`` when *key* is outside
-    the reserved namespaces (or the state backend's). An unknown key inside them or an invalid
+    the reserved namespaces. An unknown key inside them (``state.backend…`` too) or an invalid
     value raises the :class:`ConfigError` ``from_options`` would."""
     lowered = key.strip().lower()
     option = _BY_KEY.get(lowered)
     if option is None:
-        if lowered.startswith(RESERVED_PREFIXES) and not lowered.startswith(DELEGATED_PREFIXES):
-            raise ConfigError(key, value, f"a known option key: {_known_keys()}")
+        if lowered.startswith(RESERVED_PREFIXES):
+            raise _unknown_key(key, value)
         return None
     return option.key, option.parse(key, value)
 
@@ -622,8 +634,8 @@ class CheckpointConfig:
             key = raw_key.strip().lower()
             option = _BY_KEY.get(key)
             if option is None:
-                if key.startswith(RESERVED_PREFIXES) and not key.startswith(DELEGATED_PREFIXES):
-                    raise ConfigError(raw_key, raw_value, f"a known option key: {_known_keys()}")
+                if key.startswith(RESERVED_PREFIXES):
+                    raise _unknown_key(raw_key, raw_value)
                 continue
             if not isinstance(raw_value, str):
                 raise ConfigError(raw_key, raw_value, "a string")
@@ -810,10 +822,10 @@ class CheckpointConfigBuilder:
 
 
 __all__ = [
-    "DELEGATED_PREFIXES",
     "MAX_MAX_PARALLELISM",
     "MIN_INTERVAL_MS",
     "RESERVED_PREFIXES",
+    "STATE_BACKEND_PREFIX",
     "CheckpointConfig",
     "CheckpointConfigBuilder",
     "CheckpointingMode",

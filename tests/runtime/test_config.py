@@ -25,6 +25,7 @@ from spark_ckpt.runtime.config import (
     milliseconds,
     minutes,
     parse_duration,
+    parse_option,
     seconds,
 )
 
@@ -60,9 +61,15 @@ def test_empty_and_foreign_options_give_defaults() -> None:
     assert CheckpointConfig.from_options(foreign) == CheckpointConfig()
 
 
-def test_state_backend_keys_are_delegated_not_rejected() -> None:
-    opts = {"state.backend.type": "hashmap", "state.backend.incremental": "true"}
-    assert CheckpointConfig.from_options(opts) == CheckpointConfig()
+@pytest.mark.parametrize(
+    "key", ["state.backend.type", "State.Backend.Incremental", "state.backend"]
+)
+def test_state_backend_keys_are_refused_there_is_one_backend(key: str) -> None:
+    with pytest.raises(ConfigError, match="one state backend") as e:
+        CheckpointConfig.from_options({key: "rocksdb"})
+    assert e.value.option == key
+    with pytest.raises(ConfigError, match="one state backend"):
+        parse_option(key, "true")
 
 
 # ------------------------------------------------------------------ durations

@@ -35,7 +35,6 @@ def check(**options: object) -> None:
         {"execution.checkpointing.interval": "1 s"},  # a Flink alias, same value
         {"CHECKPOINT.RETAINED": "3"},  # keys are case-insensitive
         {"restart-strategy": "fixed-delay", "restart-strategy.fixed-delay.attempts": 2},
-        {"state.backend.incremental": "true"},  # the state backend's, not ours
         {"pipeline": "orders", "store": "/lake/orders/"},
     ],
 )
