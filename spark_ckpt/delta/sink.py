@@ -70,9 +70,9 @@ Invariants and why they give exactly-once output:
 
 The table is created by the first commit that has files, from their schema (all columns
 nullable), with protocol reader 1 / writer 2: no deletion vectors, no column mapping, UTC
-``timestamp`` columns — readable by Spark's Delta Lake, polars and DuckDB. ``partition_by``
-is accepted for API stability but only ``()`` is supported (staging would have to write
-Hive-style partition directories and partition values).
+``timestamp`` columns — readable by Spark's Delta Lake, polars and DuckDB. The table is not
+partitioned (staging would have to write Hive-style partition directories and partition
+values).
 
 Errors of delta-rs, Arrow and the file system are translated into
 :class:`~spark_ckpt.errors.StoreError`; staged data that does not fit the table raises
@@ -89,8 +89,6 @@ roles), and here :class:`DeltaSink`, which pairs them for one process.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pyarrow.fs as pafs
 
 from spark_ckpt.delta.sink_committer import DEFAULT_MAX_ATTEMPTS, DeltaSinkCommitter
@@ -101,12 +99,12 @@ from spark_ckpt.delta.sink_writer import DEFAULT_TARGET_FILE_BYTES, DeltaSinkWri
 class DeltaSink:
     """A :class:`~spark_ckpt.sinks.sink.TransactionalSink` into the Delta table at
     *table_uri*: a :class:`DeltaSinkWriter` and a :class:`DeltaSinkCommitter` over one
-    :class:`DeltaSinkTarget` (see it for *pipeline*, *storage_options*,
-    *partition_by* and *filesystem*), for a process that runs tasks of the sink vertex and
-    reads what was committed (the foreachBatch aligner) or does both (tests). A process that
-    plays only one role builds only that one from a target. *target_file_bytes*: see
-    :class:`DeltaSinkWriter`; *max_attempts*: see :class:`DeltaSinkCommitter`. Building it
-    does not load the table."""
+    :class:`DeltaSinkTarget` (see it for *pipeline*, *storage_options* and *filesystem*),
+    for a process that runs tasks of the sink vertex and reads what was committed (the
+    foreachBatch aligner) or does both (tests). A process that plays only one role builds
+    only that one from a target. *target_file_bytes*: see :class:`DeltaSinkWriter`;
+    *max_attempts*: see :class:`DeltaSinkCommitter`. Building it does not load the
+    table."""
 
     def __init__(
         self,
@@ -114,7 +112,6 @@ class DeltaSink:
         *,
         pipeline: str,
         storage_options: dict[str, str] | None = None,
-        partition_by: Sequence[str] = (),
         filesystem: pafs.FileSystem | None = None,
         target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
@@ -123,7 +120,6 @@ class DeltaSink:
             table_uri,
             pipeline=pipeline,
             storage_options=storage_options,
-            partition_by=partition_by,
             filesystem=filesystem,
         )
         self.writer = DeltaSinkWriter(self.target, target_file_bytes=target_file_bytes)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
 
 import pyarrow.fs as pafs
 
 from spark_ckpt.delta.errors import delta_boundary
 from spark_ckpt.delta.part_file import is_part_file_name
-from spark_ckpt.errors import ConfigError, StoreError
+from spark_ckpt.errors import StoreError
 
 
 class DeltaSinkTarget:
@@ -28,9 +27,8 @@ class DeltaSinkTarget:
     seals. :attr:`legacy_app_id_prefix` (``spark-ckpt/<pipeline>/``) matches the app ids
     that versions before 0.2 used (``spark-ckpt/<pipeline>/<first operator uid>``), which a
     roll back withdraws too. :attr:`tag`, a hash of the app id, is part of every file name
-    the sink stages. ``partition_by`` is accepted for API stability but only ``()`` is
-    supported (staging would have to write Hive-style partition directories and partition
-    values). Immutable; cheap to build (it does not load the table)."""
+    the sink stages. The table is not partitioned. Immutable; cheap to build (it does not
+    load the table)."""
 
     def __init__(
         self,
@@ -38,11 +36,8 @@ class DeltaSinkTarget:
         *,
         pipeline: str,
         storage_options: dict[str, str] | None = None,
-        partition_by: Sequence[str] = (),
         filesystem: pafs.FileSystem | None = None,
     ) -> None:
-        if tuple(partition_by):
-            raise ConfigError("partition_by", tuple(partition_by), "() (unpartitioned tables)")
         if "://" not in table_uri:
             table_uri = os.path.abspath(table_uri)
         self.table_uri = table_uri.rstrip("/")

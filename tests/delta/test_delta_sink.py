@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from spark_ckpt.delta.sink import DeltaSink
 from spark_ckpt.delta.staged_file import StagedFile, staged_files
 from spark_ckpt.delta.stats import DeltaStats, delta_stats
-from spark_ckpt.errors import ConfigError, ProtocolError, StoreError
+from spark_ckpt.errors import ProtocolError, StoreError
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
 from spark_ckpt.sinks.sink import Transaction, TransactionalSink
 
@@ -358,7 +358,7 @@ def test_schema_mismatch_is_a_protocol_error_naming_the_columns(tmp_path: Path) 
     assert content(replay(root)) == sorted(rows(0, 2))
     with pytest.raises(ProtocolError, match="Delta"):
         sink.writer.stage(pa.table({"d": pa.array([1], pa.duration("s"))}), subtask=0)
-    with pytest.raises(ConfigError):
+    with pytest.raises(TypeError, match="partition_by"):  # unpartitioned tables only
         make_sink(tmp_path / "p", partition_by=["id"])
 
 
