@@ -9,7 +9,8 @@ is one FULL blob per state per subtask. It is self-contained: it can be copied, 
 
 Its properties (string to string) carry at least :data:`PIPELINE` (the pipeline's name),
 :data:`MAX_PARALLELISM` (the number of key groups of its keyed state) and :data:`FORMAT`
-(:data:`FORMAT_VERSION`).
+(:data:`FORMAT_VERSION`), the keys and version :mod:`spark_ckpt.delta.savepoint` defines
+(the online savepoints' side).
 
 :func:`write_savepoint` is the only writer of the format: the offline
 :class:`~spark_ckpt.offline.SavepointWriter` and the online export of a savepoint both call it.
@@ -24,18 +25,22 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from spark_ckpt.delta.savepoint import FORMAT, FORMAT_VERSION
 from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.errors import StoreError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.handle import BlobKind, TaskSnapshot, TaskStateHandle
+from spark_ckpt.runtime.restore_settings import MAX_PARALLELISM, PIPELINE
 
-#: Property keys every savepoint carries.
-PIPELINE = "pipeline"
-MAX_PARALLELISM = "max_parallelism"
-FORMAT = "format"
-#: The version of the savepoint directory format this module writes.
-FORMAT_VERSION = "1"
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MAX_PARALLELISM",
+    "PIPELINE",
+    "directory_is_empty",
+    "write_savepoint",
+]
 
 
 def directory_is_empty(path: str) -> bool:

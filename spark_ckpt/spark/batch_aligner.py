@@ -169,12 +169,6 @@ class BatchAligner:
         self.rows_processed = 0
         self.aborts_received = 0
 
-    def __call__(self, df: object, batch_id: int) -> None:
-        """``foreachBatch`` entry point (driver, the user's process): collects the micro-batch
-        as Arrow and processes it — with ``pipelined``, on the processing thread while Spark
-        goes on with the next batch (see the module docstring)."""
-        self.submit(collect_arrow(df))
-
     def submit(self, table: pa.Table) -> None:
         """Process one collected micro-batch: at once, or (``pipelined``) on the processing
         thread once the previous one is done — returning before it is processed unless it
