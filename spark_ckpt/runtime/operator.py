@@ -55,6 +55,15 @@ class KeyedOperator(ABC):
         with the subtask's *state* and return the output rows, or None. Must not keep
         references into *state* across calls."""
 
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what :meth:`open` acquired (Spark's ``StatefulProcessor.close``, Flink's
+        ``close``). Called once, where the subtask ran, when its task ends in order: the
+        pipeline stops or finishes, or the process that kept the task alive between
+        micro-batches lets it go. Not after a crash (a killed process calls nothing), and
+        a task that fails is not closed: its state is the last checkpoint's, not this
+        one's. The state is no longer accessible; what a checkpoint holds is already
+        written."""
+
     @property
     def output_schema(self) -> pa.Schema | None:
         """Schema of the output, when known up front (sinks create tables with it)."""

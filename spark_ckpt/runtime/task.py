@@ -173,6 +173,7 @@ class OperatorTask:
             op.open(handle)
             self.backends[op.uid] = backend
             self._handles[op.uid] = handle
+        self._closed = False
         self._in_progress: dict[int, _SnapshotInProgress] = {}
         self._sealed: dict[int, Transaction] = {}
         self._acked: dict[int, TaskStateHandle] = {}
@@ -240,6 +241,20 @@ class OperatorTask:
 
     def end_of_input(self, channel: int, end_offset: int) -> None:
         self._run(self.aligner.end_of_input(channel, end_offset))
+
+    def close(self) -> None:
+        """The task ends in order: close its operators (:meth:`KeyedOperator.close
+        <spark_ckpt.runtime.operator.KeyedOperator.close>`), in chain order, once
+        (idempotent). An operator's error is logged and the others are still closed: ending
+        must not lose the rest, and the state is already where checkpoints put it."""
+        if self._closed:
+            return
+        self._closed = True
+        for op in self.operators:
+            try:
+                op.close()
+            except Exception as e:  # a user's hook: report it, close the others
+                log.error("closing operator %r of %s failed: %s", op.uid, self.task_id, e)
 
     def _run(self, steps: list[Step]) -> None:
         for step in steps:

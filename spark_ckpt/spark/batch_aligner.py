@@ -295,13 +295,16 @@ class BatchAligner:
 
     def close(self) -> None:
         """Finish the batch in flight and the asynchronous work, end both threads
-        (idempotent); raises what failed the last batch, if anything did."""
+        (idempotent); raises what failed the last batch, if anything did. Then the tasks
+        end in order: their operators are closed."""
         if self._batches is not None:
             self._batches.close()
         if self.worker is not None:
             self.worker.close()
         if self._batches is not None:
             self._batches.drain()
+        for task in self.tasks:
+            task.close()
 
     def _flush(self) -> None:
         outbox = list(self._outbox)

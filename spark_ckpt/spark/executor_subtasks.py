@@ -219,6 +219,11 @@ class SubtaskFunction:
         )
         return BatchDone(fenced, table.num_rows, outcome, load_ms)
 
+    def close(self) -> None:
+        """The host ends in order (its run ended, or it was idle): the subtasks it kept
+        alive end, their operators closed."""
+        LIVE_SUBTASKS.close()
+
     def run_ended(self) -> bool:
         """Whether this run is over, as its driver recorded it (a host of its subtasks then
         ends: the next run has hosts of its own)."""
@@ -426,10 +431,17 @@ class LiveSubtasks:
         return self._live.pop(key, None)
 
     def keep(self, key: CacheKey, live: LiveSubtask) -> None:
-        """Keep *live* for *key*'s next micro-batch."""
+        """Keep *live* for *key*'s next micro-batch (an older run's subtasks of the root are
+        let go: closed)."""
         for other in [k for k in self._live if k.root == key.root and k.run_id != key.run_id]:
-            del self._live[other]
+            self._live.pop(other).task.close()
         self._live[key] = live
+
+    def close(self) -> None:
+        """Let every subtask go, in order: their operators are closed (the host ends)."""
+        while self._live:
+            _, live = self._live.popitem()
+            live.task.close()
 
     def __len__(self) -> int:
         return len(self._live)

@@ -89,6 +89,11 @@ class BatchRunner(Protocol):
         """Whether the run whose micro-batches it runs is over (its driver said so)."""
         ...
 
+    def close(self) -> None:
+        """The host ends in order (its run is over, or it was idle): release what
+        :meth:`run_batch` kept. Not called when the host is killed or its executor stops."""
+        ...
+
 
 class SubtaskHostLostError(StateError):
     """The subtask's host ended (killed, out of memory, its executor lost) before it
@@ -407,6 +412,11 @@ class SubtaskHost:
         finally:
             server.close()
             SNAPSHOTS.drain()
+            if self._last is not None:
+                try:
+                    self._last.close()
+                except Exception as e:  # ending anyway
+                    print(f"closing the subtasks failed: {e}", file=sys.stderr, flush=True)
             self.remove_files()
 
     def remove_files(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -84,6 +85,26 @@ def _by_value() -> None:
     from pyspark import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class ClosingCount(RunningCount):
+    """A running count whose close() leaves a file in *closed* (one per call)."""
+
+    def __init__(self, closed: str) -> None:
+        super().__init__("counter", "user_id")
+        self.closed = closed
+
+    def close(self) -> None:
+        Path(self.closed, f"{os.getpid()}-{uuid.uuid4().hex}").touch()
+
+
+def closes(closed: Path, expected: int) -> list[Path]:
+    """The close() calls recorded in *closed*, once there are *expected* (60 s at most: a
+    host checks every 5 s whether its run is over)."""
+    deadline = time.monotonic() + 60
+    while len(list(closed.iterdir())) < expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return sorted(closed.iterdir())
 
 
 def pipeline(spark: SparkSession, root: Path, **config: object) -> Pipeline:
@@ -193,9 +214,12 @@ def test_the_subtask_hosts_of_a_run_end_with_it(spark: SparkSession, tmp_path: P
         locks[:] = _host_locks(p.root, run_id())  # the run's changelog goes with it
         alive.append(all(lock.exists() for lock in locks))
 
+    _by_value()
+    closed = tmp_path / "closed"
+    closed.mkdir()
     result = p.run(
         source(maxRowsPerTrigger=300),
-        RunningCount("counter", "user_id"),
+        ClosingCount(str(closed)),
         output=str(tmp_path / "out"),
         available_now=True,
         placement="executors",
@@ -206,6 +230,26 @@ def test_the_subtask_hosts_of_a_run_end_with_it(spark: SparkSession, tmp_path: P
     while any(lock.exists() for lock in locks):
         assert time.monotonic() < deadline, "the hosts of an ended run are still alive"
         time.sleep(0.2)
+    check_exactly_once(p, tmp_path / "out")
+    # each subtask's operator was closed once, in its host, as the host ended
+    done = closes(closed, 2)
+    assert len(done) == 2 and len({f.name.split("-")[0] for f in done}) == 2, done
+
+
+def test_operators_are_closed_when_a_driver_run_ends(spark: SparkSession, tmp_path: Path) -> None:
+    _by_value()
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    p = pipeline(spark, tmp_path / "root")
+    result = p.run(
+        source(maxRowsPerTrigger=300),
+        ClosingCount(str(closed)),
+        output=str(tmp_path / "out"),
+        available_now=True,
+        placement="driver",
+    )
+    assert result.checkpoints_completed >= 1
+    assert len(closes(closed, 2)) == 2  # one task per subtask, closed once each
     check_exactly_once(p, tmp_path / "out")
 
 

@@ -49,9 +49,15 @@ class Counter:
     die: int = -1
     #: a file whose existence says the run is over
     ended: str = ""
+    #: a file the host's close() of this runner writes (its micro-batches, one per line)
+    closed: str = ""
 
     def run_ended(self) -> bool:
         return bool(self.ended) and os.path.exists(self.ended)
+
+    def close(self) -> None:
+        if self.closed:
+            Path(self.closed).write_text("".join(f"{n}\n" for n in _RAN))
 
     def run_batch(self, batch: MicroBatch, payloads: list[bytes]) -> BatchDone:
         if batch.batch_id == self.die:
@@ -200,12 +206,15 @@ def test_the_files_of_killed_hosts_are_swept(key: CacheKey) -> None:
 
 def test_a_host_ends_when_its_run_is_over(key: CacheKey, tmp_path: Path) -> None:
     hosts = SubtaskHosts(idle_s=300)
-    over = tmp_path / "over"
-    done = hosts.run(key, Counter(ended=str(over)), batch(1), [])
-    assert process_exists(host_pid(done))
+    over, closed = tmp_path / "over", tmp_path / "closed"
+    runner = Counter(ended=str(over), closed=str(closed))
+    hosts.run(key, runner, batch(1), [])
+    done = hosts.run(key, runner, batch(2), [])
+    assert process_exists(host_pid(done)) and not closed.exists()
     over.touch()  # the driver recorded the run's end
     wait_gone(hosts, host_pid(done), "the host of an ended run to end")
     assert not host_address(key, "exec-1").exists()
+    assert closed.read_text().split() == ["1", "2"]  # the runner was closed, after its batches
 
 
 def test_the_socket_directory_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

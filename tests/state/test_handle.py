@@ -152,3 +152,48 @@ def test_running_count_gets_a_handle_end_to_end_through_checkpoint_and_restore()
     assert [(r["user_id"], r["count"]) for r in restored_counter.out] == [(1, 4), (3, 2)]
     last = restored.backends["last"].to_table(LastAmount.LAST).to_pylist()
     assert {r["key"]: r["value"] for r in last} == {1: 6, 2: 2, 3: 7}
+
+
+def test_value_state_exists_only_while_the_key_has_a_value() -> None:
+    handle = StateHandle(KeyedStateBackend.for_subtask("op", 0, 1, pa.int64()))
+    handle.set_current_key(5)
+    count = handle.value_state(COUNT)
+    assert not count.exists() and count.value() is None
+    count.update(0)  # a value that is falsy still exists
+    assert count.exists()
+    handle.put_values(COUNT, [6], [None])
+    handle.set_current_key(6)
+    assert not handle.value_state(COUNT).exists()
+    handle.set_current_key(5)
+    count.update(None)
+    assert not count.exists()
+
+
+class Closing(RunningCount):
+    def __init__(self, uid: str, log: list[str], fail: bool = False) -> None:
+        super().__init__(uid, "user_id")
+        self.log, self.fail = log, fail
+
+    def close(self) -> None:
+        self.log.append(self.uid)
+        if self.fail:
+            raise RuntimeError(f"{self.uid} cannot close")
+
+
+def test_a_task_closes_its_operators_once_in_chain_order(caplog: pytest.LogCaptureFixture) -> None:
+    log: list[str] = []
+    ops = [Closing("a", log, fail=True), Closing("b", log)]
+    task = OperatorTask(
+        TaskId("chain", 0),
+        channels=[0],
+        operators=ops,
+        parallelism=1,
+        store=InMemoryCheckpointStore(),
+        respond=lambda m: None,
+        clock=ManualClock(0),
+    )
+    assert log == []
+    task.close()
+    task.close()
+    assert log == ["a", "b"]  # a failing close does not keep the next one from closing
+    assert "a cannot close" in caplog.text
