@@ -11,8 +11,19 @@ from spark_ckpt.spark.executor_cache import CacheKey, Fence
 from spark_ckpt.spark.executor_subtasks import HIT, LiveSubtask, LiveSubtasks, _resume
 
 
+class StandInTask:
+    """What the registry needs of a task: it can be closed (counted)."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
 def live(batch: int, token: str) -> LiveSubtask:
-    return LiveSubtask(cast(Any, object()), writer=None, batch_id=batch, token=token, segment=None)
+    task = cast(Any, StandInTask())
+    return LiveSubtask(task, writer=None, batch_id=batch, token=token, segment=None)
 
 
 KEY = CacheKey("/root", "run-1", 0)
@@ -39,10 +50,17 @@ def test_a_worker_continues_its_task_only_at_the_fence() -> None:
 
 def test_a_newer_run_of_a_root_drops_the_older_runs() -> None:
     registry = LiveSubtasks()
-    registry.keep(KEY, live(1, "a"))
-    registry.keep(CacheKey("/other", "run-9", 0), live(1, "a"))
-    registry.keep(CacheKey("/root", "run-1", 1), live(1, "a"))
+    old = [live(1, "a"), live(1, "a")]
+    other = live(1, "a")
+    registry.keep(KEY, old[0])
+    registry.keep(CacheKey("/other", "run-9", 0), other)
+    registry.keep(CacheKey("/root", "run-1", 1), old[1])
     assert len(registry) == 3
-    registry.keep(CacheKey("/root", "run-2", 0), live(1, "b"))
+    newer = live(1, "b")
+    registry.keep(CacheKey("/root", "run-2", 0), newer)
     assert len(registry) == 2  # the other root's subtask stays
     assert registry.take(KEY) is None
+    # the dropped tasks were let go in order (closed once), the kept ones not
+    assert [t.task.closed for t in (*old, other, newer)] == [1, 1, 0, 0]
+    registry.close()  # the host ends: every task it kept is closed
+    assert len(registry) == 0 and [t.task.closed for t in (other, newer)] == [1, 1]
