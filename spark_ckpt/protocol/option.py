@@ -6,9 +6,12 @@ what was expected, before anything runs.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from spark_ckpt.errors import ConfigError
+
+_INT_RE: Final = re.compile(r"[+-]?[0-9]+")
 
 #: Largest duration or count accepted (Java ``Long.MAX_VALUE``; fits Arrow ``int64``).
 MAX_LONG: Final = 2**63 - 1
@@ -28,8 +31,10 @@ def check_int(
 
 
 def parse_int(option: str, text: str) -> int:
-    """A decimal integer option value; :class:`ConfigError` naming *option* otherwise."""
-    try:
-        return int(text.strip(), 10)
-    except ValueError as e:
-        raise ConfigError(option, text, "an integer") from e
+    """A decimal integer option value (an optional sign and digits, surrounding blanks
+    ignored); :class:`ConfigError` naming *option* otherwise. The one integer parser of
+    option text."""
+    stripped = text.strip()
+    if _INT_RE.fullmatch(stripped) is None:
+        raise ConfigError(option, text, "an integer")
+    return int(stripped)
