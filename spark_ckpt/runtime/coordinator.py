@@ -100,9 +100,7 @@ Checkpoint ids come from store leases: strictly increasing, never reused, across
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, TypeVar
 
@@ -114,16 +112,28 @@ from spark_ckpt.errors import (
     TolerableFailuresExceededError,
 )
 from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
-from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock
 from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
+from spark_ckpt.runtime.checkpoint_cleaner import (
+    DEFAULT_GARBAGE_EVERY,
+    RETENTION_RETRY_MS,
+    CheckpointCleaner,
+    JobStatus,
+    discards_checkpoints,
+)
 from spark_ckpt.runtime.config import (
     CheckpointConfig,
     CheckpointingMode,
-    ExternalizedCheckpointRetention,
 )
 from spark_ckpt.runtime.failure import CheckpointFailure, CheckpointFailureReason, FailureCounter
 from spark_ckpt.runtime.pending import AckResult, PendingCheckpoint
+from spark_ckpt.runtime.request_decider import (
+    CheckpointRequest,
+    CheckpointRequestDecider,
+    RequestStatus,
+)
+from spark_ckpt.runtime.stats_tracker import CheckpointStatsTracker, HistoryEntry
 from spark_ckpt.storage.lease import CoordinatorLease
 from spark_ckpt.storage.store import CheckpointLog
 
@@ -142,89 +152,12 @@ class TaskGateway(Protocol):
     def notify_aborted(self, task: TaskId, checkpoint_id: int, reason: str) -> None: ...
 
 
-class JobStatus(StrEnum):
-    """How the job ended, for externalized-checkpoint retention on :meth:`shutdown`."""
-
-    FINISHED = "finished"
-    CANCELED = "canceled"
-    FAILED = "failed"
-    SUSPENDED = "suspended"
-
-
 class CoordinatorStatus(StrEnum):
     CREATED = "created"
     RUNNING = "running"
     SHUT_DOWN = "shut_down"
     FAILED = "failed"  # tolerable failures exceeded, or fenced out
 
-
-class RequestStatus(StrEnum):
-    QUEUED = "queued"
-    TRIGGERED = "triggered"
-    COMPLETED = "completed"
-    FAILED = "failed"
-
-
-@dataclass
-class CheckpointRequest:
-    """A manual checkpoint or savepoint request; its fields fill in as it progresses."""
-
-    snapshot_type: SnapshotType
-    forced: bool
-    properties: dict[str, str] = field(default_factory=dict)
-    final: bool = False
-    status: RequestStatus = RequestStatus.QUEUED
-    checkpoint_id: int | None = None
-    completed: CompletedCheckpoint | None = None
-    failure: CheckpointFailure | None = None
-
-
-@dataclass(frozen=True)
-class HistoryEntry:
-    """One finished checkpoint, for statistics and progress reporting."""
-
-    checkpoint_id: int
-    snapshot_type: SnapshotType
-    trigger_ms: int
-    end_ms: int
-    completed: CompletedCheckpoint | None = None
-    failure: CheckpointFailure | None = None
-
-    @property
-    def duration_ms(self) -> int:
-        return self.end_ms - self.trigger_ms
-
-
-# Which job end discards retained checkpoints, per externalized retention (Flink's
-# CheckpointProperties: discardFinished / discardCancelled / discardFailed / discardSuspended).
-_DISCARD_ON: dict[ExternalizedCheckpointRetention, frozenset[JobStatus]] = {
-    ExternalizedCheckpointRetention.NO_EXTERNALIZED_CHECKPOINTS: frozenset(JobStatus),
-    ExternalizedCheckpointRetention.DELETE_ON_CANCELLATION: frozenset(
-        {JobStatus.FINISHED, JobStatus.CANCELED}
-    ),
-    ExternalizedCheckpointRetention.RETAIN_ON_CANCELLATION: frozenset(),
-}
-
-
-def _priority(req: CheckpointRequest) -> int:
-    """Queue order of a request: savepoints and other forced requests (0), then final (stop)
-    checkpoints (1), then manual checkpoints (2). A forced request goes ahead of a waiting
-    final checkpoint, as Flink's comparator puts savepoints and forced requests first:
-    otherwise a savepoint would wait behind a stop checkpoint that waits for the limits."""
-    if req.snapshot_type is SnapshotType.SAVEPOINT or req.forced:
-        return 0
-    return 1 if req.final else 2
-
-
-def discards_checkpoints(retention: ExternalizedCheckpointRetention, status: JobStatus) -> bool:
-    """Whether a job ending with *status* discards its retained checkpoints (never its
-    savepoints) under *retention*. Unlike Flink, RETAIN_ON_CANCELLATION keeps them even when
-    the job finished."""
-    return status in _DISCARD_ON[retention]
-
-
-#: How long retention waits after a failed attempt before it tries again.
-RETENTION_RETRY_MS = 5_000
 
 _DECLINE_REASONS = frozenset(
     {
@@ -233,11 +166,6 @@ _DECLINE_REASONS = frozenset(
         CheckpointFailureReason.CANCELLED,
     }
 )
-
-
-#: Default of ``CheckpointCoordinator(garbage_every=...)``: unreferenced blobs are collected
-#: at every 8th retention (about every 8 s with checkpoints every second).
-DEFAULT_GARBAGE_EVERY = 8
 
 
 class CheckpointCoordinator:
@@ -261,13 +189,11 @@ class CheckpointCoordinator:
         :meth:`maintain`. For a host whose triggers must coincide with barrier injection and
         whose retention must not delay it (:class:`~spark_ckpt.spark.host.HostThread`).
 
-        *garbage_every*: retention removes subsumed checkpoints at every completion but
-        collects the blobs no kept checkpoint references only every *garbage_every*-th time
-        (and after a final checkpoint): on a durable store each collection is a scan and a
-        copy-on-write delete per state table, a fixed cost that need not be paid every
-        second. Unreferenced blobs are invisible; they only occupy storage meanwhile."""
-        if garbage_every < 1:
-            raise CheckpointError(f"garbage_every must be >= 1, got {garbage_every}")
+        *garbage_every*: see :class:`~spark_ckpt.runtime.checkpoint_cleaner.CheckpointCleaner`.
+
+        The coordinator is handed its helpers, as Flink's is: the request decider (queue
+        order, periodic schedule, min pause, max concurrent), the cleaner (retention and
+        garbage) and the statistics tracker (counts, history, failure records)."""
         if not tasks_to_trigger or not tasks_to_ack:
             raise CheckpointError("a checkpointed job needs tasks to trigger and to acknowledge")
         self.config = config
@@ -289,28 +215,14 @@ class CheckpointCoordinator:
         self._next_id = self._lease.first_id
         self._pending: dict[int, PendingCheckpoint] = {}
         self._requests_by_id: dict[int, CheckpointRequest] = {}
-        self._queue: deque[CheckpointRequest] = deque()
         self._finished_ids: set[int] = set()
         self._failures = FailureCounter(config.tolerable_failed_checkpoints)
-        self._next_periodic_ms: int | None = None
-        self._last_completion_ms: int | None = None
         self.defer_after_completion = defer_after_completion
-        self._retention_due = False
-        self._retention_retry_ms = 0  # no retention attempt before this time (backoff)
-        self.garbage_every = garbage_every
-        self._retentions = 0
-        self._collect_now = False
-        # per task: the oldest checkpoint its incremental snapshots may still build on
-        # (AcknowledgeCheckpoint.base_checkpoint_id); until a task reports, the checkpoint
-        # it restored from
-        restored = store.latest_completed()
-        self._bases: dict[TaskId, int] = (
-            {t: restored.checkpoint_id for t in self.tasks_to_ack} if restored else {}
+        self.decider = CheckpointRequestDecider(config)
+        self.cleaner = CheckpointCleaner(
+            store, config, self.clock, self.tasks_to_ack, garbage_every=garbage_every
         )
-        self.history: deque[HistoryEntry] = deque(maxlen=config.history_size)
-        self.num_triggered = 0
-        self.num_completed = 0
-        self.num_failed = 0
+        self.stats = CheckpointStatsTracker(store, config.history_size)
         self.failure_cause: Exception | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -322,26 +234,25 @@ class CheckpointCoordinator:
         """The job restored from *checkpoint* (by default assumed to be the latest completed
         one): until a task reports its own incremental base, retention keeps everything
         from there. Call before :meth:`start`."""
-        self._bases = {t: checkpoint.checkpoint_id for t in self.tasks_to_ack} if checkpoint else {}
+        self.cleaner.restored_from(checkpoint)
 
     def start(self) -> None:
         """Start periodic triggering (if an interval is configured)."""
         self._ensure_running(allow_created=True)
         self.status = CoordinatorStatus.RUNNING
-        if self.config.interval_ms is not None:
-            self._next_periodic_ms = self.clock.now_ms() + self.config.interval_ms
+        self.decider.start_periodic(self.clock.now_ms())
 
     def stop_periodic_trigger(self) -> None:
         """No more periodic checkpoints (before a final checkpoint or stop); manual requests,
         savepoints and pending checkpoints proceed."""
-        self._next_periodic_ms = None
+        self.decider.stop_periodic()
 
     def resume_periodic_trigger(self) -> None:
         """Periodic checkpoints again, the first one an interval from now: a stop whose final
         checkpoint failed lets the job go on (Flink restarts its checkpoint scheduler after
         a failed stop-with-savepoint)."""
-        if self.config.interval_ms is not None and self.status is CoordinatorStatus.RUNNING:
-            self._next_periodic_ms = self.clock.now_ms() + self.config.interval_ms
+        if self.status is CoordinatorStatus.RUNNING:
+            self.decider.start_periodic(self.clock.now_ms())
 
     def shutdown(self, job_status: JobStatus = JobStatus.SUSPENDED) -> None:
         """Abort pending checkpoints (not counted as failures) and apply externalized
@@ -352,23 +263,19 @@ class CheckpointCoordinator:
             self.failure_cause, FencedError
         )
         self.status = CoordinatorStatus.SHUT_DOWN
-        self._next_periodic_ms = None
+        self.decider.stop_periodic()
         for p in list(self._pending.values()):
             self._abort(
                 p,
                 CheckpointFailure(p.checkpoint_id, CheckpointFailureReason.COORDINATOR_SHUTDOWN),
                 count=False,
             )
-        for r in self._queue:
+        for r in self.decider.drain():
             r.status = RequestStatus.FAILED
             r.failure = CheckpointFailure(0, CheckpointFailureReason.COORDINATOR_SHUTDOWN)
-        self._queue.clear()
         if fenced:
             return
-        if discards_checkpoints(self.config.externalized_retention, job_status):
-            ids = [c.checkpoint_id for c in self.store.list_completed() if not c.is_savepoint]
-            if ids:
-                self.store.discard(self._lease, ids, history_size=self.config.history_size)
+        self.cleaner.job_ended(self._lease, job_status)
 
     # -- triggering ------------------------------------------------------------------------
     def tick(self) -> list[CheckpointBarrier]:
@@ -430,44 +337,20 @@ class CheckpointCoordinator:
         at once (past max concurrent and min pause). A due periodic checkpoint comes after
         all of them (see :meth:`_trigger_what_is_allowed`)."""
         self._ensure_running()
-        rank = _priority(req)
-        at = next((i for i, q in enumerate(self._queue) if _priority(q) > rank), len(self._queue))
-        self._queue.insert(at, req)
+        self.decider.enqueue(req)
         self._trigger_what_is_allowed()
         return req
-
-    def _may_trigger(self, now: int, forced: bool) -> bool:
-        return forced or (not self._held_back() and now >= self._pause_ends_ms())
-
-    def _held_back(self) -> bool:
-        """Max concurrent, or min pause (which counts from a completion), hold back every
-        trigger that is not forced until a pending checkpoint ends."""
-        pending = len(self._pending)
-        return pending >= self.config.max_concurrent or (
-            self.config.min_pause_ms > 0 and pending > 0
-        )
-
-    def _pause_ends_ms(self) -> int:
-        """When min pause after the last completion ends (0: no pause)."""
-        if self.config.min_pause_ms <= 0 or self._last_completion_ms is None:
-            return 0
-        return self._last_completion_ms + self.config.min_pause_ms
 
     def _trigger_what_is_allowed(self) -> list[CheckpointBarrier]:
         sent: list[CheckpointBarrier] = []
         while self.status is CoordinatorStatus.RUNNING:
-            now = self.clock.now_ms()
-            if self._queue and self._may_trigger(now, self._queue[0].forced):
-                req = self._queue.popleft()
-                sent.append(self._trigger(req.snapshot_type, req))
-                continue
-            due = self._next_periodic_ms is not None and now >= self._next_periodic_ms
-            if due and not self._queue and self._may_trigger(now, False):
-                assert self._next_periodic_ms is not None and self.config.interval_ms is not None
-                self._next_periodic_ms = now + self.config.interval_ms
+            choice = self.decider.choose(self.clock.now_ms(), len(self._pending))
+            if choice is None:
+                break
+            if isinstance(choice, CheckpointRequest):
+                sent.append(self._trigger(choice.snapshot_type, choice))
+            else:  # a due periodic checkpoint
                 sent.append(self._trigger(SnapshotType.CHECKPOINT, None))
-                continue
-            break
         return sent
 
     def _allocate_id(self) -> int:
@@ -501,7 +384,7 @@ class CheckpointCoordinator:
             properties={**self.checkpoint_properties, **(req.properties if req else {})},
         )
         self._pending[cid] = pending
-        self.num_triggered += 1
+        self.stats.triggered()
         if req is not None:
             req.status = RequestStatus.TRIGGERED
             req.checkpoint_id = cid
@@ -524,10 +407,7 @@ class CheckpointCoordinator:
             )
         if self.status is not CoordinatorStatus.RUNNING:
             return AckResult.DISCARDED
-        if ack.base_checkpoint_id is None:
-            self._bases.pop(ack.task, None)  # reuses nothing
-        else:
-            self._bases[ack.task] = max(self._bases.get(ack.task, 0), ack.base_checkpoint_id)
+        self.cleaner.base_reported(ack.task, ack.base_checkpoint_id)
         result = pending.acknowledge(ack)
         if result is AckResult.SUCCESS and pending.fully_acknowledged:
             self._complete(pending)
@@ -594,12 +474,9 @@ class CheckpointCoordinator:
         pending.mark_completed()
         del self._pending[cid]
         self._finished_ids.add(cid)
-        self._last_completion_ms = now
-        self.num_completed += 1
+        self.decider.completed(now)
         self._failures.on_success()
-        self.history.append(
-            HistoryEntry(cid, completed.snapshot_type, pending.trigger_ms, now, completed=completed)
-        )
+        self.stats.completed(pending, completed, now)
         req = self._requests_by_id.pop(cid, None)
         if req is not None:
             req.status = RequestStatus.COMPLETED
@@ -616,13 +493,10 @@ class CheckpointCoordinator:
                         ),
                         count=False,
                     )
-            self._retention_due = True
+            self.cleaner.completed(final=pending.barrier.final)
             if pending.barrier.final:
-                # the job's last checkpoint: no task snapshots again in this run, so nothing
-                # builds on older checkpoints any more; retain now, before the sink commit
-                # that ends a stop
-                self._bases.clear()
-                self._collect_now = True
+                # the job's last checkpoint: retain now, before the sink commit that ends a
+                # stop
                 self.maintain()
             elif not self.defer_after_completion:
                 self.maintain()
@@ -632,42 +506,13 @@ class CheckpointCoordinator:
             self._trigger_what_is_allowed()
 
     def maintain(self) -> None:
-        """Apply retention if a completion made it due (see ``defer_after_completion``):
-        keeps the configured number of checkpoints, and every checkpoint from the oldest
-        base a task's incremental snapshots may still build on; collects garbage blobs every
-        ``garbage_every``-th time.
-
-        Retention is housekeeping: a :class:`StoreError` from the store (other than
-        :class:`FencedError`) is logged as a WARNING and retention stays due — garbage
-        collection too, if it was — so a later call retries it, no sooner than
-        :data:`RETENTION_RETRY_MS` after the failure. Checkpoints are never lost by this;
-        old ones only stay longer. A :class:`FencedError` fails the coordinator and propagates."""
-        if not self._retention_due or self.status is not CoordinatorStatus.RUNNING:
+        """Apply retention if a completion made it due (see ``defer_after_completion`` and
+        :meth:`CheckpointCleaner.maintain
+        <spark_ckpt.runtime.checkpoint_cleaner.CheckpointCleaner.maintain>`). A
+        :class:`FencedError` fails the coordinator and propagates."""
+        if self.status is not CoordinatorStatus.RUNNING:
             return
-        if self.clock.now_ms() < self._retention_retry_ms:
-            return  # backing off after a failure (a store outage must not flood the log)
-        self._retention_due = False
-        self._retentions += 1
-        collect = self._collect_now or self._retentions % self.garbage_every == 0
-        self._collect_now = False
-        keep_from = min(self._bases.values(), default=None)
-        try:
-            self._fenced(
-                lambda: self.store.retain(
-                    self._lease,
-                    self.config.retained_checkpoints,
-                    keep_from,
-                    collect_garbage=collect,
-                    history_size=self.config.history_size,
-                )
-            )
-        except FencedError:
-            raise
-        except StoreError as e:
-            log.warning("retention failed, retrying in %d ms: %s", RETENTION_RETRY_MS, e)
-            self._retention_due = True
-            self._retention_retry_ms = self.clock.now_ms() + RETENTION_RETRY_MS
-            self._collect_now = self._collect_now or collect
+        self.cleaner.maintain(self._lease, self._fenced)
 
     def _abort(
         self, pending: PendingCheckpoint, failure: CheckpointFailure, count: bool = True
@@ -676,12 +521,7 @@ class CheckpointCoordinator:
         pending.abort(failure)
         self._pending.pop(cid, None)
         self._finished_ids.add(cid)
-        self.num_failed += 1
-        now = self.clock.now_ms()
-        self.history.append(
-            HistoryEntry(cid, pending.snapshot_type, pending.trigger_ms, now, failure=failure)
-        )
-        self._record_failure(pending, failure, now)
+        self.stats.failed(pending, failure, self.clock.now_ms(), self._lease)
         req = self._requests_by_id.pop(cid, None)
         if req is not None:
             req.status = RequestStatus.FAILED
@@ -696,39 +536,10 @@ class CheckpointCoordinator:
                 self._fail(e)
                 raise
 
-    def _record_failure(
-        self, pending: PendingCheckpoint, failure: CheckpointFailure, now: int
-    ) -> None:
-        """Keep the failure in the store next to the completed checkpoints, with the figures
-        of the tasks that acknowledged. Statistics never fail the job: any error of the store
-        is logged as a WARNING and the abort goes on (a fenced coordinator records nothing:
-        the store refuses its writes, and its successor records its own failures)."""
-        record = FailedCheckpoint(
-            checkpoint_id=pending.checkpoint_id,
-            snapshot_type=pending.snapshot_type,
-            trigger_ms=pending.trigger_ms,
-            failed_ms=now,
-            reason=failure.reason.value,
-            message=failure.message,
-            task_metrics={str(t): a.metrics for t, a in sorted(pending.acks.items())},
-            properties=dict(pending.properties),
-        )
-        try:
-            self.store.record_failure(self._lease, record, history_size=self.config.history_size)
-        except FencedError:
-            log.debug("checkpoint %d: failure not recorded (fenced)", pending.checkpoint_id)
-        except Exception as e:  # statistics must never fail the job
-            log.warning(
-                "checkpoint %d: failure (%s) not recorded: %s",
-                pending.checkpoint_id,
-                failure.reason.value,
-                e,
-            )
-
     def _fail(self, cause: Exception) -> None:
         self.failure_cause = cause
         self.status = CoordinatorStatus.FAILED
-        self._next_periodic_ms = None
+        self.decider.stop_periodic()
         for p in list(self._pending.values()):
             self._abort(
                 p,
@@ -766,7 +577,7 @@ class CheckpointCoordinator:
 
     @property
     def next_periodic_ms(self) -> int | None:
-        return self._next_periodic_ms
+        return self.decider.next_periodic_ms
 
     def next_trigger_ms(self) -> int | None:
         """The earliest time at which :meth:`tick` may trigger something, as things stand: 0
@@ -777,16 +588,48 @@ class CheckpointCoordinator:
         periodic trigger). Only a completion, an abort or a new request change it."""
         if self.status is not CoordinatorStatus.RUNNING:
             return None
-        if self._queue and self._queue[0].forced:
-            return 0
-        if self._held_back():
-            return None
-        due = 0 if self._queue else self._next_periodic_ms
-        return None if due is None else max(due, self._pause_ends_ms())
+        return self.decider.next_trigger_ms(len(self._pending))
 
     def latest_completed(self) -> CompletedCheckpoint | None:
         """The checkpoint (or savepoint) a restart restores from."""
         return self.store.latest_completed()
 
     def completed_history(self) -> Iterable[HistoryEntry]:
-        return (h for h in self.history if h.completed is not None)
+        return self.stats.completed_history()
+
+    @property
+    def history(self) -> Sequence[HistoryEntry]:
+        """The newest ``history_size`` finished checkpoints (see
+        :class:`~spark_ckpt.runtime.stats_tracker.CheckpointStatsTracker`)."""
+        return self.stats.history
+
+    @property
+    def num_triggered(self) -> int:
+        return self.stats.num_triggered
+
+    @property
+    def num_completed(self) -> int:
+        return self.stats.num_completed
+
+    @property
+    def num_failed(self) -> int:
+        return self.stats.num_failed
+
+    @property
+    def garbage_every(self) -> int:
+        return self.cleaner.garbage_every
+
+
+__all__ = [
+    "DEFAULT_GARBAGE_EVERY",
+    "RETENTION_RETRY_MS",
+    "AckResult",
+    "CheckpointCoordinator",
+    "CheckpointRequest",
+    "CoordinatorStatus",
+    "HistoryEntry",
+    "JobStatus",
+    "RequestStatus",
+    "TaskGateway",
+    "discards_checkpoints",
+]
