@@ -49,7 +49,14 @@ from spark_ckpt.delta.store_tables import (
     store_boundary,
 )
 from spark_ckpt.errors import CorruptCheckpointError, FencedError, StoreError
-from spark_ckpt.storage.history import CheckpointRecord, bounded, merge_history, unrecorded
+from spark_ckpt.protocol.checkpoint import FailedCheckpoint
+from spark_ckpt.storage.history import (
+    CheckpointRecord,
+    RecordStatus,
+    bounded,
+    merge_history,
+    unrecorded,
+)
 from spark_ckpt.storage.lease import CoordinatorLease
 
 log = logging.getLogger(__name__)
@@ -85,15 +92,19 @@ class DeltaCheckpointHistory:
         self._max_attempts = max_attempts
 
     # -- reading ---------------------------------------------------------------------------
-    def recorded(self) -> tuple[list[CheckpointRecord], int]:
+    def recorded(self, *, failed_only: bool = False) -> tuple[list[CheckpointRecord], int]:
         """The records in the table, by id (a damaged row is skipped with a WARNING), and
-        the history's floor."""
+        the history's floor. *failed_only*: only the failed and aborted records are decoded
+        (what a client waiting for its request's answer looks for, several times a
+        second)."""
         with store_boundary("reading the checkpoint history", reading=True):
             dt = self._tables.load(StoreTable.HISTORY)
             if dt is None:
                 return [], 0
-            t = self._tables.scan(dt, _READ_COLUMNS)
+            t = self._tables.scan(dt, [*_READ_COLUMNS, "status"])
         floor = int(pc.max(t["dropped_below"]).as_py() or 0) if t.num_rows else 0
+        if failed_only:
+            t = t.filter(pc.not_equal(t["status"], RecordStatus.COMPLETED.value))
         out: dict[int, CheckpointRecord] = {}
         for cid, text, digest in zip(
             t["checkpoint_id"].to_pylist(),
@@ -117,6 +128,14 @@ class DeltaCheckpointHistory:
         completed, _ = self._log.list_completed_lenient()
         legacy = self._log.list_legacy_failed()
         return merge_history(recorded, completed, legacy, floor=floor)
+
+    def failed(self) -> list[FailedCheckpoint]:
+        """The failed and aborted checkpoints readers see (:meth:`history`'s), by id,
+        decoding only those records."""
+        recorded, floor = self.recorded(failed_only=True)
+        legacy = self._log.list_legacy_failed()
+        merged = merge_history(recorded, (), legacy, floor=floor)
+        return [r.failure for r in merged if r.failure is not None]
 
     # -- writing ---------------------------------------------------------------------------
     def record(

@@ -123,6 +123,10 @@ class DeltaCheckpointStore(CheckpointStore):
     def list_history(self) -> list[CheckpointRecord]:
         return self._history.history()
 
+    def list_failed(self) -> list[FailedCheckpoint]:
+        """As the store contract says, decoding only the failure records."""
+        return self._history.failed()
+
     def list_completed_lenient(
         self,
     ) -> tuple[list[CompletedCheckpoint], list[CorruptCheckpointError]]:

@@ -168,11 +168,7 @@ class PipelineClient:
         """The failure of the checkpoint that answered *request_id*, if it failed (from the
         statistics history, where the coordinator records it with the request's id)."""
         return next(
-            (
-                r.failure
-                for r in self.store.list_history()
-                if r.failure is not None and r.failure.properties.get(REQUEST_ID) == request_id
-            ),
+            (f for f in self.store.list_failed() if f.properties.get(REQUEST_ID) == request_id),
             None,
         )
 

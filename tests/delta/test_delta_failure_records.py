@@ -189,6 +189,8 @@ def test_the_history_keeps_its_newest_records_in_one_data_file(tmp_path: Path) -
     fresh = DeltaCheckpointStore(str(root))
     assert [f.checkpoint_id for f in fresh.list_failed()] == [base + 3, base + 4]
     assert [r.checkpoint_id for r in fresh.list_history()] == [base + 3, base + 4, base + 5]
+    # decoding only the failure records gives what the whole history says of failures
+    assert fresh.list_failed() == [r.failure for r in fresh.list_history() if r.failure]
     assert fresh.list_completed() == [kept]
     version = DeltaTable(str(root / StoreTable.HISTORY.value)).version()
     store.retain(lease, 1, history_size=3)  # idempotent: nothing is written
