@@ -238,6 +238,8 @@ def test_killed_source_runner_and_python_worker_restart_from_the_checkpoint(job:
     job.feed.append(300)
     job.stop(run)
     assert restarts_of(run) == len(kills), run.tail()
+    # the restart's reason names what died, not only the query
+    assert "Python source runner (the process running" in run.log.read_text(), run.tail()
     job.drain_and_check()
 
 

@@ -43,3 +43,34 @@ FOREACH = (
 )
 def test_the_summary_names_the_cause(message: str, summary: str) -> None:
     assert _failure_summary(Exception(message)) == summary
+
+
+class _JvmError(Exception):
+    """As pyspark's captured StreamingQueryException: the message, and the JVM stack trace
+    kept beside it."""
+
+    def __init__(self, message: str, trace: str) -> None:
+        super().__init__(message)
+        self._stackTrace = trace
+
+
+def test_a_dead_source_runner_is_named() -> None:
+    # what Spark 4.2 says when the source runner's process is killed: no cause at all
+    message = (
+        "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception:  SQLSTATE: XXKST"
+        "\n=== Streaming Query ===\nIdentifier: q [id = 1, runId = 2]"
+    )
+    trace = (
+        "java.io.EOFException\n\tat java.base/java.io.DataInputStream.readInt(Data"
+        "InputStream.java:386)\n\tat org.apache.spark.sql.execution.python.streaming."
+        "PythonStreamingSourceRunner.latestOffset(PythonStreamingSourceRunner.scala:235)\n"
+    )
+    summary = _failure_summary(_JvmError(message, trace))
+    assert "source runner" in summary and "ended unexpectedly" in summary
+    assert "EOFException in PythonStreamingSourceRunner.latestOffset" in summary
+    # a Python error raised in the source runner is named as before, not as its death
+    raised = message.replace("exception:  SQLSTATE", "exception: x\nValueError: bad offset\n")
+    assert _failure_summary(_JvmError(raised, trace)) == "ValueError: bad offset"
+    # other failures without a cause keep the message's first line
+    other = _JvmError("[STREAM_FAILED] Connection reset", "java.io.IOException: reset\n")
+    assert _failure_summary(other) == "[STREAM_FAILED] Connection reset"
