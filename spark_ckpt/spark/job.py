@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
@@ -31,6 +31,17 @@ class Placement(StrEnum):
 
 Source = Mapping[str, object]
 Operators = KeyedOperator | Sequence[KeyedOperator]
+
+
+class JobOptions(TypedDict, total=False):
+    """The job's optional settings, as every entry point takes them (keywords; defaults and
+    meaning: :class:`JobSpec`)."""
+
+    parallelism: int
+    pipelined: bool
+    tracer: Tracer
+    placement: Placement | str
+    transform: Callable[[Any], Any] | None
 
 
 @dataclass(frozen=True)
@@ -60,18 +71,17 @@ class JobSpec:
 
     @staticmethod
     def of(
-        source: Source,
-        operators: Operators,
-        *,
-        output: str,
-        parallelism: int = 2,
-        pipelined: bool = True,
-        tracer: Tracer = NOOP_TRACER,
-        placement: Placement | str = Placement.EXECUTORS,
-        transform: Callable[[Any], Any] | None = None,
+        source: Source, operators: Operators, *, output: str, **options: Unpack[JobOptions]
     ) -> JobSpec:
         """A validated spec: at least one operator, distinct uids, a known placement; a
         local *output* made absolute."""
+        unknown = sorted(set(options) - set(JobOptions.__annotations__))
+        if unknown:  # **options are typed for mypy; at run time a misspelt keyword lands here
+            raise TypeError(
+                f"unexpected keyword argument {unknown[0]!r} "
+                f"(the job's options: {', '.join(JobOptions.__annotations__)})"
+            )
+        placement = options.get("placement", Placement.EXECUTORS)
         try:
             where = Placement(str(placement).strip().lower())
         except ValueError:
@@ -99,4 +109,13 @@ class JobSpec:
                 f"the first operator; these are keyed by {', '.join(map(repr, keys))})",
             )
         out = output if "://" in output else os.path.abspath(output)
-        return JobSpec(dict(source), ops, out, parallelism, pipelined, tracer, where, transform)
+        return JobSpec(
+            dict(source),
+            ops,
+            out,
+            options.get("parallelism", 2),
+            options.get("pipelined", True),
+            options.get("tracer", NOOP_TRACER),
+            where,
+            options.get("transform"),
+        )

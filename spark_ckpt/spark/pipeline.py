@@ -48,10 +48,9 @@ import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
-from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
@@ -61,7 +60,7 @@ from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.executor_subtasks import SubtaskFunction, subtask_query
 from spark_ckpt.spark.foreach_batch import AlignerSpec, ForeachBatchFunction
 from spark_ckpt.spark.host import SOURCE_TASK
-from spark_ckpt.spark.job import JobSpec, Operators, Placement, Source
+from spark_ckpt.spark.job import JobOptions, JobSpec, Operators, Placement, Source
 from spark_ckpt.spark.mailbox import SinkSpec, Topology, mark_starting, write_topology
 from spark_ckpt.spark.pipeline_run import PipelineRun, RunFunction
 from spark_ckpt.spark.quiet_stop import silence_task_kill_logs
@@ -71,7 +70,7 @@ from spark_ckpt.spark.run import RunFiles, Runs, RunState, new_run_id
 from spark_ckpt.spark.shipping import ship_by_value
 from spark_ckpt.spark.source_options import SourceOptions, check_pipeline_options, default_root
 from spark_ckpt.spark.supervisor import Interrupts, RunResult, RunSupervisor, StopReason
-from spark_ckpt.spark.transform import RouteBatches, Transform, apply_transform
+from spark_ckpt.spark.transform import RouteBatches, apply_transform
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -183,16 +182,7 @@ class Pipeline:
         return self.spark.readStream.format("ckpt-source").options(**opts).load()
 
     def prepare(
-        self,
-        source: Source,
-        operators: Operators,
-        *,
-        output: str,
-        parallelism: int = 2,
-        pipelined: bool = True,
-        tracer: Tracer = NOOP_TRACER,
-        placement: Placement | str = Placement.EXECUTORS,
-        transform: Transform | None = None,
+        self, source: Source, operators: Operators, *, output: str, **options: Unpack[JobOptions]
     ) -> PreparedRun:
         """Everything one run of the job needs before its query starts (see
         :class:`~spark_ckpt.spark.job.JobSpec` for the arguments). Callers that drive the
@@ -204,17 +194,7 @@ class Pipeline:
         (``lambda df: df.selectExpr("CAST(value AS STRING) AS json")...``; see
         :mod:`spark_ckpt.spark.transform`); an operation that cannot keep them raises
         :class:`~spark_ckpt.errors.ConfigError`."""
-        job = JobSpec.of(
-            source,
-            operators,
-            output=output,
-            parallelism=parallelism,
-            pipelined=pipelined,
-            tracer=tracer,
-            placement=placement,
-            transform=transform,
-        )
-        return self._prepare(job)
+        return self._prepare(JobSpec.of(source, operators, output=output, **options))
 
     def _prepare(self, job: JobSpec) -> PreparedRun:
         """A run id, the run's topology (who acknowledges, which sink the coordinator
@@ -271,14 +251,10 @@ class Pipeline:
         operators: Operators,
         *,
         output: str,
-        parallelism: int = 2,
-        pipelined: bool = True,
         available_now: bool = False,
         trigger_s: float | None = None,
-        tracer: Tracer = NOOP_TRACER,
-        placement: Placement | str = Placement.EXECUTORS,
         restore: RestoreSettings | None = None,
-        transform: Transform | None = None,
+        **options: Unpack[JobOptions],
     ) -> PipelineRun:
         """Start one run of the job (see :class:`~spark_ckpt.spark.job.JobSpec`). The run
         restores from the latest completed checkpoint whose data verifies (chosen by its
@@ -292,16 +268,7 @@ class Pipeline:
         processing-time trigger interval (default: as fast as possible);
         *tracer*: see :meth:`prepare`; *restore*: where to restore from (default: the
         latest completed checkpoint), see :meth:`restore`."""
-        job = JobSpec.of(
-            source,
-            operators,
-            output=output,
-            parallelism=parallelism,
-            pipelined=pipelined,
-            tracer=tracer,
-            placement=placement,
-            transform=transform,
-        )
+        job = JobSpec.of(source, operators, output=output, **options)
         self._restore(job, restore)
         run = self._start(job, available_now, trigger_s, attempt=1)
         run.watch_stop_requests()  # PipelineClient.stop (this or any process) ends the run
@@ -361,18 +328,14 @@ class Pipeline:
         operators: Operators,
         *,
         output: str,
-        parallelism: int = 2,
-        pipelined: bool = True,
         available_now: bool = False,
         trigger_s: float | None = None,
         duration_s: float | None = None,
         on_checkpoint: Callable[[CompletedCheckpoint], None] | None = None,
         poll_s: float = 0.5,
-        tracer: Tracer = NOOP_TRACER,
-        placement: Placement | str = Placement.EXECUTORS,
         restore: RestoreSettings | None = None,
         on_stop: Callable[[StopReason], None] | None = None,
-        transform: Transform | None = None,
+        **options: Unpack[JobOptions],
     ) -> RunResult:
         """Run the job (see :meth:`start` and :meth:`prepare` for its arguments) until the
         query finishes (``available_now``), *duration_s* passes, Ctrl-C, or a stop request (CLI
@@ -390,16 +353,7 @@ class Pipeline:
         :class:`~spark_ckpt.runtime.restore_settings.RestoreSettings`), checked against the
         job before anything starts (:class:`~spark_ckpt.errors.RestoreError`); restarts
         restore the latest checkpoint of the new lineage."""
-        job = JobSpec.of(
-            source,
-            operators,
-            output=output,
-            parallelism=parallelism,
-            pipelined=pipelined,
-            tracer=tracer,
-            placement=placement,
-            transform=transform,
-        )
+        job = JobSpec.of(source, operators, output=output, **options)
         start_from = self._restore(job, restore)
 
         def start(attempt: int) -> PipelineRun:

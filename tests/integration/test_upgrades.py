@@ -229,6 +229,9 @@ def test_operators_must_have_distinct_uids_and_one_key(spark: SparkSession, tmp_
         bounded(p, 10, [Tally("same"), Tally("same")], tmp_path / "out")
     with pytest.raises(ConfigError, match="keyed by one column"):
         bounded(p, 10, [Tally("a"), RunningCount("b", "amount")], tmp_path / "out")
+    # the job's options are keywords of run/start/prepare: a misspelt one is refused
+    with pytest.raises(TypeError, match="'paralellism'"):
+        p.run({}, Tally("a"), output=str(tmp_path / "out"), paralellism=3)  # type: ignore[call-arg]
     assert not (tmp_path / "out").exists()
 
 
