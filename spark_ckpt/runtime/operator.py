@@ -61,8 +61,9 @@ class KeyedOperator(ABC):
         pipeline stops or finishes, or the process that kept the task alive between
         micro-batches lets it go. Not after a crash (a killed process calls nothing), and
         a task that fails is not closed: its state is the last checkpoint's, not this
-        one's. The state is no longer accessible; what a checkpoint holds is already
-        written."""
+        one's. Nor under Spark Connect with ``placement="driver"``: Spark ends the server's
+        foreachBatch process with the query, without notice. The state is no longer
+        accessible; what a checkpoint holds is already written."""
 
     @property
     def output_schema(self) -> pa.Schema | None:
