@@ -25,8 +25,10 @@ Modes (:class:`AlignmentMode`):
   :meth:`~BarrierAligner.end_of_input`, and when the first barrier arrives). A barrier whose own
   ``unaligned`` flag is set is taken unaligned from the start; one that arrives so flagged
   while its checkpoint is aligning switches it to unaligned at once (as Flink's alternating
-  handler: an input that timed out upstream, or whose source cut the barrier, ends the
-  alignment everywhere).
+  handler: an input that timed out upstream ends the alignment everywhere). spark-ckpt's own
+  sources give every channel the same barrier (``ckpt-source`` cuts a late barrier on all
+  channels before emitting it), so in their pipelines the flags of one checkpoint never
+  differ and this switch does not occur; it serves inputs whose channels decide on their own.
 * ``UNALIGNED`` (exactly-once, unaligned): the first barrier *n* on any channel triggers the
   :class:`Snapshot` at once (the barrier overtakes the in-flight data). Rows that arrive later on
   channels that have not delivered *n* yet are emitted **and** recorded as channel state of *n*.

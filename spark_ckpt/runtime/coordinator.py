@@ -615,10 +615,6 @@ class CheckpointCoordinator:
     def num_failed(self) -> int:
         return self.stats.num_failed
 
-    @property
-    def garbage_every(self) -> int:
-        return self.cleaner.garbage_every
-
 
 __all__ = [
     "DEFAULT_GARBAGE_EVERY",

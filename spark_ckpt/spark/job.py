@@ -81,7 +81,7 @@ class JobSpec:
                 f"unexpected keyword argument {unknown[0]!r} "
                 f"(the job's options: {', '.join(JobOptions.__annotations__)})"
             )
-        placement = options.get("placement", Placement.EXECUTORS)
+        placement = options.get("placement", JobSpec.placement)
         try:
             where = Placement(str(placement).strip().lower())
         except ValueError:
@@ -113,9 +113,9 @@ class JobSpec:
             dict(source),
             ops,
             out,
-            options.get("parallelism", 2),
-            options.get("pipelined", True),
-            options.get("tracer", NOOP_TRACER),
+            options.get("parallelism", JobSpec.parallelism),  # the fields' defaults
+            options.get("pipelined", JobSpec.pipelined),
+            options.get("tracer", JobSpec.tracer),
             where,
-            options.get("transform"),
+            options.get("transform", JobSpec.transform),
         )

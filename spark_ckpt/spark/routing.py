@@ -150,8 +150,8 @@ def subtask_rows(payloads: list[bytes]) -> pa.Table:
     A payload as :meth:`Router.route` cuts it holds one channel's rows in order, data rows
     first: the payloads' data rows are then only put side by side by channel, without
     sorting the rows (only the few control rows are sorted), into one chunk as a sort
-    would give them. Payloads that are not so
-    (several for one channel, rows out of order) are sorted row by row."""
+    would give them. Payloads that are not so (several for one channel, rows out of order)
+    are sorted row by row."""
     tables = [pa.ipc.open_stream(pa.py_buffer(p)).read_all() for p in payloads]
     pieces = [(_in_order(t), t) for t in tables]
     ordered = sorted(((cut, t) for cut, t in pieces if cut is not None), key=lambda p: p[0])
