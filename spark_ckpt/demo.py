@@ -329,15 +329,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             quiet=not args.spark_logs,
             conf=dict(args.conf),
         )
+    # The one line goes last: after Spark stopped, and (unless --spark-logs) with Spark's logging
+    # off once the cause is known, since stopping a failed query's tasks logs their interrupts.
+    ending: tuple[str, int] | None = None
     try:
         return run(spark, args, settings)
     except SparkCkptError as e:  # a failed pipeline, a restore refused, a damaged store, ...
-        return fail(str(e), 1)
+        ending = (f"error: {' '.join(str(e).split()) or 'failed'}", 1)
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
-        print("interrupted", file=sys.stderr, flush=True)
-        return 130
+        ending = ("interrupted", 130)
     finally:  # whatever happened (other errors end in spark_ckpt.cli.main's one line)
+        if ending is not None and not args.spark_logs:
+            silence_spark(spark)
         stop_spark(spark)
+    print(ending[0], file=sys.stderr, flush=True)
+    return ending[1]
 
 
 def _spark_setting(text: str) -> tuple[str, str]:
@@ -361,6 +367,15 @@ def fail(message: str, status: int) -> int:
     """Print *message* as the demo's one ``error: …`` line; returns *status*."""
     print("error: " + (" ".join(message.split()) or "failed"), file=sys.stderr, flush=True)
     return status
+
+
+def silence_spark(spark: SparkSession) -> None:
+    """Turn Spark's logging off in this process's JVM (a classic session); a Connect session,
+    whose server logs elsewhere, is left as it is."""
+    try:
+        spark.sparkContext.setLogLevel("OFF")
+    except Exception as e:  # Spark Connect has no SparkContext
+        log.debug("silencing Spark: %s", e)
 
 
 def stop_spark(spark: SparkSession) -> None:
