@@ -1,7 +1,8 @@
 """Chaos benchmark: 100+ random faults against the main job, exactly-once checked from outside.
 
 For each mode (aligned, unaligned, at-least-once by default) the main job
-(``python -m spark_ckpt.demo``: Delta input table → keyed running count → Delta output) runs
+(``python -m spark_ckpt.testing.faulty_job``, the demo with fail points in its components:
+Delta input table → keyed running count → Delta output) runs
 in a subprocess on an input table that this script writes while the job runs: small batches
 of random keys at a steady pace, every row recorded. That record is the oracle, and the only
 one: for a key with *n* input rows the exactly-once output is the rows ``(key, 1) .. (key, n)``,

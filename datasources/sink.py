@@ -49,9 +49,8 @@ from spark_ckpt.sinks.sink import (
     SinkCommitter,
     Transaction,
 )
-from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox, SinkSpec, Topology, read_topology, write_topology
-from spark_ckpt.spark.source_options import default_root
+from spark_ckpt.spark.source_options import SOURCE_TASK, default_root
 from spark_ckpt.storage.store import StateStorage
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -46,19 +46,19 @@ from pyspark.sql.types import StructType
 from spark_ckpt.errors import CheckpointError, ConfigError, ProtocolError
 from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.protocol.clock import SystemClock
-from spark_ckpt.runtime.coordinator import CheckpointRequest, RequestStatus
+from spark_ckpt.runtime.request_decider import CheckpointRequest, RequestStatus
 from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
 from spark_ckpt.sources.channel_source import ChannelSource, ReadPlan, read_rows
 from spark_ckpt.sources.stream_offset import StreamOffset
-from spark_ckpt.spark.host import (
-    SOURCE_TASK,
-    CoordinatorHost,
-    HostThread,
-    exit_quietly_if_channel_closed,
-)
 from spark_ckpt.spark.routing import ROUTE_KEY, ROUTED_SCHEMA, Router
-from spark_ckpt.spark.source_options import SourceOptions
-from spark_ckpt.testing import faults
+from spark_ckpt.spark.source_options import SOURCE_TASK, SourceOptions
+
+if TYPE_CHECKING:
+    from spark_ckpt.spark.host import CoordinatorHost, HostThread
+
+# The coordinator's host (and with it the Delta store) is imported where it runs, in the
+# source runner: Spark imports this module in every Python worker that looks up, creates or
+# reads a data source.
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,12 @@ FORMAT = "ckpt-source"
 
 
 def open_channel_source(options: SourceOptions) -> ChannelSource:
-    """The inner source named by the options (driver side)."""
+    """The inner source named by the options (driver side), as the job's components hand it
+    on (:mod:`spark_ckpt.runtime.components`)."""
+    return options.components.source(_channel_source(options), options.root)
+
+
+def _channel_source(options: SourceOptions) -> ChannelSource:
     if options.source == "delta":
         from spark_ckpt.delta.tail import DeltaTailSource
 
@@ -87,14 +92,18 @@ def open_channel_source(options: SourceOptions) -> ChannelSource:
 
 def open_host(options: SourceOptions) -> CoordinatorHost:
     from spark_ckpt.delta.store import DeltaCheckpointStore
+    from spark_ckpt.spark.host import CoordinatorHost
 
     from .sink import sink_from_spec
 
+    components = options.components
     return CoordinatorHost(
         options.root,
         options.config,
-        faults.faulty_store(DeltaCheckpointStore(options.root), options.root),
-        sink_factory=lambda spec: sink_from_spec(spec, pipeline=options.pipeline),
+        components.store(DeltaCheckpointStore(options.root), options.root),
+        sink_factory=lambda spec: components.committer(
+            sink_from_spec(spec, pipeline=options.pipeline), options.root
+        ),
         defer_after_completion=True,  # run by a HostThread
         run_id=options.run_id,
         pipeline=options.pipeline,
@@ -123,7 +132,6 @@ class ChannelPartition(InputPartition):  # type: ignore[misc]
     marks: tuple[tuple[int, CheckpointBarrier], ...]
     schema: pa.Schema
     channels: int
-    root: str
     router: Router | None = None  # the executor path: rows leave routed to the subtasks
 
 
@@ -156,6 +164,8 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
     def host(self) -> HostThread:
         """The coordinator host, polled on its own thread from the first ``latestOffset``."""
         if self._host is None:
+            from spark_ckpt.spark.host import HostThread
+
             self._host = HostThread(open_host(self.options))
         return self._host
 
@@ -171,7 +181,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         return self._initial
 
     def _initial_offset(self) -> StreamOffset:
-        latest = self.host.call(CoordinatorHost.start_run)
+        latest = self.host.call(lambda host: host.start_run())
         source = self.source
         names: list[str] | None = getattr(source, "channel_names", None)
         if names is not None:  # every checkpoint of the run records them
@@ -214,7 +224,6 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         """Source runner. Places the barriers the coordinator triggered and returns the next
         end offset; returns *start* itself when the batch would carry nothing (no micro-batch
         runs, see :meth:`StreamOffset.is_idle_after`)."""
-        faults.hit(self.options.root, faults.Fault.SOURCE_RUNNER)
         self._discover()
         self._notify_completed()
         begin = StreamOffset.from_dict(start)
@@ -249,7 +258,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         elif self._drain_to is not None and list(offset.positions) == heads:
             # drained: the host takes the final checkpoint (or savepoint); its barrier is
             # placed by the next call, exactly here
-            self.host.call(CoordinatorHost.finish_drain)
+            self.host.call(lambda host: host.finish_drain())
         if target is not None:
             offset = self._available_now(offset, heads, target)
         end = alignment.next(offset, heads, max_rows, self._clock.now_ms())
@@ -333,7 +342,7 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
             if final is None or final.status is RequestStatus.FAILED:
                 if final is not None:
                     log.warning("final checkpoint failed (%s); retrying", final.failure)
-                self._final = self.host.call(CoordinatorHost.request_final_checkpoint)
+                self._final = self.host.call(lambda host: host.request_final_checkpoint())
                 if self._final is None:
                     raise CheckpointError(
                         "Trigger.AvailableNow needs a checkpointing consumer (ckpt-sink or the "
@@ -361,7 +370,6 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
                 s.barriers,
                 self.schema,
                 len(slices),
-                self.options.root,
                 self.options.router,
             )
             for s in slices
@@ -370,7 +378,6 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, ChannelPartition):
             raise ProtocolError(f"not a ckpt-source partition: {partition!r}")
-        faults.hit(partition.root, faults.Fault.SOURCE_READ, lambda: {"channel": partition.channel})
         user, positions = read_rows(partition.plan)
         table = channel_rows(
             user,
@@ -404,6 +411,8 @@ class CkptStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # 
         close = getattr(self._source, "close", None)
         if close is not None:
             close()
+        from spark_ckpt.spark.host import exit_quietly_if_channel_closed
+
         exit_quietly_if_channel_closed()
 
 

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
-from spark_ckpt.spark.state_frames import (
-    FORMAT,
-    StateReadPlan,
-    StateSourceOptions,
-    plan_state_read,
-    state_batches,
-)
+if TYPE_CHECKING:
+    from spark_ckpt.spark.state_frames import StateReadPlan
+
+#: The format name. Spark imports this module in every Python worker that looks up a data
+#: source, so the state readers (and the Delta store) are imported by the hooks that use them.
+FORMAT = "ckpt-state"
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,8 @@ class CkptStateReader(DataSourceReader):  # type: ignore[misc]
         return [KeyGroupPartition(r) for r in self.plan.ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from spark_ckpt.spark.state_frames import state_batches
+
         assert isinstance(partition, KeyGroupPartition)
         yield from state_batches(self.plan, partition.key_group_range)
 
@@ -54,6 +56,8 @@ class CkptStateSource(DataSource):  # type: ignore[misc]
         return FORMAT
 
     def __init__(self, options: dict[str, str]) -> None:
+        from spark_ckpt.spark.state_frames import StateSourceOptions, plan_state_read
+
         super().__init__(options)
         self.plan = plan_state_read(StateSourceOptions.parse(options))
 

@@ -29,11 +29,10 @@ import pyarrow as pa
 from spark_ckpt.errors import ConfigError, SparkCkptError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.config import CheckpointConfig
-from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
+from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.runtime.restore_settings import RestoreSettings, parse_time
 from spark_ckpt.sources.stream_offset import BarrierPlacement
 from spark_ckpt.spark.job import Placement
-from spark_ckpt.testing import faults
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -174,7 +173,10 @@ def committed_rows(path: str) -> int:
     return int(pa.table(actions).column("num_records").to_numpy().sum())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, components: str | None = None) -> int:
+    """The demo with the command line *argv*; returns the exit status. *components*: the
+    job's ``module:name`` of :class:`~spark_ckpt.runtime.components.Components` (see
+    :mod:`spark_ckpt.testing.faulty_job`), None for the pipeline's own."""
     p = _Parser(prog="spark-ckpt demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--pipeline", default="demo")
     p.add_argument(
@@ -329,18 +331,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             quiet=not args.spark_logs,
             conf=dict(args.conf),
         )
-    # The one line goes last: after Spark stopped, and (unless --spark-logs) with Spark's logging
-    # off once the cause is known, since stopping a failed query's tasks logs their interrupts.
+    # The one line goes last, after Spark stopped: stopping a failed query's tasks logs their
+    # interrupts, which would otherwise come below it.
     ending: tuple[str, int] | None = None
     try:
-        return run(spark, args, settings)
+        return run(spark, args, settings, components)
     except SparkCkptError as e:  # a failed pipeline, a restore refused, a damaged store, ...
         ending = (f"error: {' '.join(str(e).split()) or 'failed'}", 1)
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         ending = ("interrupted", 130)
     finally:  # whatever happened (other errors end in spark_ckpt.cli.main's one line)
-        if ending is not None and not args.spark_logs:
-            silence_spark(spark)
         stop_spark(spark)
     print(ending[0], file=sys.stderr, flush=True)
     return ending[1]
@@ -369,15 +369,6 @@ def fail(message: str, status: int) -> int:
     return status
 
 
-def silence_spark(spark: SparkSession) -> None:
-    """Turn Spark's logging off in this process's JVM (a classic session); a Connect session,
-    whose server logs elsewhere, is left as it is."""
-    try:
-        spark.sparkContext.setLogLevel("OFF")
-    except Exception as e:  # Spark Connect has no SparkContext
-        log.debug("silencing Spark: %s", e)
-
-
 def stop_spark(spark: SparkSession) -> None:
     """Stop the session; a failure to stop is logged, never raised over the outcome."""
     try:
@@ -398,9 +389,15 @@ def parse_user_ids(df: Any) -> Any:
     )
 
 
-def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings) -> int:
-    """The job on *spark*, as *args* say, restoring as *settings* say; returns 0 when it
-    stopped as asked. Raises what failed it (see :func:`main`); does not stop *spark*."""
+def run(
+    spark: SparkSession,
+    args: argparse.Namespace,
+    settings: RestoreSettings,
+    components: str | None = None,
+) -> int:
+    """The job on *spark*, as *args* say, restoring as *settings* say, with *components*
+    (see :func:`main`); returns 0 when it stopped as asked. Raises what failed it (see
+    :func:`main`); does not stop *spark*."""
     from spark_ckpt.spark.pipeline import Pipeline
     from spark_ckpt.spark.source_options import default_root
     from spark_ckpt.spark.supervisor import StopReason
@@ -482,12 +479,9 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
         else:
             say(f"stopping... (--seconds {args.seconds:g} reached; final checkpoint)")
 
-    operator: KeyedOperator = RunningCount(args.uid, key, key_type)
-    if faults.enabled():  # crash and chaos tests arm fail points in the operator
-        operator = faults.FaultyOperator(operator, root)
     result = pipeline.run(
         source,
-        operator,
+        RunningCount(args.uid, key, key_type),
         output=output,
         parallelism=args.parallelism,
         placement=args.placement,
@@ -497,6 +491,7 @@ def run(spark: SparkSession, args: argparse.Namespace, settings: RestoreSettings
         on_stop=stopping,
         restore=settings,
         transform=transform,
+        components=components,
     )
     last = result.last_checkpoint
     restored = ", ".join("fresh" if r is None else str(r) for r in result.restored_from)

@@ -75,9 +75,9 @@ from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
 from spark_ckpt.runtime.task import CHAIN_VERTEX, OperatorTask, Response
 from spark_ckpt.sinks.sink import TransactionalSink
-from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox
 from spark_ckpt.spark.run import RunFiles
+from spark_ckpt.spark.source_options import SOURCE_TASK
 from spark_ckpt.state.keygroup import subtasks_for_keys
 from spark_ckpt.storage.store import WorkerStorage
 

@@ -95,13 +95,12 @@ from spark_ckpt.spark.executor_cache import (
     executor_identity,
 )
 from spark_ckpt.spark.foreach_batch import AlignerSpec
-from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.mailbox import Mailbox
 from spark_ckpt.spark.routing import GROUP, PAYLOAD, ROUTED_SCHEMA, SUBTASK, subtask_rows
 from spark_ckpt.spark.run import RunFiles
 from spark_ckpt.spark.snapshot_threads import SNAPSHOTS, WRITER, decline_lost_writes
+from spark_ckpt.spark.source_options import SOURCE_TASK
 from spark_ckpt.spark.subtask_host import SUBTASK_HOSTS, BatchDone, MicroBatch
-from spark_ckpt.testing import faults
 
 # pyspark's own pandas serializer of applyInPandasWithState concatenates the group's (empty)
 # state frame with its rows and trips a pandas FutureWarning on every micro-batch, in the
@@ -246,9 +245,8 @@ class SubtaskFunction:
         cache (a remote root: ``hit``), else the changelog's chain the fence names
         (``rebuilt``); and the changelog segment the state stands at (None: none yet)."""
         from spark_ckpt.delta.sink import DeltaSink
-        from spark_ckpt.delta.store import DeltaCheckpointStore
 
-        store = faults.faulty_store(DeltaCheckpointStore(self.spec.root), self.spec.root)
+        store = self.spec.store()
         sink = DeltaSink(self.spec.output, pipeline=self.spec.pipeline)
         mailbox = Mailbox(self.spec.root, self.spec.run_id)
 

@@ -33,12 +33,12 @@ from spark_ckpt.errors import ProtocolError, StateError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
+from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.task import CHAIN_VERTEX
 from spark_ckpt.spark.batch_aligner import BatchAligner, collect_arrow
 from spark_ckpt.spark.run import RunFiles
 from spark_ckpt.storage.store import WorkerStorage
-from spark_ckpt.testing import faults
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,9 @@ class AlignerSpec:
     or (on the executors) :class:`~spark_ckpt.spark.executor_subtasks.SubtaskFunction`'s.
     *tracer* receives the subtasks' spans (:mod:`spark_ckpt.protocol.trace`) in the process
     that runs them, on the batch's thread and the snapshot worker's thread; it must be
-    picklable and cheap. Default: no tracing."""
+    picklable and cheap. Default: no tracing. *components*: ``module:name`` of the job's
+    :class:`~spark_ckpt.runtime.components.Components` (the checkpoint store the subtasks
+    use passes its ``store`` hook), or None."""
 
     root: str
     pipeline: str
@@ -60,19 +62,25 @@ class AlignerSpec:
     max_parallelism: int = 128
     pipelined: bool = True
     tracer: Tracer = NOOP_TRACER
+    components: str | None = None
+
+    def store(self) -> WorkerStorage:
+        """The checkpoint store of the subtasks, in the calling process."""
+        from spark_ckpt.delta.store import DeltaCheckpointStore
+
+        components = load_components(self.components)
+        return components.store(DeltaCheckpointStore(self.root), self.root)
 
     def build(self) -> BatchAligner:
         """The runtime, in the calling process: restores from the run's restore point, which
         the run's coordinator published before the first micro-batch (``initialOffset``)."""
-        from spark_ckpt.delta.store import DeltaCheckpointStore
-
         point = RunFiles(self.root, self.run_id).restore_point()
         if point is None:
             raise ProtocolError(
                 f"run {self.run_id} has no restore point: its coordinator did not start "
                 "(the foreachBatch function must consume this run's ckpt-source)"
             )
-        store: WorkerStorage = faults.faulty_store(DeltaCheckpointStore(self.root), self.root)
+        store = self.store()
         restored = None if point.checkpoint_id is None else store.get(point.checkpoint_id)
         try:
             return self._aligner(store, restored)

@@ -14,9 +14,6 @@ takes the barriers it triggered. One poll:
 It is also the *global committer*: when a checkpoint completes it commits the sink
 transactions recorded in it, in one step (see :mod:`spark_ckpt.sinks.sink`). Without a topology it
 triggers nothing: a checkpoint needs someone to acknowledge it.
-
-Fail points (:mod:`spark_ckpt.testing.faults`): ``before-sink-commit`` and ``sink-commit`` in
-:meth:`CoordinatorHost.notify_complete`, between a completion and its global sink commit.
 """
 
 from __future__ import annotations
@@ -59,14 +56,13 @@ from spark_ckpt.spark.mailbox import (
 )
 from spark_ckpt.spark.run import RestorePoint, RunFiles, SkippedCheckpoint
 from spark_ckpt.spark.snapshot_threads import LostWriterScan
+from spark_ckpt.spark.source_options import SOURCE_TASK
 from spark_ckpt.storage.store import CheckpointStore
-from spark_ckpt.testing import faults
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SOURCE_TASK = TaskId("source", 0)
 #: Completed-checkpoint property naming the client request it answers.
 REQUEST_ID = "request_id"
 #: Completed-checkpoint property set on the final checkpoint before a stop.
@@ -143,18 +139,7 @@ class CoordinatorHost:
         self._committed.add(checkpoint_id)
         cp = self.store.get(checkpoint_id)
         self.last_completed = cp
-        cp_id = cp.checkpoint_id
-        sink = self.sink
-        faults.hit(
-            self.root,
-            faults.Fault.BEFORE_SINK_COMMIT,
-            lambda: {
-                "checkpoint_id": checkpoint_id,
-                "sink_committed": sink.committed_checkpoint() if sink is not None else None,
-            },
-        )
         if self.sink is not None and self.topology is not None:
-            faults.hit(self.root, faults.Fault.SINK_COMMIT, lambda: {"checkpoint_id": cp_id})
             commit_checkpoint(self.sink, cp, self.store)
         if cp.is_savepoint:
             self._export(cp)

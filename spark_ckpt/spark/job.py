@@ -16,6 +16,7 @@ from typing import Any, TypedDict, Unpack
 
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
+from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.operator import KeyedOperator
 
 
@@ -42,6 +43,7 @@ class JobOptions(TypedDict, total=False):
     tracer: Tracer
     placement: Placement | str
     transform: Callable[[Any], Any] | None
+    components: str | None
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,10 @@ class JobSpec:
     while Spark reads the next (see :class:`~spark_ckpt.spark.batch_aligner.BatchAligner`).
     *tracer*: receives the engine's spans where the subtasks run (picklable and cheap; see
     :mod:`spark_ckpt.protocol.trace`), injected like the clock. *placement*: where the
-    subtasks run (:class:`Placement`)."""
+    subtasks run (:class:`Placement`). *components*: ``module:name`` of a
+    :class:`~spark_ckpt.runtime.components.Components` object whose hooks hand the job's
+    processes their store, sink committer, source and operators (default: the pipeline's
+    own; :mod:`spark_ckpt.runtime.components`)."""
 
     source: Source
     operators: tuple[KeyedOperator, ...]
@@ -68,6 +73,7 @@ class JobSpec:
     #: Spark SQL applied to the source DataFrame before the operators (the driver builds
     #: the query with it; see :mod:`spark_ckpt.spark.transform`)
     transform: Callable[[Any], Any] | None = None
+    components: str | None = None
 
     @staticmethod
     def of(
@@ -109,6 +115,8 @@ class JobSpec:
                 f"the first operator; these are keyed by {', '.join(map(repr, keys))})",
             )
         out = output if "://" in output else os.path.abspath(output)
+        components = options.get("components", JobSpec.components) or None
+        load_components(components)  # a ConfigError names it before anything runs
         return JobSpec(
             dict(source),
             ops,
@@ -118,4 +126,5 @@ class JobSpec:
             options.get("tracer", JobSpec.tracer),
             where,
             options.get("transform", JobSpec.transform),
+            components,
         )

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Unpack
 
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.aligner import AlignmentMode
+from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
 from spark_ckpt.runtime.task import CHAIN_VERTEX
@@ -59,7 +60,6 @@ from spark_ckpt.sources.kafka_options import PINNED
 from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.executor_subtasks import SubtaskFunction, subtask_query
 from spark_ckpt.spark.foreach_batch import AlignerSpec, ForeachBatchFunction
-from spark_ckpt.spark.host import SOURCE_TASK
 from spark_ckpt.spark.job import JobOptions, JobSpec, Operators, Placement, Source
 from spark_ckpt.spark.mailbox import SinkSpec, Topology, mark_starting, write_topology
 from spark_ckpt.spark.pipeline_run import PipelineRun, RunFunction
@@ -68,7 +68,13 @@ from spark_ckpt.spark.restore import prepare_restore
 from spark_ckpt.spark.routing import ROUTED_DDL, Router
 from spark_ckpt.spark.run import RunFiles, Runs, RunState, new_run_id
 from spark_ckpt.spark.shipping import ship_by_value
-from spark_ckpt.spark.source_options import SourceOptions, check_pipeline_options, default_root
+from spark_ckpt.spark.source_options import (
+    COMPONENTS,
+    SOURCE_TASK,
+    SourceOptions,
+    check_pipeline_options,
+    default_root,
+)
 from spark_ckpt.spark.supervisor import Interrupts, RunResult, RunSupervisor, StopReason
 from spark_ckpt.spark.transform import RouteBatches, apply_transform
 
@@ -208,11 +214,15 @@ class Pipeline:
         channels, names = _channels(parsed)
         if names is not None:  # the run reads these partitions, whatever appears meanwhile
             opts[PINNED] = json.dumps(names)
+        if job.components is not None:
+            opts[COMPONENTS] = job.components
+        components = load_components(job.components)
+        operators = tuple(components.operator(op, self.root) for op in job.operators)
         spec = AlignerSpec(
             root=self.root,
             pipeline=self.name,
             run_id=run_id,
-            operators=job.operators,
+            operators=operators,
             channels=channels,
             output=job.output,
             parallelism=job.parallelism,
@@ -220,6 +230,7 @@ class Pipeline:
             max_parallelism=self.config.max_parallelism,
             pipelined=job.pipelined,
             tracer=job.tracer,
+            components=job.components,
         )
         function: RunFunction
         if job.placement is Placement.EXECUTORS:

@@ -31,6 +31,9 @@ files: ``path``, ``format``, ``schema``, ``header``, ``channels``, ``maxFilesPer
 ``route.parallelism``,      the source's rows leave ``read()`` routed to the subtasks
 ``route.maxParallelism``,   (:mod:`spark_ckpt.spark.routing`); not for users
 ``route.partitions``
+``components``              ``module:name`` of the job's
+                            :class:`~spark_ckpt.runtime.components.Components`, set by the
+                            pipeline from the job's ``components``
 ``checkpoint.*``, ``execution.checkpointing.*``, ``restart-strategy*``, ``state.*``,
 ``savepoint.*``             checkpoint configuration
 (:class:`~spark_ckpt.runtime.config.CheckpointConfig`)
@@ -38,7 +41,7 @@ files: ``path``, ``format``, ``schema``, ``header``, ``channels``, ``maxFilesPer
 
 Through :meth:`Pipeline.read <spark_ckpt.spark.pipeline.Pipeline.read>` and the source of
 :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>`/``start``, the pipeline sets
-``pipeline``, ``store``, ``run`` and the checkpoint configuration itself (from its
+``pipeline``, ``store``, ``run``, ``components`` and the checkpoint configuration itself (from its
 ``CheckpointConfig``): a source option that says otherwise is a
 :class:`~spark_ckpt.errors.ConfigError` (:func:`check_pipeline_options`), never silently
 overridden.
@@ -52,7 +55,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.protocol.handle import TaskId
 from spark_ckpt.protocol.option import parse_int
+from spark_ckpt.runtime.components import Components, load_components
 from spark_ckpt.runtime.config import (
     RESERVED_PREFIXES,
     CheckpointConfig,
@@ -76,9 +81,16 @@ from spark_ckpt.spark.routing import (
 )
 
 SOURCE_KINDS: Final = ("generator", "delta", "kafka", "files")
+#: The task of a ``ckpt-source``: its coordinator triggers it, and its channel positions are
+#: acknowledged under this vertex.
+SOURCE_TASK: Final = TaskId("source", 0)
+#: The option naming the job's components (:mod:`spark_ckpt.runtime.components`).
+COMPONENTS: Final = "components"
 _ROUTE_KEYS: Final = frozenset(k.lower() for k in ROUTE_OPTIONS)
 _OWN_KEYS: Final = (
-    frozenset({"pipeline", "store", "source", "maxrowspertrigger", "barrierplacement", "run"})
+    frozenset(
+        {"pipeline", "store", "source", "maxrowspertrigger", "barrierplacement", "run", COMPONENTS}
+    )
     | _ROUTE_KEYS
 )
 _DELTA_KEYS: Final = frozenset({"path", "channels", "startingversion"})
@@ -127,6 +139,8 @@ def check_pipeline_options(
             )
         if lowered == "run":
             raise ConfigError(key, raw, "no value: each run of a pipeline sets its own")
+        if lowered == COMPONENTS:
+            raise ConfigError(key, raw, "no value: name them with the job's components=")
         if lowered in _ROUTE_KEYS:
             raise ConfigError(key, raw, "no value: the pipeline routes its rows itself")
         parsed = parse_option(key, value)
@@ -175,6 +189,14 @@ class SourceOptions:
     run_id: str | None = None
     #: the subtasks ``read()`` routes the rows to (the executor path), or None
     router: Router | None = None
+    #: ``module:name`` of the job's components, or None (see :attr:`components`)
+    components_name: str | None = None
+
+    @property
+    def components(self) -> Components:
+        """The job's components (:mod:`spark_ckpt.runtime.components`), resolved in the
+        calling process."""
+        return load_components(self.components_name)
 
     @property
     def alignment(self) -> SourceAlignment:
@@ -266,7 +288,15 @@ class SourceOptions:
             raw=opts,
             run_id=opts.get("run") or None,
             router=_router(opts),
+            components_name=_components(opts),
         )
+
+
+def _components(opts: Mapping[str, str]) -> str | None:
+    """The ``components`` option, checked to name :class:`Components` (None: not set)."""
+    name = opts.get(COMPONENTS, "").strip() or None
+    load_components(name)  # a ConfigError names the option, before anything runs
+    return name
 
 
 def _router(opts: Mapping[str, str]) -> Router | None:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from datasources.state import FORMAT
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.offline.chains import state_table_schema
 from spark_ckpt.offline.reader import StateReader
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 #: Name of the batch data source.
-FORMAT = "ckpt-state"
 
 
 @dataclass(frozen=True)

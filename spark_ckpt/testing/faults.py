@@ -1,11 +1,12 @@
 """Fault injection: the one place that lists every fail point, and how to switch them on.
 
-Fail points are **off** unless the environment variable ``SPARK_CKPT_FAULTS=1`` is set in
-the processes that should see them — for a Spark job, in the driver before its JVM starts
-(the source runner, executors and Python workers inherit it). Off, every fail point costs
-one environment lookup and does nothing.
+Fail points live in faulty versions of a pipeline's components, never in the shipped code: a
+job that names :data:`COMPONENTS` (``components="spark_ckpt.testing.faults:FAULTY"``; see
+:mod:`spark_ckpt.runtime.components`) runs its store, sink committer, channel source and
+operators wrapped by the classes below, in every process where they run. The main job with
+them is :mod:`spark_ckpt.testing.faulty_job` (what :mod:`spark_ckpt.testing.jobs` launches).
 
-On, a fail point fires when it is *armed* for the pipeline root: :func:`arm` writes
+A fail point fires when it is *armed* for the pipeline root: :func:`arm` writes
 ``<root>/_faults/<name>.json`` saying what to do and how often. Every hit claims one of the
 armed ``times`` by creating ``<name>.hit.<n>`` exclusively (atomic across processes), writes
 a JSON record of the situation into it, then acts:
@@ -23,23 +24,20 @@ a JSON record of the situation into it, then acts:
 ========================  =====================  ============================================
 name                      where                  what it simulates
 ========================  =====================  ============================================
-``before-sink-commit``    coordinator, after a   the coordinator dies between completing a
-                          checkpoint completed   checkpoint and committing its output
-``sink-commit``           coordinator, the       the global committer's Delta commit fails
+``before-sink-commit``    committer, before the  the coordinator dies between completing a
+                          global sink commit     checkpoint and committing its output
+``sink-commit``           committer, the         the global committer's Delta commit fails
                           global sink commit     (the coordinator's thread stops)
-``store-commit``          coordinator, storing   the completed-checkpoint commit fails
-                          a completed checkpoint (checkpoint fails: FINALIZE_FAILED)
-``store-write``           task, writing its      checkpoint storage fails for the tasks (the
-                          state                  task declines the checkpoint)
-``source-runner``         source runner,         Spark's Python streaming source runner dies
-                          ``latestOffset``
-``source-read``           executor, ``read()``   a Python worker dies while reading
+``store-commit``          store, storing a       the completed-checkpoint commit fails
+                          completed checkpoint   (checkpoint fails: FINALIZE_FAILED)
+``store-write``           store, a task writing  checkpoint storage fails for the tasks (the
+                          its state              task declines the checkpoint)
+``source-runner``         source, its heads      Spark's Python streaming source runner dies
+                          (``latestOffset``)
+``source-read``           source, reading a      a Python worker dies while reading
+                          plan (``read()``)
 ``operator``              a user operator        the user's code raises (``error="operator"``)
-                          (:class:`FaultyOperator`)
 ========================  =====================  ============================================
-
-The main job (:mod:`spark_ckpt.demo`) wraps its operator in :class:`FaultyOperator` when
-fail points are enabled.
 """
 
 from __future__ import annotations
@@ -49,19 +47,20 @@ import errno
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, cast
 
 import pyarrow as pa
 
 from spark_ckpt.errors import SparkCkptError, StoreError
+from spark_ckpt.runtime.components import Components
 from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.sinks.sink import SinkCommitter, Transaction
+from spark_ckpt.sources.channel_source import ChannelSource, ReadPlan, read_rows
 from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.storage.store import CheckpointStore
 
-#: The environment variable that switches fail points on.
-ENV = "SPARK_CKPT_FAULTS"
 #: Directory under the pipeline root holding armed faults and their hit records.
 FAULTS_DIR = "_faults"
 #: Exit status of a process killed by a fail point (as if by SIGKILL).
@@ -87,10 +86,6 @@ class Action(StrEnum):
 
 class InjectedFault(SparkCkptError):
     """The error an armed ``raise`` fail point with ``error="operator"`` raises."""
-
-
-def enabled() -> bool:
-    return os.environ.get(ENV) == "1"
 
 
 def _dir(root: str) -> str | None:
@@ -184,10 +179,8 @@ def _error(kind: str, fault: Fault) -> BaseException:
 
 
 def hit(root: str, fault: Fault, record: Callable[[], Mapping[str, object]] | None = None) -> None:
-    """A fail point: does nothing unless fail points are enabled (:data:`ENV`) and *fault*
-    is armed for *root* with hits left; then records the hit and acts (module docstring)."""
-    if not enabled():
-        return
+    """A fail point: does nothing unless *fault* is armed for *root* with hits left; then
+    records the hit and acts (module docstring)."""
     directory = _dir(root)
     if directory is None:
         return
@@ -214,8 +207,9 @@ def hit(root: str, fault: Fault, record: Callable[[], Mapping[str, object]] | No
     raise _error(str(spec.get("error", "store")), fault)
 
 
-class _FaultyStore:
-    """A checkpoint store whose completion commits and task-state writes pass fail points."""
+class FaultyStore:
+    """A checkpoint store whose completion commits (``store-commit``) and task-state writes
+    (``store-write``) pass fail points."""
 
     def __init__(self, store: CheckpointStore, root: str) -> None:
         self._store = store
@@ -233,10 +227,84 @@ class _FaultyStore:
         return self._store.write_task_state(*args, **kwargs)
 
 
-def faulty_store(store: CheckpointStore, root: str) -> CheckpointStore:
-    """*store* itself, or — fail points enabled — a proxy passing the ``store-commit`` and
-    ``store-write`` fail points."""
-    return cast(CheckpointStore, _FaultyStore(store, root)) if enabled() else store
+class FaultyCommitter:
+    """A sink's global committer whose ``commit_checkpoint`` passes ``before-sink-commit``
+    (recording what the sink had committed) and ``sink-commit``."""
+
+    def __init__(self, committer: SinkCommitter, root: str) -> None:
+        self._committer = committer
+        self._root = root
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._committer, name)
+
+    def commit_checkpoint(self, checkpoint_id: int, txns: Sequence[Transaction]) -> bool:
+        inner = self._committer
+        hit(
+            self._root,
+            Fault.BEFORE_SINK_COMMIT,
+            lambda: {
+                "checkpoint_id": checkpoint_id,
+                "sink_committed": inner.committed_checkpoint(),
+            },
+        )
+        hit(self._root, Fault.SINK_COMMIT, lambda: {"checkpoint_id": checkpoint_id})
+        return inner.commit_checkpoint(checkpoint_id, txns)
+
+
+class FaultyPlan:
+    """A read plan that passes ``source-read`` where it is read (an executor's Python
+    worker, in ``read()``). Picklable when the plan it wraps is."""
+
+    def __init__(self, plan: ReadPlan, root: str) -> None:
+        self.plan = plan
+        self.root = root
+
+    @property
+    def channel(self) -> int:
+        return self.plan.channel
+
+    @property
+    def start(self) -> int:
+        return self.plan.start
+
+    @property
+    def end(self) -> int:
+        return self.plan.end
+
+    def read_positioned(self) -> tuple[pa.Table, pa.Array | None]:
+        hit(self.root, Fault.SOURCE_READ, lambda: {"channel": self.channel})
+        return read_rows(self.plan)
+
+    def read(self) -> pa.Table:
+        return self.read_positioned()[0]
+
+
+class FaultySource:
+    """A channel source whose ``heads`` pass ``source-runner`` (Spark's source runner, in
+    ``latestOffset``) and whose plans pass ``source-read`` (:class:`FaultyPlan`)."""
+
+    def __init__(self, source: ChannelSource, root: str) -> None:
+        self._source = source
+        self._root = root
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+    @property
+    def channels(self) -> int:
+        return self._source.channels
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._source.schema
+
+    def heads(self) -> list[int]:
+        hit(self._root, Fault.SOURCE_RUNNER)
+        return self._source.heads()
+
+    def plan(self, channel: int, start: int, end: int) -> ReadPlan:
+        return FaultyPlan(self._source.plan(channel, start, end), self._root)
 
 
 class FaultyOperator(KeyedOperator):
@@ -258,3 +326,28 @@ class FaultyOperator(KeyedOperator):
     def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
         hit(self.root, Fault.OPERATOR, lambda: {"rows": batch.num_rows})
         return self.inner.process_batch(batch, state)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FaultyComponents(Components):
+    """Every component with its fail points (module docstring)."""
+
+    def store(self, store: CheckpointStore, root: str) -> CheckpointStore:
+        return cast(CheckpointStore, FaultyStore(store, root))
+
+    def committer(self, committer: SinkCommitter, root: str) -> SinkCommitter:
+        return cast(SinkCommitter, FaultyCommitter(committer, root))
+
+    def source(self, source: ChannelSource, root: str) -> ChannelSource:
+        return FaultySource(source, root)
+
+    def operator(self, operator: KeyedOperator, root: str) -> KeyedOperator:
+        return FaultyOperator(operator, root)
+
+
+#: The components with fail points, as a job names them.
+FAULTY = FaultyComponents()
+#: The name a job gives to run with :data:`FAULTY` (``components=COMPONENTS``).
+COMPONENTS = f"{__name__}:FAULTY"

@@ -1,11 +1,12 @@
-"""The main job (``python -m spark_ckpt.demo``) in subprocesses, for crash tests and the chaos
-benchmark: start it with options (:class:`DemoArgs`), kill it the way a machine crash does (the
-job, its JVM and Spark's Python workers at once), wait for it, and make sure nothing of it
-outlives its test (:meth:`DemoLauncher.cleanup`).
+"""The main job in subprocesses, for crash tests and the chaos benchmark: start it with options
+(:class:`DemoArgs`), kill it the way a machine crash does (the job, its JVM and Spark's Python
+workers at once), wait for it, and make sure nothing of it outlives its test
+(:meth:`DemoLauncher.cleanup`).
 
-Each job runs in a session of its own with fail points switched on
-(:data:`spark_ckpt.testing.faults.ENV`), so a test or benchmark can arm them for the job's
-root (:func:`spark_ckpt.testing.faults.arm`). Linux only (``/proc``).
+Each job is :mod:`spark_ckpt.demo` with fail points in its components
+(``python -m spark_ckpt.testing.faulty_job``), in a session of its own, so a test or
+benchmark can arm them for the job's root (:func:`spark_ckpt.testing.faults.arm`). Linux
+only (``/proc``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spark_ckpt.sources.generator import GeneratorSpec
-from spark_ckpt.testing import faults
 
 #: How long to wait for killed processes to disappear before declaring them orphaned.
 REAP_TIMEOUT_S = 60.0
@@ -87,7 +87,7 @@ class DemoArgs:
         args = [
             sys.executable,
             "-m",
-            "spark_ckpt.demo",
+            "spark_ckpt.testing.faulty_job",
             "--pipeline",
             self.pipeline,
             "--root",
@@ -279,7 +279,6 @@ class DemoLauncher:
                     **os.environ,
                     "PYTHONUNBUFFERED": "1",
                     "JAVA_TOOL_OPTIONS": FAST_JVM_OPTIONS,
-                    faults.ENV: "1",  # fail points armed by a test take effect
                 },
             )
         run = DemoRun(args, popen, log)

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import os
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -26,7 +25,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_ckpt.sources.generator import GeneratorSpec
-from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import (  # noqa: F401 - re-exported for the tests
     FAST_JVM_OPTIONS,
     DemoArgs,
@@ -46,7 +44,6 @@ def spark() -> Iterator[SparkSession]:
     partitions, UI off); stopped at the end."""
     from spark_ckpt.spark.session import local_session
 
-    os.environ[faults.ENV] = "1"  # before the JVM starts: its Python workers inherit it
     session = local_session("spark-ckpt-tests", log_level="ERROR")
     yield session
     session.stop()

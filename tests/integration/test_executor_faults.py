@@ -155,7 +155,9 @@ def test_a_killed_executor_process_keeps_the_output_exactly_once(
     run = demo.start(args)
     _wait(demo, run, "a first checkpoint", _completes_after(args.root, 0))
     executors = executor_jvms(run)
-    assert len(executors) == 2, [(p, _cmdline(p)[:120]) for p in session_processes(run.sid)]
+    # two executors, or more: on a loaded machine the standalone worker may have replaced
+    # one that failed to start (its JVM can still be on its way out)
+    assert len(executors) >= 2, [(p, _cmdline(p)[:120]) for p in session_processes(run.sid)]
     before = _latest_id(args.root)
     if victim == "executor-jvm":  # the one where the subtasks ran last, until the
         # subtasks went on on another executor, rebuilding their state there (Spark may

@@ -1,7 +1,8 @@
 """Statistics that last, on real Spark and real Delta: a checkpoint that fails while the
 pipeline runs is on record after the pipeline stopped, for a client that never saw the run.
 
-The main job (``python -m spark_ckpt.demo``) runs in a subprocess with fail points on; the
+The main job runs in a subprocess with fail points in its components
+(``python -m spark_ckpt.testing.faulty_job``); the
 ``store-commit`` fail point, armed for one hit before the job starts, makes the completion
 commit of its first fully acknowledged checkpoint fail (FINALIZE_FAILED, counted against 3
 tolerable failures). The job goes on, completes later checkpoints, and is stopped; then a

@@ -12,9 +12,10 @@ from conftest import generated_keys, read_delta, running_count_rows
 
 from spark_ckpt import Pipeline, PipelineClient, RunningCount
 from spark_ckpt.sources.generator import GeneratorSpec
-from spark_ckpt.spark.host import SOURCE_TASK, STOP
+from spark_ckpt.spark.host import STOP
 from spark_ckpt.spark.quiet_stop import silence_task_kill_logs
 from spark_ckpt.spark.run import RunState
+from spark_ckpt.spark.source_options import SOURCE_TASK
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

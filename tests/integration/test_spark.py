@@ -603,6 +603,7 @@ def test_abort_notifications_reach_the_tasks(
         output=str(job.output),
         available_now=True,
         placement=placement,
+        components=faults.COMPONENTS,  # the store with fail points
     )
     finish(run.query)
     if placement == "driver":

@@ -29,7 +29,7 @@ from spark_ckpt.sources.channel_batch import stream_schema
 from spark_ckpt.sources.generator import GENERATOR_SCHEMA, GeneratorSpec
 from spark_ckpt.sources.stream_offset import BarrierPlacement, StreamOffset
 from spark_ckpt.spark.batch_aligner import BatchAligner
-from spark_ckpt.spark.host import SOURCE_TASK, CoordinatorHost
+from spark_ckpt.spark.host import CoordinatorHost
 from spark_ckpt.spark.mailbox import (
     Mailbox,
     Request,
@@ -39,7 +39,7 @@ from spark_ckpt.spark.mailbox import (
     write_topology,
 )
 from spark_ckpt.spark.run import RunFiles, new_run_id
-from spark_ckpt.spark.source_options import source_alignment
+from spark_ckpt.spark.source_options import SOURCE_TASK, source_alignment
 from spark_ckpt.storage.memory import InMemoryCheckpointStore
 from spark_ckpt.testing.micro_batches import MicroBatches
 
