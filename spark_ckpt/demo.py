@@ -333,17 +333,19 @@ def main(argv: Sequence[str] | None = None, *, components: str | None = None) ->
         )
     # The one line goes last, after Spark stopped: stopping a failed query's tasks logs their
     # interrupts, which would otherwise come below it.
-    ending: tuple[str, int] | None = None
+    failure: SparkCkptError | None = None
     try:
         return run(spark, args, settings, components)
     except SparkCkptError as e:  # a failed pipeline, a restore refused, a damaged store, ...
-        ending = (f"error: {' '.join(str(e).split()) or 'failed'}", 1)
+        failure = e
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
-        ending = ("interrupted", 130)
+        pass
     finally:  # whatever happened (other errors end in spark_ckpt.cli.main's one line)
         stop_spark(spark)
-    print(ending[0], file=sys.stderr, flush=True)
-    return ending[1]
+    if failure is not None:
+        return fail(str(failure), 1)
+    print("interrupted", file=sys.stderr, flush=True)
+    return 130
 
 
 def _spark_setting(text: str) -> tuple[str, str]:
