@@ -26,7 +26,7 @@ def ensure_pyspark_python() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
-def _java_binary() -> str | None:
+def java_binary() -> str | None:
     home = os.environ.get("JAVA_HOME")
     if home:
         candidate = os.path.join(home, "bin", "java")
@@ -47,7 +47,7 @@ def parse_java_version(text: str) -> int | None:
 
 
 def java_version() -> int | None:
-    binary = _java_binary()
+    binary = java_binary()
     if binary is None:
         return None
     try:
@@ -71,6 +71,6 @@ def ensure_java(minimum: int = MIN_JAVA) -> int:
     if version < minimum:
         raise EnvironmentSetupError(
             f"Spark needs Java {minimum}+ but found Java {version} "
-            f"({_java_binary()}). Install Java {minimum}+ or point JAVA_HOME at one."
+            f"({java_binary()}). Install Java {minimum}+ or point JAVA_HOME at one."
         )
     return version

@@ -4,8 +4,10 @@ Connect server started in this process, as pyspark does).
 
 Both check Java first when they start Spark here (a clear
 :class:`~spark_ckpt.errors.EnvironmentSetupError` instead of a Py4J stack trace) and point
-Spark's Python workers at this interpreter. Nothing here, nor anywhere in spark-ckpt, uses
-``SparkContext``: Spark Connect has none.
+Spark's Python workers at this interpreter. A local JVM they start with pip's pyspark gets
+the Spark home of :mod:`spark_ckpt.spark.spark_home`: Spark's Python processes import the
+installed, compiled pyspark rather than compiling ``pyspark.zip`` at each start. Nothing
+here, nor anywhere in spark-ckpt, uses ``SparkContext``: Spark Connect has none.
 
 *quiet* (default ``True``) silences Spark's console noise when the session starts Spark's JVM
 in this process (see :mod:`spark_ckpt.spark.spark_logs`); ``quiet=False`` keeps Spark's own
@@ -21,6 +23,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from spark_ckpt.spark.environment import ensure_java, ensure_pyspark_python
+from spark_ckpt.spark.spark_home import local_spark_home
 from spark_ckpt.spark.spark_logs import environment, start_quiet_jvm
 
 if TYPE_CHECKING:
@@ -62,7 +65,8 @@ def local_session(
     settings = {**_settings(app_name, shuffle_partitions, log_level), **(conf or {})}
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    with environment(local_spark_home(master), override=False):
+        return builder.getOrCreate()
 
 
 def connect_session(
@@ -95,7 +99,7 @@ def connect_session(
     builder = SparkSession.builder.remote(remote)
     for key, value in session.items():
         builder = builder.config(key, value)
-    with _connect_server_settings(server):
+    with _connect_server_settings(server), environment(local_spark_home(remote), override=False):
         return builder.getOrCreate()
 
 

@@ -39,6 +39,7 @@ from test_crash import (
 )
 
 from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.spark.spark_home import spark_home
 from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import DemoArgs, DemoRun, session_processes
 
@@ -264,10 +265,9 @@ def test_a_worker_lost_while_writing_the_final_checkpoint_ends_the_run_exactly_o
 def retried_tasks(since: float, *, remove: bool = True) -> list[str]:
     """The executors' log lines of task attempts after the first (``Running task 3.1``) of
     the applications started since *since*. A local cluster's workers keep the executors'
-    logs under ``$SPARK_HOME/work/<app>/<executor>/stderr``; *remove*: delete them."""
-    import pyspark
-
-    work = Path(pyspark.__file__).parent / "work"
+    logs under ``$SPARK_HOME/work/<app>/<executor>/stderr`` (the jobs' Spark home:
+    :func:`~spark_ckpt.spark.spark_home.spark_home`); *remove*: delete them."""
+    work = spark_home() / "work"
     apps = [a for a in work.glob("app-*") if a.stat().st_mtime >= since - 1]
     lines = [
         line
