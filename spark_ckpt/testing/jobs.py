@@ -3,10 +3,11 @@
 workers at once), wait for it, and make sure nothing of it outlives its test
 (:meth:`DemoLauncher.cleanup`).
 
-Each job is :mod:`spark_ckpt.demo` with fail points in its components
-(``python -m spark_ckpt.testing.faulty_job``), in a session of its own, so a test or
-benchmark can arm them for the job's root (:func:`spark_ckpt.testing.faults.arm`). Linux
-only (``/proc``).
+Each job is :mod:`spark_ckpt.demo` with the faulty components of
+:mod:`spark_ckpt.testing.faults` (``python -m spark_ckpt.testing.faulty_job``), in a session
+of its own, so a test or benchmark can arm them for the job's root
+(:func:`spark_ckpt.testing.faults.arm`); its JVMs get the options of
+:mod:`spark_ckpt.testing.jvm`. Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -22,13 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spark_ckpt.sources.generator import GeneratorSpec
+from spark_ckpt.testing.jvm import jvm_options
 
 #: How long to wait for killed processes to disappear before declaring them orphaned.
 REAP_TIMEOUT_S = 60.0
-#: JVM flags of the jobs' Spark drivers: C1-only JIT and the serial collector start a local
-#: JVM markedly faster on a small machine (about 8 s less per run on 2 cores); no effect on
-#: what the job computes.
-FAST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 # -- the demo job in a subprocess ----------------------------------------------------------
@@ -278,7 +276,7 @@ class DemoLauncher:
                 env={
                     **os.environ,
                     "PYTHONUNBUFFERED": "1",
-                    "JAVA_TOOL_OPTIONS": FAST_JVM_OPTIONS,
+                    "JAVA_TOOL_OPTIONS": jvm_options(),
                 },
             )
         run = DemoRun(args, popen, log)

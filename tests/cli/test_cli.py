@@ -30,7 +30,8 @@ from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.descriptor import ValueStateDescriptor
 from spark_ckpt.state.keygroup import key_group_indices, subtask_for_key_group
 from spark_ckpt.testing.damage import data_files
-from spark_ckpt.testing.jobs import FAST_JVM_OPTIONS, kill_session, session_processes
+from spark_ckpt.testing.jobs import kill_session, session_processes
+from spark_ckpt.testing.jvm import FAST_JVM_OPTIONS
 
 COUNT = ValueStateDescriptor("count", pa.int64())
 ORACLE = {k: 10 * k + 1 for k in range(40)}
@@ -455,6 +456,7 @@ def test_an_unexpected_error_is_one_line_naming_its_type(root: Path, tmp_path: P
     assert debug.stderr.splitlines()[-1] == done.stderr.splitlines()[-1]
 
 
+@pytest.mark.spark  # the demo starts Spark before it restores
 @pytest.mark.parametrize(
     ("table", "cause"),
     [(StoreTable.CHECKPOINTS, "unreadable data file"), (StoreTable.OPERATOR_STATE, "not decode")],

@@ -26,7 +26,6 @@ import pytest
 
 from spark_ckpt.sources.generator import GeneratorSpec
 from spark_ckpt.testing.jobs import (  # noqa: F401 - re-exported for the tests
-    FAST_JVM_OPTIONS,
     DemoArgs,
     DemoLauncher,
     DemoRun,
