@@ -59,13 +59,13 @@ def local_session(
     ensure_java()
     from pyspark.sql import SparkSession
 
-    if quiet:
-        start_quiet_jvm(master)
     builder = SparkSession.builder.master(master)
     settings = {**_settings(app_name, shuffle_partitions, log_level), **(conf or {})}
     for key, value in settings.items():
         builder = builder.config(key, value)
-    with environment(local_spark_home(master), override=False):
+    with environment(local_spark_home(master), override=False):  # the JVM started here
+        if quiet:
+            start_quiet_jvm(master)
         return builder.getOrCreate()
 
 
@@ -88,19 +88,20 @@ def connect_session(
     ensure_pyspark_python()
     settings = _settings(app_name, shuffle_partitions, log_level)
     session = {k: v for k, v in settings.items() if k.startswith("spark.sql.")}
-    server: dict[str, str] = {}
-    if remote.startswith("local"):
-        ensure_java()
-        if quiet:
-            start_quiet_jvm(remote)
-        server = settings
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.remote(remote)
     for key, value in session.items():
         builder = builder.config(key, value)
-    with _connect_server_settings(server), environment(local_spark_home(remote), override=False):
-        return builder.getOrCreate()
+    server: dict[str, str] = {}
+    with environment(local_spark_home(remote), override=False):  # a local server's JVM
+        if remote.startswith("local"):
+            ensure_java()
+            if quiet:
+                start_quiet_jvm(remote)
+            server = settings
+        with _connect_server_settings(server):
+            return builder.getOrCreate()
 
 
 #: pyspark's hand-over of settings to a local Connect server it starts (read by

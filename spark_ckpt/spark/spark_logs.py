@@ -36,8 +36,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from spark_ckpt.spark.spark_home import local_spark_home
-
 #: The log4j 2 profile of a quiet JVM.
 QUIET_LOG4J2 = Path(__file__).with_name("log4j2-quiet.properties")
 
@@ -68,7 +66,7 @@ def start_quiet_jvm(master: str) -> bool:
         return False
     conf = SparkConf(loadDefaults=False).set("spark.driver.extraJavaOptions", java_options())
     env = {"SPARK_LOCAL_IP": "127.0.0.1"} if master.startswith("local") else {}
-    with environment({**env, **local_spark_home(master)}, override=False):
+    with environment(env, override=False):
         gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})  # type: ignore[no-untyped-call]
     stream = gateway.proc.stderr
     threading.Thread(

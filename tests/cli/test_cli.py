@@ -31,7 +31,7 @@ from spark_ckpt.state.descriptor import ValueStateDescriptor
 from spark_ckpt.state.keygroup import key_group_indices, subtask_for_key_group
 from spark_ckpt.testing.damage import data_files
 from spark_ckpt.testing.jobs import kill_session, session_processes
-from spark_ckpt.testing.jvm import FAST_JVM_OPTIONS
+from spark_ckpt.testing.jvm import jvm_options
 
 COUNT = ValueStateDescriptor("count", pa.int64())
 ORACLE = {k: 10 * k + 1 for k in range(40)}
@@ -478,7 +478,7 @@ def test_demo_restoring_a_damaged_savepoint_fails_in_one_line_and_stops_spark(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env={**os.environ, "JAVA_TOOL_OPTIONS": FAST_JVM_OPTIONS},
+        env={**os.environ, "JAVA_TOOL_OPTIONS": jvm_options()},
     )
     try:
         stdout, stderr = popen.communicate(timeout=300)
