@@ -45,3 +45,19 @@ def test_import_sets_pyspark_python_only_when_unset() -> None:
     env["PYSPARK_PYTHON"] = "/custom/python"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "/custom/python"
+
+
+@pytest.mark.parametrize(
+    ("master", "local"),
+    [("local[2]", True), ("local-cluster[2,1,1024]", True), ("sc://localhost:15002", False)],
+)
+def test_a_local_spark_checkpoints_through_the_file_system_api(master: str, local: bool) -> None:
+    """pip's pyspark has no Hadoop native library: Spark's default checkpoint file manager
+    would run ``readlink`` in a child process of the JVM for every rename; a local Spark
+    (classic or a local Connect server) uses the ``FileSystem``-based one; a remote
+    server's settings are its own."""
+    from spark_ckpt.spark.session import FILE_SYSTEM_CHECKPOINT_MANAGER, _settings
+
+    settings = _settings("app", 2, "WARN", master)
+    key = "spark.sql.streaming.checkpointFileManagerClass"
+    assert settings.get(key) == (FILE_SYSTEM_CHECKPOINT_MANAGER if local else None)
