@@ -92,7 +92,7 @@ def _channel_source(options: SourceOptions) -> ChannelSource:
 
 def open_host(options: SourceOptions) -> CoordinatorHost:
     from spark_ckpt.delta.store import DeltaCheckpointStore
-    from spark_ckpt.spark.host import CoordinatorHost
+    from spark_ckpt.spark.host import HOST_RETAIN_EVERY_MS, CoordinatorHost
 
     from .sink import sink_from_spec
 
@@ -105,6 +105,7 @@ def open_host(options: SourceOptions) -> CoordinatorHost:
             sink_from_spec(spec, pipeline=options.pipeline), options.root
         ),
         defer_after_completion=True,  # run by a HostThread
+        retain_every_ms=HOST_RETAIN_EVERY_MS,
         run_id=options.run_id,
         pipeline=options.pipeline,
     )

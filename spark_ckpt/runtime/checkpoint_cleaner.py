@@ -5,7 +5,10 @@
 After a completion, retention keeps the configured number of checkpoints, every savepoint,
 and every checkpoint from the oldest base a task's incremental snapshots may still build on;
 garbage (blobs no kept checkpoint references) is collected every ``garbage_every``-th time
-and after a final checkpoint. When the job ends, externalized retention may discard the
+and after a final checkpoint. A host may space retentions out (``retain_every_ms``): the
+log then holds a few subsumed checkpoints for a few seconds (Flink's store drops a subsumed
+checkpoint at once and discards its files asynchronously; here the log is the store, and
+dropping costs a commit). When the job ends, externalized retention may discard the
 retained checkpoints (:func:`discards_checkpoints`).
 """
 
@@ -30,6 +33,9 @@ _T = TypeVar("_T")
 
 #: How long retention waits after a failed attempt before it tries again.
 RETENTION_RETRY_MS: Final = 5_000
+
+#: Default of ``retain_every_ms``: retention follows every completion.
+DEFAULT_RETAIN_EVERY_MS: Final = 0
 
 #: Default of ``garbage_every``: unreferenced blobs are collected at every 8th retention
 #: (about every 8 s with checkpoints every second).
@@ -74,7 +80,12 @@ class CheckpointCleaner:
     but collects the blobs no kept checkpoint references only every *garbage_every*-th time
     (and after a final checkpoint): on a durable store each collection is a scan and a
     copy-on-write delete per state table, a fixed cost that need not be paid every second.
-    Unreferenced blobs are invisible; they only occupy storage meanwhile."""
+    Unreferenced blobs are invisible; they only occupy storage meanwhile.
+
+    *retain_every_ms*: retention that a completion made due runs at most this often (after
+    a final checkpoint at once): on a durable store each retention records the statistics
+    and commits to the log, work that checkpoints every second need not pay every second.
+    Subsumed checkpoints stay in the log meanwhile; they are complete and restorable."""
 
     def __init__(
         self,
@@ -84,15 +95,20 @@ class CheckpointCleaner:
         tasks: Iterable[TaskId],
         *,
         garbage_every: int = DEFAULT_GARBAGE_EVERY,
+        retain_every_ms: int = DEFAULT_RETAIN_EVERY_MS,
     ) -> None:
         if garbage_every < 1:
             raise CheckpointError(f"garbage_every must be >= 1, got {garbage_every}")
+        if retain_every_ms < 0:
+            raise CheckpointError(f"retain_every_ms must be >= 0, got {retain_every_ms}")
         self._store = store
         self._config = config
         self._clock = clock
         self._tasks = frozenset(tasks)
         self.garbage_every = garbage_every
+        self.retain_every_ms = retain_every_ms
         self._due = False
+        self._last_ms: int | None = None  # when retention last ran (None: not in this run)
         self._retry_ms = 0  # no retention attempt before this time (backoff)
         self._retentions = 0
         self._collect_now = False
@@ -124,7 +140,8 @@ class CheckpointCleaner:
             self._collect_now = True
 
     def maintain(self, lease: CoordinatorLease, fenced: Fenced[list[int]]) -> None:
-        """Apply retention if a completion made it due. Retention is housekeeping: a
+        """Apply retention if a completion made it due and ``retain_every_ms`` has passed
+        since the last one (or a final checkpoint completed). Retention is housekeeping: a
         :class:`StoreError` from the store (other than :class:`FencedError`) is logged as a
         WARNING and retention stays due — garbage collection too, if it was — so a later
         call retries it, no sooner than :data:`RETENTION_RETRY_MS` after the failure.
@@ -132,8 +149,13 @@ class CheckpointCleaner:
         :class:`FencedError` propagates (through *fenced*, which fails the coordinator)."""
         if not self._due:
             return
-        if self._clock.now_ms() < self._retry_ms:
+        now = self._clock.now_ms()
+        if now < self._retry_ms:
             return  # backing off after a failure (a store outage must not flood the log)
+        spaced = self._last_ms is not None and now < self._last_ms + self.retain_every_ms
+        if spaced and not self._collect_now:
+            return  # stays due: the next call after the spacing runs it
+        self._last_ms = now
         self._due = False
         self._retentions += 1
         collect = self._collect_now or self._retentions % self.garbage_every == 0

@@ -117,6 +117,7 @@ from spark_ckpt.protocol.clock import Clock, SystemClock
 from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
 from spark_ckpt.runtime.checkpoint_cleaner import (
     DEFAULT_GARBAGE_EVERY,
+    DEFAULT_RETAIN_EVERY_MS,
     RETENTION_RETRY_MS,
     CheckpointCleaner,
     JobStatus,
@@ -183,13 +184,15 @@ class CheckpointCoordinator:
         clock: Clock | None = None,
         defer_after_completion: bool = False,
         garbage_every: int = DEFAULT_GARBAGE_EVERY,
+        retain_every_ms: int = DEFAULT_RETAIN_EVERY_MS,
     ) -> None:
         """*defer_after_completion*: a completion only commits the checkpoint and notifies
         the tasks; the next periodic trigger waits for :meth:`tick` and retention for
         :meth:`maintain`. For a host whose triggers must coincide with barrier injection and
         whose retention must not delay it (:class:`~spark_ckpt.spark.host.HostThread`).
 
-        *garbage_every*: see :class:`~spark_ckpt.runtime.checkpoint_cleaner.CheckpointCleaner`.
+        *garbage_every*, *retain_every_ms*: see
+        :class:`~spark_ckpt.runtime.checkpoint_cleaner.CheckpointCleaner`.
 
         The coordinator is handed its helpers, as Flink's is: the request decider (queue
         order, periodic schedule, min pause, max concurrent), the cleaner (retention and
@@ -220,7 +223,12 @@ class CheckpointCoordinator:
         self.defer_after_completion = defer_after_completion
         self.decider = CheckpointRequestDecider(config)
         self.cleaner = CheckpointCleaner(
-            store, config, self.clock, self.tasks_to_ack, garbage_every=garbage_every
+            store,
+            config,
+            self.clock,
+            self.tasks_to_ack,
+            garbage_every=garbage_every,
+            retain_every_ms=retain_every_ms,
         )
         self.stats = CheckpointStatsTracker(store, config.history_size)
         self.failure_cause: Exception | None = None

@@ -34,6 +34,7 @@ from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock
 from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
+from spark_ckpt.runtime.checkpoint_cleaner import DEFAULT_RETAIN_EVERY_MS
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.coordinator import (
     CheckpointCoordinator,
@@ -81,6 +82,12 @@ SinkFactory = Callable[[SinkSpec], SinkCommitter]
 #: (a ``ckpt-sink`` query stages its first micro-batch before the coordinator hears of it) stay.
 STAGING_CLOCK_SKEW_MS = 10_000
 
+#: Retention spacing of a host run by a :class:`HostThread` (the source runner's): with
+#: checkpoints every second, retention (a statistics write and a commit to the log, with a
+#: fresh read of each) runs about every fifth completion instead of after each; subsumed
+#: checkpoints stay in the log that long.
+HOST_RETAIN_EVERY_MS = 5_000
+
 
 class CoordinatorHost:
     """See the module docstring. Single-threaded: call :meth:`poll` from one place."""
@@ -95,8 +102,12 @@ class CoordinatorHost:
         defer_after_completion: bool = False,
         run_id: str | None = None,
         pipeline: str = "",
+        retain_every_ms: int = DEFAULT_RETAIN_EVERY_MS,
     ) -> None:
-        """*pipeline*: the pipeline's name (recorded on savepoints). *run_id*: the run (see
+        """*pipeline*: the pipeline's name (recorded on savepoints). *retain_every_ms*: the
+        coordinator's retention spacing (see
+        :class:`~spark_ckpt.runtime.checkpoint_cleaner.CheckpointCleaner`;
+        :data:`HOST_RETAIN_EVERY_MS` under a :class:`HostThread`). *run_id*: the run (see
         :mod:`spark_ckpt.spark.run`) this host coordinates. Its topology
         is the run's own, read once by :meth:`start_run`; its tasks answer in the run's
         mailbox box. Without it (a ``ckpt-sink`` query) the host follows the root's shared
@@ -106,6 +117,7 @@ class CoordinatorHost:
         self.run_id = run_id
         self.run = RunFiles(root, run_id) if run_id else None
         self.defer_after_completion = defer_after_completion
+        self.retain_every_ms = retain_every_ms
         self.config = config
         self.store = store
         self.sink_factory = sink_factory
@@ -415,6 +427,7 @@ class CoordinatorHost:
             tasks_to_ack=[TaskId(topology.vertex, s) for s in range(topology.parallelism)],
             clock=self.clock,
             defer_after_completion=self.defer_after_completion,
+            retain_every_ms=self.retain_every_ms,
         )
         coordinator.checkpoint_properties.update(self._checkpoint_properties)
         if self.run is not None:

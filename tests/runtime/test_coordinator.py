@@ -373,6 +373,59 @@ def test_garbage_blobs_are_collected_every_nth_retention_and_after_the_final() -
         )
 
 
+def test_spaced_retention_runs_at_most_every_retain_every_ms_and_after_the_final() -> None:
+    """With ``retain_every_ms`` a completion makes retention due; it runs at the first
+    completion, then only once the spacing has passed (at the next completion, or at
+    :meth:`maintain` in between), and at once after a final checkpoint."""
+    store = InMemoryCheckpointStore()
+    clock = ManualClock(0)
+    coord = CheckpointCoordinator(
+        CheckpointConfig(interval_ms=None, retained_checkpoints=1),
+        store,
+        RecordingGateway(),
+        tasks_to_trigger=[SRC],
+        tasks_to_ack=[SRC, OP],
+        clock=clock,
+        retain_every_ms=1_000,
+    )
+    coord.start()
+
+    def complete(final: bool = False) -> int:
+        r = coord.trigger_checkpoint(final=final)
+        assert r.checkpoint_id is not None
+        ack_all(coord, store, r.checkpoint_id)
+        return r.checkpoint_id
+
+    def log() -> list[int]:
+        return [c.checkpoint_id for c in store.list_completed()]
+
+    a = complete()  # the run's first retention runs at once (it drops nothing)
+    clock.advance(400)
+    b = complete()
+    clock.advance(400)
+    c = complete()
+    assert log() == [a, b, c]  # 800 ms since the last retention: subsumed ones stay
+    coord.maintain()
+    assert log() == [a, b, c]
+    clock.advance(200)
+    coord.maintain()  # 1 s passed: the due retention runs without a completion
+    assert log() == [c]
+    clock.advance(100)
+    d = complete()
+    assert log() == [c, d]
+    e = complete(final=True)  # no spacing after the final checkpoint
+    assert log() == [e]
+    with pytest.raises(CheckpointError):
+        CheckpointCoordinator(
+            CheckpointConfig(),
+            store,
+            RecordingGateway(),
+            tasks_to_trigger=[SRC],
+            tasks_to_ack=[SRC],
+            retain_every_ms=-1,
+        )
+
+
 def test_retention_keeps_the_checkpoints_tasks_still_build_on() -> None:
     """A task whose incremental snapshots build on checkpoint b (it has not applied later
     completions yet) reports b in its acks: b and newer stay, blobs included, beyond the
