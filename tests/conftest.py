@@ -13,10 +13,12 @@ after the other (a scope of xdist's scheduler):
 (xdist's own ``xdist_group`` marker has no effect with pytest 9: it renames the items'
 ``_nodeid``, which pytest 9 no longer reads.)
 
-The whole suite took 49 min on two workers here (a clean clone, session 19; CPU-bound, so it
+The whole suite took 50 min on two workers here (a clean clone, session 20; CPU-bound, so it
 follows the machine: the same suite took 34 min on a faster day). The jobs' JVMs start with
 :mod:`spark_ckpt.testing.jvm`'s options, their Python processes without ``pyspark.zip``
-(:mod:`spark_ckpt.spark.spark_home`).
+(:mod:`spark_ckpt.spark.spark_home`) and with the project's bytecode compiled beforehand
+(``make bytecode``), and a local Spark's streaming checkpoints spawn no ``readlink``
+(:mod:`spark_ckpt.spark.session`).
 """
 
 from __future__ import annotations
