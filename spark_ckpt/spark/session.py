@@ -30,17 +30,25 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-#: Spark's checkpoint file manager on the ``FileSystem`` API (Spark's choice wherever
-#: ``FileContext`` is not available).
-FILE_SYSTEM_CHECKPOINT_MANAGER = (
-    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-)
+#: Settings of a local Spark from pip's pyspark, which has no Hadoop native library: there
+#: Hadoop's local file system runs ``readlink`` in a child process of the JVM for every
+#: ``FileContext`` rename, and Spark's default checkpoint file manager renames ``file:`` paths
+#: through ``FileContext`` (offset and commit logs, state store deltas): about 30 processes
+#: per micro-batch of a spark-ckpt query, roughly a third of the driver JVM's CPU when
+#: micro-batches are small. The ``FileSystem``-based manager, Spark's own where
+#: ``FileContext`` is unavailable, renames with ``File.renameTo`` (atomic on a local POSIX
+#: file system; without overwrite it checks the target first).
+LOCAL_FILE_SETTINGS = {
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+    ),
+}
 
 
 def _settings(
     app_name: str, shuffle_partitions: int, log_level: str, master: str
 ) -> dict[str, str]:
-    settings = {
+    return {
         "spark.app.name": app_name,
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.ui.enabled": "false",
@@ -48,23 +56,8 @@ def _settings(
         "spark.log.level": log_level,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        **(LOCAL_FILE_SETTINGS if master.startswith("local") else {}),
     }
-    if master.startswith("local"):
-        settings.update(_local_file_settings())
-    return settings
-
-
-def _local_file_settings() -> dict[str, str]:
-    """Settings for a local Spark from pip's pyspark, which has no Hadoop native library:
-    Hadoop's local file system then runs ``readlink`` in a child process of the JVM for
-    every ``FileContext`` rename, and Spark's default checkpoint file manager for ``file:``
-    paths renames through ``FileContext`` — about 30 ``readlink`` processes per
-    micro-batch of a spark-ckpt query (its offset and commit logs, the state store's delta
-    files), a third of the driver JVM's CPU when micro-batches are small. The
-    ``FileSystem``-based manager renames with ``File.renameTo`` (atomic on a local POSIX
-    file system; without overwrite it checks the target first), as Spark does where
-    ``FileContext`` is unavailable."""
-    return {"spark.sql.streaming.checkpointFileManagerClass": FILE_SYSTEM_CHECKPOINT_MANAGER}
 
 
 def local_session(

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -681,3 +682,43 @@ def test_a_tracer_given_to_the_pipeline_receives_the_engines_spans(
         phases.append(Phase.ROUTE)  # the foreachBatch aligner routes; on executors, Spark
     for phase in phases:
         assert spans[phase.value] > 0, spans
+
+
+def test_a_local_session_checkpoints_spark_queries_through_the_file_system_api(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """``local_session`` sets Spark's ``FileSystem``-based checkpoint file manager (no
+    ``readlink`` process per rename): a query's offset and commit logs are written through
+    it, without temporary files left behind, and a second run resumes after the first's
+    last committed batch."""
+    manager = spark.conf.get("spark.sql.streaming.checkpointFileManagerClass")
+    assert manager is not None and manager.endswith(".FileSystemBasedCheckpointFileManager")
+    location = tmp_path / "spark-checkpoint"
+
+    def commits() -> list[int]:
+        return sorted(int(p.name) for p in (location / "commits").glob("[0-9]*"))
+
+    committed: list[list[int]] = []
+    for _ in range(2):
+        before = len(commits()) if location.exists() else 0
+        query = (
+            spark.readStream.format("rate")
+            .option("rowsPerSecond", 50)
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(location))
+            .start()
+        )
+        try:
+            deadline = time.monotonic() + 120  # liveness bound, not a timing assertion
+            while len(commits()) < before + 2 and time.monotonic() < deadline:
+                query.processAllAvailable()
+                time.sleep(0.2)
+        finally:
+            query.stop()
+        committed.append(commits())
+    assert len(committed[0]) >= 2, committed
+    assert committed[1][: len(committed[0])] == committed[0]  # resumed after the first run
+    assert len(committed[1]) >= len(committed[0]) + 2, committed
+    names = [p.name for p in location.rglob("*")]
+    assert not [n for n in names if n.endswith(".tmp") or ".tmp." in n], names

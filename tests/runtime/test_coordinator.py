@@ -67,14 +67,24 @@ class RecordingGateway:
 
 
 def make(
-    store: InMemoryCheckpointStore | None = None, clock: ManualClock | None = None, **cfg: object
+    store: InMemoryCheckpointStore | None = None,
+    clock: ManualClock | None = None,
+    *,
+    retain_every_ms: int = 0,
+    **cfg: object,
 ) -> tuple[CheckpointCoordinator, RecordingGateway, ManualClock, InMemoryCheckpointStore]:
     config = CheckpointConfig(**{"interval_ms": 100, **cfg})  # type: ignore[arg-type]
     store = store or InMemoryCheckpointStore()
     clock = clock or ManualClock(0)
     gw = RecordingGateway()
     coord = CheckpointCoordinator(
-        config, store, gw, tasks_to_trigger=[SRC], tasks_to_ack=[SRC, OP], clock=clock
+        config,
+        store,
+        gw,
+        tasks_to_trigger=[SRC],
+        tasks_to_ack=[SRC, OP],
+        clock=clock,
+        retain_every_ms=retain_every_ms,
     )
     coord.start()
     return coord, gw, clock, store
@@ -377,33 +387,16 @@ def test_spaced_retention_runs_at_most_every_retain_every_ms_and_after_the_final
     """With ``retain_every_ms`` a completion makes retention due; it runs at the first
     completion, then only once the spacing has passed (at the next completion, or at
     :meth:`maintain` in between), and at once after a final checkpoint."""
-    store = InMemoryCheckpointStore()
-    clock = ManualClock(0)
-    coord = CheckpointCoordinator(
-        CheckpointConfig(interval_ms=None, retained_checkpoints=1),
-        store,
-        RecordingGateway(),
-        tasks_to_trigger=[SRC],
-        tasks_to_ack=[SRC, OP],
-        clock=clock,
-        retain_every_ms=1_000,
-    )
-    coord.start()
-
-    def complete(final: bool = False) -> int:
-        r = coord.trigger_checkpoint(final=final)
-        assert r.checkpoint_id is not None
-        ack_all(coord, store, r.checkpoint_id)
-        return r.checkpoint_id
+    coord, _, clock, store = make(retain_every_ms=1_000, interval_ms=None, retained_checkpoints=1)
 
     def log() -> list[int]:
         return [c.checkpoint_id for c in store.list_completed()]
 
-    a = complete()  # the run's first retention runs at once (it drops nothing)
+    a = _complete_one(coord, store)  # the run's first retention runs at once (it drops nothing)
     clock.advance(400)
-    b = complete()
+    b = _complete_one(coord, store)
     clock.advance(400)
-    c = complete()
+    c = _complete_one(coord, store)
     assert log() == [a, b, c]  # 800 ms since the last retention: subsumed ones stay
     coord.maintain()
     assert log() == [a, b, c]
@@ -411,19 +404,12 @@ def test_spaced_retention_runs_at_most_every_retain_every_ms_and_after_the_final
     coord.maintain()  # 1 s passed: the due retention runs without a completion
     assert log() == [c]
     clock.advance(100)
-    d = complete()
+    d = _complete_one(coord, store)
     assert log() == [c, d]
-    e = complete(final=True)  # no spacing after the final checkpoint
+    e = _complete_one(coord, store, final=True)  # no spacing after the final checkpoint
     assert log() == [e]
     with pytest.raises(CheckpointError):
-        CheckpointCoordinator(
-            CheckpointConfig(),
-            store,
-            RecordingGateway(),
-            tasks_to_trigger=[SRC],
-            tasks_to_ack=[SRC],
-            retain_every_ms=-1,
-        )
+        make(retain_every_ms=-1)
 
 
 def test_retention_keeps_the_checkpoints_tasks_still_build_on() -> None:
@@ -603,8 +589,10 @@ class FlakyRetainStore(InMemoryCheckpointStore):
         )
 
 
-def _complete_one(coord: CheckpointCoordinator, store: InMemoryCheckpointStore) -> int:
-    r = coord.trigger_checkpoint()
+def _complete_one(
+    coord: CheckpointCoordinator, store: InMemoryCheckpointStore, *, final: bool = False
+) -> int:
+    r = coord.trigger_checkpoint(final=final)
     assert r.checkpoint_id is not None
     ack_all(coord, store, r.checkpoint_id)
     return r.checkpoint_id

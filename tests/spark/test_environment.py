@@ -56,8 +56,12 @@ def test_a_local_spark_checkpoints_through_the_file_system_api(master: str, loca
     would run ``readlink`` in a child process of the JVM for every rename; a local Spark
     (classic or a local Connect server) uses the ``FileSystem``-based one; a remote
     server's settings are its own."""
-    from spark_ckpt.spark.session import FILE_SYSTEM_CHECKPOINT_MANAGER, _settings
+    from spark_ckpt.spark.session import _settings
 
     settings = _settings("app", 2, "WARN", master)
-    key = "spark.sql.streaming.checkpointFileManagerClass"
-    assert settings.get(key) == (FILE_SYSTEM_CHECKPOINT_MANAGER if local else None)
+    manager = settings.get("spark.sql.streaming.checkpointFileManagerClass")
+    assert manager == (
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+        if local
+        else None
+    )
