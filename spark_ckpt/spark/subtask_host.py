@@ -30,7 +30,8 @@ fences decide what each may continue (a zombie's micro-batch is never the fence 
   executor's daemon, or the JVM) and exits at once when it is gone, as the executor's
   workers do;
 * when its run is over (the driver recorded it stopped, finished, failed or fenced: a
-  restart is a new run, with hosts of its own), checked every :data:`RUN_CHECK_S`, or after
+  restart is a new run, with hosts of its own), checked every :data:`RUN_CHECK_S` (a read of
+  the run's status file), or after
   :data:`IDLE_S` without a micro-batch (the subtask moved to another executor, or the driver
   died before it recorded the run's end) — in both cases once its snapshot writes finished;
 * killed: the task waiting for it fails (:class:`SubtaskHostLostError`), Spark retries it,
@@ -253,9 +254,15 @@ class SubtaskHosts:
     """The task's side (a Python worker): hands a micro-batch to its subtask's host,
     starting the host when none listens."""
 
-    def __init__(self, idle_s: float = IDLE_S, watch_pid: int | None = None) -> None:
+    def __init__(
+        self,
+        idle_s: float = IDLE_S,
+        watch_pid: int | None = None,
+        run_check_s: float = RUN_CHECK_S,
+    ) -> None:
         self._idle_s = idle_s
         self._watch_pid = watch_pid
+        self._run_check_s = run_check_s
         self._started: list[subprocess.Popen[bytes]] = []
 
     def run(
@@ -308,6 +315,7 @@ class SubtaskHosts:
                     str(address),
                     str(os.getppid() if self._watch_pid is None else self._watch_pid),
                     repr(self._idle_s),
+                    repr(self._run_check_s),
                 ],
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -365,10 +373,13 @@ class SubtaskHost:
     """The host's side: serves the micro-batches of one subtask on one executor (see the
     module docstring), in the process :func:`main` runs."""
 
-    def __init__(self, address: Path, watch_pid: int, idle_s: float) -> None:
+    def __init__(
+        self, address: Path, watch_pid: int, idle_s: float, run_check_s: float = RUN_CHECK_S
+    ) -> None:
         self._address = address
         self._watch_pid = watch_pid
         self._idle_s = idle_s
+        self._run_check_s = run_check_s
         self._runners: dict[bytes, BatchRunner] = {}
         self._last: BatchRunner | None = None
 
@@ -395,7 +406,7 @@ class SubtaskHost:
                     self.remove_files()
                     os._exit(0)  # the executor is gone: go with it, as its workers do
                 now = time.monotonic()
-                if now - checked > RUN_CHECK_S:
+                if now - checked > self._run_check_s:
                     checked = now
                     if self._run_ended() and not SNAPSHOTS.writing():
                         return
@@ -461,9 +472,10 @@ class SubtaskHost:
 
 
 def main(argv: Sequence[str]) -> int:
-    """The host process: ``main([ADDRESS, WATCH_PID, IDLE_S])``."""
+    """The host process: ``main([ADDRESS, WATCH_PID, IDLE_S[, RUN_CHECK_S]])``."""
     address, watch_pid, idle_s = Path(argv[0]), int(argv[1]), float(argv[2])
-    host = SubtaskHost(address, watch_pid, idle_s)
+    run_check_s = float(argv[3]) if len(argv) > 3 else RUN_CHECK_S
+    host = SubtaskHost(address, watch_pid, idle_s, run_check_s)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the driver is not for hosts
 
     def executor_ends(signum: int, frame: object) -> None:

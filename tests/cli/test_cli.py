@@ -1,5 +1,11 @@
-"""``spark-ckpt`` through the installed console script, on a pipeline root and savepoint
-directory built without Spark (real Delta tables). Oracles are the values the test wrote.
+"""``spark-ckpt`` on a pipeline root and savepoint directory built without Spark (real Delta
+tables). Oracles are the values the test wrote.
+
+Most commands run through :func:`spark_ckpt.cli.main` in this process, with its output
+captured, exactly as the console script runs it (``sys.exit(main())``): a new interpreter
+per command cost 1.2-1.7 s of imports. The console script itself, ``python -m`` and what
+only a process shows (usage errors from argparse, the debug traceback, a missing optional
+dependency, Spark stopped after a failed demo) run in subprocesses: :func:`console`.
 
 The request commands (``checkpoint``, ``savepoint trigger|stop``, ``stop``) need a running
 pipeline: tests/integration (test_faults, test_savepoints) drive them against real jobs.
@@ -7,6 +13,8 @@ pipeline: tests/integration (test_faults, test_savepoints) drive them against re
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -19,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_ckpt.cli import DEBUG_ENV
+from spark_ckpt.cli import DEBUG_ENV, main
 from spark_ckpt.delta.savepoint import export_savepoint
 from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.delta.store_tables import StoreTable
@@ -41,10 +49,25 @@ def key_group(key: int) -> int:
     return int(key_group_indices(pa.array([key], pa.int64()), 128)[0])
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def console(*args: str) -> subprocess.CompletedProcess[str]:
+    """``spark-ckpt *args`` through the installed console script, in a process of its own."""
     script = Path(sys.executable).parent / "spark-ckpt"
     return subprocess.run(
         [str(script), *args], capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``spark-ckpt *args`` as the console script runs it, in this process: ``main``'s exit
+    status (or ``SystemExit``'s, for ``--help``) and what it printed."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(list(args))
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else int(e.code is not None)
+    return subprocess.CompletedProcess(
+        ["spark-ckpt", *args], status, out.getvalue(), err.getvalue()
     )
 
 
@@ -331,6 +354,7 @@ def test_every_command_has_help(command: tuple[str, ...]) -> None:
 
 
 def test_python_dash_m_runs_the_same_command_line(root: Path) -> None:
+    """``python -m spark_ckpt.cli``, the console script and ``main`` print the same."""
     done = subprocess.run(
         [sys.executable, "-m", "spark_ckpt.cli", "checkpoints", "list", "--root", str(root)],
         capture_output=True,
@@ -338,10 +362,9 @@ def test_python_dash_m_runs_the_same_command_line(root: Path) -> None:
         timeout=300,
         check=False,
     )
-    assert (
-        done.returncode == 0
-        and done.stdout == cli("checkpoints", "list", "--root", str(root)).stdout
-    ), done.stderr
+    script = console("checkpoints", "list", "--root", str(root))
+    assert done.returncode == script.returncode == 0, done.stderr + script.stderr
+    assert done.stdout == script.stdout == cli("checkpoints", "list", "--root", str(root)).stdout
 
 
 def test_dispose_never_deletes_a_pipeline_root_holding_one_savepoint(tmp_path: Path) -> None:
@@ -432,7 +455,7 @@ def test_a_damaged_savepoint_gives_one_line_naming_it(
 
 def test_usage_errors_end_in_one_error_line() -> None:
     for args in (("checkpoints", "list"), ("stats", "--root"), ("nothing",), ("demo", "--bogus")):
-        done = cli(*args)
+        done = console(*args)
         assert done.returncode == 2, done
         assert_failed_in_one_line(done)
 
@@ -441,7 +464,7 @@ def test_an_unexpected_error_is_one_line_naming_its_type(root: Path, tmp_path: P
     """Writing to a directory that does not exist fails in pyarrow (no error of ours)."""
     out = tmp_path / "missing" / "x.parquet"
     args = ("state", "read", "--path", str(root), "--uid", "counter", "--state", "count")
-    done = cli(*args, "--out", str(out))
+    done = console(*args, "--out", str(out))
     assert done.returncode == 1
     assert_failed_in_one_line(done, "FileNotFoundError", str(out))
     debug = subprocess.run(

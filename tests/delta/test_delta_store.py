@@ -386,6 +386,7 @@ print(json.dumps(outcomes))
 """
 
 
+@pytest.mark.slow  # several Python processes
 def test_two_coordinator_processes_racing(root: Path) -> None:
     DeltaCheckpointStore(str(root)).acquire()  # create the table before the race
     procs = [

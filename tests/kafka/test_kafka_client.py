@@ -158,14 +158,14 @@ def test_an_unreachable_broker_is_a_clear_error_within_the_timeout() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens there once closed
     o = KafkaOptions.parse({"kafka.bootstrap.servers": f"127.0.0.1:{port}", "subscribe": "t"})
-    meta = KafkaMetadata(o, timeout_s=2)
+    meta = KafkaMetadata(o, timeout_s=1)
     try:
-        with pytest.raises(SourceError, match=f"127.0.0.1:{port}.*within 2 s"):
+        with pytest.raises(SourceError, match=f"127.0.0.1:{port}.*within 1 s"):
             meta.partitions()
     finally:
         meta.close()
     with pytest.raises(SourceError, match=f"127.0.0.1:{port}"):
-        read_range(o, "t", 0, 0, 5, timeout_s=2)
+        read_range(o, "t", 0, 0, 5, timeout_s=1)
 
 
 def test_record_schema_is_spark_s() -> None:

@@ -360,6 +360,7 @@ SPEC_LONG = GeneratorSpec(
 )
 
 
+@pytest.mark.slow  # long runs; the fast lane has the short ones above
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_long_runs_with_folds_rebases_and_worker_turns_match_the_fold(seed: int) -> None:

@@ -310,6 +310,7 @@ def _reader(directory: str, stop: Any, out: Any) -> None:
     out.put((dict(seen), bad))
 
 
+@pytest.mark.slow  # several Python processes
 def test_concurrent_writers_publish_whole_images_of_one_attempt(tmp_path: Path) -> None:
     directory = str(tmp_path / "cache")
     ctx = multiprocessing.get_context("spawn")

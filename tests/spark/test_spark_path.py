@@ -204,10 +204,13 @@ def drive(root: Path, mode_name: str, script: list[tuple[Any, ...]], threads: st
             run.aligner.close()  # what it had queued may still reach the mailbox, or not
             run = SparkLikeRun(str(root), store, sink, clock, config, mode, timeout, a[1], threads)
         ids.extend(c.checkpoint_id for c in store.list_completed() if c.checkpoint_id not in ids)
-    # Trigger.AvailableNow: all data, then a final checkpoint, then its commit
+    # Trigger.AvailableNow: micro-batches until the source has read all data (the periodic
+    # checkpoints go on meanwhile), then a final checkpoint, then its commit
     for _ in range(40):
         run.batch(None)
         clock.advance(10)
+        if run.batches.offset.positions == BACKLOG:
+            break
     final = run.host.request_final_checkpoint()
     assert final is not None
     for _ in range(40):

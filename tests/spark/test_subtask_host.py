@@ -205,7 +205,7 @@ def test_the_files_of_killed_hosts_are_swept(key: CacheKey) -> None:
 
 
 def test_a_host_ends_when_its_run_is_over(key: CacheKey, tmp_path: Path) -> None:
-    hosts = SubtaskHosts(idle_s=300)
+    hosts = SubtaskHosts(idle_s=300, run_check_s=0.5)  # the run's end, not idleness, ends it
     over, closed = tmp_path / "over", tmp_path / "closed"
     runner = Counter(ended=str(over), closed=str(closed))
     hosts.run(key, runner, batch(1), [])
