@@ -38,6 +38,26 @@ def xdist_scope(nodeid: str) -> str:
     return nodeid
 
 
+def start_rank(item: pytest.Item) -> int:
+    """When a test starts under xdist, earliest first: the serial chains of tests (one scope
+    of :func:`xdist_scope`, several minutes each), then the slow tests, then the other Spark
+    tests, then the quick ones, which fill the workers' gaps at the end instead of leaving one
+    worker alone with a long test."""
+    if xdist_scope(item.nodeid) != item.nodeid:
+        return 0
+    if item.get_closest_marker("slow") is not None:
+        return 1
+    if item.get_closest_marker("spark") is not None:
+        return 2
+    return 3
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order the tests by :func:`start_rank` (stable: collection order within a rank; the same
+    on every worker, as xdist requires). A test's outcome never depends on the order."""
+    items.sort(key=start_rank)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under ``-n N`` (``--dist load``, the default): load balancing by :func:`xdist_scope`."""
