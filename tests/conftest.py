@@ -13,8 +13,10 @@ after the other (a scope of xdist's scheduler):
 (xdist's own ``xdist_group`` marker has no effect with pytest 9: it renames the items'
 ``_nodeid``, which pytest 9 no longer reads.)
 
-The whole suite took 50 min on two workers here (a clean clone, session 20; CPU-bound, so it
-follows the machine: the same suite took 34 min on a faster day). The jobs' JVMs start with
+The whole suite took 48 min on two workers here (a clean clone, session 21; CPU-bound, so it
+follows the machine: the same suite took 34 min on a faster day), the fast lane
+(``make test-fast``: no Spark, nothing marked ``slow``) 107 s. Long tests start first
+(:func:`start_rank`). The jobs' JVMs start with
 :mod:`spark_ckpt.testing.jvm`'s options, their Python processes without ``pyspark.zip``
 (:mod:`spark_ckpt.spark.spark_home`) and with the project's bytecode compiled beforehand
 (``make bytecode``), and a local Spark's streaming checkpoints spawn no ``readlink``
