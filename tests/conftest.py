@@ -41,17 +41,15 @@ def xdist_scope(nodeid: str) -> str:
 
 
 def start_rank(item: pytest.Item) -> int:
-    """When a test starts under xdist, earliest first: the serial chains of tests (one scope
-    of :func:`xdist_scope`, several minutes each), then the slow tests, then the other Spark
-    tests, then the quick ones, which fill the workers' gaps at the end instead of leaving one
-    worker alone with a long test."""
-    if xdist_scope(item.nodeid) != item.nodeid:
-        return 0
+    """When a single-test scope starts under xdist, earliest first: the slow tests, then the
+    other Spark tests, then the quick ones, which fill the workers' gaps at the end instead of
+    leaving one worker alone with a long test. (The serial chains of :func:`xdist_scope` start
+    before all of them: xdist's scope scheduler queues the scopes with the most tests first.)"""
     if item.get_closest_marker("slow") is not None:
-        return 1
+        return 0
     if item.get_closest_marker("spark") is not None:
-        return 2
-    return 3
+        return 1
+    return 2
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
