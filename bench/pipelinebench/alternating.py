@@ -19,8 +19,16 @@ checkpoint requested at the end of an *on* window completes in the next window's
 window's rows/s are those of the batches that start inside its measured part
 (:func:`window_between`). Reported: each pair's ratio on/off, their median with a bootstrap
 95% interval (:func:`~pipelinebench.steady.paired_ratios`), the checkpoints completed per
-*on* window, and the CPU the bench's own process used in each kind of window (it polls for
-completions only in *on* windows: that counts against the checkpoints).
+*on* window, and the CPU the bench's own process used in each kind of window.
+
+The bench's own reads are the same in both kinds of window. Waiting for a completion reads
+the store (:meth:`PipelineClient.answer` and :meth:`PipelineClient.failure`: the completed
+checkpoints and the statistics history, a few times per request), work that a periodic
+trigger inside the coordinator does not cause, and that ran on the same two cores as the
+pipeline. So during an *off* window the requester makes the same reads at the same pace
+(:meth:`Requester.mirror`: as many polls as the last request needed, for an id that answers
+nothing, then one for the last answered request) and posts nothing. What is left between the
+two kinds of window is the checkpoints and the coordinator's handling of the requests.
 """
 
 from __future__ import annotations
@@ -80,9 +88,15 @@ def windows_order(pairs: int) -> list[bool]:
     return order
 
 
+#: A request id that answers nothing (:meth:`Requester.mirror`).
+NO_REQUEST = "0" * 32
+
+
 class Requester:
     """Requests a checkpoint every *interval_s* while :attr:`on` is set, the next once the
-    previous one completed (at most one at a time, as the periodic trigger)."""
+    previous one completed (at most one at a time, as the periodic trigger); while it is
+    not set, makes the same reads of the store at the same pace and posts nothing
+    (:meth:`mirror`, see the module docstring)."""
 
     def __init__(self, pipeline: Pipeline, interval_s: float) -> None:
         self._client = pipeline.client
@@ -91,31 +105,55 @@ class Requester:
         self._stop = threading.Event()
         self.completed: list[tuple[float, int]] = []  # (epoch s, checkpoint id)
         self.failed = 0
+        self._polls = 1  # how many polls the last request needed
+        self._answered: str | None = None  # the last request that was answered
         self._thread = threading.Thread(target=self._loop, name="bench-requester", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            if not self.on.wait(0.05):
-                continue
-            posted = time.monotonic()
+            began = time.monotonic()
             try:
-                request_id = self._client.request(RequestKind.CHECKPOINT, timeout_s=60.0)
-                self._stop.wait(0.5)  # a checkpoint takes longer: no poll before
-                while not self._stop.is_set():
-                    answer = self._client.answer(request_id)
-                    if answer is not None:
-                        self.completed.append((time.time(), answer.checkpoint_id))
-                        break
-                    if self._client.failure(request_id) is not None:
-                        self.failed += 1
-                        break
-                    self._stop.wait(0.25)
+                self._request() if self.on.is_set() else self.mirror()
             except SparkCkptError:
                 self.failed += 1
-            rest = self._interval_s - (time.monotonic() - posted)
+            rest = self._interval_s - (time.monotonic() - began)
             if rest > 0:
                 self._stop.wait(rest)
+
+    def _request(self) -> None:
+        request_id = self._client.request(RequestKind.CHECKPOINT, timeout_s=60.0)
+        self._stop.wait(0.5)  # a checkpoint takes longer: no poll before
+        polls = 0
+        while not self._stop.is_set():
+            polls += 1
+            answer = self._client.answer(request_id)
+            if answer is not None:
+                self.completed.append((time.time(), answer.checkpoint_id))
+                self._polls, self._answered = polls, request_id
+                return
+            if self._client.failure(request_id) is not None:
+                self.failed += 1
+                return
+            self._stop.wait(0.25)
+
+    def prime(self) -> None:
+        """One request, before the windows: the first *off* window has one to mirror."""
+        self._request()
+
+    def mirror(self) -> None:
+        """The reads of :meth:`_request` without its request: the last request's number of
+        polls, each unanswered but the last."""
+        if self._answered is None:  # nothing to mirror yet (the warm-up)
+            return
+        self._stop.wait(0.5)
+        for _ in range(self._polls - 1):
+            if self._stop.is_set():
+                return
+            self._client.answer(NO_REQUEST)
+            self._client.failure(NO_REQUEST)
+            self._stop.wait(0.25)
+        self._client.answer(self._answered)
 
     def close(self) -> None:
         self._stop.set()
@@ -150,6 +188,7 @@ def run_alternating(
             while not any(batch_rows(b) for b in progress.ordered()):
                 time.sleep(POLL_S)
                 progress.poll(run.query)
+            requester.prime()  # a checkpoint in the warm-up
             time.sleep(s.warmup_s)
             for checkpoints in windows_order(s.pairs):
                 (requester.on.set if checkpoints else requester.on.clear)()
