@@ -3,7 +3,7 @@ JVMs, each with its own Python workers) with the subtasks on the executors.
 
 Each test runs the demo job in a subprocess, kills processes of the cluster from the test
 while it runs (a killer in the test, no fail point in the job), lets it recover, then ends
-with a final ``--available-now`` run. Oracle: a plain fold over the generator's rows up to
+with a final ``--available-now`` run (under ``local[2]``: :func:`finish_locally`). Oracle: a plain fold over the generator's rows up to
 the final checkpoint's positions: every ``(user_id, count)`` row exactly once."""
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from test_crash import (
 )
 
 from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.spark.spark_home import spark_home
 from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import DemoArgs, DemoRun, session_processes
@@ -191,7 +192,7 @@ def test_a_killed_executor_process_keeps_the_output_exactly_once(
     # killed Python worker failed a task in flight, which Spark ran again
     assert "SubtaskStateLostError" not in run.tail(400), run.tail(400)
     retried_tasks(started)  # removes the executors' logs
-    final = _finish(demo, args)
+    final = finish_locally(demo, args)
     positions = _final_positions(final, LAGGING_BACKLOG)
     expected = running_count_rows(generated_keys(args.spec(), positions))
     actual = output_rows(read_delta(args.output))
@@ -219,7 +220,7 @@ def test_a_task_failing_after_it_staged_output_is_retried_exactly_once(
     assert run.wait(300) == 0, run.tail()
     assert len(faults.hits(str(args.root), faults.Fault.STORE_WRITE)) == 1
     assert retried_tasks(started), run.tail()
-    final = _finish(demo, args)
+    final = finish_locally(demo, args)
     assert [final.offsets()[("source", c)] for c in range(3)] == [900, 300, 300]
     expected = running_count_rows(generated_keys(args.spec(), [900, 300, 300]))
     actual = output_rows(read_delta(args.output))
@@ -255,11 +256,19 @@ def test_a_worker_lost_while_writing_the_final_checkpoint_ends_the_run_exactly_o
     completed = [r for r in history if r.failure is None]
     assert len(completed) == 1, history
     assert all(completed[0].checkpoint_id > f.checkpoint_id for f in failed), history
-    final = _finish(demo, args)
+    final = finish_locally(demo, args)
     assert [final.offsets()[("source", c)] for c in range(3)] == [900, 300, 300]
     expected = running_count_rows(generated_keys(args.spec(), [900, 300, 300]))
     actual = output_rows(read_delta(args.output))
     assert actual == expected, f"{_diff(actual, expected)}\n{run.tail()}"
+
+
+def finish_locally(demo: DemoLauncher, args: DemoArgs) -> CompletedCheckpoint:
+    """The final ``--available-now`` run (:func:`test_crash._finish`) under ``local[2]``: the
+    faults are behind it, and what it adds (the rest of the input, the final checkpoint the
+    oracle reads) needs no cluster, whose three JVMs take longest to start. It restores the
+    cluster's checkpoint into one JVM, as a job moved to another cluster would."""
+    return _finish(demo, replace(args, master="local[2]"))
 
 
 def retried_tasks(since: float, *, remove: bool = True) -> list[str]:
