@@ -204,7 +204,8 @@ def job(demo: DemoLauncher, tmp_path: Path) -> Job:
         output=tmp_path / "out",
         input=feed.path,
         channels=3,
-        interval="4s",  # long: faults land after rows were processed past a checkpoint
+        interval="2s",  # several micro-batches apart: faults land after rows were processed
+        # past a checkpoint (each test waits for output staged past it before the fault)
         restarts=3,
         restart_delay="500ms",
         retained=3,
