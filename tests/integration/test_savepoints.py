@@ -275,10 +275,14 @@ def test_dispose_deletes_a_savepoint_and_refuses_anything_else(tmp_path: Path) -
 # -- stop with a savepoint, with and without drain (the demo job in a subprocess) -------------
 
 
+#: rows per channel: 40 micro-batches of 50 (a stop without drain comes after the first few)
+BACKLOG = 2000
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("drain", [False, True], ids=["no-drain", "drain"])
 def test_stop_with_savepoint_with_and_without_drain(tmp_path: Path, drain: bool) -> None:
-    """``spark-ckpt savepoint stop [--drain]`` on a job reading a 4000-row backlog per channel
+    """``spark-ckpt savepoint stop [--drain]`` on a job reading a 2000-row backlog per channel
     100 rows per micro-batch: with drain the final savepoint is at the end of the input,
     without it wherever the stop found the channels. Either way the output is exactly the
     running count over the input before the savepoint's positions, and the savepoint is in
@@ -288,7 +292,7 @@ def test_stop_with_savepoint_with_and_without_drain(tmp_path: Path, drain: bool)
         root=tmp_path / "root",
         output=tmp_path / "out",
         pipeline="drain",
-        backlog="4000",
+        backlog=str(BACKLOG),
         channels=2,
         keys=20,
         interval="500ms",
@@ -317,9 +321,9 @@ def test_stop_with_savepoint_with_and_without_drain(tmp_path: Path, drain: bool)
     [answer] = [json.loads(line) for line in done.stdout.splitlines()]
     ends = [answer["offsets"][f"source/{c}"] for c in range(2)]
     if drain:
-        assert ends == [4000, 4000], ends
+        assert ends == [BACKLOG, BACKLOG], ends
     else:
-        assert all(e < 4000 for e in ends), ends
+        assert all(e < BACKLOG for e in ends), ends
     assert answer["type"] == "savepoint"
     assert Path(answer["path"]).parent == tmp_path / "savepoints"
     _, sp = open_savepoint(answer["path"])
