@@ -3,8 +3,9 @@ JVMs, each with its own Python workers) with the subtasks on the executors.
 
 Each test runs the demo job in a subprocess, kills processes of the cluster from the test
 while it runs (a killer in the test, no fail point in the job), lets it recover, then ends
-with a final ``--available-now`` run (under ``local[2]``: :func:`finish_locally`). Oracle: a plain fold over the generator's rows up to
-the final checkpoint's positions: every ``(user_id, count)`` row exactly once."""
+with a final ``--available-now`` run (under ``local[2]``: :func:`finish_locally`). Oracle:
+a plain fold over the generator's rows up to the final checkpoint's positions: every
+``(user_id, count)`` row exactly once."""
 
 from __future__ import annotations
 
