@@ -29,6 +29,7 @@ from spark_ckpt.delta.errors import delta_boundary
 from spark_ckpt.delta.output_schema import check_schema, delta_fields
 from spark_ckpt.delta.sink_target import DeltaSinkTarget
 from spark_ckpt.delta.staged_file import StagedFile, staged_files
+from spark_ckpt.delta.store_tables import FollowedTable
 from spark_ckpt.errors import ConfigError, ProtocolError, RestoreError, StoreError
 from spark_ckpt.sinks.sink import Transaction
 
@@ -65,7 +66,7 @@ class DeltaSinkCommitter:
             raise ConfigError("max_attempts", max_attempts, "an integer >= 1")
         self.target = target
         self.max_attempts = max_attempts
-        self._table: DeltaTable | None = None
+        self._table: FollowedTable | None = None  # built at the first read (picklable until)
 
     @property
     def sink_id(self) -> str:
@@ -75,15 +76,10 @@ class DeltaSinkCommitter:
     # -- reading the table -----------------------------------------------------------------
     def _load(self) -> DeltaTable | None:
         """The newest version of the table (``None`` before its first commit): opened once,
-        then brought up to date with ``update_incremental()``."""
-        dt = self._table
-        if dt is not None:
-            dt.update_incremental()
-            return dt
-        if not DeltaTable.is_deltatable(self.target.table_uri, self.target.storage_options):
-            return None
-        self._table = DeltaTable(self.target.table_uri, storage_options=self.target.storage_options)
-        return self._table
+        then kept up to date (:class:`~spark_ckpt.delta.store_tables.FollowedTable`)."""
+        if self._table is None:
+            self._table = FollowedTable(self.target.table_uri, self.target.storage_options)
+        return self._table.newest()
 
     @staticmethod
     def _table_paths(dt: DeltaTable) -> set[str]:

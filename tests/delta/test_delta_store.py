@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -22,10 +23,11 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from spark_ckpt.delta import store_tables
 from spark_ckpt.delta.blob_store import DeltaBlobStore, blob_id
 from spark_ckpt.delta.checkpoint_log import DeltaCheckpointLog
 from spark_ckpt.delta.store import DeltaCheckpointStore
-from spark_ckpt.delta.store_tables import StoreTable
+from spark_ckpt.delta.store_tables import HOT_LOG, StoreTable
 from spark_ckpt.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -198,6 +200,75 @@ def test_second_readers_see_exactly_what_was_committed(root: Path) -> None:
         ("completed", lease.epoch, lease.first_id),
         ("lease", lease.epoch, lease.first_id),
     ]
+
+
+def test_state_tables_keep_a_short_log(root: Path, monkeypatch) -> None:
+    """The tables every checkpoint appends to checkpoint their Delta log every 20 commits and
+    drop commit files older than the log retention (a minute; a second here), so the log
+    does not grow with the run; a reader opened before the cleanup still updates, second
+    readers read from the log checkpoint, and the first checkpoint's blobs still read."""
+    hot = (StoreTable.OPERATOR_STATE, StoreTable.CHANNEL_STATE, StoreTable.SOURCE_OFFSETS)
+    assert HOT_LOG == {
+        "delta.checkpointInterval": "20",
+        "delta.logRetentionDuration": "interval 1 minutes",
+    }
+    assert all(store_tables.CONFIGURATION[t] == HOT_LOG for t in hot)
+    assert StoreTable.CHECKPOINTS not in store_tables.CONFIGURATION  # time travel (as of)
+    # a log checkpoint every 5 commits; a minute is a second here
+    short = {"delta.checkpointInterval": "5", "delta.logRetentionDuration": "interval 1 seconds"}
+    monkeypatch.setattr(
+        store_tables, "CONFIGURATION", {**store_tables.CONFIGURATION, **dict.fromkeys(hot, short)}
+    )
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    offsets = [SourceOffset("kafka", 0, 1)]
+
+    def commit(i: int) -> CompletedCheckpoint:
+        return commit_one(
+            store, lease, lease.first_id + i, keyed(0, kv(f"k{i}", i)), offsets=offsets
+        )
+
+    first = commit(0)  # table version 1 (0: created empty)
+    state = root / StoreTable.OPERATOR_STATE.value
+    reader = DeltaTable(str(state))
+    assert DeltaTable(str(state)).metadata().configuration == short
+    for i in range(1, 5):
+        commit(i)  # version 5: the log's first checkpoint
+    time.sleep(1.1)  # that checkpoint and the commits before it are older than the retention
+    n = 10
+    for i in range(5, n):
+        commit(i)  # version 10: a checkpoint, and the cleanup of the commits before 5
+    for table in (state, root / StoreTable.SOURCE_OFFSETS.value):
+        commits = sorted(int(f.stem) for f in (table / "_delta_log").glob("*.json"))
+        # the reader's version (1) is gone; delta-rs keeps from about the older checkpoint
+        assert commits[0] > 1 and commits == list(range(commits[0], n + 1))
+    reader.update_incremental()
+    assert reader.version() == n
+    assert sorted(pl.read_delta(str(state))["checkpoint_id"]) == [
+        lease.first_id + i for i in range(n)
+    ]
+    assert store.read_blobs(list(first.blobs()))[0].equals(kv("k0", 0))
+
+
+def test_a_followed_table_is_opened_again_after_some_versions(tmp_path: Path, monkeypatch) -> None:
+    """A cached table object follows every commit of another writer, and is replaced by a
+    new one once it is ``REOPEN_AFTER_VERSIONS`` past the version it was opened at."""
+    monkeypatch.setattr(store_tables, "REOPEN_AFTER_VERSIONS", 3)
+    uri = str(tmp_path / "t")
+    followed = store_tables.FollowedTable(uri, None)
+    assert followed.newest() is None  # not created yet
+    write_deltalake(uri, pa.table({"a": [0]}))
+    first = followed.newest()
+    assert first is not None and first.version() == 0
+    seen = []
+    for v in range(1, 8):
+        write_deltalake(uri, pa.table({"a": [v]}), mode="append")
+        dt = followed.newest()
+        assert dt is not None and dt.version() == v
+        assert sorted(dt.to_pyarrow_table()["a"].to_pylist()) == list(range(v + 1))
+        seen.append(dt is first)
+    assert seen == [True, True, False, False, False, False, False]  # new at 3, again at 6
+    assert followed.newest() is followed.newest()
 
 
 def test_completion_is_one_small_append(root: Path) -> None:
