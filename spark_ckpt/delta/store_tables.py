@@ -180,7 +180,8 @@ SCHEMAS: Mapping[StoreTable, pa.Schema] = {
 #: files in ``_delta_log`` (deltalake 1.6: an append took 14 ms with 60 of them, 44 ms with
 #: 300 and 210 ms with 1,500), and under Delta's default retention (30 days) those tables
 #: gained that many every few minutes of checkpoints every second; with these settings the
-#: log stays near a hundred files. Nothing reads these tables at an older version: a reader
+#: log holds about a minute of commits plus 20 (near a hundred files at one checkpoint a
+#: second and two subtasks). Nothing reads these tables at an older version: a reader
 #: whose snapshot is older than the removed files updates from the newest log checkpoint.
 HOT_LOG: Mapping[str, str] = {
     "delta.checkpointInterval": "20",
