@@ -41,10 +41,9 @@ from spark_ckpt.protocol.handle import (
     TaskId,
     TaskSnapshot,
 )
-from spark_ckpt.runtime.task import SINK_TRANSACTIONS
+from spark_ckpt.runtime.carried_transactions import SINK_TRANSACTIONS, sealed_table
 from spark_ckpt.sinks.ledger import SinkEvent, SinkLedger, split_at_barriers
 from spark_ckpt.sinks.sink import (
-    TRANSACTION_STATE_SCHEMA,
     CommitProgress,
     SinkCommitter,
     Transaction,
@@ -160,23 +159,23 @@ class CkptSinkWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
             mailbox = Mailbox(self.options.root)
             task = self.options.task
             for cid in ready:
-                txns = [
+                txns = tuple(
                     Transaction(self.options.uid, 0, c, tuple(files)).to_json()
                     for c, files in ledger.pending_transactions(cid).items()
-                ]
+                )
                 blob = StateBlob(
                     task_state_uid(self.options.uid),
                     0,
                     BlobKind.OPERATOR,
                     SINK_TRANSACTIONS,
-                    pa.table({"transaction": txns}, schema=TRANSACTION_STATE_SCHEMA),
+                    sealed_table(txns),
                 )
                 offsets = tuple(
                     SourceOffset(SOURCE_TASK.vertex, ch, off)
                     for ch, off in sorted(ledger.arrivals[cid].items())
                 )
                 handle = store.write_task_state(cid, TaskSnapshot(task, (blob,), (), offsets))
-                mailbox.post(AcknowledgeCheckpoint(cid, task, handle))
+                mailbox.post(AcknowledgeCheckpoint(cid, task, handle, sealed=txns))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:

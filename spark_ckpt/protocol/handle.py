@@ -316,6 +316,12 @@ class AcknowledgeCheckpoint:
     base_checkpoint_id: int | None = None
     #: subtasks on the executors: where they found their state (None: in the driver)
     cache: CacheMetrics | None = None
+    #: a task with a sink: the rows of the sealed-transactions blob it wrote into *state*
+    #: (one sink transaction's JSON each), so that the sink's committer need not read the
+    #: blob back; trusted only where they match the blob's checksum (see
+    #: :mod:`spark_ckpt.runtime.carried_transactions`). None: a task without a sink, or an
+    #: older version.
+    sealed: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -328,6 +334,8 @@ class AcknowledgeCheckpoint:
         }
         if self.cache is not None:
             d["cache"] = self.cache.to_dict()
+        if self.sealed is not None:
+            d["sealed"] = list(self.sealed)
         return d
 
     @staticmethod
@@ -341,6 +349,7 @@ class AcknowledgeCheckpoint:
             metrics=CheckpointMetrics.from_dict(d.get("metrics", {})),
             base_checkpoint_id=None if base is None else int(base),
             cache=None if cache is None else CacheMetrics.from_dict(cache),
+            sealed=None if d.get("sealed") is None else tuple(str(t) for t in d["sealed"]),
         )
 
 

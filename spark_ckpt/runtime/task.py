@@ -56,11 +56,15 @@ from spark_ckpt.runtime.aligner import (
     Snapshot,
     Step,
 )
+from spark_ckpt.runtime.carried_transactions import (
+    SINK_TRANSACTIONS,
+    CarriedTransactions,
+    sealed_table,
+)
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM, output_checkpoint
 from spark_ckpt.sinks.sink import (
-    TRANSACTION_STATE_SCHEMA,
     SinkCommitter,
     Transaction,
     TransactionalSink,
@@ -77,9 +81,6 @@ log = logging.getLogger(__name__)
 #: names the tasks' acknowledgements and their own state); nothing depends on it across
 #: versions of the job — readers of the tasks' own state find it under any vertex name.
 CHAIN_VERTEX = "chain"
-
-#: State name under which a task keeps its sealed, uncommitted sink transactions.
-SINK_TRANSACTIONS = "_sink_transactions"
 
 
 Response = AcknowledgeCheckpoint | DeclineCheckpoint
@@ -335,15 +336,12 @@ class OperatorTask:
                 blobs.append(
                     StateBlob(vertex, subtask, BlobKind.CHANNEL, "in_flight", rows, channel=channel)
                 )
+        sealed: tuple[str, ...] | None = None
         if self.sink is not None:
-            txns = [t.to_json() for c, t in sorted(self._sealed.items()) if c <= cid]
+            sealed = tuple(t.to_json() for c, t in sorted(self._sealed.items()) if c <= cid)
             blobs.append(
                 StateBlob(
-                    vertex,
-                    subtask,
-                    BlobKind.OPERATOR,
-                    SINK_TRANSACTIONS,
-                    pa.table({"transaction": txns}, schema=TRANSACTION_STATE_SCHEMA),
+                    vertex, subtask, BlobKind.OPERATOR, SINK_TRANSACTIONS, sealed_table(sealed)
                 )
             )
         offsets: tuple[SourceOffset, ...] = ()
@@ -376,7 +374,7 @@ class OperatorTask:
             )
             self.respond(
                 AcknowledgeCheckpoint(
-                    cid, self.task_id, handle, metrics, progress.base_checkpoint_id, cache
+                    cid, self.task_id, handle, metrics, progress.base_checkpoint_id, cache, sealed
                 )
             )
 
@@ -470,15 +468,28 @@ def _run_inline(job: Callable[[], None]) -> None:
     job()
 
 
-def sealed_transactions(checkpoint: CompletedCheckpoint, store: StateStorage) -> list[Transaction]:
+def sealed_transactions(
+    checkpoint: CompletedCheckpoint,
+    store: StateStorage,
+    carried: CarriedTransactions | None = None,
+) -> list[Transaction]:
     """The sink transactions recorded in *checkpoint* by the subtasks of its task vertex
-    (whatever the vertex was named: the operator chain may have changed since)."""
-    txns: dict[str, Transaction] = {}
-    refs = [ref for ref in checkpoint.task_blobs() if ref.state_name == SINK_TRANSACTIONS]
-    for table in store.read_blobs(refs):  # one scan for every subtask's blob
-        for text in table.column("transaction").to_pylist():
-            txn = Transaction.from_json(text)
-            txns[txn.txn_id] = txn
+    (whatever the vertex was named: the operator chain may have changed since): taken from
+    *carried* where the acknowledgements brought them, read from *store* otherwise."""
+    found: list[Transaction] = []
+    unread: list[BlobRef] = []
+    for ref in checkpoint.task_blobs():
+        if ref.state_name != SINK_TRANSACTIONS:
+            continue
+        known = None if carried is None else carried.lookup(ref)
+        if known is None:
+            unread.append(ref)
+        else:
+            found.extend(known)
+    if unread:
+        for table in store.read_blobs(unread):  # one scan for every subtask's blob
+            found.extend(Transaction.from_json(t) for t in table.column("transaction").to_pylist())
+    txns = {txn.txn_id: txn for txn in found}
     return sorted(txns.values(), key=lambda t: (t.checkpoint_id, t.subtask))
 
 
@@ -492,13 +503,17 @@ def own_transactions(committer: SinkCommitter, txns: Sequence[Transaction]) -> l
 
 
 def commit_checkpoint(
-    committer: SinkCommitter, checkpoint: CompletedCheckpoint, store: StateStorage
+    committer: SinkCommitter,
+    checkpoint: CompletedCheckpoint,
+    store: StateStorage,
+    carried: CarriedTransactions | None = None,
 ) -> bool:
     """The global committer's step after *checkpoint* completed: commit every transaction it
-    records, at once. Idempotent; returns False when it was already committed."""
+    records, at once (*carried*: those the acknowledgements brought, see
+    :func:`sealed_transactions`). Idempotent; returns False when it was already committed."""
     return committer.commit_checkpoint(
         checkpoint.checkpoint_id,
-        own_transactions(committer, sealed_transactions(checkpoint, store)),
+        own_transactions(committer, sealed_transactions(checkpoint, store, carried)),
     )
 
 

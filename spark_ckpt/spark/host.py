@@ -34,6 +34,7 @@ from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock
 from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
+from spark_ckpt.runtime.carried_transactions import CarriedTransactions
 from spark_ckpt.runtime.checkpoint_cleaner import DEFAULT_RETAIN_EVERY_MS
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.coordinator import (
@@ -140,6 +141,8 @@ class CoordinatorHost:
         self.draining: Request | None = None
         self._barriers: list[CheckpointBarrier] = []
         self._committed: set[int] = set()
+        #: the sink transactions the acknowledgements carried, for the sink commits
+        self._carried = CarriedTransactions()
 
     # -- TaskGateway -------------------------------------------------------------------------
     def trigger(self, task: TaskId, barrier: CheckpointBarrier) -> None:
@@ -152,7 +155,8 @@ class CoordinatorHost:
         cp = self.store.get(checkpoint_id)
         self.last_completed = cp
         if self.sink is not None and self.topology is not None:
-            commit_checkpoint(self.sink, cp, self.store)
+            commit_checkpoint(self.sink, cp, self.store, self._carried)
+        self._carried.forget_upto(checkpoint_id)
         if cp.is_savepoint:
             self._export(cp)
         log.info(
@@ -191,6 +195,7 @@ class CoordinatorHost:
         if checkpoint_id in self._aborted:
             return
         self._aborted.append(checkpoint_id)
+        self._carried.forget(checkpoint_id)
         if self.run is not None:
             self.run.write_aborted(self._aborted)
 
@@ -260,6 +265,7 @@ class CoordinatorHost:
             received = mailbox.receive()
             for _, message in received:
                 if isinstance(message, AcknowledgeCheckpoint):
+                    self._carried.record(message)
                     coordinator.receive_acknowledge(message)
                 elif isinstance(message, DeclineCheckpoint):
                     coordinator.receive_decline(message)

@@ -32,6 +32,7 @@ from spark_ckpt.protocol.handle import (
     TaskSnapshot,
 )
 from spark_ckpt.runtime.aligner import AlignmentMode
+from spark_ckpt.runtime.carried_transactions import CarriedTransactions
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.coordinator import CheckpointCoordinator, CoordinatorStatus, JobStatus
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
@@ -174,6 +175,7 @@ class SimulatedJob:
             (c, s): deque() for c in range(self.spec.channels) for s in range(parallelism)
         }
         self.inbox: deque[AcknowledgeCheckpoint | DeclineCheckpoint] = deque()
+        self.carried = CarriedTransactions()  # as the coordinator host keeps them
         self.notifications: deque[tuple[str, TaskId, int, str]] = deque()
         self.tasks = [
             OperatorTask(
@@ -263,6 +265,7 @@ class SimulatedJob:
         for _ in range(min(n, len(self.inbox))):
             msg = self.inbox.popleft()
             if isinstance(msg, AcknowledgeCheckpoint):
+                self.carried.record(msg)
                 self.coordinator.receive_acknowledge(msg)
             else:
                 self.coordinator.receive_decline(msg)
@@ -276,7 +279,8 @@ class SimulatedJob:
                     checkpoint = self.store.get(cid)
                 except CheckpointNotFoundError:
                     continue  # retained no more: a later checkpoint carries its transactions
-                commit_checkpoint(self.sink.committer, checkpoint, self.store)
+                commit_checkpoint(self.sink.committer, checkpoint, self.store, self.carried)
+                self.carried.forget_upto(cid)
                 continue
             if task.vertex != VERTEX:
                 continue
