@@ -16,6 +16,11 @@ keeps the contract of :mod:`spark_ckpt.storage.store`:
   loser re-reads and finds its rows written. Reads additionally pick, per key, the row whose
   checksum matches the reference, so even duplicate rows could not yield wrong data. Blob
   rows stay unreferenced (invisible) until the checkpoint's completion commit.
+* **Source offsets** travel in the acknowledgements; the coordinator copies a checkpoint's
+  into ``source_offsets`` just before its completion commit (:meth:`write_offsets`, one
+  append per checkpoint instead of one per task).
+* **Completion check.** The completion commit first checks that every blob the checkpoint
+  references is stored, from the tables' logs where they tell (:meth:`check_written`).
 * **Integrity.** Blobs are verified against their checksums; a referenced blob whose row is
   missing, or an unreadable data file, raises :class:`CorruptCheckpointError`. Errors of
   delta-rs, Arrow and the file system are translated into :class:`StoreError` subclasses
@@ -57,7 +62,6 @@ from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.handle import (
     BlobKind,
     BlobRef,
-    SourceOffset,
     TaskId,
     TaskSnapshot,
     TaskStateHandle,
@@ -75,6 +79,15 @@ def blob_id(ref: BlobRef) -> str:
     """Stable identifier of a blob key (hex, 32 chars): what delete/read predicates match."""
     text = json.dumps(list(ref.key), separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+#: The app transaction of the coordinators' appends to ``source_offsets``.
+OFFSETS_APP_ID = f"spark-ckpt/{StoreTable.SOURCE_OFFSETS.value}/completion"
+
+
+def _app_id(table: StoreTable, task: TaskId) -> str:
+    """The Delta app transaction under which *task* commits its rows of *table*."""
+    return f"spark-ckpt/{table.value}/{task.vertex}/{task.subtask}"
 
 
 def blob_table(kind: BlobKind) -> StoreTable:
@@ -97,10 +110,11 @@ class DeltaBlobStore(StateStorage):
 
     # -- writing ---------------------------------------------------------------------------
     def write_task_state(self, checkpoint_id: int, snapshot: TaskSnapshot) -> TaskStateHandle:
-        """Task side. Appends the snapshot's new blobs (at most one commit per state table)
-        and its source offsets; idempotent per (task, checkpoint) — see the module
-        docstring. Returns the handle to acknowledge: the stored refs of the new blobs in
-        snapshot order, then the reused refs."""
+        """Task side. Appends the snapshot's new blobs (at most one commit per state table);
+        idempotent per (task, checkpoint) — see the module docstring. Returns the handle to
+        acknowledge: the stored refs of the new blobs in snapshot order, then the reused
+        refs, and the snapshot's source offsets (their queryable copy is written with the
+        completion: :meth:`write_offsets`)."""
         payloads = [encode_table(b.table) for b in snapshot.new_blobs]
         refs = [
             make_ref(checkpoint_id, b, p) for b, p in zip(snapshot.new_blobs, payloads, strict=True)
@@ -115,8 +129,6 @@ class DeltaBlobStore(StateStorage):
                 ]
                 if mine:
                     stored.update(self._write_blobs(table, checkpoint_id, snapshot.task, mine))
-            if snapshot.offsets:
-                self._write_offsets(checkpoint_id, snapshot.task, snapshot.offsets)
         out = tuple(stored[blob_id(r)] for r in refs)
         return TaskStateHandle(snapshot.task, out + snapshot.reused, snapshot.offsets)
 
@@ -127,7 +139,7 @@ class DeltaBlobStore(StateStorage):
         task: TaskId,
         blobs: list[tuple[BlobRef, bytes]],
     ) -> dict[str, BlobRef]:
-        app_id = f"spark-ckpt/{table.value}/{task.vertex}/{task.subtask}"
+        app_id = _app_id(table, task)
         wanted = {blob_id(r): (r, p) for r, p in blobs}
         for _ in range(self._max_attempts):
             dt = self._tables.ensure(table)
@@ -166,49 +178,49 @@ class DeltaBlobStore(StateStorage):
         }
         return rows_table(BLOB_SCHEMA, columns)
 
-    def _write_offsets(
-        self, checkpoint_id: int, task: TaskId, offsets: Sequence[SourceOffset]
-    ) -> None:
-        app_id = f"spark-ckpt/{StoreTable.SOURCE_OFFSETS.value}/{task.vertex}/{task.subtask}"
+    def write_offsets(self, checkpoint: CompletedCheckpoint) -> None:
+        """Coordinator side, before the completion commit: the queryable copy of
+        *checkpoint*'s source offsets in ``source_offsets`` (a row per task and channel, as
+        the tasks acknowledged them), in one append. Idempotent per checkpoint: the app
+        transaction :data:`OFFSETS_APP_ID` holds the newest checkpoint id written; at or past
+        *checkpoint*'s, its rows are looked up first. Rows of a checkpoint that does not
+        complete are garbage that retention or discard removes."""
+        cid = checkpoint.checkpoint_id
+        owned = [(h.task, o) for h in checkpoint.tasks for o in h.offsets]
+        if not owned:
+            return
         rows = rows_table(
             SOURCE_OFFSETS_SCHEMA,
             {
-                "checkpoint_id": [checkpoint_id] * len(offsets),
-                "vertex": [task.vertex] * len(offsets),
-                "subtask": [task.subtask] * len(offsets),
-                "source": [o.source for o in offsets],
-                "channel": [o.channel for o in offsets],
-                "offset": [o.offset for o in offsets],
-                "written_at": [self._tables.now()] * len(offsets),
+                "checkpoint_id": [cid] * len(owned),
+                "vertex": [t.vertex for t, _ in owned],
+                "subtask": [t.subtask for t, _ in owned],
+                "source": [o.source for _, o in owned],
+                "channel": [o.channel for _, o in owned],
+                "offset": [o.offset for _, o in owned],
+                "written_at": [self._tables.now()] * len(owned),
             },
         )
-        for _ in range(self._max_attempts):
-            dt = self._tables.ensure(StoreTable.SOURCE_OFFSETS)
-            written = dt.transaction_version(app_id)
-            if written is not None and written >= checkpoint_id:
-                mine = (pc.field("vertex") == task.vertex) & (pc.field("subtask") == task.subtask)
-                found = self._tables.scan(
-                    dt,
-                    ["checkpoint_id"],
-                    ids=[checkpoint_id],
-                    row_filter=mine,
-                    filter_columns=("vertex", "subtask"),
-                )
-                if found.num_rows:
+        with store_boundary(f"writing the source offsets of checkpoint {cid}"):
+            for _ in range(self._max_attempts):
+                dt = self._tables.ensure(StoreTable.SOURCE_OFFSETS)
+                written = dt.transaction_version(OFFSETS_APP_ID)
+                done = written is not None and written >= cid
+                if done and self._tables.scan(dt, ["checkpoint_id"], ids=[cid]).num_rows:
                     return
-            version = checkpoint_id if written is None else max(written, checkpoint_id)
-            try:
-                write_deltalake(
-                    dt,
-                    rows,
-                    mode="append",
-                    commit_properties=CommitProperties(
-                        app_transactions=[Transaction(app_id, version)]
-                    ),
-                )
-            except CommitFailedError:
-                continue
-            return
+                version = cid if written is None else max(written, cid)
+                try:
+                    write_deltalake(
+                        dt,
+                        rows,
+                        mode="append",
+                        commit_properties=CommitProperties(
+                            app_transactions=[Transaction(OFFSETS_APP_ID, version)]
+                        ),
+                    )
+                except CommitFailedError:
+                    continue
+                return
         raise StoreError(f"writing source offsets: lost {self._max_attempts} commit races")
 
     # -- listing ---------------------------------------------------------------------------
@@ -256,23 +268,51 @@ class DeltaBlobStore(StateStorage):
                 out.extend(self._stored_refs(dt, ids).values())
         return out
 
-    def check_written(self, checkpoint: CompletedCheckpoint) -> None:
+    def check_written(
+        self, checkpoint: CompletedCheckpoint, completed: Sequence[CompletedCheckpoint] = ()
+    ) -> None:
         """Raise :class:`StoreError` unless every blob *checkpoint* references is stored
-        (the precondition of its completion commit)."""
-        refs = list(checkpoint.blobs())
+        (the precondition of its completion commit); *completed*: the checkpoints the log
+        holds completed. Decided from the tables' logs where they tell, without reading
+        data files:
+
+        * a blob *checkpoint*'s own tasks wrote is stored when the task's app transaction
+          in the blob's table is at exactly *checkpoint*'s id: the task's rows of one
+          checkpoint and table go in one commit, which sets it (garbage collection never
+          removes a blob newer than the newest completed checkpoint);
+        * a blob an earlier checkpoint wrote is stored when a completed checkpoint
+          references it too: garbage collection removes no blob a completed checkpoint
+          references.
+
+        The rest (a task whose app transaction moved on to a later checkpoint, a blob no
+        completed checkpoint references) is looked up with one scan per table."""
+        cid = checkpoint.checkpoint_id
+        kept = {b.key for c in completed for b in c.blobs()}
+        unsure: list[BlobRef] = []
+        for handle in checkpoint.tasks:
+            for table in BLOB_TABLES:
+                mine = [r for r in handle.blobs if blob_table(r.kind) is table]
+                new = [r for r in mine if r.checkpoint_id == cid]
+                unsure.extend(r for r in mine if r.checkpoint_id != cid and r.key not in kept)
+                if new and self._task_version(table, handle.task) != cid:
+                    unsure.extend(new)
         stored: dict[str, BlobRef] = {}
         for table in BLOB_TABLES:
-            mine = [r for r in refs if blob_table(r.kind) is table]
+            mine = [r for r in unsure if blob_table(r.kind) is table]
             dt = self._tables.load(table) if mine else None
             if dt is not None:
                 ids = {blob_id(r) for r in mine}
                 stored.update(self._stored_refs(dt, {r.checkpoint_id for r in mine}, ids))
-        for ref in refs:
+        for ref in unsure:
             if blob_id(ref) not in stored:
                 raise StoreError(
-                    f"checkpoint {checkpoint.checkpoint_id} references blob {ref.key} "
-                    "that was never written"
+                    f"checkpoint {cid} references blob {ref.key} that was never written"
                 )
+
+    def _task_version(self, table: StoreTable, task: TaskId) -> int | None:
+        """The checkpoint id of *task*'s newest commit to *table* (its app transaction)."""
+        dt = self._tables.load(table)
+        return None if dt is None else dt.transaction_version(_app_id(table, task))
 
     # -- reading ---------------------------------------------------------------------------
     def read_blob(self, ref: BlobRef) -> pa.Table:

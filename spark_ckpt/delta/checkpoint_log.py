@@ -153,11 +153,12 @@ class DeltaCheckpointLog:
         lease: CoordinatorLease,
         checkpoint: CompletedCheckpoint,
         *,
-        check_written: Callable[[CompletedCheckpoint], None],
+        check_written: Callable[[CompletedCheckpoint, Sequence[CompletedCheckpoint]], None],
     ) -> None:
         """The completion commit: one small append to ``checkpoints``, fenced; a no-op if the
         id is already committed. *check_written* raises :class:`StoreError` unless every blob
-        the checkpoint references was written; it runs (once) before the append."""
+        the checkpoint references was written; it runs (once) before the append, given the
+        checkpoints the fenced snapshot holds completed."""
         cid = checkpoint.checkpoint_id
         text = checkpoint.to_json()
         row = rows_table(
@@ -182,7 +183,7 @@ class DeltaCheckpointLog:
             if cid in view.completed:
                 return
             if not verified:
-                check_written(checkpoint)
+                check_written(checkpoint, self._parsed(view))
                 verified = True
             write_deltalake(dt, row, mode="append", commit_properties=no_rebase())
             self._remember(dt, view, completed=(cid, (text, checkpoint.checksum())))
@@ -327,6 +328,18 @@ class DeltaCheckpointLog:
         self._remember(dt, view, removed=ids, failed_removed=failed)
 
     # -- the parsed log --------------------------------------------------------------------
+    def _parsed(self, view: _LogView) -> list[CompletedCheckpoint]:
+        """The completed checkpoints of *view* whose metadata verifies (from the cache of
+        :meth:`list_completed_lenient` when it parsed that version)."""
+        with self._lock:
+            cached = self._completed_cache
+        if cached is not None and cached[0] == view.version:
+            return list(cached[1])
+        good, bad = parse_completed(view.completed.items())
+        with self._lock:
+            self._completed_cache = (view.version, good, bad)
+        return list(good)
+
     def _view(self, dt: DeltaTable) -> _LogView:
         """The ``checkpoints`` log at *dt*'s version: from the cache when this instance read
         or wrote exactly that version (see :meth:`_remember`), else scanned."""

@@ -107,7 +107,9 @@ class DeltaCheckpointStore(CheckpointStore):
     def commit(self, lease: CoordinatorLease, checkpoint: CompletedCheckpoint) -> None:
         """The completion commit: one small append to ``checkpoints``, fenced; a no-op if the
         id is already committed. Every referenced blob must have been written
-        (:class:`StoreError` otherwise)."""
+        (:class:`StoreError` otherwise). The checkpoint's source offsets are copied into
+        ``source_offsets`` just before (one append; idempotent)."""
+        self._blobs.write_offsets(checkpoint)
         self._log.commit(lease, checkpoint, check_written=self._blobs.check_written)
 
     def record_failure(

@@ -43,6 +43,7 @@ from spark_ckpt.protocol.handle import (
     StateBlob,
     TaskId,
     TaskSnapshot,
+    TaskStateHandle,
 )
 from spark_ckpt.testing.damage import (
     column_chunk_span,
@@ -294,6 +295,48 @@ def test_completion_is_one_small_append(root: Path) -> None:
     assert json.loads(adds[0]["stats"])["numRecords"] == 1
 
 
+def test_completion_reads_blob_tables_only_where_their_logs_do_not_tell(
+    root: Path, monkeypatch
+) -> None:
+    """The completion check takes a blob of the checkpoint's own tasks as stored when the
+    task's app transaction is at the checkpoint, and a reused blob when a completed
+    checkpoint references it; everything else is looked up, and a blob retention removed
+    is refused."""
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    scans: list[int] = []
+    real_scan = DeltaBlobStore._stored_refs
+
+    def counted(self, dt, ids, wanted=None):
+        scans.append(len(wanted or ()))
+        return real_scan(self, dt, ids, wanted)
+
+    monkeypatch.setattr(DeltaBlobStore, "_stored_refs", counted)
+
+    def checkpoint(cid: int, *handles) -> CompletedCheckpoint:
+        return CompletedCheckpoint(cid, SnapshotType.CHECKPOINT, handles, CheckpointStats(0, 1))
+
+    first = lease.first_id
+    base = store.write_task_state(first, TaskSnapshot(TASK, (keyed(0, kv("a", 1)),)))
+    store.commit(lease, checkpoint(first, base))
+    assert scans == []  # its own new blob: the task's commit is the newest
+    # the next one reuses the first one's blob, which the first (completed) references
+    h = store.write_task_state(first + 1, TaskSnapshot(TASK, (keyed(1, kv("b", 2)),), base.blobs))
+    store.commit(lease, checkpoint(first + 1, h))
+    assert scans == []
+    # the task moved on to a later checkpoint before this one completes: looked up
+    late = store.write_task_state(first + 2, TaskSnapshot(TASK, (keyed(2, kv("c", 3)),)))
+    store.write_task_state(first + 3, TaskSnapshot(TASK, (keyed(3, kv("d", 4)),)))
+    store.commit(lease, checkpoint(first + 2, late))
+    assert scans == [1]
+    # retention keeps the newest only: the first blob is garbage, and a checkpoint that
+    # still reuses it is refused
+    store.retain(lease, 1)
+    with pytest.raises(StoreError, match="never written"):
+        store.commit(lease, checkpoint(first + 3, TaskStateHandle(TASK, base.blobs)))
+    assert [c.checkpoint_id for c in store.list_completed()] == [first + 2]
+
+
 def test_read_blobs_reads_many_key_groups_in_one_scan(root: Path, monkeypatch) -> None:
     store = DeltaCheckpointStore(str(root))
     lease = store.acquire()
@@ -391,21 +434,31 @@ def test_rewrite_after_partial_write_completes_without_duplicates(root: Path, mo
     class Crash(Exception):
         pass
 
-    real = DeltaBlobStore._write_offsets
+    real = DeltaBlobStore._write_blobs
 
-    def crash(*_a, **_kw):
-        raise Crash
+    def crash_at_the_second_table(self, table, *args):
+        if table is StoreTable.CHANNEL_STATE:
+            raise Crash
+        return real(self, table, *args)
 
-    monkeypatch.setattr(DeltaBlobStore, "_write_offsets", crash)
+    monkeypatch.setattr(DeltaBlobStore, "_write_blobs", crash_at_the_second_table)
     with pytest.raises(Crash):
         store.write_task_state(lease.first_id, snap)
-    monkeypatch.setattr(DeltaBlobStore, "_write_offsets", real)
+    monkeypatch.setattr(DeltaBlobStore, "_write_blobs", real)
     h1 = store.write_task_state(lease.first_id, snap)
     h2 = DeltaCheckpointStore(str(root)).write_task_state(lease.first_id, snap)
     assert h1 == h2
     assert len(pl.read_delta(str(root / "operator_state"))) == 1
     assert len(pl.read_delta(str(root / "channel_state"))) == 1
-    assert len(pl.read_delta(str(root / "source_offsets"))) == 1
+    assert not (root / "source_offsets").exists()  # copied by the completion, not the task
+    cp = CompletedCheckpoint(lease.first_id, SnapshotType.CHECKPOINT, (h1,), CheckpointStats(0, 1))
+    store.commit(lease, cp)
+    store.commit(lease, cp)  # a replayed completion
+    DeltaCheckpointStore(str(root)).commit(lease, cp)  # ... by another instance
+    offsets = pl.read_delta(str(root / "source_offsets"))
+    assert offsets.select(
+        "checkpoint_id", "vertex", "subtask", "source", "channel", "offset"
+    ).rows() == [(lease.first_id, "agg", 0, "kafka", 0, 1)]
 
 
 # ------------------------------------------------------------------ fencing is atomic
