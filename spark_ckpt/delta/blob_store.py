@@ -161,6 +161,11 @@ class DeltaBlobStore(StateStorage):
                     )
                 except CommitFailedError:
                     continue  # a racing writer of the same task: re-read what it wrote
+                except FileNotFoundError:
+                    # the table object needed a commit file the log cleanup removed (the
+                    # commit may have landed): a new object re-reads what is written
+                    self._tables.forget(table)
+                    continue
             return {bid: existing.get(bid, r) for bid, (r, _) in wanted.items()}
         raise StoreError(f"writing {table.value}: lost {self._max_attempts} commit races")
 
@@ -219,6 +224,9 @@ class DeltaBlobStore(StateStorage):
                         ),
                     )
                 except CommitFailedError:
+                    continue
+                except FileNotFoundError:  # as in _write_blobs
+                    self._tables.forget(StoreTable.SOURCE_OFFSETS)
                     continue
                 return
         raise StoreError(f"writing source offsets: lost {self._max_attempts} commit races")

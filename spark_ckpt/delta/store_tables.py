@@ -38,6 +38,7 @@ error of delta-rs, Arrow and the file system is translated at :func:`store_bound
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
@@ -211,11 +212,20 @@ CONFIGURATION: Mapping[StoreTable, Mapping[str, str]] = {
 #: a new object starts from the log's newest checkpoint.
 REOPEN_AFTER_VERSIONS = 100
 
+#: ... and once it was opened this many seconds ago: well inside :data:`HOT_LOG`'s log
+#: retention. An object's snapshot keeps the commit files it was built from, and delta-rs
+#: reads them again (for a commit, a log checkpoint); an object older than the log retention
+#: then fails on a commit file the cleanup removed ("Object at location
+#: .../_delta_log/00000000000000000127.json not found", seen in a bench run whose subtasks
+#: had not committed for a while).
+REOPEN_AFTER_S = 20.0
+
 
 class FollowedTable:
     """One Delta table, opened once and then kept up to date (``update_incremental()``,
     about 1 ms instead of about 10 ms for a fresh open), opened again after
-    :data:`REOPEN_AFTER_VERSIONS` versions. Thread-safe."""
+    :data:`REOPEN_AFTER_VERSIONS` versions or :data:`REOPEN_AFTER_S` seconds, or when
+    :meth:`forget` says its object failed. Thread-safe."""
 
     def __init__(self, uri: str, storage_options: dict[str, str] | None) -> None:
         self._uri = uri
@@ -223,20 +233,32 @@ class FollowedTable:
         self._lock = threading.Lock()
         self._dt: DeltaTable | None = None
         self._opened_at = 0
+        self._opened_s = 0.0
 
     def newest(self) -> DeltaTable | None:
-        """The newest version of the table, or ``None`` if it does not exist (yet)."""
+        """The newest version of the table, or ``None`` if it does not exist (yet). An
+        object that cannot update (a commit file it needs is gone) is replaced by a new
+        one."""
         with self._lock:
             dt = self._dt
-            if dt is not None:
-                dt.update_incremental()
-                if dt.version() - self._opened_at < REOPEN_AFTER_VERSIONS:
+            if dt is not None and time.monotonic() - self._opened_s < REOPEN_AFTER_S:
+                try:
+                    dt.update_incremental()
+                except (OSError, DeltaError):
+                    dt = None
+                if dt is not None and dt.version() - self._opened_at < REOPEN_AFTER_VERSIONS:
                     return dt
-            elif not DeltaTable.is_deltatable(self._uri, self._storage_options):
+            if not DeltaTable.is_deltatable(self._uri, self._storage_options):
+                self._dt = None
                 return None
             dt = DeltaTable(self._uri, storage_options=self._storage_options)
-            self._dt, self._opened_at = dt, dt.version()
+            self._dt, self._opened_at, self._opened_s = dt, dt.version(), time.monotonic()
             return dt
+
+    def forget(self) -> None:
+        """Drop the object: a use of it failed; the next :meth:`newest` opens a new one."""
+        with self._lock:
+            self._dt = None
 
 
 class StoreTables:
@@ -270,6 +292,13 @@ class StoreTables:
                 followed = FollowedTable(self.uri(table), self._storage_options)
                 self._tables[table] = followed
         return followed.newest()
+
+    def forget(self, table: StoreTable) -> None:
+        """A use of *table*'s object failed: the next :meth:`load` opens it anew."""
+        with self._lock:
+            followed = self._tables.get(table)
+        if followed is not None:
+            followed.forget()
 
     def ensure(self, table: StoreTable) -> DeltaTable:
         """The newest version of *table*, creating it (explicit schema) if missing. Safe when

@@ -272,6 +272,65 @@ def test_a_followed_table_is_opened_again_after_some_versions(tmp_path: Path, mo
     assert followed.newest() is followed.newest()
 
 
+def test_a_followed_table_is_opened_again_when_old_or_failing(tmp_path: Path, monkeypatch) -> None:
+    """An object older than ``REOPEN_AFTER_S`` is replaced (its snapshot may need commit
+    files the log's cleanup removed), and so is one whose update fails or that a failed
+    use gave up (``forget``)."""
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [0]}))
+    followed = store_tables.FollowedTable(uri, None)
+    first = followed.newest()
+    assert followed.newest() is first
+    monkeypatch.setattr(store_tables, "REOPEN_AFTER_S", 0.0)
+    second = followed.newest()
+    assert second is not first and second is not None and second.version() == 0
+    monkeypatch.setattr(store_tables, "REOPEN_AFTER_S", 3600.0)
+    assert followed.newest() is second
+
+    def gone() -> None:
+        raise FileNotFoundError("Object at location _delta_log/00000000000000000001.json")
+
+    write_deltalake(uri, pa.table({"a": [1]}), mode="append")
+    second.update_incremental = gone  # type: ignore[method-assign]
+    third = followed.newest()
+    assert third is not second and third is not None and third.version() == 1
+    followed.forget()
+    fourth = followed.newest()
+    assert fourth is not third and fourth is not None and fourth.version() == 1
+
+
+def test_a_write_whose_log_read_fails_after_its_commit_is_not_duplicated(
+    root: Path, monkeypatch
+) -> None:
+    """delta-rs may fail after a commit landed (a log checkpoint that reads a commit file
+    the cleanup removed): the write is tried again on a new table object, finds its rows
+    and adds none."""
+    from spark_ckpt.delta import blob_store
+
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    real = blob_store.write_deltalake
+    failed: list[int] = []
+
+    def fails_after_the_first_commit(*args, **kwargs):
+        real(*args, **kwargs)
+        if not failed:
+            failed.append(1)
+            raise FileNotFoundError("Object at location _delta_log/00000000000000000007.json")
+
+    monkeypatch.setattr(blob_store, "write_deltalake", fails_after_the_first_commit)
+    snap = TaskSnapshot(TASK, (keyed(0, kv("a", 1)),), (), (SourceOffset("kafka", 0, 3),))
+    h = store.write_task_state(lease.first_id, snap)
+    assert failed == [1]
+    assert len(pl.read_delta(str(root / "operator_state"))) == 1
+    failed.clear()
+    cp = CompletedCheckpoint(lease.first_id, SnapshotType.CHECKPOINT, (h,), CheckpointStats(0, 1))
+    store.commit(lease, cp)
+    assert failed == [1]
+    assert len(pl.read_delta(str(root / "source_offsets"))) == 1
+    assert store.read_blobs(list(h.blobs))[0].equals(kv("a", 1))
+
+
 def test_completion_is_one_small_append(root: Path) -> None:
     store = DeltaCheckpointStore(str(root))
     lease = store.acquire()
