@@ -284,10 +284,12 @@ class DeltaBlobStore(StateStorage):
         holds completed. Decided from the tables' logs where they tell, without reading
         data files:
 
-        * a blob *checkpoint*'s own tasks wrote is stored when the task's app transaction
-          in the blob's table is at exactly *checkpoint*'s id: the task's rows of one
-          checkpoint and table go in one commit, which sets it (garbage collection never
-          removes a blob newer than the newest completed checkpoint);
+        * a blob *checkpoint*'s own tasks wrote is stored when *checkpoint* is newer than
+          every completed checkpoint and the task's app transaction in the blob's table is
+          at exactly *checkpoint*'s id: the task's rows of one checkpoint and table go in
+          one commit, which sets it, and garbage collection removes no blob newer than the
+          newest completed checkpoint (a pending checkpoint older than a completed one, say
+          one that a savepoint overtook, is looked up: its blobs may be collected);
         * a blob an earlier checkpoint wrote is stored when a completed checkpoint
           references it too: garbage collection removes no blob a completed checkpoint
           references.
@@ -296,13 +298,20 @@ class DeltaBlobStore(StateStorage):
         completed checkpoint references) is looked up with one scan per table."""
         cid = checkpoint.checkpoint_id
         kept = {b.key for c in completed for b in c.blobs()}
+        newest = cid > max((c.checkpoint_id for c in completed), default=0)
+        loaded: dict[StoreTable, DeltaTable | None] = {}  # each table read once
         unsure: list[BlobRef] = []
         for handle in checkpoint.tasks:
             for table in BLOB_TABLES:
                 mine = [r for r in handle.blobs if blob_table(r.kind) is table]
                 new = [r for r in mine if r.checkpoint_id == cid]
                 unsure.extend(r for r in mine if r.checkpoint_id != cid and r.key not in kept)
-                if new and self._task_version(table, handle.task) != cid:
+                if not new:
+                    continue
+                if newest and table not in loaded:
+                    loaded[table] = self._tables.load(table)
+                dt = loaded.get(table)
+                if dt is None or dt.transaction_version(_app_id(table, handle.task)) != cid:
                     unsure.extend(new)
         stored: dict[str, BlobRef] = {}
         for table in BLOB_TABLES:
@@ -316,11 +325,6 @@ class DeltaBlobStore(StateStorage):
                 raise StoreError(
                     f"checkpoint {cid} references blob {ref.key} that was never written"
                 )
-
-    def _task_version(self, table: StoreTable, task: TaskId) -> int | None:
-        """The checkpoint id of *task*'s newest commit to *table* (its app transaction)."""
-        dt = self._tables.load(table)
-        return None if dt is None else dt.transaction_version(_app_id(table, task))
 
     # -- reading ---------------------------------------------------------------------------
     def read_blob(self, ref: BlobRef) -> pa.Table:

@@ -10,8 +10,11 @@ the checkpoints kept *then*:
   over concurrent task appends (verified with deltalake 1.6).
 * Only blobs no kept checkpoint references and none newer than the latest kept one are
   removed (:func:`~spark_ckpt.storage.retention.garbage_blobs`), so a coordinator fenced out
-  meanwhile cannot remove anything its successor needs, and a pending checkpoint's blobs
-  survive. Collecting again removes nothing more (idempotent).
+  meanwhile cannot remove anything its successor needs, and the blobs of a pending
+  checkpoint newer than every completed one survive (those of a pending checkpoint that a
+  savepoint overtook may not: its completion commit then finds them missing and refuses,
+  see :meth:`~spark_ckpt.delta.blob_store.DeltaBlobStore.check_written`). Collecting again
+  removes nothing more (idempotent).
 * Removed files stay on disk (Delta time travel) until :meth:`DeltaGarbageCollector.vacuum`,
   which is never run implicitly.
 """

@@ -22,8 +22,8 @@ per checkpoint would only multiply tiny files):
     used in predicates) and the Arrow IPC ``payload``. Written by tasks
     (:mod:`spark_ckpt.delta.blob_store`).
 ``<root>/source_offsets``
-    One row per source channel position a task reported (queryable record; restore reads
-    offsets from the committed metadata).
+    One row per source channel position a task acknowledged, copied by the completion commit
+    (queryable record; restore reads offsets from the committed metadata).
 ``<root>/checkpoint_history``
     The checkpoint statistics history (:mod:`spark_ckpt.delta.checkpoint_history`): one
     row per finished checkpoint or savepoint, completed or failed, the newest
@@ -175,15 +175,15 @@ SCHEMAS: Mapping[StoreTable, pa.Schema] = {
     StoreTable.HISTORY: HISTORY_SCHEMA,
 }
 
-#: Log settings of the tables every checkpoint commits to several times (each task appends
-#: its blobs and offsets): a Delta checkpoint of the log every 20 commits, and commit files
-#: older than a minute removed when one is written. A commit's cost grows with the number of
-#: files in ``_delta_log`` (deltalake 1.6: an append took 14 ms with 60 of them, 44 ms with
-#: 300 and 210 ms with 1,500), and under Delta's default retention (30 days) those tables
-#: gained that many every few minutes of checkpoints every second; with these settings the
-#: log holds about a minute of commits plus 20 (near a hundred files at one checkpoint a
-#: second and two subtasks). Nothing reads these tables at an older version: a reader
-#: whose snapshot is older than the removed files updates from the newest log checkpoint.
+#: Log settings of the tables every checkpoint commits to several times (each task appends its
+#: blobs; the completion the offsets): a Delta checkpoint of the log every 20 commits, and commit
+#: files older than a minute removed when one is written. A commit's cost grows with the number of
+#: files in ``_delta_log`` (deltalake 1.6: an append took 14 ms with 60 of them, 44 ms with 300 and
+#: 210 ms with 1,500), and under Delta's default retention (30 days) those tables gained that many
+#: every few minutes of checkpoints every second; with these settings the log holds about a minute
+#: of commits plus 20 (near a hundred files at one checkpoint a second and two subtasks). Nothing
+#: reads these tables at an older version: a reader whose snapshot is older than the removed files
+#: updates from the newest log checkpoint.
 HOT_LOG: Mapping[str, str] = {
     "delta.checkpointInterval": "20",
     "delta.logRetentionDuration": "interval 1 minutes",

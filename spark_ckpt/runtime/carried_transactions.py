@@ -39,7 +39,7 @@ class CarriedTransactions:
     the key of the blob they were written into. Not thread-safe: the host's thread owns it."""
 
     def __init__(self) -> None:
-        self._by_blob: dict[BlobKey, tuple[Transaction, ...]] = {}
+        self._by_blob: dict[BlobKey, tuple[str, tuple[Transaction, ...]]] = {}
 
     def record(self, ack: AcknowledgeCheckpoint) -> None:
         """Keep *ack*'s carried transactions if they are the rows of the sealed-transactions
@@ -53,11 +53,13 @@ class CarriedTransactions:
         ref = refs[0]
         if len(payload) != ref.nbytes or checksum(payload) != ref.checksum:
             return
-        self._by_blob[ref.key] = tuple(Transaction.from_json(t) for t in ack.sealed)
+        self._by_blob[ref.key] = (ref.checksum, tuple(Transaction.from_json(t) for t in ack.sealed))
 
     def lookup(self, ref: BlobRef) -> tuple[Transaction, ...] | None:
-        """The transactions of blob *ref*, if an acknowledgement carried them."""
-        return self._by_blob.get(ref.key)
+        """The transactions of blob *ref* (same key and checksum), if an acknowledgement
+        carried them."""
+        found = self._by_blob.get(ref.key)
+        return found[1] if found is not None and found[0] == ref.checksum else None
 
     def forget_upto(self, checkpoint_id: int) -> None:
         """Drop what blobs written for checkpoints <= *checkpoint_id* carried (checkpoint

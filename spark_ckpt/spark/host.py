@@ -265,7 +265,8 @@ class CoordinatorHost:
             received = mailbox.receive()
             for _, message in received:
                 if isinstance(message, AcknowledgeCheckpoint):
-                    self._carried.record(message)
+                    if any(p.checkpoint_id == message.checkpoint_id for p in coordinator.pending):
+                        self._carried.record(message)  # late ones would only linger
                     coordinator.receive_acknowledge(message)
                 elif isinstance(message, DeclineCheckpoint):
                     coordinator.receive_decline(message)

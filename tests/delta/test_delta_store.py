@@ -396,6 +396,23 @@ def test_completion_reads_blob_tables_only_where_their_logs_do_not_tell(
     assert [c.checkpoint_id for c in store.list_completed()] == [first + 2]
 
 
+def test_a_pending_checkpoint_overtaken_by_a_completed_one_is_looked_up(root: Path) -> None:
+    """A checkpoint still pending when a newer one (a savepoint, say) completed is not newer
+    than every completed one: garbage collection may have removed its blobs, whatever its
+    tasks' app transactions say, so its completion looks them up and refuses."""
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    first = lease.first_id
+    channel = StateBlob("agg", 0, BlobKind.CHANNEL, "in_flight", kv("r", 1), channel=0)
+    pending = store.write_task_state(first, TaskSnapshot(TASK, (channel,)))
+    commit_one(store, lease, first + 1, keyed(0, kv("a", 1)))  # writes no channel state
+    store.retain(lease, 1)  # collects the channel blob: no completed checkpoint needs it
+    late = CompletedCheckpoint(first, SnapshotType.CHECKPOINT, (pending,), CheckpointStats(0, 1))
+    with pytest.raises(StoreError, match="never written"):
+        store.commit(lease, late)
+    assert [c.checkpoint_id for c in store.list_completed()] == [first + 1]
+
+
 def test_read_blobs_reads_many_key_groups_in_one_scan(root: Path, monkeypatch) -> None:
     store = DeltaCheckpointStore(str(root))
     lease = store.acquire()

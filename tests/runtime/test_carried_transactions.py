@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pyarrow as pa
 
@@ -105,6 +106,16 @@ def test_without_carried_rows_every_blob_is_read() -> None:
     carried.record(AcknowledgeCheckpoint(2, old_version.task, old_version.state))
     assert sealed_transactions(completed(2, old_version), store, carried) == expected(rows(0, 2))
     assert len(store.read) == 1
+
+
+def test_a_carried_entry_answers_only_its_checksum() -> None:
+    store = InMemoryCheckpointStore()
+    carried = CarriedTransactions()
+    ack = acknowledge(store, 5, 0, rows(0, 5))
+    carried.record(ack)
+    [ref] = ack.state.blobs
+    assert carried.lookup(ref) == tuple(map(Transaction.from_json, rows(0, 5)))
+    assert carried.lookup(replace(ref, checksum="0" * 64)) is None
 
 
 def test_carried_rows_are_forgotten_with_their_checkpoint() -> None:
