@@ -13,14 +13,15 @@ after the other (a scope of xdist's scheduler):
 (xdist's own ``xdist_group`` marker has no effect with pytest 9: it renames the items'
 ``_nodeid``, which pytest 9 no longer reads.)
 
-The whole suite took 41 min on two workers here (a clean clone, session 22) and 46 min at
-session 23 (CPU-bound, so it follows the machine: a micro-batch of a test's job costs about
-0.7 CPU-s however few its rows, and a job's start about 18 CPU-s), the fast lane
-(``make test-fast``: no Spark, nothing marked ``slow``) 89 and 86 s. Long tests start
-first (:func:`start_rank`). The jobs' JVMs start with :mod:`spark_ckpt.testing.jvm`'s
-options, their Python processes without ``pyspark.zip`` (:mod:`spark_ckpt.spark.spark_home`)
-and with the project's bytecode compiled beforehand (``make bytecode``), and a local Spark's
-streaming checkpoints spawn no ``readlink`` (:mod:`spark_ckpt.spark.session`).
+The whole suite took 41 min on two workers here (a clean clone, session 22), 46 min at
+session 23 and 50 min at session 24 (CPU-bound, so it follows the machine: a micro-batch of
+a test's job costs about 0.7 CPU-s however few its rows, and a job's start about 18 CPU-s),
+the fast lane (``make test-fast``: no Spark, nothing marked ``slow``) 89, 86 and 89 s. Long
+tests start first (:func:`start_rank`). The jobs' JVMs start with
+:mod:`spark_ckpt.testing.jvm`'s options, their Python processes without ``pyspark.zip``
+(:mod:`spark_ckpt.spark.spark_home`) and with the project's bytecode compiled beforehand
+(``make bytecode``), and a local Spark's streaming checkpoints spawn no ``readlink``
+(:mod:`spark_ckpt.spark.session`).
 """
 
 from __future__ import annotations
