@@ -182,8 +182,8 @@ SCHEMAS: Mapping[StoreTable, pa.Schema] = {
 #: 210 ms with 1,500), and under Delta's default retention (30 days) those tables gained that many
 #: every few minutes of checkpoints every second; with these settings the log holds about a minute
 #: of commits plus 20 (near a hundred files at one checkpoint a second and two subtasks). Nothing
-#: reads these tables at an older version: a reader whose snapshot is older than the removed files
-#: updates from the newest log checkpoint.
+#: reads these tables at an older version; a table object older than the removed files may fail
+#: on one of them, so objects are opened anew well inside the retention (see FollowedTable).
 HOT_LOG: Mapping[str, str] = {
     "delta.checkpointInterval": "20",
     "delta.logRetentionDuration": "interval 1 minutes",
