@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -139,35 +139,59 @@ class DeltaBlobStore(StateStorage):
         task: TaskId,
         blobs: list[tuple[BlobRef, bytes]],
     ) -> dict[str, BlobRef]:
-        app_id = _app_id(table, task)
         wanted = {blob_id(r): (r, p) for r, p in blobs}
+        existing: dict[str, BlobRef] = {}
+
+        def missing_rows(dt: DeltaTable, written: bool) -> pa.Table | None:
+            existing.clear()
+            if written:
+                existing.update(self._stored_refs(dt, [checkpoint_id], set(wanted)))
+            missing = [(r, p) for bid, (r, p) in wanted.items() if bid not in existing]
+            return self._blob_rows(missing) if missing else None
+
+        self._append_once(
+            table, _app_id(table, task), checkpoint_id, missing_rows, f"writing {table.value}"
+        )
+        return {bid: existing.get(bid, r) for bid, (r, _) in wanted.items()}
+
+    def _append_once(
+        self,
+        table: StoreTable,
+        app_id: str,
+        checkpoint_id: int,
+        rows: Callable[[DeltaTable, bool], pa.Table | None],
+        what: str,
+    ) -> None:
+        """Append *rows* to *table* at most once per *checkpoint_id* and writer *app_id*: one
+        commit that sets the writer's app transaction to the newest checkpoint id it wrote.
+        ``rows(dt, written)`` gives what is still to append at *dt* (``None``: nothing);
+        *written* says the app transaction is at or past *checkpoint_id*, so an earlier
+        attempt may have committed (look the rows up). Tried again on a lost commit race
+        and when the table object needed a commit file the log cleanup removed (the commit
+        may have landed: a new object re-reads what is written)."""
         for _ in range(self._max_attempts):
             dt = self._tables.ensure(table)
-            written = dt.transaction_version(app_id)
-            existing: dict[str, BlobRef] = {}
-            if written is not None and written >= checkpoint_id:
-                existing = self._stored_refs(dt, [checkpoint_id], set(wanted))
-            missing = [(r, p) for bid, (r, p) in wanted.items() if bid not in existing]
-            if missing:
-                version = checkpoint_id if written is None else max(written, checkpoint_id)
-                try:
-                    write_deltalake(
-                        dt,
-                        self._blob_rows(missing),
-                        mode="append",
-                        commit_properties=CommitProperties(
-                            app_transactions=[Transaction(app_id, version)]
-                        ),
-                    )
-                except CommitFailedError:
-                    continue  # a racing writer of the same task: re-read what it wrote
-                except FileNotFoundError:
-                    # the table object needed a commit file the log cleanup removed (the
-                    # commit may have landed): a new object re-reads what is written
-                    self._tables.forget(table)
-                    continue
-            return {bid: existing.get(bid, r) for bid, (r, _) in wanted.items()}
-        raise StoreError(f"writing {table.value}: lost {self._max_attempts} commit races")
+            version = dt.transaction_version(app_id)
+            todo = rows(dt, version is not None and version >= checkpoint_id)
+            if todo is None:
+                return
+            newest = checkpoint_id if version is None else max(version, checkpoint_id)
+            try:
+                write_deltalake(
+                    dt,
+                    todo,
+                    mode="append",
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(app_id, newest)]
+                    ),
+                )
+            except CommitFailedError:
+                continue  # a racing writer: re-read what it wrote
+            except FileNotFoundError:
+                self._tables.forget(table)
+                continue
+            return
+        raise StoreError(f"{what}: lost {self._max_attempts} commit races")
 
     def _blob_rows(self, blobs: list[tuple[BlobRef, bytes]]) -> pa.Table:
         refs = [r for r, _ in blobs]
@@ -206,30 +230,15 @@ class DeltaBlobStore(StateStorage):
                 "written_at": [self._tables.now()] * len(owned),
             },
         )
+
+        def unwritten(dt: DeltaTable, written: bool) -> pa.Table | None:
+            found = written and self._tables.scan(dt, ["checkpoint_id"], ids=[cid]).num_rows
+            return None if found else rows
+
         with store_boundary(f"writing the source offsets of checkpoint {cid}"):
-            for _ in range(self._max_attempts):
-                dt = self._tables.ensure(StoreTable.SOURCE_OFFSETS)
-                written = dt.transaction_version(OFFSETS_APP_ID)
-                done = written is not None and written >= cid
-                if done and self._tables.scan(dt, ["checkpoint_id"], ids=[cid]).num_rows:
-                    return
-                version = cid if written is None else max(written, cid)
-                try:
-                    write_deltalake(
-                        dt,
-                        rows,
-                        mode="append",
-                        commit_properties=CommitProperties(
-                            app_transactions=[Transaction(OFFSETS_APP_ID, version)]
-                        ),
-                    )
-                except CommitFailedError:
-                    continue
-                except FileNotFoundError:  # as in _write_blobs
-                    self._tables.forget(StoreTable.SOURCE_OFFSETS)
-                    continue
-                return
-        raise StoreError(f"writing source offsets: lost {self._max_attempts} commit races")
+            self._append_once(
+                StoreTable.SOURCE_OFFSETS, OFFSETS_APP_ID, cid, unwritten, "writing source offsets"
+            )
 
     # -- listing ---------------------------------------------------------------------------
     def _stored_refs(
