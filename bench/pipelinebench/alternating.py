@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipelinebench.procstat import KindSample, cpu_by_kind
 from pipelinebench.settings import PIPELINE
 from pipelinebench.steady import (
     ProgressLog,
@@ -81,6 +82,16 @@ def window_between(batches: Sequence[dict[str, Any]], t0: float, t1: float) -> W
     if len(inside) < 2 or inside[-1] + 1 >= len(batches):
         return None
     return _window(batches, inside[0], inside[-1] + 1)
+
+
+def mean_durations(batches: Sequence[dict[str, Any]], window: Window) -> dict[str, float]:
+    """The mean of each of Spark's ``durationMs`` phases over the batches of *window*."""
+    inside = [b for b in batches if window.first <= int(b["batchId"]) <= window.last]
+    keys = sorted({k for b in inside for k in b.get("durationMs", {})})
+    return {
+        k: round(sum(float(b.get("durationMs", {}).get(k, 0)) for b in inside) / len(inside), 1)
+        for k in keys
+    }
 
 
 def windows_order(pairs: int) -> list[bool]:
@@ -195,13 +206,19 @@ def run_alternating(
             time.sleep(s.warmup_s)
             for checkpoints in windows_order(s.pairs):
                 (requester.on.set if checkpoints else requester.on.clear)()
-                t0, cpu0 = time.time(), _cpu_s()
+                t0, cpu0, kinds0 = time.time(), _cpu_s(), KindSample.take()
                 deadline = time.monotonic() + s.window_s
                 while (left := deadline - time.monotonic()) > 0:
                     time.sleep(min(POLL_S, left))
                     progress.poll(run.query)
                 windows.append(
-                    {"on": checkpoints, "t0": t0, "t1": time.time(), "bench_cpu_s": _cpu_s() - cpu0}
+                    {
+                        "on": checkpoints,
+                        "t0": t0,
+                        "t1": time.time(),
+                        "bench_cpu_s": _cpu_s() - cpu0,
+                        "cpu_s_by_process": cpu_by_kind(kinds0, KindSample.take()),
+                    }
                 )
             requester.on.clear()
             time.sleep(3 * POLL_S)  # the batch closing the last window
@@ -214,6 +231,7 @@ def run_alternating(
             found = window_between(batches, w["t0"] + s.guard_s, w["t1"])
             w["window"] = None if found is None else found.as_dict()
             w["rows_per_s"] = None if found is None else found.rows_per_s
+            w["duration_ms"] = None if found is None else mean_durations(batches, found)
             w["checkpoints"] = sum(1 for t, _ in requester.completed if w["t0"] <= t < w["t1"])
             log(
                 f"  window {'on ' if w['on'] else 'off'} "

@@ -234,3 +234,52 @@ def settle(max_other_cores: float, timeout_s: float, probe_s: float = 2.0) -> di
         waited = time.monotonic() - started
         if cpu["other_cores"] <= max_other_cores or waited >= timeout_s:
             return {"other_cores": cpu["other_cores"], "waited_s": waited}
+
+
+#: How :func:`cpu_by_kind` names a process: the first of these substrings its command line
+#: holds (checked in order), else ``"other"``.
+PROCESS_KINDS: tuple[tuple[str, str], ...] = (
+    ("java", "jvm"),
+    ("subtask_host", "subtask hosts"),
+    ("python_streaming_source_runner", "source runner"),
+    ("pyspark.daemon", "python workers"),
+    ("pyspark.worker", "python workers"),
+    ("pyspark/daemon", "python workers"),
+    ("pyspark/worker", "python workers"),
+)
+
+
+def process_kind(command: str) -> str:
+    """The kind of a process of the benchmark's tree, from its command line."""
+    for needle, kind in PROCESS_KINDS:
+        if needle in command:
+            return kind
+    return "other"
+
+
+@dataclass(frozen=True)
+class KindSample:
+    """CPU seconds of the benchmark's tree at one instant, per process, with each process's
+    kind (:func:`process_kind`; the benchmark's own process is ``"bench"``)."""
+
+    processes: dict[int, tuple[str, float]]
+
+    @staticmethod
+    def take() -> KindSample:
+        me = os.getpid()
+        out: dict[int, tuple[str, float]] = {}
+        for pid in descendants(me):
+            kind = "bench" if pid == me else process_kind(cmdline(pid))
+            out[pid] = (kind, process_cpu_s(pid))
+        return KindSample(out)
+
+
+def cpu_by_kind(a: KindSample, b: KindSample) -> dict[str, float]:
+    """CPU seconds per process kind between two samples (processes present in *b*, counted
+    from *a* or from their start; a process that ended in between is not counted)."""
+    out: dict[str, float] = {}
+    for pid, (kind, cpu) in b.processes.items():
+        before = a.processes.get(pid)
+        used = cpu - (before[1] if before is not None and before[0] == kind else 0.0)
+        out[kind] = out.get(kind, 0.0) + used
+    return {k: round(v, 3) for k, v in sorted(out.items())}
