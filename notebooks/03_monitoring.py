@@ -5,8 +5,8 @@
 # MAGIC Checkpoint statistics that last (they are in the pipeline's root, not in a driver's
 # MAGIC memory): durations, sizes and alignment per checkpoint, failed and aborted checkpoints
 # MAGIC with their reason, a plot over time — and **restore as of a time**: go back to the
-# MAGIC checkpoint that was the latest at some moment (the Delta history of the checkpoint log
-# MAGIC says which).
+# MAGIC checkpoint that was the latest at some moment (the completion times the checkpoint log
+# MAGIC and the history record say which).
 
 # COMMAND ----------
 

@@ -8,9 +8,10 @@ that JSON's SHA-256. How it keeps the store contract:
 
 * **Bounded.** Every write rewrites the whole table (``mode="overwrite"``, one small data
   file) with the newest ``history_size`` records by id, so the live table never holds more
-  than that. The files and log entries earlier versions leave behind are kept for an hour
-  (table properties ``delta.deletedFileRetentionDuration`` and ``delta.logRetentionDuration``;
-  delta-rs checkpoints the log every 100 commits and then removes expired log files);
+  than that. The files earlier versions leave behind are kept for an hour, their log entries
+  for a minute (table properties ``delta.deletedFileRetentionDuration`` and
+  ``delta.logRetentionDuration``; delta-rs checkpoints the log every 20 commits and then
+  removes expired log files: :data:`~spark_ckpt.delta.store_tables.HOT_LOG`);
   every :data:`VACUUM_EVERY`-th version the writer also vacuums the table (best effort).
 * **Fenced.** A write first checks, on a fresh read of ``checkpoints``, that the caller's
   lease holds the newest epoch

@@ -14,8 +14,8 @@ The online export (:func:`export_savepoint`) runs in the coordinator host when a
 completes; :func:`open_savepoint` opens one for a restore or offline reading (every error
 reading a damaged savepoint names its directory);
 :func:`list_savepoints` and :func:`dispose_savepoint` back the CLI and the client;
-:func:`checkpoint_as_of` finds "the latest completed checkpoint at or before T" in the Delta
-history of a root's checkpoint log.
+:func:`checkpoint_as_of` finds "the latest completed checkpoint at or before T" from the
+completion times a root's log and statistics history record.
 """
 
 from __future__ import annotations
@@ -28,14 +28,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
-from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from spark_ckpt.delta.errors import delta_boundary
 from spark_ckpt.delta.store import DeltaCheckpointStore
-from spark_ckpt.delta.store_tables import StoreTable
 from spark_ckpt.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -46,6 +42,7 @@ from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.handle import BlobRef
 from spark_ckpt.runtime.restore_settings import MAX_PARALLELISM, PIPELINE
+from spark_ckpt.storage.history import completed_as_of
 from spark_ckpt.storage.store import StateStorage
 from spark_ckpt.storage.transfer import copy_checkpoint
 
@@ -235,24 +232,13 @@ def dispose_savepoint(path: str) -> Savepoint:
 
 def checkpoint_as_of(root: str, time: datetime) -> int:
     """The id of the latest checkpoint that had completed at or before *time* in the root
-    *root*, read from the Delta history of its checkpoint log (the log as of that time:
-    checkpoints retention removed later are found too, and then refused by the caller as not
-    retained). Raises :class:`RestoreError` if the log did not exist yet or held no
-    completed checkpoint then."""
-    uri = DeltaCheckpointStore(root).table_uri(StoreTable.CHECKPOINTS)
-    try:
-        table = DeltaTable(uri)
-    except (DeltaError, TableNotFoundError, OSError) as e:
-        raise RestoreError(f"no checkpoint log under {root}") from e
-    try:
-        table.load_as_version(time)
-    except (DeltaError, ValueError) as e:
-        raise RestoreError(
-            f"no checkpoint of {root} had completed at or before {time.isoformat()}"
-        ) from e
-    with delta_boundary(f"read {uri} as of {time.isoformat()}", StoreError):
-        rows = table.to_pyarrow_table(columns=["record", "checkpoint_id", "committed_at"])
-    completed = rows.filter(pc.equal(rows["record"], "completed"))
-    if completed.num_rows == 0:
-        raise RestoreError(f"no checkpoint of {root} had completed at or before {time.isoformat()}")
-    return int(pc.max(completed["checkpoint_id"]).as_py())
+    *root*, from the completion times its log and its statistics history record
+    (:func:`~spark_ckpt.storage.history.completed_as_of`: a checkpoint retention removed
+    later is found too, and then refused by the caller as not retained). Raises
+    :class:`RestoreError` if the root has no checkpoint log, or no checkpoint it knows had
+    completed then."""
+    times, floor = DeltaCheckpointStore(root).completion_times()
+    at = time.isoformat()
+    if not times and floor == 0:
+        raise RestoreError(f"no checkpoint of {root} had completed at or before {at}")
+    return completed_as_of(times, floor, int(time.timestamp() * 1000), f"{root} (as of {at})")

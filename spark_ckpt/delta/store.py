@@ -47,7 +47,7 @@ from spark_ckpt.delta.blob_store import DeltaBlobStore
 from spark_ckpt.delta.checkpoint_history import DeltaCheckpointHistory
 from spark_ckpt.delta.checkpoint_log import DeltaCheckpointLog
 from spark_ckpt.delta.garbage_collector import DeltaGarbageCollector
-from spark_ckpt.delta.store_tables import StoreTable, StoreTables
+from spark_ckpt.delta.store_tables import StoreTable, StoreTables, store_boundary
 from spark_ckpt.errors import CorruptCheckpointError, StoreError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock
@@ -99,6 +99,11 @@ class DeltaCheckpointStore(CheckpointStore):
 
     # -- coordinator view: the log ---------------------------------------------------------
     def acquire(self) -> CoordinatorLease:
+        """A new lease (see the contract). Tables an earlier version created first get the log
+        settings they lack (:meth:`~spark_ckpt.delta.store_tables.StoreTables.configure`)."""
+        with store_boundary("setting the store tables' log properties"):
+            for table in StoreTable:
+                self._tables.configure(table)
         return self._log.acquire()
 
     def allocate_ids(self, lease: CoordinatorLease) -> CoordinatorLease:
@@ -128,6 +133,17 @@ class DeltaCheckpointStore(CheckpointStore):
     def list_failed(self) -> list[FailedCheckpoint]:
         """As the store contract says, decoding only the failure records."""
         return self._history.failed()
+
+    def completion_times(self) -> tuple[dict[int, int], int]:
+        """The completion time (epoch ms) of every completed checkpoint and savepoint the
+        store still knows, by id (the log's completed rows, the history's completed records),
+        and the history's floor: what
+        :func:`~spark_ckpt.storage.history.completed_as_of` decides from."""
+        recorded, floor = self._history.recorded()
+        times = {r.checkpoint_id: r.figures.completed_ms for r in recorded if r.failure is None}
+        completed, _ = self._log.list_completed_lenient()
+        times.update({c.checkpoint_id: c.stats.completed_ms for c in completed})
+        return times, floor
 
     def list_completed_lenient(
         self,

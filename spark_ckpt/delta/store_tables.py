@@ -175,33 +175,35 @@ SCHEMAS: Mapping[StoreTable, pa.Schema] = {
     StoreTable.HISTORY: HISTORY_SCHEMA,
 }
 
-#: Log settings of the tables every checkpoint commits to several times (each task appends its
-#: blobs; the completion the offsets): a Delta checkpoint of the log every 20 commits, and commit
-#: files older than a minute removed when one is written. A commit's cost grows with the number of
-#: files in ``_delta_log`` (deltalake 1.6: an append took 14 ms with 60 of them, 44 ms with 300 and
-#: 210 ms with 1,500), and under Delta's default retention (30 days) those tables gained that many
-#: every few minutes of checkpoints every second; with these settings the log holds about a minute
-#: of commits plus 20 (near a hundred files at one checkpoint a second and two subtasks). Nothing
-#: reads these tables at an older version; a table object older than the removed files may fail
-#: on one of them, so objects are opened anew well inside the retention (see FollowedTable).
+#: Log settings of the tables committed to at every checkpoint or retention (``checkpoints``: the
+#: completion, the retention, the leases; the state tables: each task appends its blobs;
+#: ``source_offsets``: the completion's copy; ``checkpoint_history``: every retention): a Delta
+#: checkpoint of the log every 20 commits, and commit files older than a minute removed when one
+#: is written. A commit's cost grows with the number of files in ``_delta_log`` (deltalake 1.6,
+#: an append of one small row: 10 ms of CPU with 100 of them, 60 ms with 1,000, 208 ms with
+#: 4,000), and under Delta's default retention (30 days) a table committed to about once a
+#: second gains 4,000 an hour; with these settings the log holds about a minute of commits plus
+#: 20 (near a hundred files at one checkpoint a second and two subtasks). Nothing reads these
+#: tables at an older version (a restore as of a time reads the completion times the log and
+#: the history record: :func:`~spark_ckpt.delta.savepoint.checkpoint_as_of`); a table object
+#: older than the removed files may fail on one of them, so objects are opened anew well inside
+#: the retention (see FollowedTable).
 HOT_LOG: Mapping[str, str] = {
     "delta.checkpointInterval": "20",
     "delta.logRetentionDuration": "interval 1 minutes",
 }
 
-#: Table properties set at creation (plain properties: the protocol stays reader 1 /
-#: writer 2). The state and offset tables keep a short log (:data:`HOT_LOG`). The history
-#: is rewritten at every write, so its removed files and its log are kept for an hour only
-#: (see :mod:`spark_ckpt.delta.checkpoint_history`). ``checkpoints`` keeps Delta's defaults:
-#: a restore as of a time reads it as of that time (its history is its log).
+#: Table properties set at creation, and on tables created by earlier versions when a
+#: coordinator takes its lease (:meth:`StoreTables.configure`): plain properties, the protocol
+#: stays reader 1 / writer 2. Every store table keeps a short log (:data:`HOT_LOG`). The history
+#: is rewritten at every write, so its removed files are kept for an hour only (see
+#: :mod:`spark_ckpt.delta.checkpoint_history`).
 CONFIGURATION: Mapping[StoreTable, Mapping[str, str]] = {
+    StoreTable.CHECKPOINTS: HOT_LOG,
     StoreTable.OPERATOR_STATE: HOT_LOG,
     StoreTable.CHANNEL_STATE: HOT_LOG,
     StoreTable.SOURCE_OFFSETS: HOT_LOG,
-    StoreTable.HISTORY: {
-        "delta.logRetentionDuration": "interval 1 hours",
-        "delta.deletedFileRetentionDuration": "interval 1 hours",
-    },
+    StoreTable.HISTORY: {**HOT_LOG, "delta.deletedFileRetentionDuration": "interval 1 hours"},
 }
 
 
@@ -321,6 +323,18 @@ class StoreTables:
             if dt is None:
                 raise
             return dt
+
+    def configure(self, table: StoreTable) -> None:
+        """Give *table*, if it exists, the properties of :data:`CONFIGURATION` it lacks (a
+        table an earlier version created keeps Delta's log defaults): one metadata commit,
+        none when nothing is missing. The caller holds the boundary."""
+        dt = self.load(table)
+        if dt is None:
+            return
+        current = dt.metadata().configuration
+        missing = {k: v for k, v in CONFIGURATION.get(table, {}).items() if current.get(k) != v}
+        if missing:
+            dt.alter.set_table_properties(missing, raise_if_not_exists=False)
 
     def arrow_fs(self, dt: DeltaTable) -> pafs.FileSystem | None:
         """A native pyarrow file system rooted at *dt*. (delta-rs' default Python file system

@@ -4,8 +4,9 @@
 
 * a **savepoint** directory (self-contained, see :mod:`spark_ckpt.delta.savepoint`);
 * a **retained checkpoint** by id, of this pipeline's root or of another root (a path);
-* the checkpoint that was the latest completed one **as of a time** (UTC), read from the
-  Delta history of the checkpoint log;
+* the checkpoint that was the latest completed one **as of a time** (UTC), from the
+  completion times the checkpoint log and the statistics history record
+  (:func:`~spark_ckpt.delta.savepoint.checkpoint_as_of`);
 * nothing (the default): the latest completed checkpoint of the root, as every restart does.
 
 :func:`check_restorable` holds the rules a restore keeps (checked in the driver before the

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from spark_ckpt.errors import ConfigError, CorruptCheckpointError
+from spark_ckpt.errors import ConfigError, CorruptCheckpointError, RestoreError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint, FailedCheckpoint
 
@@ -194,6 +194,37 @@ def merge_history(
     for r in unrecorded(by_id, completed, failed, floor=floor):
         by_id[r.checkpoint_id] = r
     return [by_id[k] for k in sorted(by_id)]
+
+
+def completed_as_of(times: Mapping[int, int], floor: int, at_ms: int, where: str) -> int:
+    """The id of the latest checkpoint or savepoint (the largest id) that had completed at or
+    before *at_ms* (epoch ms), from *times*: the completion time of every completed checkpoint
+    the store still knows (its log's completed rows and the history's completed records) by
+    id, and the history's *floor* (:func:`bounded`).
+
+    Why that is the answer Delta time travel on the log would give: a checkpoint's record is
+    written to the history before retention removes it from the log, and the history drops
+    only records below its floor. So every checkpoint with an id at or above ``floor - 1``
+    that ever completed is in *times*; an answer below that is refused, since one with an id
+    between it and the floor may have completed before *at_ms* and been forgotten. The caller
+    refuses an answer that is no longer retained, as it refuses an id. Raises
+    :class:`RestoreError` (naming *where*, the store) when nothing known completed by then or
+    the answer is uncertain."""
+    done = [cid for cid, t in times.items() if t <= at_ms]
+    if not done:
+        forgotten = f" (the history forgot the checkpoints below id {floor})" if floor else ""
+        raise RestoreError(
+            f"no checkpoint of {where} that the store still knows had completed at or before "
+            f"that time{forgotten}"
+        )
+    latest = max(done)
+    if latest < floor - 1:
+        raise RestoreError(
+            f"the latest checkpoint of {where} completed by then is not known any more: the "
+            f"newest one known is {latest}, but the history forgot the checkpoints below id "
+            f"{floor}, and one of those may have completed later (restore it by id instead)"
+        )
+    return latest
 
 
 def bounded(ids: Iterable[int], size: int, floor: int = 0) -> tuple[list[int], int]:

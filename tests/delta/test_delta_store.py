@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
@@ -26,16 +27,19 @@ from deltalake import DeltaTable, write_deltalake
 from spark_ckpt.delta import store_tables
 from spark_ckpt.delta.blob_store import DeltaBlobStore, blob_id
 from spark_ckpt.delta.checkpoint_log import DeltaCheckpointLog
+from spark_ckpt.delta.savepoint import checkpoint_as_of
 from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.delta.store_tables import HOT_LOG, StoreTable
 from spark_ckpt.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
     FencedError,
+    RestoreError,
     StoreError,
 )
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
+from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.protocol.handle import (
     BlobKind,
     BlobRef,
@@ -213,8 +217,11 @@ def test_state_tables_keep_a_short_log(root: Path, monkeypatch) -> None:
         "delta.checkpointInterval": "20",
         "delta.logRetentionDuration": "interval 1 minutes",
     }
-    assert all(store_tables.CONFIGURATION[t] == HOT_LOG for t in hot)
-    assert StoreTable.CHECKPOINTS not in store_tables.CONFIGURATION  # time travel (as of)
+    assert all(store_tables.CONFIGURATION[t] == HOT_LOG for t in (*hot, StoreTable.CHECKPOINTS))
+    assert store_tables.CONFIGURATION[StoreTable.HISTORY] == {
+        **HOT_LOG,
+        "delta.deletedFileRetentionDuration": "interval 1 hours",
+    }
     # a log checkpoint every 5 commits; a minute is a second here
     short = {"delta.checkpointInterval": "5", "delta.logRetentionDuration": "interval 1 seconds"}
     monkeypatch.setattr(
@@ -249,6 +256,80 @@ def test_state_tables_keep_a_short_log(root: Path, monkeypatch) -> None:
         lease.first_id + i for i in range(n)
     ]
     assert store.read_blobs(list(first.blobs()))[0].equals(kv("k0", 0))
+
+
+def test_the_log_keeps_a_short_log_and_as_of_reads_the_recorded_completions(
+    root: Path, monkeypatch
+) -> None:
+    """``checkpoints`` drops its old commit files too (a commit's cost grows with them); a
+    restore as of a time then finds, from the completion times the log and the history
+    record, the checkpoint Delta time travel on the whole log would have found — also one
+    that retention removed since (the caller refuses it: not retained) — and refuses a time
+    whose answer the bounded history may have forgotten."""
+    short = {"delta.checkpointInterval": "5", "delta.logRetentionDuration": "interval 1 seconds"}
+    monkeypatch.setattr(
+        store_tables, "CONFIGURATION", {**store_tables.CONFIGURATION, StoreTable.CHECKPOINTS: short}
+    )
+    clock = ManualClock(10_000)
+    store = DeltaCheckpointStore(str(root), clock=clock)
+    lease = store.acquire()
+    completed_at: dict[int, int] = {}
+    for i in range(12):
+        cid = lease.first_id + i
+        h = store.write_task_state(cid, TaskSnapshot(TASK, (keyed(0, kv(f"k{i}", i)),), ()))
+        at = 100_000 + 1_000 * i
+        stats = CheckpointStats(at - 100, at, h.state_bytes())
+        kind = SnapshotType.SAVEPOINT if i == 1 else SnapshotType.CHECKPOINT
+        store.commit(lease, CompletedCheckpoint(cid, kind, (h,), stats))
+        completed_at[cid] = at
+        if i == 5:
+            time.sleep(1.1)  # the commits so far are older than the (short) log retention
+    store.retain(lease, 2, history_size=6)  # records, then keeps the newest two (and savepoints)
+    log = root / StoreTable.CHECKPOINTS.value
+    assert DeltaTable(str(log)).metadata().configuration == short
+    assert min(int(f.stem) for f in (log / "_delta_log").glob("*.json")) > 1  # cleaned up
+    ids = sorted(completed_at)
+    savepoint = ids[1]
+    assert [c.checkpoint_id for c in store.list_completed()] == [savepoint, *ids[-2:]]
+
+    def as_of(ms: int) -> int:
+        return checkpoint_as_of(str(root), datetime.fromtimestamp(ms / 1000, UTC))
+
+    # an oracle: the largest id completed by then (no history bound in the way)
+    for cid, at in sorted(completed_at.items())[-6:]:
+        assert as_of(at) == cid and as_of(at + 999) == cid
+    newest = max(completed_at)
+    assert as_of(completed_at[newest] + 60_000) == newest
+    # the history kept the newest six of the twelve: earlier times may have lost their
+    # answer (the savepoint is known, but a forgotten checkpoint may have completed later)
+    with pytest.raises(RestoreError, match="not known any more"):
+        as_of(completed_at[ids[3]])
+    with pytest.raises(RestoreError, match=r"no checkpoint .* forgot the checkpoints below"):
+        as_of(completed_at[ids[0]])
+
+
+def test_a_root_of_an_earlier_version_gets_the_short_logs_with_the_next_lease(
+    root: Path, monkeypatch
+) -> None:
+    """Tables created with Delta's log defaults (an earlier version) get the missing
+    properties when a coordinator takes its lease; the protocol stays reader 1 / writer 2."""
+    monkeypatch.setattr(store_tables, "CONFIGURATION", {})
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    commit_one(store, lease, lease.first_id, keyed(0, kv("a", 1)))
+    log = root / StoreTable.CHECKPOINTS.value
+    assert "delta.logRetentionDuration" not in DeltaTable(str(log)).metadata().configuration
+    monkeypatch.undo()
+    store = DeltaCheckpointStore(str(root))
+    store.acquire()
+    for table in (StoreTable.CHECKPOINTS, StoreTable.OPERATOR_STATE):
+        dt = DeltaTable(str(root / table.value))
+        assert dt.metadata().configuration == dict(store_tables.CONFIGURATION[table])
+        assert (dt.protocol().min_reader_version, dt.protocol().min_writer_version) == (1, 2)
+    version = DeltaTable(str(log)).version()
+    store.acquire()  # nothing missing: no metadata commit, only the lease
+    assert DeltaTable(str(log)).version() == version + 1
+    assert store.get(lease.first_id).checkpoint_id == lease.first_id
 
 
 def test_a_followed_table_is_opened_again_after_some_versions(tmp_path: Path, monkeypatch) -> None:
