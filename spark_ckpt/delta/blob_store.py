@@ -16,9 +16,10 @@ keeps the contract of :mod:`spark_ckpt.storage.store`:
   loser re-reads and finds its rows written. Reads additionally pick, per key, the row whose
   checksum matches the reference, so even duplicate rows could not yield wrong data. Blob
   rows stay unreferenced (invisible) until the checkpoint's completion commit.
-* **Source offsets** travel in the acknowledgements; the coordinator copies a checkpoint's
-  into ``source_offsets`` just before its completion commit (:meth:`write_offsets`, one
-  append per checkpoint instead of one per task).
+* **Source offsets** travel in the acknowledgements and are part of the completion commit's
+  record; their queryable copy in ``source_offsets`` is written by the coordinator
+  (:meth:`write_offsets`): a savepoint's just before its completion commit, the retained
+  checkpoints' at each retention (one append for all that completed since).
 * **Completion check.** The completion commit first checks that every blob the checkpoint
   references is stored, from the tables' logs where they tell (:meth:`check_written`).
 * **Integrity.** Blobs are verified against their checksums; a referenced blob whose row is
@@ -207,37 +208,45 @@ class DeltaBlobStore(StateStorage):
         }
         return rows_table(BLOB_SCHEMA, columns)
 
-    def write_offsets(self, checkpoint: CompletedCheckpoint) -> None:
-        """Coordinator side, before the completion commit: the queryable copy of
-        *checkpoint*'s source offsets in ``source_offsets`` (a row per task and channel, as
-        the tasks acknowledged them), in one append. Idempotent per checkpoint: the app
-        transaction :data:`OFFSETS_APP_ID` holds the newest checkpoint id written; at or past
-        *checkpoint*'s, its rows are looked up first. Rows of a checkpoint that does not
-        complete are garbage that retention or discard removes."""
-        cid = checkpoint.checkpoint_id
-        owned = [(h.task, o) for h in checkpoint.tasks for o in h.offsets]
+    def write_offsets(self, checkpoints: Sequence[CompletedCheckpoint]) -> None:
+        """Coordinator side: the queryable copy of *checkpoints*' source offsets in
+        ``source_offsets`` (a row per task and channel, as the tasks acknowledged them), in
+        one append, for those of them the table does not hold yet (a scan of its ids). The
+        app transaction :data:`OFFSETS_APP_ID` is set to the newest id written, so two
+        writers of the same rows conflict and the loser finds them on its next attempt.
+        Idempotent. Rows of a checkpoint that retention removed later are garbage that
+        retention or discard removes."""
+        owned = [(c, h.task, o) for c in checkpoints for h in c.tasks for o in h.offsets]
         if not owned:
             return
-        rows = rows_table(
-            SOURCE_OFFSETS_SCHEMA,
-            {
-                "checkpoint_id": [cid] * len(owned),
-                "vertex": [t.vertex for t, _ in owned],
-                "subtask": [t.subtask for t, _ in owned],
-                "source": [o.source for _, o in owned],
-                "channel": [o.channel for _, o in owned],
-                "offset": [o.offset for _, o in owned],
-                "written_at": [self._tables.now()] * len(owned),
-            },
-        )
+        newest = max(c.checkpoint_id for c, _, _ in owned)
 
         def unwritten(dt: DeltaTable, written: bool) -> pa.Table | None:
-            found = written and self._tables.scan(dt, ["checkpoint_id"], ids=[cid]).num_rows
-            return None if found else rows
+            present = set(self._tables.scan(dt, ["checkpoint_id"])["checkpoint_id"].to_pylist())
+            todo = [(c, t, o) for c, t, o in owned if c.checkpoint_id not in present]
+            if not todo:
+                return None
+            return rows_table(
+                SOURCE_OFFSETS_SCHEMA,
+                {
+                    "checkpoint_id": [c.checkpoint_id for c, _, _ in todo],
+                    "vertex": [t.vertex for _, t, _ in todo],
+                    "subtask": [t.subtask for _, t, _ in todo],
+                    "source": [o.source for _, _, o in todo],
+                    "channel": [o.channel for _, _, o in todo],
+                    "offset": [o.offset for _, _, o in todo],
+                    "written_at": [self._tables.now()] * len(todo),
+                },
+            )
 
-        with store_boundary(f"writing the source offsets of checkpoint {cid}"):
+        ids = sorted({c.checkpoint_id for c, _, _ in owned})
+        with store_boundary(f"writing the source offsets of checkpoints {ids}"):
             self._append_once(
-                StoreTable.SOURCE_OFFSETS, OFFSETS_APP_ID, cid, unwritten, "writing source offsets"
+                StoreTable.SOURCE_OFFSETS,
+                OFFSETS_APP_ID,
+                newest,
+                unwritten,
+                "writing source offsets",
             )
 
     # -- listing ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import pyarrow.compute as pc
+from deltalake.exceptions import CommitFailedError
 
 from spark_ckpt.delta.blob_store import DeltaBlobStore, blob_id, blob_table
 from spark_ckpt.delta.store_tables import (
@@ -37,6 +38,9 @@ from spark_ckpt.delta.store_tables import (
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.handle import BlobRef
 from spark_ckpt.storage.retention import garbage_blobs
+
+#: How often a garbage delete is run again after losing to a concurrent append.
+DELETE_ATTEMPTS = 5
 
 
 class DeltaGarbageCollector:
@@ -72,13 +76,12 @@ class DeltaGarbageCollector:
         """Delete blob rows (copy-on-write), rebasing over concurrent task appends."""
         for table in BLOB_TABLES:
             mine = [r for r in refs if blob_table(r.kind) is table]
-            if not mine:
-                continue
-            dt = self._tables.ensure(table)
             for chunk in chunks(sorted(mine, key=lambda r: r.key)):
                 ids = sorted({r.checkpoint_id for r in chunk})
                 bids = sorted({blob_id(r) for r in chunk})
-                dt.delete(f"checkpoint_id IN {sql_list(ids)} AND blob_id IN {sql_list(bids)}")
+                self._delete(
+                    table, f"checkpoint_id IN {sql_list(ids)} AND blob_id IN {sql_list(bids)}"
+                )
 
     def _delete_offsets(self, drop: Callable[[int], bool]) -> None:
         dt = self._tables.load(StoreTable.SOURCE_OFFSETS)
@@ -87,7 +90,22 @@ class DeltaGarbageCollector:
         present = self._tables.scan(dt, ["checkpoint_id"])["checkpoint_id"]
         ids = [i for i in pc.unique(present).to_pylist() if drop(i)]
         for chunk in chunks(sorted(ids)):
-            dt.delete(f"checkpoint_id IN {sql_list(chunk)}")
+            self._delete(StoreTable.SOURCE_OFFSETS, f"checkpoint_id IN {sql_list(chunk)}")
+
+    def _delete(self, table: StoreTable, predicate: str) -> None:
+        """Delete the rows of *table* matching *predicate*, on its newest version. delta-rs
+        refuses a delete when a concurrent append added files the predicate may match (a
+        task writing its blobs meanwhile: "a concurrent transactions added new data"); the
+        delete removes only garbage, so it is simply run again on the newer version, up to
+        :data:`DELETE_ATTEMPTS` times (then the error goes to the caller: retention is tried
+        again later)."""
+        for attempt in range(DELETE_ATTEMPTS):
+            try:
+                self._tables.ensure(table).delete(predicate)
+                return
+            except CommitFailedError:
+                if attempt + 1 == DELETE_ATTEMPTS:
+                    raise
 
     def vacuum(
         self,

@@ -112,9 +112,12 @@ class DeltaCheckpointStore(CheckpointStore):
     def commit(self, lease: CoordinatorLease, checkpoint: CompletedCheckpoint) -> None:
         """The completion commit: one small append to ``checkpoints``, fenced; a no-op if the
         id is already committed. Every referenced blob must have been written
-        (:class:`StoreError` otherwise). The checkpoint's source offsets are copied into
-        ``source_offsets`` just before (one append; idempotent)."""
-        self._blobs.write_offsets(checkpoint)
+        (:class:`StoreError` otherwise). A savepoint's source offsets are copied into
+        ``source_offsets`` just before (one append; idempotent); a checkpoint's by the next
+        retention (:meth:`retain`), which writes those of every checkpoint it keeps in one
+        append instead of one per completion."""
+        if checkpoint.is_savepoint:
+            self._blobs.write_offsets([checkpoint])
         self._log.commit(lease, checkpoint, check_written=self._blobs.check_written)
 
     def record_failure(
@@ -161,9 +164,11 @@ class DeltaCheckpointStore(CheckpointStore):
     ) -> list[int]:
         """Records the completed checkpoints (and failure rows of earlier versions) not in
         the history yet, then removes what retention drops, and those failure rows, in one
-        fenced commit to the log; then collects garbage."""
+        fenced commit to the log; then copies the source offsets of the checkpoints kept that
+        ``source_offsets`` lacks (one append); then collects garbage."""
         self._history.record(lease, [], history_size)
         kept, dropped_ids = self._log.retire(lease, retained, keep_from, drop_legacy_failed=True)
+        self._blobs.write_offsets(kept)
         if collect_garbage:
             self._garbage.collect_retained(kept)
         return dropped_ids

@@ -130,7 +130,14 @@ def test_tables_are_plain_spark_readable_delta(root: Path) -> None:
         StateBlob("agg", 0, BlobKind.CHANNEL, "inflight", pa.table({"r": [1, 2]}), channel=1),
         offsets=[SourceOffset("kafka", 3, 99)],
     )
-    commit_one(store, lease, lease.first_id + 1, keyed(0, kv("a", 2)))
+    store.retain(lease, 1)  # copies the first checkpoint's offsets
+    commit_one(
+        store,
+        lease,
+        lease.first_id + 1,
+        keyed(0, kv("a", 2)),
+        offsets=[SourceOffset("kafka", 3, 120)],
+    )
     store.retain(lease, 1)  # exercises delete (copy-on-write) on every table
     assert store.latest_completed().checkpoint_id == lease.first_id + 1
     assert a.checkpoint_id not in [c.checkpoint_id for c in store.list_completed()]
@@ -181,6 +188,7 @@ def test_second_readers_see_exactly_what_was_committed(root: Path) -> None:
         keyed(5, state),
         offsets=[SourceOffset("kafka", 0, 7), SourceOffset("kafka", 1, 3)],
     )
+    store.retain(lease, 1)  # writes the offsets' queryable copy
     # polars' reader
     meta = pl.read_delta(str(root / "checkpoints")).filter(pl.col("record") == "completed")
     assert meta["checkpoint_id"].to_list() == [lease.first_id]
@@ -232,9 +240,9 @@ def test_state_tables_keep_a_short_log(root: Path, monkeypatch) -> None:
     offsets = [SourceOffset("kafka", 0, 1)]
 
     def commit(i: int) -> CompletedCheckpoint:
-        return commit_one(
-            store, lease, lease.first_id + i, keyed(0, kv(f"k{i}", i)), offsets=offsets
-        )
+        cp = commit_one(store, lease, lease.first_id + i, keyed(0, kv(f"k{i}", i)), offsets=offsets)
+        store.retain(lease, 100)  # the offsets' copy: one append per retention
+        return cp
 
     first = commit(0)  # table version 1 (0: created empty)
     state = root / StoreTable.OPERATOR_STATE.value
@@ -407,9 +415,54 @@ def test_a_write_whose_log_read_fails_after_its_commit_is_not_duplicated(
     failed.clear()
     cp = CompletedCheckpoint(lease.first_id, SnapshotType.CHECKPOINT, (h,), CheckpointStats(0, 1))
     store.commit(lease, cp)
+    store.retain(lease, 1)  # the offsets' copy
     assert failed == [1]
     assert len(pl.read_delta(str(root / "source_offsets"))) == 1
     assert store.read_blobs(list(h.blobs))[0].equals(kv("a", 1))
+
+
+def test_the_offsets_copy_is_one_append_per_retention_and_a_savepoints_at_its_completion(
+    root: Path,
+) -> None:
+    """A checkpoint's source offsets reach ``source_offsets`` with the next retention, one
+    append for every kept checkpoint the table lacks (a checkpoint retention drops is never
+    copied); a savepoint's with its completion."""
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    table = root / StoreTable.SOURCE_OFFSETS.value
+    expected: dict[int, list[tuple[str, int, int]]] = {}
+
+    def complete(i: int, kind: SnapshotType) -> int:
+        cid = lease.first_id + i
+        offsets = (SourceOffset("kafka", 0, 10 * i), SourceOffset("kafka", 1, 10 * i + 1))
+        h = store.write_task_state(
+            cid, TaskSnapshot(TASK, (keyed(0, kv(f"k{i}", i)),), (), offsets)
+        )
+        store.commit(lease, CompletedCheckpoint(cid, kind, (h,), CheckpointStats(0, 1)))
+        expected[cid] = [(o.source, o.channel, o.offset) for o in offsets]
+        return cid
+
+    def copied() -> dict[int, list[tuple[str, int, int]]]:
+        rows = pl.read_delta(str(table)).sort("checkpoint_id", "channel").iter_rows(named=True)
+        out: dict[int, list[tuple[str, int, int]]] = {}
+        for r in rows:
+            out.setdefault(r["checkpoint_id"], []).append((r["source"], r["channel"], r["offset"]))
+        return out
+
+    dropped = complete(0, SnapshotType.CHECKPOINT)
+    complete(1, SnapshotType.CHECKPOINT)
+    assert not table.exists()
+    savepoint = complete(2, SnapshotType.SAVEPOINT)
+    assert copied() == {savepoint: expected[savepoint]}
+    complete(3, SnapshotType.CHECKPOINT)
+    versions = len(log_actions(table))
+    store.retain(lease, 2)  # keeps the newest two checkpoints and the savepoint
+    kept = [c.checkpoint_id for c in store.list_completed()]
+    assert dropped not in kept and savepoint in kept
+    assert copied() == {cid: expected[cid] for cid in kept}
+    assert len(log_actions(table)) == versions + 1
+    store.retain(lease, 2)  # nothing new: no append
+    assert len(log_actions(table)) == versions + 1
 
 
 def test_completion_is_one_small_append(root: Path) -> None:
@@ -607,11 +660,15 @@ def test_rewrite_after_partial_write_completes_without_duplicates(root: Path, mo
     assert h1 == h2
     assert len(pl.read_delta(str(root / "operator_state"))) == 1
     assert len(pl.read_delta(str(root / "channel_state"))) == 1
-    assert not (root / "source_offsets").exists()  # copied by the completion, not the task
+    assert not (root / "source_offsets").exists()  # copied by the coordinator, not the task
     cp = CompletedCheckpoint(lease.first_id, SnapshotType.CHECKPOINT, (h1,), CheckpointStats(0, 1))
     store.commit(lease, cp)
     store.commit(lease, cp)  # a replayed completion
     DeltaCheckpointStore(str(root)).commit(lease, cp)  # ... by another instance
+    assert not (root / "source_offsets").exists()  # a checkpoint's: by the next retention
+    store.retain(lease, 1)
+    store.retain(lease, 1)  # a replayed retention
+    DeltaCheckpointStore(str(root)).retain(lease, 1)  # ... by another instance
     offsets = pl.read_delta(str(root / "source_offsets"))
     assert offsets.select(
         "checkpoint_id", "vertex", "subtask", "source", "channel", "offset"
@@ -790,6 +847,34 @@ def test_vacuum_is_explicit_and_keeps_retained_state(root: Path) -> None:
     assert len(deleted) >= 1
     assert len(list((root / "operator_state").glob("*.parquet"))) == 1
     assert store.read_blob(next(iter(last.blobs()))).equals(kv("a", 2))
+
+
+def test_a_garbage_delete_that_loses_to_a_task_append_runs_again(root: Path, monkeypatch) -> None:
+    """delta-rs refuses a delete when a task's append landed meanwhile with files its
+    predicate may match; retention runs the delete again on the newer version instead of
+    failing (and warning) until its next pass. The task's append here is real."""
+    from deltalake.exceptions import CommitFailedError
+
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    for i in range(3):
+        commit_one(store, lease, lease.first_id + i, keyed(0, kv(f"k{i}", i)))
+    real = DeltaTable.delete
+    lost: list[int] = []
+
+    def loses_once(self, *args, **kwargs):
+        if not lost and self.table_uri.rstrip("/").endswith(StoreTable.OPERATOR_STATE.value):
+            # a task appends its blobs between the delete's read and its commit
+            lost.append(1)
+            store.write_task_state(lease.first_id + 3, TaskSnapshot(TASK, (keyed(1, kv("z", 9)),)))
+            raise CommitFailedError("a concurrent transactions added new data")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "delete", loses_once)
+    store.retain(lease, 1)
+    assert lost == [1]
+    ids = sorted(pl.read_delta(str(root / "operator_state"))["checkpoint_id"].to_list())
+    assert ids == [lease.first_id + 2, lease.first_id + 3]  # garbage gone, the new write kept
 
 
 def test_reads_and_commits_after_retention_rewrote_files(tmp_path: Path) -> None:
