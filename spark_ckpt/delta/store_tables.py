@@ -183,27 +183,30 @@ SCHEMAS: Mapping[StoreTable, pa.Schema] = {
 #: an append of one small row: 10 ms of CPU with 100 of them, 60 ms with 1,000, 208 ms with
 #: 4,000), and under Delta's default retention (30 days) a table committed to about once a
 #: second gains 4,000 an hour; with these settings the log holds about a minute of commits plus
-#: 20 (near a hundred files at one checkpoint a second and two subtasks). Nothing reads these
-#: tables at an older version (a restore as of a time reads the completion times the log and
+#: 20 (near a hundred files at one checkpoint a second and two subtasks). Removed data files
+#: are remembered for an hour (``delta.deletedFileRetentionDuration``; Delta's default is a
+#: week): every log checkpoint carries the removals still remembered, and retention removes
+#: about as many files as the tasks add (two a second with two subtasks), so under the default
+#: each log checkpoint would grow by 170,000 rows a day. Nothing reads these tables at an older
+#: version (a restore as of a time reads the completion times the log and
 #: the history record: :func:`~spark_ckpt.delta.savepoint.checkpoint_as_of`); a table object
 #: older than the removed files may fail on one of them, so objects are opened anew well inside
 #: the retention (see FollowedTable).
 HOT_LOG: Mapping[str, str] = {
     "delta.checkpointInterval": "20",
     "delta.logRetentionDuration": "interval 1 minutes",
+    "delta.deletedFileRetentionDuration": "interval 1 hours",
 }
 
 #: Table properties set at creation, and on tables created by earlier versions when a
 #: coordinator takes its lease (:meth:`StoreTables.configure`): plain properties, the protocol
-#: stays reader 1 / writer 2. Every store table keeps a short log (:data:`HOT_LOG`). The history
-#: is rewritten at every write, so its removed files are kept for an hour only (see
-#: :mod:`spark_ckpt.delta.checkpoint_history`).
+#: stays reader 1 / writer 2. Every store table keeps a short log (:data:`HOT_LOG`).
 CONFIGURATION: Mapping[StoreTable, Mapping[str, str]] = {
     StoreTable.CHECKPOINTS: HOT_LOG,
     StoreTable.OPERATOR_STATE: HOT_LOG,
     StoreTable.CHANNEL_STATE: HOT_LOG,
     StoreTable.SOURCE_OFFSETS: HOT_LOG,
-    StoreTable.HISTORY: {**HOT_LOG, "delta.deletedFileRetentionDuration": "interval 1 hours"},
+    StoreTable.HISTORY: HOT_LOG,
 }
 
 

@@ -224,12 +224,9 @@ def test_state_tables_keep_a_short_log(root: Path, monkeypatch) -> None:
     assert HOT_LOG == {
         "delta.checkpointInterval": "20",
         "delta.logRetentionDuration": "interval 1 minutes",
-    }
-    assert all(store_tables.CONFIGURATION[t] == HOT_LOG for t in (*hot, StoreTable.CHECKPOINTS))
-    assert store_tables.CONFIGURATION[StoreTable.HISTORY] == {
-        **HOT_LOG,
         "delta.deletedFileRetentionDuration": "interval 1 hours",
     }
+    assert all(store_tables.CONFIGURATION[t] == HOT_LOG for t in StoreTable)
     # a log checkpoint every 5 commits; a minute is a second here
     short = {"delta.checkpointInterval": "5", "delta.logRetentionDuration": "interval 1 seconds"}
     monkeypatch.setattr(
@@ -264,6 +261,40 @@ def test_state_tables_keep_a_short_log(root: Path, monkeypatch) -> None:
         lease.first_id + i for i in range(n)
     ]
     assert store.read_blobs(list(first.blobs()))[0].equals(kv("k0", 0))
+
+
+def test_log_checkpoints_forget_removals_older_than_the_retention(root: Path, monkeypatch) -> None:
+    """Retention removes about as many blob files as the tasks add; a Delta log checkpoint
+    carries every removal younger than ``delta.deletedFileRetentionDuration`` (an hour here, a
+    second in this test), so it stays small instead of growing all week."""
+    short = {
+        "delta.checkpointInterval": "5",
+        "delta.logRetentionDuration": "interval 1 seconds",
+        "delta.deletedFileRetentionDuration": "interval 1 seconds",
+    }
+    monkeypatch.setattr(
+        store_tables,
+        "CONFIGURATION",
+        {**store_tables.CONFIGURATION, StoreTable.OPERATOR_STATE: short},
+    )
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    state = root / StoreTable.OPERATOR_STATE.value
+
+    def checkpoint_then_retain(i: int) -> None:
+        commit_one(store, lease, lease.first_id + i, keyed(0, kv("k", i)))
+        store.retain(lease, 1)  # drops the previous checkpoint: its blob file is removed
+
+    for i in range(6):
+        checkpoint_then_retain(i)
+    time.sleep(1.1)
+    since_ms = time.time() * 1000
+    for i in range(6, 20):
+        checkpoint_then_retain(i)
+    newest = max((state / "_delta_log").glob("*.checkpoint.parquet"))
+    removes = [r for r in pq.read_table(newest).column("remove").to_pylist() if r is not None]
+    assert removes and all(r["deletionTimestamp"] >= since_ms for r in removes)
+    assert pl.read_delta(str(state))["checkpoint_id"].to_list() == [lease.first_id + 19]
 
 
 def test_the_log_keeps_a_short_log_and_as_of_reads_the_recorded_completions(
