@@ -177,7 +177,7 @@ SCHEMAS: Mapping[StoreTable, pa.Schema] = {
 
 #: Log settings of the tables committed to at every checkpoint or retention (``checkpoints``: the
 #: completion, the retention, the leases; the state tables: each task appends its blobs;
-#: ``source_offsets``: the completion's copy; ``checkpoint_history``: every retention): a Delta
+#: ``source_offsets`` and ``checkpoint_history``: every retention): a Delta
 #: checkpoint of the log every 20 commits, and commit files older than a minute removed when one
 #: is written. A commit's cost grows with the number of files in ``_delta_log`` (deltalake 1.6,
 #: an append of one small row: 10 ms of CPU with 100 of them, 60 ms with 1,000, 208 ms with
@@ -330,12 +330,13 @@ class StoreTables:
     def configure(self, table: StoreTable) -> None:
         """Give *table*, if it exists, the properties of :data:`CONFIGURATION` it lacks (a
         table an earlier version created keeps Delta's log defaults): one metadata commit,
-        none when nothing is missing. The caller holds the boundary."""
+        none when nothing is missing. A property the table has keeps its value, whoever set
+        it. The caller holds the boundary."""
         dt = self.load(table)
         if dt is None:
             return
         current = dt.metadata().configuration
-        missing = {k: v for k, v in CONFIGURATION.get(table, {}).items() if current.get(k) != v}
+        missing = {k: v for k, v in CONFIGURATION.get(table, {}).items() if k not in current}
         if missing:
             dt.alter.set_table_properties(missing, raise_if_not_exists=False)
 

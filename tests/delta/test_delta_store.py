@@ -365,8 +365,13 @@ def test_a_root_of_an_earlier_version_gets_the_short_logs_with_the_next_lease(
         dt = DeltaTable(str(root / table.value))
         assert dt.metadata().configuration == dict(store_tables.CONFIGURATION[table])
         assert (dt.protocol().min_reader_version, dt.protocol().min_writer_version) == (1, 2)
+    DeltaTable(str(log)).alter.set_table_properties(
+        {"delta.logRetentionDuration": "interval 7 days"}  # the user's choice stays
+    )
     version = DeltaTable(str(log)).version()
     store.acquire()  # nothing missing: no metadata commit, only the lease
+    conf = DeltaTable(str(log)).metadata().configuration
+    assert conf["delta.logRetentionDuration"] == "interval 7 days"
     assert DeltaTable(str(log)).version() == version + 1
     assert store.get(lease.first_id).checkpoint_id == lease.first_id
 
