@@ -211,7 +211,8 @@ class DeltaBlobStore(StateStorage):
     def write_offsets(self, checkpoints: Sequence[CompletedCheckpoint]) -> None:
         """Coordinator side: the queryable copy of *checkpoints*' source offsets in
         ``source_offsets`` (a row per task and channel, as the tasks acknowledged them), in
-        one append, for those of them the table does not hold yet (a scan of its ids). The
+        one append, for those of them the table does not hold yet (a scan of their ids, files
+        pruned by the ids' statistics). The
         app transaction :data:`OFFSETS_APP_ID` is set to the newest id written, so two
         writers of the same rows conflict and the loser finds them on its next attempt.
         Idempotent. Rows of a checkpoint that retention removed later are garbage that
@@ -220,9 +221,11 @@ class DeltaBlobStore(StateStorage):
         if not owned:
             return
         newest = max(c.checkpoint_id for c, _, _ in owned)
+        ids = sorted({c.checkpoint_id for c, _, _ in owned})
 
         def unwritten(dt: DeltaTable, written: bool) -> pa.Table | None:
-            present = set(self._tables.scan(dt, ["checkpoint_id"])["checkpoint_id"].to_pylist())
+            found = self._tables.scan(dt, ["checkpoint_id"], ids=ids)["checkpoint_id"]
+            present = set(pc.unique(found).to_pylist())
             todo = [(c, t, o) for c, t, o in owned if c.checkpoint_id not in present]
             if not todo:
                 return None
@@ -239,7 +242,6 @@ class DeltaBlobStore(StateStorage):
                 },
             )
 
-        ids = sorted({c.checkpoint_id for c, _, _ in owned})
         with store_boundary(f"writing the source offsets of checkpoints {ids}"):
             self._append_once(
                 StoreTable.SOURCE_OFFSETS,
