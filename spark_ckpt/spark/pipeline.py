@@ -352,7 +352,9 @@ class Pipeline:
         query finishes (``available_now``), *duration_s* passes, Ctrl-C, or a stop request (CLI
         ``spark-ckpt stop``, :meth:`PipelineClient.stop
         <spark_ckpt.spark.client.PipelineClient.stop>`) — the last three stop with a final
-        checkpoint. *on_checkpoint* is called with each completed checkpoint, once;
+        checkpoint. *on_checkpoint* is called once with each completed checkpoint that
+        retention still keeps when the driver polls (every *poll_s*; one subsumed before that
+        is counted in the result and in the statistics history, not handed over);
         *on_stop* when a stop on the caller's behalf begins, before its final checkpoint: at
         once on Ctrl-C (on a thread of its own), or when *duration_s* passed. A failed
         run is followed by a new run, restoring from the latest completed checkpoint, as the

@@ -178,7 +178,10 @@ def test_subtasks_on_executors_are_exactly_once(
     # the statistics say where each subtask found its state: restored from the run's (empty)
     # restore point in its first micro-batch, then always in its host, whichever of the
     # executor's two Python workers ran the micro-batch's task
-    caches = [c.stats.task_cache for c in completed]
+    assert result.last_checkpoint is not None and completed[-1] == result.last_checkpoint
+    history = [r.stats for r in p.client.history() if r.stats is not None]
+    assert len(history) == result.checkpoints_completed  # every one counted, even subsumed
+    caches = [s.task_cache for s in history]
     assert all(set(cache) == {"chain#0", "chain#1"} for cache in caches), caches
     for t in ("chain#0", "chain#1"):
         hits = sum(cache[t].hits for cache in caches)

@@ -295,3 +295,35 @@ def test_heartbeat_records_round_trip() -> None:
     assert not record.alive(31_001) and (
         record.alive(31_000) or record.host == socket.gethostname()
     )
+
+
+def test_the_reporter_counts_checkpoints_retention_removed_before_it_looked(root: Path) -> None:
+    """With one checkpoint retained, two complete between the driver's polls: both are
+    counted (the history records every completion), the one retention still keeps is handed
+    over, and nothing is reported twice."""
+    from spark_ckpt.spark.supervisor import CheckpointReporter
+
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+
+    def complete(cid: int) -> CompletedCheckpoint:
+        cp = CompletedCheckpoint(
+            cid,
+            SnapshotType.CHECKPOINT,
+            (TaskStateHandle(TaskId("t")),),
+            CheckpointStats(1000 * cid, 1000 * cid + 5),
+        )
+        store.commit(lease, cp)
+        store.retain(lease, 1)
+        return cp
+
+    complete(lease.first_id)
+    handed: list[CompletedCheckpoint] = []
+    reporter = CheckpointReporter(PipelineClient(str(root)), handed.append)
+    assert (reporter.count, reporter.report(), handed) == (0, [], [])
+    ids = [lease.first_id + 1, lease.first_id + 2]
+    last = [complete(cid) for cid in ids][-1]
+    assert [c.checkpoint_id for c in store.list_completed()] == ids[-1:]  # the first is gone
+    assert reporter.report() == [last] and handed == [last]
+    assert reporter.count == 2
+    assert reporter.report() == [] and reporter.count == 2 and handed == [last]
