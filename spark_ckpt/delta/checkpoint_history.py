@@ -121,6 +121,17 @@ class DeltaCheckpointHistory:
             out.setdefault(int(cid), record)
         return [out[k] for k in sorted(out)], floor
 
+    def completed_ids(self) -> list[int]:
+        """The ids of the completed records, from the id and status columns alone (a record
+        whose JSON is damaged is counted: it says it completed)."""
+        with store_boundary("reading the checkpoint history", reading=True):
+            dt = self._tables.load(StoreTable.HISTORY)
+            if dt is None:
+                return []
+            t = self._tables.scan(dt, ["checkpoint_id", "status"])
+        done = t.filter(pc.equal(t["status"], RecordStatus.COMPLETED.value))
+        return sorted(set(done["checkpoint_id"].to_pylist()))
+
     def history(self) -> list[CheckpointRecord]:
         """What readers see (:func:`~spark_ckpt.storage.history.merge_history`): the records,
         plus the log's completed checkpoints and older failure rows not recorded yet — all of

@@ -133,6 +133,15 @@ class DeltaCheckpointStore(CheckpointStore):
     def list_history(self) -> list[CheckpointRecord]:
         return self._history.history()
 
+    def completed_ids(self) -> list[int]:
+        """As the store contract says: the history's id and status columns and the log's
+        completed checkpoints (kept decoded while the log's version stays), no record
+        decoded."""
+        completed, _ = self._log.list_completed_lenient()
+        ids = set(self._history.completed_ids())
+        ids.update(c.checkpoint_id for c in completed)
+        return sorted(ids)
+
     def list_failed(self) -> list[FailedCheckpoint]:
         """As the store contract says, decoding only the failure records."""
         return self._history.failed()

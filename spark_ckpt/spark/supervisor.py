@@ -332,14 +332,16 @@ class CheckpointReporter:
     """Counts the checkpoints that complete while :meth:`Pipeline.run` supervises, across its
     runs, and hands each to ``on_checkpoint`` once, oldest first.
 
-    Runs in the user's driver, polled every ``poll_s``. Which checkpoints completed comes from
-    the statistics history (:meth:`PipelineClient.history`), which records every completed
-    checkpoint before retention may remove it, so the count is exact however fast checkpoints
-    complete. ``on_checkpoint`` gets the :class:`CompletedCheckpoint` (state handles, source
-    offsets) of those retention still keeps at the poll: with ``checkpoint.retained`` 1 and an
-    interval shorter than ``poll_s`` a checkpoint may be subsumed before the driver looks, and
-    is then counted but not handed over (as Flink's completion notifications, best effort for
-    subsumed checkpoints); its figures stay in the history."""
+    Runs in the user's driver, polled every ``poll_s``. Which checkpoints completed comes
+    from the statistics history and the log (:meth:`CompletedCheckpoints.completed_ids
+    <spark_ckpt.storage.store.CompletedCheckpoints.completed_ids>`): the history records
+    every completed checkpoint before retention may remove it, so the count is exact however
+    fast checkpoints complete. ``on_checkpoint`` gets the :class:`CompletedCheckpoint`
+    (state handles, source offsets) of those retention still keeps at the poll: with
+    ``checkpoint.retained`` 1 and an interval shorter than ``poll_s`` a checkpoint may be
+    subsumed before the driver looks, and is then counted but not handed over (as Flink's
+    completion notifications, best effort for subsumed checkpoints); its figures stay in
+    the history."""
 
     def __init__(
         self,
@@ -355,7 +357,7 @@ class CheckpointReporter:
         self.count = 0
 
     def _completed_ids(self) -> set[int]:
-        return {r.checkpoint_id for r in self.client.history() if r.stats is not None}
+        return set(self.client.store.completed_ids())
 
     def report(self) -> list[CompletedCheckpoint]:
         """The retained checkpoints completed since the last call (oldest first), handed to

@@ -129,6 +129,13 @@ class CompletedCheckpoints(ABC):
         completed checkpoints of the log not recorded yet (see the module docstring). Damaged
         records are skipped with a WARNING: statistics never fail a reader."""
 
+    def completed_ids(self) -> list[int]:
+        """The ids of the completed checkpoints and savepoints the store knows, ascending:
+        the history's (which records each before retention may remove it) and the log's.
+        What a poller counting completions reads; stores may answer without decoding the
+        records."""
+        return sorted({r.checkpoint_id for r in self.list_history() if r.stats is not None})
+
     def list_failed(self) -> list[FailedCheckpoint]:
         """The failed and aborted checkpoints of the history, by id."""
         return [r.failure for r in self.list_history() if r.failure is not None]

@@ -324,6 +324,7 @@ def test_the_reporter_counts_checkpoints_retention_removed_before_it_looked(root
     ids = [lease.first_id + 1, lease.first_id + 2]
     last = [complete(cid) for cid in ids][-1]
     assert [c.checkpoint_id for c in store.list_completed()] == ids[-1:]  # the first is gone
+    assert store.completed_ids() == [lease.first_id, *ids]
     assert reporter.report() == [last] and handed == [last]
     assert reporter.count == 2
     assert reporter.report() == [] and reporter.count == 2 and handed == [last]
