@@ -8,8 +8,13 @@ garbage (blobs no kept checkpoint references) is collected every ``garbage_every
 and after a final checkpoint. A host may space retentions out (``retain_every_ms``): the
 log then holds a few subsumed checkpoints for a few seconds (Flink's store drops a subsumed
 checkpoint at once and discards its files asynchronously; here the log is the store, and
-dropping costs a commit). When the job ends, externalized retention may discard the
-retained checkpoints (:func:`discards_checkpoints`).
+dropping costs a commit). A checkpoint that answers a request from another process (property
+:data:`REQUEST_ID`: the CLI's ``checkpoint``, :meth:`PipelineClient.checkpoint
+<spark_ckpt.spark.client.PipelineClient.checkpoint>`) is kept :data:`ANSWER_KEEP_MS` after its
+completion whatever completes after it: its requester learns of it by finding it in the log,
+polling, and a newer checkpoint with a retention right after it would otherwise remove it
+first (a job's final checkpoint retains exactly the configured count). When the job ends,
+externalized retention may discard the retained checkpoints (:func:`discards_checkpoints`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,14 @@ RETENTION_RETRY_MS: Final = 5_000
 
 #: Default of ``retain_every_ms``: retention follows every completion.
 DEFAULT_RETAIN_EVERY_MS: Final = 0
+
+#: Completed-checkpoint property naming the out-of-process request the checkpoint answers.
+REQUEST_ID: Final = "request_id"
+
+#: How long retention keeps a checkpoint that answers a request (:data:`REQUEST_ID`) after
+#: its completion (and every checkpoint after it: retention keeps from an id on): its
+#: requester polls the log every 0.2 s.
+ANSWER_KEEP_MS: Final = 5_000
 
 #: Default of ``garbage_every``: unreferenced blobs are collected at every 8th retention
 #: (about every 8 s with checkpoints every second).
@@ -116,6 +129,8 @@ class CheckpointCleaner:
         # (AcknowledgeCheckpoint.base_checkpoint_id); until a task reports, the checkpoint
         # it restored from
         self._bases: dict[TaskId, int] = {}
+        # checkpoints answering a request, by id: when they completed (see ANSWER_KEEP_MS)
+        self._answers: dict[int, int] = {}
         self.restored_from(store.latest_completed())
 
     def restored_from(self, checkpoint: CompletedCheckpoint | None) -> None:
@@ -130,12 +145,15 @@ class CheckpointCleaner:
         else:
             self._bases[task] = max(self._bases.get(task, 0), base)
 
-    def completed(self, *, final: bool) -> None:
-        """A checkpoint (not a savepoint) completed: retention is due. After the job's
+    def completed(self, checkpoint: CompletedCheckpoint, *, final: bool) -> None:
+        """*checkpoint* (not a savepoint) completed: retention is due. After the job's
         *final* checkpoint no task snapshots again in this run, so nothing builds on older
         checkpoints any more, and garbage is collected at the next retention."""
         self._due = True
-        if final:
+        if REQUEST_ID in checkpoint.properties:
+            self._answers[checkpoint.checkpoint_id] = self._clock.now_ms()
+        if final:  # retains exactly the configured count: the job ends
+            self._answers.clear()
             self._bases.clear()
             self._collect_now = True
 
@@ -160,7 +178,8 @@ class CheckpointCleaner:
         self._retentions += 1
         collect = self._collect_now or self._retentions % self.garbage_every == 0
         self._collect_now = False
-        keep_from = min(self._bases.values(), default=None)
+        self._answers = {cid: at for cid, at in self._answers.items() if now < at + ANSWER_KEEP_MS}
+        keep_from = min([*self._bases.values(), *self._answers], default=None)
         try:
             fenced(
                 lambda: self._store.retain(

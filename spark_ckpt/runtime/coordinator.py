@@ -501,7 +501,7 @@ class CheckpointCoordinator:
                         ),
                         count=False,
                     )
-            self.cleaner.completed(final=pending.barrier.final)
+            self.cleaner.completed(completed, final=pending.barrier.final)
             if pending.barrier.final:
                 # the job's last checkpoint: retain now, before the sink commit that ends a
                 # stop

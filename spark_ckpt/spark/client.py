@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING
 from spark_ckpt.errors import CheckpointError, CheckpointFailedError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
+from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
 from spark_ckpt.runtime.failure import CheckpointFailureReason
-from spark_ckpt.spark.host import REQUEST_ID
 from spark_ckpt.spark.mailbox import Heartbeats, Mailbox, Request, RequestKind
 from spark_ckpt.spark.run import Runs, RunState, RunStatus
 from spark_ckpt.spark.savepoints import exported_path, wait_exported

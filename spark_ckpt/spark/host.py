@@ -35,7 +35,7 @@ from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock
 from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
 from spark_ckpt.runtime.carried_transactions import CarriedTransactions
-from spark_ckpt.runtime.checkpoint_cleaner import DEFAULT_RETAIN_EVERY_MS
+from spark_ckpt.runtime.checkpoint_cleaner import DEFAULT_RETAIN_EVERY_MS, REQUEST_ID
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.coordinator import (
     CheckpointCoordinator,
@@ -65,8 +65,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Completed-checkpoint property naming the client request it answers.
-REQUEST_ID = "request_id"
 #: Completed-checkpoint property set on the final checkpoint before a stop.
 STOP = "stop"
 #: Completed-checkpoint property naming the run whose coordinator took it.

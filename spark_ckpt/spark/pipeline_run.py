@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING
 from spark_ckpt.errors import CheckpointError, CheckpointFailedError, SparkCkptError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
+from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
 from spark_ckpt.runtime.coordinator import JobStatus, discards_checkpoints
 from spark_ckpt.runtime.restore_settings import PIPELINE
 from spark_ckpt.spark.changelog import remove_run
 from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.executor_subtasks import SubtaskFunction
 from spark_ckpt.spark.foreach_batch import ForeachBatchFunction
-from spark_ckpt.spark.host import REQUEST_ID, RESTART, RUN, STOP
+from spark_ckpt.spark.host import RESTART, RUN, STOP
 from spark_ckpt.spark.mailbox import Mailbox, RequestKind, read_topology
 from spark_ckpt.spark.run import RunFiles, RunState, RunStatus
 from spark_ckpt.spark.savepoints import wait_exported

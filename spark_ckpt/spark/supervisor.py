@@ -28,9 +28,10 @@ from spark_ckpt.errors import (
 )
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
+from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
 from spark_ckpt.runtime.coordinator import JobStatus
 from spark_ckpt.runtime.restart import RestartTracker
-from spark_ckpt.spark.host import REQUEST_ID, RESTART, RUN, STOP
+from spark_ckpt.spark.host import RESTART, RUN, STOP
 from spark_ckpt.spark.pipeline_run import PipelineRun, end_job
 from spark_ckpt.spark.run import Runs, RunState
 

@@ -30,6 +30,7 @@ from spark_ckpt.protocol.handle import (
     TaskId,
     TaskSnapshot,
 )
+from spark_ckpt.runtime.checkpoint_cleaner import ANSWER_KEEP_MS, REQUEST_ID
 from spark_ckpt.runtime.config import CheckpointConfig, ExternalizedCheckpointRetention
 from spark_ckpt.runtime.coordinator import (
     RETENTION_RETRY_MS,
@@ -410,6 +411,38 @@ def test_spaced_retention_runs_at_most_every_retain_every_ms_and_after_the_final
     assert log() == [e]
     with pytest.raises(CheckpointError):
         make(retain_every_ms=-1)
+
+
+def test_retention_keeps_a_checkpoint_answering_a_request_until_its_requester_polled() -> None:
+    """A checkpoint answering another process's request (property ``request_id``) stays
+    in the log ANSWER_KEEP_MS after its completion, though newer ones complete and retention
+    runs after each: its requester finds it there. Then retention drops it as any other."""
+    coord, _, clock, store = make(interval_ms=None, retained_checkpoints=1)
+
+    def log() -> list[int]:
+        return [c.checkpoint_id for c in store.list_completed()]
+
+    def complete(properties: dict[str, str] | None = None) -> int:
+        r = coord.trigger_checkpoint(properties)
+        assert r.checkpoint_id is not None
+        ack_all(coord, store, r.checkpoint_id)
+        return r.checkpoint_id
+
+    a = complete()
+    asked = complete({REQUEST_ID: "r1"})
+    b = complete()
+    assert log() == [asked, b]  # a was dropped at once; the answer stays
+    clock.advance(ANSWER_KEEP_MS - 1)
+    c = complete()
+    assert a not in log() and log() == [asked, b, c]
+    clock.advance(1)
+    d = complete()
+    assert log() == [d]
+    asked = complete({REQUEST_ID: "r2"})
+    r = coord.trigger_checkpoint(final=True)
+    assert r.checkpoint_id is not None
+    ack_all(coord, store, r.checkpoint_id)
+    assert log() == [r.checkpoint_id]  # the job's final retains exactly the configured count
 
 
 def test_retention_keeps_the_checkpoints_tasks_still_build_on() -> None:

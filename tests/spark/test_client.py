@@ -30,9 +30,10 @@ from spark_ckpt.errors import CheckpointError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.handle import TaskId, TaskStateHandle
+from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
 from spark_ckpt.runtime.restore_settings import PIPELINE
 from spark_ckpt.spark.client import PipelineClient
-from spark_ckpt.spark.host import REQUEST_ID, STOP
+from spark_ckpt.spark.host import STOP
 from spark_ckpt.spark.mailbox import (
     MAILBOX_DIR,
     Heartbeat,

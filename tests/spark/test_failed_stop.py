@@ -18,11 +18,12 @@ from spark_ckpt.protocol.handle import (
     TaskId,
     TaskStateHandle,
 )
+from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.task import CHAIN_VERTEX
 from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.spark.client import PipelineClient
-from spark_ckpt.spark.host import REQUEST_ID, RESTART, CoordinatorHost
+from spark_ckpt.spark.host import RESTART, CoordinatorHost
 from spark_ckpt.spark.mailbox import (
     Mailbox,
     Request,
