@@ -351,30 +351,39 @@ class CheckpointReporter:
     ) -> None:
         self.client = client
         self.on_checkpoint = on_checkpoint
-        self.seen = max(self._completed_ids(), default=0)
         #: The newest id before the first report: later ids are this call's.
-        self.baseline = self.seen
+        self.baseline = max(self._completed_ids(), default=0)
         #: Checkpoints completed since the baseline, reported or subsumed before a poll.
         self.count = 0
+        # the ids counted, within REPORT_WINDOW of the newest: a savepoint may complete after
+        # a checkpoint with a higher id (a forced savepoint runs beside checkpoints)
+        self._counted: set[int] = set()
 
     def _completed_ids(self) -> set[int]:
         return set(self.client.store.completed_ids())
 
     def report(self) -> list[CompletedCheckpoint]:
-        """The retained checkpoints completed since the last call (oldest first), handed to
+        """The retained checkpoints completed since the last call (by id), handed to
         ``on_checkpoint``; every newly completed one is counted."""
         completed = self._completed_ids()
         # read after the history: a checkpoint completing in between is in this list
-        retained = [c for c in self.client.checkpoints() if c.checkpoint_id > self.seen]
+        retained = self.client.checkpoints()
         completed.update(c.checkpoint_id for c in retained)
-        fresh = sorted(i for i in completed if i > self.seen)
-        if fresh:
-            self.seen = fresh[-1]
-            self.count += len(fresh)
+        newest = max([*completed, *self._counted], default=0)
+        floor = max(self.baseline, newest - REPORT_WINDOW)
+        fresh = {i for i in completed if i > floor} - self._counted
+        self.count += len(fresh)
+        self._counted = {i for i in self._counted | fresh if i > floor}
+        handed = [c for c in retained if c.checkpoint_id in fresh]
         if self.on_checkpoint is not None:
-            for cp in retained:
+            for cp in handed:
                 self.on_checkpoint(cp)
-        return retained
+        return handed
+
+
+#: How far behind the newest completed checkpoint id a completion is still reported (ids, a
+#: bound on the reporter's memory): a savepoint completing after this many newer checkpoints.
+REPORT_WINDOW = 10_000
 
 
 class Interrupts:

@@ -329,3 +329,31 @@ def test_the_reporter_counts_checkpoints_retention_removed_before_it_looked(root
     assert reporter.report() == [last] and handed == [last]
     assert reporter.count == 2
     assert reporter.report() == [] and reporter.count == 2 and handed == [last]
+
+
+def test_the_reporter_reports_a_savepoint_completing_after_a_newer_checkpoint(root: Path) -> None:
+    """A forced savepoint runs beside checkpoints: one with a lower id may complete after a
+    checkpoint with a higher one. It is counted and handed over all the same, once."""
+    from spark_ckpt.spark.supervisor import CheckpointReporter
+
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+
+    def complete(cid: int, kind: SnapshotType) -> CompletedCheckpoint:
+        cp = CompletedCheckpoint(
+            cid, kind, (TaskStateHandle(TaskId("t")),), CheckpointStats(1000 * cid, 1000 * cid)
+        )
+        store.commit(lease, cp)
+        store.retain(lease, 1)
+        return cp
+
+    first = lease.first_id
+    complete(first, SnapshotType.CHECKPOINT)
+    handed: list[CompletedCheckpoint] = []
+    reporter = CheckpointReporter(PipelineClient(str(root)), handed.append)
+    checkpoint = complete(first + 2, SnapshotType.CHECKPOINT)
+    assert reporter.report() == [checkpoint] and reporter.count == 1
+    savepoint = complete(first + 1, SnapshotType.SAVEPOINT)
+    assert reporter.report() == [savepoint] and reporter.count == 2
+    assert reporter.report() == [] and reporter.count == 2
+    assert handed == [checkpoint, savepoint]
