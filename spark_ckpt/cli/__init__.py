@@ -90,7 +90,9 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("demo", help="run the main job (see `spark-ckpt demo --help`)")
 
-    cps = sub.add_parser("checkpoints", help="list or show completed checkpoints")
+    cps = sub.add_parser(
+        "checkpoints", help="list or show completed checkpoints, pause or resume periodic ones"
+    )
     cps_sub = cps.add_subparsers(dest="action", required=True, metavar="ACTION")
     _command(
         cps_sub, "list", "retained completed checkpoints and savepoints", commands.checkpoints_list
@@ -99,6 +101,21 @@ def parser() -> argparse.ArgumentParser:
         cps_sub, "show", "one completed checkpoint in detail", commands.checkpoints_show
     )
     show.add_argument("id", type=int, help="checkpoint id")
+    _command(
+        cps_sub,
+        "pause",
+        "pause the periodic checkpoints of the running pipeline (and of its next runs) until "
+        "resumed; manual checkpoints, savepoints and stop still work",
+        commands.checkpoints_pause,
+        timeout=True,
+    )
+    _command(
+        cps_sub,
+        "resume",
+        "resume the periodic checkpoints of the running pipeline",
+        commands.checkpoints_resume,
+        timeout=True,
+    )
 
     _command(
         sub,

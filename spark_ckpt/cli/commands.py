@@ -170,6 +170,29 @@ def checkpoints_show(args: argparse.Namespace) -> int:
 
 
 # -- requests ---------------------------------------------------------------------------------
+def checkpoints_pause(args: argparse.Namespace) -> int:
+    """``checkpoints pause``: no periodic checkpoints until ``checkpoints resume``."""
+    try:
+        pause = client(args.root, existing=False).pause_checkpoints(timeout_s=args.timeout)
+    except CheckpointError as e:
+        print(f"error: {e}", flush=True, file=_stderr())
+        return 1
+    since = pause.since_ms if args.json else when(pause.since_ms)
+    emit(args, [{"periodic_checkpoints": "paused", "since": since}])
+    return 0
+
+
+def checkpoints_resume(args: argparse.Namespace) -> int:
+    """``checkpoints resume``: periodic checkpoints again."""
+    try:
+        client(args.root, existing=False).resume_checkpoints(timeout_s=args.timeout)
+    except CheckpointError as e:
+        print(f"error: {e}", flush=True, file=_stderr())
+        return 1
+    emit(args, [{"periodic_checkpoints": "running"}])
+    return 0
+
+
 def _answer(args: argparse.Namespace, cp: CompletedCheckpoint, extra: dict[str, Any]) -> None:
     row = {**checkpoint_json(cp), **extra} if args.json else {**checkpoint_row(cp), **extra}
     emit(args, [row])

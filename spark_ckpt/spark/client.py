@@ -3,10 +3,12 @@ running pipeline — by its root, never through a Python object of the process t
 
 Requests (checkpoint, savepoint, stop) are posted to the coordinator's mailbox under the
 root and answered by completed checkpoints in the checkpoint store that carry the
-request's id; queries (completed checkpoints, the latest one, statistics, runs) read the
-store and the runs' files. That is what makes a pipeline controllable from anywhere that
-sees its root: another notebook, a shell, a Spark Connect client whose foreachBatch function
-runs in a server-side process.
+request's id; a pause or resume of the periodic checkpoints is answered by the
+coordinator taking the request, with the pause recorded under the root
+(:mod:`spark_ckpt.spark.schedule`); queries (completed checkpoints, the latest one,
+statistics, runs) read the store and the runs' files. That is what makes a pipeline
+controllable from anywhere that sees its root: another notebook, a shell, a Spark Connect
+client whose foreachBatch function runs in a server-side process.
 
 Statistics come from the store's checkpoint statistics history
 (:mod:`spark_ckpt.storage.history`), which outlives checkpoint retention; the retained
@@ -34,6 +36,7 @@ from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.spark.mailbox import Heartbeats, Mailbox, Request, RequestKind
 from spark_ckpt.spark.run import Runs, RunState, RunStatus
 from spark_ckpt.spark.savepoints import exported_path, wait_exported
+from spark_ckpt.spark.schedule import CheckpointSchedule, SchedulePause
 
 if TYPE_CHECKING:
     from spark_ckpt.delta.store import DeltaCheckpointStore
@@ -252,7 +255,55 @@ class PipelineClient:
         self.wait_stopped(request_id, max(0.0, deadline - time.monotonic()))
         return final
 
+    def pause_checkpoints(self, timeout_s: float = 120.0) -> SchedulePause:
+        """Pause the periodic checkpoints of the running pipeline, and of its later runs,
+        until :meth:`resume_checkpoints`; returns once the coordinator paused them (a
+        checkpoint already under way completes). Manual checkpoints, savepoints and stops
+        still work. Raises :class:`~spark_ckpt.errors.CheckpointError` when no run is live,
+        or none took the request within *timeout_s* (then it is taken back)."""
+        self._act(RequestKind.PAUSE, timeout_s)
+        pause = self.checkpoints_paused()
+        if pause is None:
+            raise CheckpointError(
+                f"the coordinator of the pipeline under {self.root} took the pause request "
+                "but could not record it (see its log): periodic checkpoints go on"
+            )
+        return pause
+
+    def resume_checkpoints(self, timeout_s: float = 120.0) -> None:
+        """Resume the periodic checkpoints (the first one an interval after the coordinator
+        took the request); returns once it did. Nothing changes when they were not paused.
+        Raises as :meth:`pause_checkpoints` does."""
+        self._act(RequestKind.RESUME, timeout_s)
+        if self.checkpoints_paused() is not None:
+            raise CheckpointError(
+                f"the coordinator of the pipeline under {self.root} took the resume request "
+                "but could not remove the pause record (see its log): periodic checkpoints "
+                "stay paused"
+            )
+
+    def _act(self, kind: RequestKind, timeout_s: float) -> None:
+        """Post a request that no checkpoint answers and wait until the coordinator took
+        it (it deletes a request once it acted on it)."""
+        request_id = self.request(kind, timeout_s=timeout_s)
+        name = self._posted[request_id][0]
+        deadline = time.monotonic() + timeout_s
+        while self.mailbox.holds(name):
+            if time.monotonic() >= deadline:
+                self.withdraw(request_id)
+                raise CheckpointError(
+                    f"no coordinator took the {kind.value} request within {timeout_s:g} s "
+                    f"(is the pipeline under {self.root} running?)"
+                )
+            time.sleep(POLL_S)
+        self._posted.pop(request_id, None)
+
     # -- queries ----------------------------------------------------------------------------
+    def checkpoints_paused(self) -> SchedulePause | None:
+        """The pause of the periodic checkpoints in force (:meth:`pause_checkpoints`), None
+        when they run."""
+        return CheckpointSchedule(self.root).paused()
+
     def checkpoints(self) -> list[CompletedCheckpoint]:
         """Retained completed checkpoints and savepoints, oldest first."""
         return self.store.list_completed()

@@ -7,7 +7,9 @@ takes the barriers it triggered. One poll:
 
 1. re-read the topology (who acknowledges, which sink to commit) — a new topology restarts the
    coordinator (aborting pending checkpoints) after recover-and-commit of the sink;
-2. drain the mailbox: acks, declines, checkpoint/savepoint/stop requests;
+2. drain the mailbox: acks, declines, checkpoint/savepoint/stop requests, and pause/resume
+   requests of the periodic checkpoints (recorded in :mod:`spark_ckpt.spark.schedule`, which
+   a coordinator reads when it starts);
 3. tick the coordinator (periodic triggers, timeouts);
 4. hand the barriers it triggered to the source, which places them into the offsets.
 
@@ -57,6 +59,7 @@ from spark_ckpt.spark.mailbox import (
     read_topology,
 )
 from spark_ckpt.spark.run import RestorePoint, RunFiles, SkippedCheckpoint
+from spark_ckpt.spark.schedule import CheckpointSchedule, SchedulePause
 from spark_ckpt.spark.snapshot_threads import LostWriterScan
 from spark_ckpt.spark.source_options import SOURCE_TASK
 from spark_ckpt.storage.store import CheckpointStore
@@ -135,6 +138,11 @@ class CoordinatorHost:
         self.last_completed: CompletedCheckpoint | None = None
         self.sink: SinkCommitter | None = None
         self.stopping: CheckpointRequest | None = None
+        #: The run's final checkpoint was requested (``Trigger.AvailableNow``).
+        self._ending = False
+        self.schedule = CheckpointSchedule(root)
+        #: Periodic checkpoints are paused (see :mod:`spark_ckpt.spark.schedule`).
+        self.paused: SchedulePause | None = None
         #: A stop with drain waiting for the sources to catch up (see :meth:`finish_drain`).
         self.draining: Request | None = None
         self._barriers: list[CheckpointBarrier] = []
@@ -312,7 +320,8 @@ class CoordinatorHost:
             "the stop failed (%s): the pipeline goes on; request the stop again", request.failure
         )
         self.stopping = None
-        coordinator.resume_periodic_trigger()
+        if self.paused is None:
+            coordinator.resume_periodic_trigger()
 
     def tick(self) -> list[CheckpointBarrier]:
         """Tick the coordinator (periodic triggers, timeouts): what ``latestOffset`` does, so
@@ -341,6 +350,7 @@ class CoordinatorHost:
         """Trigger the checkpoint that ends a bounded run (``Trigger.AvailableNow``)."""
         if self.coordinator is None or self.coordinator.status is not CoordinatorStatus.RUNNING:
             return None
+        self._ending = True
         self.coordinator.stop_periodic_trigger()
         return self.coordinator.trigger_checkpoint({STOP: "available-now"}, final=True)
 
@@ -349,6 +359,12 @@ class CoordinatorHost:
             # its client gave up waiting (e.g. a ``stop`` whose CLI timed out before this
             # run started): acting on it now would surprise whoever runs the pipeline now
             log.warning("ignoring expired %s request %s", request.kind.value, request.request_id)
+            return
+        if request.kind is RequestKind.PAUSE:
+            self._pause(coordinator, request)
+            return
+        if request.kind is RequestKind.RESUME:
+            self._resume(coordinator)
             return
         props = {REQUEST_ID: request.request_id, PIPELINE: self.pipeline}
         if self.run_id is not None:
@@ -364,6 +380,35 @@ class CoordinatorHost:
                 self.draining = self.draining or request
                 return
             self._trigger_stop(coordinator, request, props)
+
+    def _pause(self, coordinator: CheckpointCoordinator, request: Request) -> None:
+        """No periodic checkpoints from now until a resume, in this run and the next ones (the
+        record is written first: a client reads it to know the pause took). A record that
+        cannot be written leaves the schedule as it was; the client reports it."""
+        pause = SchedulePause(request.request_id, self.clock.now_ms())
+        try:
+            self.schedule.pause(pause)
+        except StoreError as e:
+            log.error("cannot pause periodic checkpoints: %s", e)
+            return
+        self.paused = pause
+        coordinator.stop_periodic_trigger()
+        log.info("periodic checkpoints paused (request %s)", request.request_id)
+
+    def _resume(self, coordinator: CheckpointCoordinator) -> None:
+        """Periodic checkpoints again, the first one an interval from now, unless the run is
+        stopping or ending (its final checkpoint is under way). Idempotent."""
+        try:
+            self.schedule.resume()
+        except StoreError as e:
+            log.error("cannot resume periodic checkpoints: %s", e)
+            return
+        if self.paused is None:
+            return
+        self.paused = None
+        if self.stopping is None and self.draining is None and not self._ending:
+            coordinator.resume_periodic_trigger()
+        log.info("periodic checkpoints resumed")
 
     def _trigger_stop(
         self, coordinator: CheckpointCoordinator, request: Request, props: dict[str, str]
@@ -452,6 +497,13 @@ class CoordinatorHost:
             self.run.write_restore_point(self.restore_point)
         self.coordinator = coordinator
         self.coordinator.start()
+        try:
+            self.paused = self.schedule.paused()
+        except StoreError as e:  # checkpoints go on rather than the run failing over it
+            log.error("periodic checkpoints run: %s", e)
+        if self.paused is not None:
+            coordinator.stop_periodic_trigger()
+            log.info("periodic checkpoints paused since %d", self.paused.since_ms)
         log.info("coordinator epoch %d for %s", self.coordinator.epoch, topology)
 
     def latest_completed(self) -> CompletedCheckpoint | None:

@@ -7,10 +7,11 @@ stop requests come from notebooks and the CLI. They talk through files under the
 root, which works the same on a laptop and on a cluster's shared storage:
 
 * ``_mailbox/`` — a queue of JSON messages to the coordinator (:class:`Mailbox`): acks,
-  declines, checkpoint/savepoint/stop requests. A message is written to a temporary name and
-  renamed into place, so readers never see half a message. Names sort by posting time.
-  Delivery is at-least-once: the coordinator deletes a message after acting on it, and acting
-  twice is harmless (a duplicate ack is answered ``DUPLICATE``, a request carries an id).
+  declines, checkpoint/savepoint/stop/pause/resume requests. A message is written to a
+  temporary name and renamed into place, so readers never see half a message. Names sort
+  by posting time. Delivery is at-least-once: the coordinator deletes a message after
+  acting on it, and acting twice is harmless (a duplicate ack is answered ``DUPLICATE``, a
+  request carries an id).
   A run of a pipeline (one attempt of :meth:`Pipeline.run <spark_ckpt.spark.pipeline.Pipeline.run>`)
   has a box of its own, ``_mailbox/<run id>/``, for its tasks' acks and declines, so that a
   second driver on the same root never consumes them. Requests from clients go to the shared
@@ -81,11 +82,14 @@ class RequestKind(StrEnum):
     CHECKPOINT = "checkpoint"
     SAVEPOINT = "savepoint"
     STOP = "stop"  # take a final checkpoint (or savepoint), then let the job stop
+    PAUSE = "pause"  # no periodic checkpoints until resumed (see spark_ckpt.spark.schedule)
+    RESUME = "resume"  # periodic checkpoints again
 
 
 @dataclass(frozen=True)
 class Request:
-    """Client → coordinator: take a checkpoint or savepoint now, or prepare to stop."""
+    """Client → coordinator: take a checkpoint or savepoint now, prepare to stop, or pause or
+    resume the periodic checkpoints."""
 
     request_id: str
     kind: RequestKind
@@ -286,6 +290,15 @@ class Mailbox:
             pass  # taken by a concurrent reader
         except OSError as e:
             raise StoreError(f"cannot set aside malformed message {name}: {e}") from e
+
+    def holds(self, name: str) -> bool:
+        """Whether message *name* is still in the box: not yet taken (the coordinator deletes
+        a message once it acted on it)."""
+        try:
+            info = self._fs.get_file_info(f"{self._dir}/{name}")
+        except OSError as e:
+            raise StoreError(f"cannot look for message {name}: {e}") from e
+        return info.type is pafs.FileType.File
 
     def rejected(self) -> list[str]:
         """Names of the files set aside as malformed, oldest first."""

@@ -337,6 +337,8 @@ def test_bad_input_gives_one_clear_line(root: Path, args: tuple[str, ...], messa
         (),
         ("checkpoints", "list"),
         ("checkpoints", "show"),
+        ("checkpoints", "pause"),
+        ("checkpoints", "resume"),
         ("checkpoint",),
         ("savepoint", "trigger"),
         ("savepoint", "stop"),

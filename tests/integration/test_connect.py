@@ -32,6 +32,7 @@ from test_crash import (
     _finish,
     _kill_repeatedly,
 )
+from test_requests import assert_paused_and_resumed, cli, latest_id
 
 from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.spark.host import STOP
@@ -94,3 +95,20 @@ def test_exactly_once_under_sigkill_with_spark_connect(demo: DemoLauncher, tmp_p
     expected = running_count_rows(generated_keys(args.spec(), positions))
     actual = output_rows(read_delta(args.output))
     assert actual == expected, f"{_diff(actual, expected)}\n" + "\n".join(story)
+
+
+def test_pause_and_resume_under_spark_connect(demo: DemoLauncher, tmp_path: Path) -> None:
+    """``spark-ckpt checkpoints pause|resume`` reach the coordinator of a job under Spark
+    Connect as under classic Spark; the job then stops on request, with no stack trace."""
+    root = tmp_path / "root"
+    args = DemoArgs(
+        root, tmp_path / "out", pipeline="connect", rate=50.0, backlog="100", remote=REMOTE
+    )
+    run = demo.start(args)
+    demo.wait_until(run, lambda: latest_id(root) > 0, RUN_TIMEOUT_S, "a first checkpoint")
+    assert_paused_and_resumed(demo, run, root)
+    stopped = cli("stop", "--root", str(root), "--timeout", "600")
+    assert stopped.returncode == 0, stopped.stderr + run.tail()
+    assert run.wait(RUN_TIMEOUT_S) == 0, run.tail()
+    assert f"on Spark Connect {REMOTE}" in run.tail(200), run.tail(200)
+    assert "Traceback" not in run.tail(200), run.tail(200)

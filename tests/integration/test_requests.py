@@ -1,13 +1,14 @@
-"""Requests through the installed ``spark-ckpt`` (checkpoint, savepoint trigger|stop, stop)
-need a live run: answered while the demo job runs, refused at once — one ``error:`` line,
-exit status 1, nothing posted to the mailbox — once it stopped, and once it was killed
-(SIGKILL, no chance to clean up: its stale status says ``running``). Timeouts are set to an
-hour: a refusal that waited for them would hang the test."""
+"""Requests through the installed ``spark-ckpt`` (checkpoint, checkpoints pause|resume,
+savepoint trigger|stop, stop) need a live run: answered while the demo job runs, refused at
+once — one ``error:`` line, exit status 1, nothing posted to the mailbox — once it stopped,
+and once it was killed (SIGKILL, no chance to clean up: its stale status says ``running``).
+Timeouts are set to an hour: a refusal that waited for them would hang the test."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,12 +16,14 @@ import pytest
 from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.spark.mailbox import MAILBOX_DIR
 from spark_ckpt.spark.run import Runs, RunState
-from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher
+from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher, DemoRun
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 REQUESTS = (
     ("checkpoint",),
+    ("checkpoints", "pause"),
+    ("checkpoints", "resume"),
     ("savepoint", "trigger"),
     ("savepoint", "stop"),
     ("stop",),
@@ -58,6 +61,22 @@ def assert_refused(root: Path) -> None:
         assert mailbox_files(root) == before, request
 
 
+def assert_paused_and_resumed(demo: DemoLauncher, run: DemoRun, root: Path) -> None:
+    """``checkpoints pause``: no periodic checkpoint is triggered while paused (the demo's
+    interval is 300 ms), a manual one still is; ``checkpoints resume``: periodic ones again."""
+    paused = cli("checkpoints", "pause", "--root", str(root), "--timeout", "600")
+    assert paused.returncode == 0, paused.stderr + run.tail()
+    assert "paused" in paused.stdout, paused.stdout
+    assert cli("checkpoint", "--root", str(root), "--timeout", "600").returncode == 0
+    first = latest_id(root)
+    time.sleep(3)  # ten intervals: room for periodic checkpoints, were they not paused
+    assert cli("checkpoint", "--root", str(root), "--timeout", "600").returncode == 0
+    assert latest_id(root) == first + 1  # nothing triggered between the two manual ones
+    resumed = cli("checkpoints", "resume", "--root", str(root), "--timeout", "600")
+    assert resumed.returncode == 0 and "running" in resumed.stdout, resumed.stderr
+    demo.wait_until(run, lambda: latest_id(root) > first + 1, 300, "a periodic checkpoint")
+
+
 def test_requests_need_a_live_run(demo: DemoLauncher, tmp_path: Path) -> None:
     root = tmp_path / "root"
     args = DemoArgs(root, tmp_path / "out", pipeline="live", rate=50.0, backlog="100", channels=2)
@@ -65,6 +84,7 @@ def test_requests_need_a_live_run(demo: DemoLauncher, tmp_path: Path) -> None:
     demo.wait_until(run, lambda: latest_id(root) > 0, 300, "a first checkpoint")
     answered = cli("checkpoint", "--root", str(root), "--timeout", "600")
     assert answered.returncode == 0, answered.stderr + run.tail()
+    assert_paused_and_resumed(demo, run, root)
     stopped = cli("stop", "--root", str(root), "--timeout", "600")
     assert stopped.returncode == 0, stopped.stderr + run.tail()
     assert run.wait(120) == 0, run.tail()
