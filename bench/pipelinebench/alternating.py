@@ -8,30 +8,46 @@ variant differ by up to ±7%, which hides a difference of a few percent. Here on
 throughout, so the two kinds of window share everything but the checkpoints, and a pair of
 windows is ``2 * window_s`` seconds apart instead of minutes.
 
-How. The pipeline runs with checkpointing off (no periodic trigger) on the saturated path
-(a backlog, ``maxRowsPerTrigger``). After ``warmup_s``, windows of ``window_s`` follow each
-other in ABBA order (off, on, on, off, off, on, ...): during an *on* window the bench
-requests a checkpoint through the pipeline's client (``RequestKind.CHECKPOINT``, the request
-Flink's REST API calls *trigger a checkpoint*) every ``interval_ms``, the next one once the
-previous one completed — as the periodic trigger does with at most one checkpoint at a time
-— and none during an *off* window. A window's first ``guard_s`` are not measured: a
-checkpoint requested at the end of an *on* window completes in the next window's guard. A
-window's rows/s are those of the batches that start inside its measured part
-(:func:`window_between`). Reported: each pair's ratio on/off, their median with a bootstrap
-95% interval (:func:`~pipelinebench.steady.paired_ratios`), the checkpoints completed per
-*on* window, and the CPU the bench's own process used in each kind of window.
+How. The pipeline runs on the saturated path (a backlog, ``maxRowsPerTrigger``). After
+``warmup_s``, windows of ``window_s`` follow each other in ABBA order (off, on, on, off,
+off, on, ...), checkpoints every ``interval_ms`` during an *on* window and none during an
+*off* one, switched in one of two ways (``trigger``):
 
-The bench's own reads are the same in both kinds of window. Waiting for a completion reads
-the store (:meth:`PipelineClient.answer` and :meth:`PipelineClient.failure`: the completed
-checkpoints and the statistics history, a few times per request), work that a periodic
-trigger inside the coordinator does not cause, and that ran on the same two cores as the
-pipeline. So during an *off* window the requester makes the same reads at the same pace
-(:meth:`Requester.mirror`: as many polls as the last request needed, for an id that answers
-nothing, then one for the last answered request) and posts nothing. What is left between the
-two kinds of window is the checkpoints, the coordinator's handling of the requests, and the
-posting itself (:meth:`PipelineClient.request`: a liveness check and a mailbox file), which
-is not mirrored: session 22's run measured the bench's CPU at 21.5 s in the *on* windows
-against 17.5 s in the *off* ones (11.8 s before the mirroring).
+* ``periodic`` (the default since session 28): the pipeline is configured with periodic
+  checkpoints every ``interval_ms`` (exactly-once aligned, 2 retained), the production path;
+  the bench pauses them for an *off* window and resumes them for an *on* window through the
+  pipeline's client (:meth:`PipelineClient.pause_checkpoints` /
+  :meth:`~PipelineClient.resume_checkpoints`, one request per window, the same in both
+  kinds). The checkpoints completed in a window are read from the statistics history at
+  the end of every window, in both kinds of window alike. The bench does nothing else
+  while a window runs;
+* ``requests`` (sessions 16-27): the pipeline runs with checkpointing off, and during an
+  *on* window the bench requests a checkpoint through the client (``RequestKind.CHECKPOINT``,
+  the request Flink's REST API calls *trigger a checkpoint*) every ``interval_ms``, the next
+  one once the previous one completed — as the periodic trigger does with at most one
+  checkpoint at a time — and none during an *off* window. Its costs beyond the periodic
+  trigger's: posting each request, polling the store for its answer, and retention keeping
+  a checkpoint that answers a request 5 s after its completion.
+
+A window's first ``guard_s`` are not measured: a checkpoint triggered at the end of an *on*
+window completes in the next window's guard. A window's rows/s are those of the batches that
+start inside its measured part (:func:`window_between`). Reported: each pair's ratio on/off,
+their median with a bootstrap 95% interval (:func:`~pipelinebench.steady.paired_ratios`), the
+checkpoints completed per *on* window, and the CPU the bench's own process used in each kind
+of window.
+
+With ``requests``, the bench's own reads are the same in both kinds of window. Waiting for a
+completion reads the store (:meth:`PipelineClient.answer` and
+:meth:`PipelineClient.failure`: the completed checkpoints and the statistics history, a few
+times per request), work that a periodic trigger inside the coordinator does not cause, and
+that ran on the same two cores as the pipeline. So during an *off* window the requester
+makes the same reads at the same pace (:meth:`Requester.mirror`: as many polls as the last
+request needed, for an id that answers nothing, then one for the last answered request) and
+posts nothing. What is left between the two kinds of window is the checkpoints, the
+coordinator's handling of the requests, and the posting itself
+(:meth:`PipelineClient.request`: a liveness check and a mailbox file), which is not
+mirrored: session 22's run measured the bench's CPU at 21.5 s in the *on* windows against
+17.5 s in the *off* ones (11.8 s before the mirroring).
 """
 
 from __future__ import annotations
@@ -44,7 +60,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pipelinebench.procstat import KindSample, cpu_by_kind
 from pipelinebench.settings import PIPELINE
@@ -72,6 +88,7 @@ class AlternatingSettings:
     window_s: float
     guard_s: float  # the first seconds of every window, not measured
     pairs: int  # windows of each kind
+    trigger: str = "periodic"  # or "requests" (see the module docstring)
 
 
 def window_between(batches: Sequence[dict[str, Any]], t0: float, t1: float) -> Window | None:
@@ -106,6 +123,52 @@ def windows_order(pairs: int) -> list[bool]:
 NO_REQUEST = "0" * 32
 
 
+class Switch(Protocol):
+    """Turns the checkpoints on and off for the windows (see the module docstring)."""
+
+    #: (epoch s of the completion, checkpoint id) of the checkpoints completed so far
+    completed: list[tuple[float, int]]
+    failed: int
+
+    def switch(self, on: bool) -> None: ...
+
+    def collect(self) -> None: ...
+
+    def prime(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class PeriodicSwitch:
+    """``periodic``: pauses and resumes the pipeline's periodic checkpoints; reads what
+    completed from the statistics history (:meth:`collect`, once per window)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self._client = pipeline.client
+        self.completed: list[tuple[float, int]] = []
+        self.failed = 0
+        self._seen: set[int] = set()
+
+    def switch(self, on: bool) -> None:
+        (self._client.resume_checkpoints if on else self._client.pause_checkpoints)(60.0)
+
+    def collect(self) -> None:
+        for record in self._client.history():
+            if record.checkpoint_id in self._seen:
+                continue
+            self._seen.add(record.checkpoint_id)
+            if record.stats is None:
+                self.failed += 1
+            else:
+                self.completed.append((record.stats.completed_ms / 1000, record.checkpoint_id))
+
+    def prime(self) -> None:
+        """The warm-up runs with periodic checkpoints."""
+
+    def close(self) -> None:
+        """Nothing runs in the background."""
+
+
 class Requester:
     """Requests a checkpoint every *interval_s* while :attr:`on` is set, the next once the
     previous one completed (at most one at a time, as the periodic trigger); while it is
@@ -123,6 +186,12 @@ class Requester:
         self._answered: str | None = None  # the last request that was answered
         self._thread = threading.Thread(target=self._loop, name="bench-requester", daemon=True)
         self._thread.start()
+
+    def switch(self, on: bool) -> None:
+        (self.on.set if on else self.on.clear)()
+
+    def collect(self) -> None:
+        """The completions were recorded as they were answered."""
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -189,14 +258,20 @@ def run_alternating(
     """One query, windows alternating (see the module docstring); its figures."""
     root = tempfile.mkdtemp(prefix="spark-ckpt-bench-alternating-")
     try:
+        periodic = s.trigger == "periodic"
         pipeline = Pipeline(
-            spark, PIPELINE, config=checkpoint_config(None), root=os.path.join(root, "pipeline")
+            spark,
+            PIPELINE,
+            config=checkpoint_config(s.interval_ms if periodic else None),
+            root=os.path.join(root, "pipeline"),
         )
         run = PLACEMENTS[s.placement](
             pipeline, source, output=os.path.join(root, "out"), parallelism=parallelism
         )
         progress = ProgressLog()
-        requester = Requester(pipeline, s.interval_ms / 1000)
+        requester: Switch = (
+            PeriodicSwitch(pipeline) if periodic else Requester(pipeline, s.interval_ms / 1000)
+        )
         windows: list[dict[str, Any]] = []
         try:
             while not any(batch_rows(b) for b in progress.ordered()):
@@ -205,12 +280,13 @@ def run_alternating(
             requester.prime()  # a checkpoint in the warm-up
             time.sleep(s.warmup_s)
             for checkpoints in windows_order(s.pairs):
-                (requester.on.set if checkpoints else requester.on.clear)()
+                requester.switch(checkpoints)
                 t0, cpu0, kinds0 = time.time(), _cpu_s(), KindSample.take()
                 deadline = time.monotonic() + s.window_s
                 while (left := deadline - time.monotonic()) > 0:
                     time.sleep(min(POLL_S, left))
                     progress.poll(run.query)
+                requester.collect()
                 windows.append(
                     {
                         "on": checkpoints,
@@ -220,7 +296,7 @@ def run_alternating(
                         "cpu_s_by_process": cpu_by_kind(kinds0, KindSample.take()),
                     }
                 )
-            requester.on.clear()
+            requester.switch(False)
             time.sleep(3 * POLL_S)  # the batch closing the last window
             progress.poll(run.query)
         finally:

@@ -248,7 +248,8 @@ def render_alternating(result: dict[str, Any]) -> str:
         [
             f"Overhead inside one query ({s['placement']}): {s['pairs']} pairs of "
             f"{s['window_s']:.0f} s windows (first {s['guard_s']:.0f} s not measured), "
-            f"checkpoints every {s['interval_ms']} ms against none, ABBA; load "
+            f"checkpoints every {s['interval_ms']} ms ({s.get('trigger', 'requests')}) against "
+            f"none, ABBA; load "
             f"{result['loadavg_start'][0]:.1f} -> {result['loadavg_end'][0]:.1f}",
             f"  ratio on/off: median {r['median']:.3f}"
             + (f" (95% CI {ci[0]:.3f}-{ci[1]:.3f}, width {r['ci95_width']:.3f})" if ci else "")
@@ -283,6 +284,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kind alternating between checkpoints every 1 s and none (pipelinebench.alternating)"
         ),
     )
+    parser.add_argument(
+        "--trigger",
+        choices=("periodic", "requests"),
+        default="periodic",
+        help=(
+            "with --alternating: the pipeline's periodic checkpoints paused and resumed "
+            "(default), or checkpoints requested through the client"
+        ),
+    )
     args = parser.parse_args(argv)
     s = QUICK if args.quick else FULL
     if args.reps:
@@ -315,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 window_s=args.window or 10.0,
                 guard_s=2.0,
                 pairs=args.alternating,
+                trigger=args.trigger,
             )
             result["settings"] = {**asdict(s), "alternating": asdict(alternating)}
             result["alternating"] = run_alternating(
