@@ -13,8 +13,11 @@ Trigger rules (after Flink's ``CheckpointRequestDecider``; the differences are l
 * periodic: due every ``interval_ms`` from :meth:`start`; a due trigger waits while
   ``max_concurrent`` checkpoints (savepoints included) are pending, and — when
   ``min_pause_ms > 0`` — while any checkpoint is pending or less than ``min_pause_ms``
-  passed since the last completion; after it fires at *t* the next one is due at
-  *t + interval*;
+  passed since the last completion; the schedule keeps a fixed rate: after one fires, the
+  next is due at the first point of ``start + k * interval`` after it, so a trigger that
+  fired late (held back by max concurrent, or placed by the source at its next
+  micro-batch) does not shift the schedule, and points missed meanwhile are skipped; one
+  that min pause held back restarts the schedule: the next is due an interval after it;
 * manual checkpoints (:meth:`trigger_checkpoint`) obey the same limits but not the interval;
   they queue until allowed;
 * savepoints (:meth:`trigger_savepoint`, also for a stop with savepoint) are forced: they

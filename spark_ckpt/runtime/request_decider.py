@@ -60,6 +60,14 @@ def request_order(req: CheckpointRequest) -> tuple[int, int]:
 PERIODIC: Final = "periodic"
 
 
+def next_on_schedule(due: int, now: int, interval: int) -> int:
+    """The periodic schedule's next point after *now*, the schedule being *due* plus whole
+    intervals: Flink triggers periodic checkpoints at a fixed rate, so one that fires late
+    (the limits held it back, or the source placed its barriers at its next micro-batch) does
+    not shift the ones after it; points missed meanwhile are skipped, not caught up."""
+    return due + interval * ((now - due) // interval + 1)
+
+
 class CheckpointRequestDecider:
     """The queue, the periodic schedule and the limits of *config* (see the module
     docstring). Not thread-safe: the coordinator's loop drives it."""
@@ -104,15 +112,22 @@ class CheckpointRequestDecider:
     def choose(self, now: int, pending: int) -> CheckpointRequest | str | None:
         """What triggers now with *pending* checkpoints pending: the head of the queue (taken
         out) if it is forced or the limits allow; else :data:`PERIODIC` if a periodic
-        checkpoint is due, nothing is queued and the limits allow (the next one is then
-        due an interval from *now*); else None."""
+        checkpoint is due, nothing is queued and the limits allow (the next one is then due
+        at the schedule's next point after *now*, :func:`next_on_schedule`, or an interval
+        from *now* when min pause held this one back, as Flink reschedules its trigger after
+        a checkpoint that came too early); else None."""
         if self._queue and self._may_trigger(now, pending, self._queue[0].forced):
             return self._queue.pop(0)
-        due = self._next_periodic_ms is not None and now >= self._next_periodic_ms
-        if due and not self._queue and self._may_trigger(now, pending, False):
-            assert self._config.interval_ms is not None
-            self._next_periodic_ms = now + self._config.interval_ms
-            return PERIODIC
+        due = self._next_periodic_ms
+        if due is not None and now >= due and not self._queue:
+            if self._may_trigger(now, pending, False):
+                interval = self._config.interval_ms
+                assert interval is not None
+                if self._pause_ends_ms() > due:  # min pause moved it: the schedule restarts
+                    self._next_periodic_ms = now + interval
+                else:
+                    self._next_periodic_ms = next_on_schedule(due, now, interval)
+                return PERIODIC
         return None
 
     def next_trigger_ms(self, pending: int) -> int | None:

@@ -136,6 +136,35 @@ def test_max_concurrent_blocks_periodic_until_completion() -> None:
     assert coord.pending[0].checkpoint_id > b1.checkpoint_id
 
 
+def test_periodic_checkpoints_keep_a_fixed_rate_when_triggered_late() -> None:
+    """The source ticks once per micro-batch, so a due checkpoint fires late; the schedule
+    stays on its grid (Flink's fixed rate) instead of drifting by each delay, and points
+    missed meanwhile are skipped, not caught up."""
+    coord, gw, clock, store = make(max_concurrent=1)
+    clock.set(130)
+    [b1] = coord.tick()  # due at 100
+    ack_all(coord, store, b1.checkpoint_id)
+    assert coord.next_periodic_ms == 200  # not 230
+    clock.set(210)
+    [b2] = coord.tick()
+    clock.set(320)
+    assert coord.tick() == []  # due at 300, but b2 is pending
+    clock.set(340)
+    ack_all(coord, store, b2.checkpoint_id)  # the completion fires the due one
+    b3 = coord.pending[0]
+    assert b3.checkpoint_id > b2.checkpoint_id and b3.trigger_ms == 340
+    assert coord.next_periodic_ms == 400
+    ack_all(coord, store, b3.checkpoint_id)
+    clock.set(650)
+    [b4] = coord.tick()  # due at 400; 500 and 600 were missed
+    assert b4.timestamp_ms == 650 and coord.next_periodic_ms == 700
+    ack_all(coord, store, b4.checkpoint_id)
+    clock.set(700)
+    [b5] = coord.tick()
+    assert b5.timestamp_ms == 700 and coord.next_periodic_ms == 800
+    assert len(gw.barrier_ids()) == 5
+
+
 def test_max_concurrent_two() -> None:
     coord, gw, clock, _ = make(max_concurrent=2)
     for t in (100, 200, 300):
