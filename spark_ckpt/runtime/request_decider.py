@@ -119,15 +119,19 @@ class CheckpointRequestDecider:
         if self._queue and self._may_trigger(now, pending, self._queue[0].forced):
             return self._queue.pop(0)
         due = self._next_periodic_ms
-        if due is not None and now >= due and not self._queue:
-            if self._may_trigger(now, pending, False):
-                interval = self._config.interval_ms
-                assert interval is not None
-                if self._pause_ends_ms() > due:  # min pause moved it: the schedule restarts
-                    self._next_periodic_ms = now + interval
-                else:
-                    self._next_periodic_ms = next_on_schedule(due, now, interval)
-                return PERIODIC
+        if (
+            due is not None
+            and now >= due
+            and not self._queue
+            and self._may_trigger(now, pending, False)
+        ):
+            interval = self._config.interval_ms
+            assert interval is not None
+            if self._pause_ends_ms() > due:  # min pause moved it: the schedule restarts
+                self._next_periodic_ms = now + interval
+            else:
+                self._next_periodic_ms = next_on_schedule(due, now, interval)
+            return PERIODIC
         return None
 
     def next_trigger_ms(self, pending: int) -> int | None:
