@@ -256,6 +256,34 @@ def full_table(state: TrackedState, key_type: pa.DataType, max_parallelism: int)
     )
 
 
+def full_table_from_changes(
+    state: TrackedState,
+    changes: StateChanges,
+    live: int,
+    key_type: pa.DataType,
+    max_parallelism: int,
+) -> pa.Table | None:
+    """The FULL blob of *state* (as :func:`full_table` gives it, rows of a key group in
+    another order) taken from *changes* when they hold every key the state holds: only
+    vectorized changes (no per-record key, whose value would have to be read), and as many
+    distinct keys with a value as the state has. The last logged value of such a key is its
+    current value, and each of them is in the state, so these are all of its entries. None
+    otherwise. When every key changed since the last checkpoint (a running count over a
+    small key space) this avoids a walk over every entry in Python; the log is compacted in
+    place, as :func:`delta_table` compacts it."""
+    if changes.keys or not changes.log or changes.log_rows < live:
+        return None
+    logged = changes.compacted_log()
+    if logged.num_rows != live or logged.column("value").null_count:
+        return None
+    schema = keyed_blob_schema(state.descriptor, key_type, max_parallelism, delta=False)
+    order = pc.sort_indices(logged.column("key_group"))  # stable: sorted by key group
+    try:
+        return pa.Table.from_arrays(logged.take(order).columns, names=schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+
+
 def delta_table(
     state: TrackedState, changes: StateChanges, key_type: pa.DataType, max_parallelism: int
 ) -> pa.Table:
@@ -474,7 +502,11 @@ class SnapshotStrategy:
                 new_blobs.append(delta)
                 reused.extend(chain[: delta.seq])
             elif live:
-                table = full_table(state, self.key_type, self.max_parallelism)
+                table = full_table_from_changes(
+                    state, changed, live, self.key_type, self.max_parallelism
+                )
+                if table is None:
+                    table = full_table(state, self.key_type, self.max_parallelism)
                 new_blobs.append(self._blob(BlobKind.KEYED_FULL, name, table, 0))
         new_blobs += [self._operator_blob(name, operator[name]) for name in sorted(operator)]
         changes = {n: _take_changes(s) for n, s in keyed.items() if s.changes}
