@@ -186,7 +186,9 @@ class DeltaCheckpointLog:
                 check_written(checkpoint, self._parsed(view))
                 verified = True
             write_deltalake(dt, row, mode="append", commit_properties=no_rebase())
-            self._remember(dt, view, completed=(cid, (text, checkpoint.checksum())))
+            self._remember(
+                dt, view, completed=(cid, (text, checkpoint.checksum())), parsed=checkpoint
+            )
 
         self._fenced(f"commit of checkpoint {cid}", lease, action)
 
@@ -362,11 +364,16 @@ class DeltaCheckpointLog:
         removed: Sequence[int] = (),
         failed: int | None = None,
         failed_removed: Sequence[int] = (),
+        parsed: CompletedCheckpoint | None = None,
     ) -> None:
         """After a no-rebase commit made on the snapshot *view*: cache the log it produced,
         *view* plus that commit, so the next fenced step need not scan the table again. Only
         when *dt* (updated in place by delta-rs) is at exactly the next version — which our
-        put-if-absent commit then wrote; anything else is left to a scan."""
+        put-if-absent commit then wrote; anything else is left to a scan. The parsed
+        completed checkpoints of *view*, when cached, follow the same way (*parsed*: the
+        checkpoint *completed* committed), so that listing them right after a completion or
+        a retention (the completion's sink commit reads the checkpoint back) decodes
+        nothing."""
         if dt.version() != view.version + 1:
             return
         gone = set(removed)
@@ -385,6 +392,14 @@ class DeltaCheckpointLog:
         )
         with self._lock:
             self._view_cache = after
+            cached = self._completed_cache
+            if cached is None or cached[0] != view.version or (completed and parsed is None):
+                return
+            good = [c for c in cached[1] if c.checkpoint_id not in gone]
+            if parsed is not None:
+                good = sorted([*good, parsed], key=lambda c: c.checkpoint_id)
+            bad = [e for e in cached[2] if e.checkpoint_id not in gone]
+            self._completed_cache = (after.version, good, bad)
 
     def _scan_view(self, dt: DeltaTable) -> _LogView:
         t = self._tables.scan(

@@ -524,6 +524,38 @@ def test_completion_is_one_small_append(root: Path) -> None:
     assert json.loads(adds[0]["stats"])["numRecords"] == 1
 
 
+def test_the_completed_checkpoints_after_a_completion_or_retention_decode_nothing(
+    root: Path, monkeypatch
+) -> None:
+    """The coordinator reads a checkpoint back right after committing it (its sink commit)
+    and lists the log after each retention: the store's parsed log follows its own commits
+    instead of decoding every retained checkpoint again, and says what a fresh reader says."""
+    from spark_ckpt.delta import checkpoint_log
+
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    ids = [lease.first_id + i for i in range(4)]
+    for cid in ids[:2]:
+        commit_one(store, lease, cid, keyed(0, kv("a", cid)))
+    store.list_completed()
+    decoded: list[int] = []
+    parse = checkpoint_log.parse_completed
+
+    def counting_parse(rows):  # type: ignore[no-untyped-def]
+        decoded.append(1)
+        return parse(rows)
+
+    monkeypatch.setattr(checkpoint_log, "parse_completed", counting_parse)
+    for cid in ids[2:]:
+        cp = commit_one(store, lease, cid, keyed(0, kv("a", cid)))
+        assert store.get(cid) == cp
+    store.retain(lease, 1)
+    listed = [c.checkpoint_id for c in store.list_completed()]
+    assert decoded == [] and listed == [ids[-1]]
+    fresh = DeltaCheckpointStore(str(root)).list_completed()
+    assert fresh == store.list_completed()
+
+
 def test_completion_reads_blob_tables_only_where_their_logs_do_not_tell(
     root: Path, monkeypatch
 ) -> None:
