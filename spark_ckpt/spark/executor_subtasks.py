@@ -189,7 +189,7 @@ class SubtaskFunction:
         hit = outcome in (HIT, CAUGHT_UP)
         task.cache = (task.cache or CacheMetrics()).add(hit=hit, ms=round(load_ms))
         table = subtask_rows(payloads)
-        _notify_committed(task)
+        _notify_committed(task, RunFiles(self.spec.root, self.spec.run_id))
         task.process(table)
         task.tick()
         token = batch.token
@@ -384,14 +384,16 @@ def _segment_image(
     return export_image(task, writer), False
 
 
-def _notify_committed(task: OperatorTask) -> None:
+def _notify_committed(task: OperatorTask, run: RunFiles) -> None:
     """Before a micro-batch: what the sink committed since the task's previous one (its
     checkpoints completed) becomes the base of the task's next incremental snapshot, and
-    its sealed transactions are forgotten. Reads the sink only while the task awaits a
-    completion or holds sealed transactions."""
+    its sealed transactions are forgotten. The run's coordinator records each completion
+    after its sink commit (``committed.json``, a small file, where the sink's Delta log
+    would take a read of its new commits); read only while the task awaits a completion or
+    holds sealed transactions."""
     if task.sink is None or not (task.sealed_transactions() or task.acknowledged_checkpoints()):
         return
-    committed = task.sink.committer.committed_checkpoint()
+    committed = run.committed()
     if committed:
         task.notify_complete(committed, committed)
 

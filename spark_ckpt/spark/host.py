@@ -163,6 +163,8 @@ class CoordinatorHost:
         if self.sink is not None and self.topology is not None:
             commit_checkpoint(self.sink, cp, self.store, self._carried)
         self._carried.forget_upto(checkpoint_id)
+        if self.run is not None:
+            self._publish_committed(self.run, checkpoint_id)
         if cp.is_savepoint:
             self._export(cp)
         log.info(
@@ -172,6 +174,16 @@ class CoordinatorHost:
             cp.stats.end_to_end_ms,
             cp.stats.state_bytes,
         )
+
+    def _publish_committed(self, run: RunFiles, checkpoint_id: int) -> None:
+        """Tell the run's subtasks on the executors that *checkpoint_id* completed and its
+        output is committed (``committed.json``, read before each of their micro-batches:
+        its snapshot becomes the base of their next incremental one). A record that cannot
+        be written is logged: the subtasks then keep their older base, which is safe."""
+        try:
+            run.write_committed(checkpoint_id)
+        except StoreError as e:
+            log.warning("cannot record the completion of checkpoint %d: %s", checkpoint_id, e)
 
     def _export(self, savepoint: CompletedCheckpoint) -> None:
         """Write the self-contained copy of a completed savepoint into its directory (after
@@ -493,6 +505,8 @@ class CoordinatorHost:
             )
             if latest is not None:
                 self._committed.add(latest.checkpoint_id)
+                if self.run is not None:
+                    self._publish_committed(self.run, latest.checkpoint_id)
         if self.run is not None and self.restore_point is not None:
             self.run.write_restore_point(self.restore_point)
         self.coordinator = coordinator

@@ -17,6 +17,8 @@ file                written by                      read by
 ``lease.json``      the coordinator, after taking   drivers deciding whether another driver
                     its lease                       took the pipeline over (:class:`RunLease`)
 ``aborted.json``    the coordinator                 the run's tasks (abort notifications)
+``committed.json``  the coordinator, after each     the run's subtasks on the executors
+                    completion's sink commit        (completion notifications)
 ``status.json``     the driver                      the CLI and notebooks (:class:`RunStatus`)
 ``fatal.json``      the coordinator                 the driver: a failure no restart can mend
                                                     (fenced, no restorable checkpoint)
@@ -43,6 +45,7 @@ from spark_ckpt.spark.mailbox import RUNS_DIR, _filesystem, _remove_dir, _write_
 RESTORE_FILE = "restore.json"
 LEASE_FILE = "lease.json"
 ABORTED_FILE = "aborted.json"
+COMMITTED_FILE = "committed.json"
 STATUS_FILE = "status.json"
 FATAL_FILE = "fatal.json"
 #: How many aborted checkpoint ids ``aborted.json`` keeps (the newest).
@@ -216,6 +219,20 @@ class RunFiles:
     def aborted(self) -> list[int]:
         d = self._read(ABORTED_FILE)
         return [] if d is None else [int(c) for c in d.get("aborted", [])]
+
+    # -- completions ----------------------------------------------------------------------------
+    def write_committed(self, checkpoint_id: int) -> None:
+        """Checkpoint *checkpoint_id* completed and the sink committed its output."""
+        self._write(COMMITTED_FILE, {"checkpoint_id": checkpoint_id})
+
+    def committed(self) -> int | None:
+        """The newest checkpoint of this run whose output the sink committed, as its
+        coordinator recorded it; None before the first one."""
+        d = self._read(COMMITTED_FILE)
+        try:
+            return None if d is None else int(d["checkpoint_id"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise StoreError(f"malformed completion record of run {self.run_id}: {e!r}") from e
 
     # -- fatal failures -------------------------------------------------------------------------
     def write_fatal(self, reason: str) -> None:
