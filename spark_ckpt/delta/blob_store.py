@@ -108,6 +108,8 @@ class DeltaBlobStore(StateStorage):
         self._tables = tables
         self._completed = completed
         self._max_attempts = max_attempts
+        #: checkpoints whose offsets this store found or put in ``source_offsets``
+        self._offsets_copied: set[int] = set()
 
     # -- writing ---------------------------------------------------------------------------
     def write_task_state(self, checkpoint_id: int, snapshot: TaskSnapshot) -> TaskStateHandle:
@@ -211,12 +213,15 @@ class DeltaBlobStore(StateStorage):
     def write_offsets(self, checkpoints: Sequence[CompletedCheckpoint]) -> None:
         """Coordinator side: the queryable copy of *checkpoints*' source offsets in
         ``source_offsets`` (a row per task and channel, as the tasks acknowledged them), in
-        one append, for those of them the table does not hold yet (a scan of their ids, files
-        pruned by the ids' statistics). The
+        one append, for those of them the table does not hold yet: not copied by this store
+        before, and not found by a scan of their ids (files pruned by the ids' statistics),
+        which is skipped when the app transaction says each of them is newer than what was
+        written. The
         app transaction :data:`OFFSETS_APP_ID` is set to the newest id written, so two
         writers of the same rows conflict and the loser finds them on its next attempt.
         Idempotent. Rows of a checkpoint that retention removed later are garbage that
         retention or discard removes."""
+        checkpoints = [c for c in checkpoints if c.checkpoint_id not in self._offsets_copied]
         owned = [(c, h.task, o) for c in checkpoints for h in c.tasks for o in h.offsets]
         if not owned:
             return
@@ -224,8 +229,13 @@ class DeltaBlobStore(StateStorage):
         ids = sorted({c.checkpoint_id for c, _, _ in owned})
 
         def unwritten(dt: DeltaTable, written: bool) -> pa.Table | None:
-            found = self._tables.scan(dt, ["checkpoint_id"], ids=ids)["checkpoint_id"]
-            present = set(pc.unique(found).to_pylist())
+            version = dt.transaction_version(OFFSETS_APP_ID)
+            present: set[int] = set()
+            if version is not None and version >= ids[0]:
+                # some may be written: the app transaction holds the highest id written,
+                # so ids above it cannot be, and only then is the scan skipped
+                found = self._tables.scan(dt, ["checkpoint_id"], ids=ids)["checkpoint_id"]
+                present = set(pc.unique(found).to_pylist())
             todo = [(c, t, o) for c, t, o in owned if c.checkpoint_id not in present]
             if not todo:
                 return None
@@ -250,6 +260,9 @@ class DeltaBlobStore(StateStorage):
                 unwritten,
                 "writing source offsets",
             )
+        self._offsets_copied.update(ids)
+        if len(self._offsets_copied) > 10_000:  # ids of checkpoints long gone
+            self._offsets_copied = set(sorted(self._offsets_copied)[-1_000:])
 
     # -- listing ---------------------------------------------------------------------------
     def _stored_refs(

@@ -501,6 +501,36 @@ def test_the_offsets_copy_is_one_append_per_retention_and_a_savepoints_at_its_co
     assert len(log_actions(table)) == versions + 1
 
 
+def test_the_offsets_copy_scans_only_when_some_may_be_written(root: Path, monkeypatch) -> None:
+    """Ids above the copy's app transaction (the highest id written) cannot be in it: their
+    append looks none of them up in ``source_offsets`` first (the garbage collection's own
+    scan of the table's ids is another matter)."""
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    scanned: list[str] = []
+    scan = store_tables.StoreTables.scan
+
+    def recording_scan(self, dt, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if kwargs.get("ids") is not None:
+            scanned.append(dt.table_uri.rstrip("/").rsplit("/", 1)[-1])
+        return scan(self, dt, *args, **kwargs)
+
+    monkeypatch.setattr(store_tables.StoreTables, "scan", recording_scan)
+    for i in range(4):
+        cid = lease.first_id + i
+        offsets = (SourceOffset("kafka", 0, i),)
+        h = store.write_task_state(cid, TaskSnapshot(TASK, (keyed(0, kv("k", i)),), (), offsets))
+        store.commit(
+            lease, CompletedCheckpoint(cid, SnapshotType.CHECKPOINT, (h,), CheckpointStats(0, 1))
+        )
+        scanned.clear()
+        store.retain(lease, 2)
+        assert StoreTable.SOURCE_OFFSETS.value not in scanned, i
+    copied = pl.read_delta(str(root / StoreTable.SOURCE_OFFSETS.value))
+    kept = [c.checkpoint_id for c in store.list_completed()]
+    assert sorted(copied["checkpoint_id"].to_list()) == kept == [lease.first_id + i for i in (2, 3)]
+
+
 def test_completion_is_one_small_append(root: Path) -> None:
     store = DeltaCheckpointStore(str(root))
     lease = store.acquire()
