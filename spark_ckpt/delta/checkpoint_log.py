@@ -107,6 +107,8 @@ class DeltaCheckpointLog:
             tuple[int, list[CompletedCheckpoint], list[CorruptCheckpointError]] | None
         ) = None
         self._view_cache: _LogView | None = None
+        # checkpoint id -> (metadata, checksum, parsed) of the rows this instance decoded
+        self._decoded: dict[int, tuple[str, str, CompletedCheckpoint]] = {}
 
     # -- reading ---------------------------------------------------------------------------
     def list_completed_lenient(
@@ -125,7 +127,7 @@ class DeltaCheckpointLog:
             if cached is not None and cached[0] == dt.version():
                 return list(cached[1]), list(cached[2])
             view = self._view(dt)
-        good, bad = parse_completed(view.completed.items())
+        good, bad = self._parse(view)
         with self._lock:
             self._completed_cache = (view.version, good, bad)
         return list(good), list(bad)
@@ -337,10 +339,35 @@ class DeltaCheckpointLog:
             cached = self._completed_cache
         if cached is not None and cached[0] == view.version:
             return list(cached[1])
-        good, bad = parse_completed(view.completed.items())
+        good, bad = self._parse(view)
         with self._lock:
             self._completed_cache = (view.version, good, bad)
         return list(good)
+
+    def _parse(
+        self, view: _LogView
+    ) -> tuple[list[CompletedCheckpoint], list[CorruptCheckpointError]]:
+        """:func:`~spark_ckpt.storage.metadata.parse_completed` of *view*'s completed rows,
+        decoding only the rows this instance has not decoded before with the same metadata
+        and checksum (a process polling the log, as the driver's reporter and clients do,
+        decodes each completed checkpoint once, not at every new version)."""
+        with self._lock:
+            known = self._decoded
+        reused: list[CompletedCheckpoint] = []
+        fresh: list[tuple[int, tuple[str, str]]] = []
+        for cid, (text, digest) in view.completed.items():
+            hit = known.get(cid)
+            if hit is not None and hit[0] == text and hit[1] == digest:
+                reused.append(hit[2])
+            else:
+                fresh.append((cid, (text, digest)))
+        good, bad = parse_completed(fresh) if fresh else ([], [])
+        rows = dict(fresh)
+        decoded = {c.checkpoint_id: known[c.checkpoint_id] for c in reused}
+        decoded.update({c.checkpoint_id: (*rows[c.checkpoint_id], c) for c in good})
+        with self._lock:
+            self._decoded = decoded
+        return sorted([*reused, *good], key=lambda c: c.checkpoint_id), bad
 
     def _view(self, dt: DeltaTable) -> _LogView:
         """The ``checkpoints`` log at *dt*'s version: from the cache when this instance read

@@ -586,6 +586,35 @@ def test_the_completed_checkpoints_after_a_completion_or_retention_decode_nothin
     assert fresh == store.list_completed()
 
 
+def test_a_reader_polling_the_log_decodes_each_checkpoint_once(root: Path, monkeypatch) -> None:
+    """A process that only reads the log (the driver's reporter, a client) lists it after
+    every completion another process committed: each checkpoint is decoded once."""
+    from spark_ckpt.delta import checkpoint_log
+
+    writer = DeltaCheckpointStore(str(root))
+    lease = writer.acquire()
+    reader = DeltaCheckpointStore(str(root))
+    decoded: list[list[int]] = []
+    parse = checkpoint_log.parse_completed
+
+    def counting_parse(rows):  # type: ignore[no-untyped-def]
+        rows = list(rows)
+        decoded.append([cid for cid, _ in rows])
+        return parse(rows)
+
+    monkeypatch.setattr(checkpoint_log, "parse_completed", counting_parse)
+    ids = [lease.first_id + i for i in range(3)]
+    for cid in ids:
+        cp = commit_one(writer, lease, cid, keyed(0, kv("a", cid)))
+        decoded.clear()
+        assert reader.list_completed()[-1] == cp
+        assert decoded == [[cid]]
+    writer.retain(lease, 1)
+    decoded.clear()
+    assert [c.checkpoint_id for c in reader.list_completed()] == [ids[-1]]
+    assert decoded == []
+
+
 def test_completion_reads_blob_tables_only_where_their_logs_do_not_tell(
     root: Path, monkeypatch
 ) -> None:
