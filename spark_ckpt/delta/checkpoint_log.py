@@ -188,9 +188,10 @@ class DeltaCheckpointLog:
                 check_written(checkpoint, self._parsed(view))
                 verified = True
             write_deltalake(dt, row, mode="append", commit_properties=no_rebase())
-            self._remember(
-                dt, view, completed=(cid, (text, checkpoint.checksum())), parsed=checkpoint
-            )
+            digest = checkpoint.checksum()
+            with self._lock:  # what it committed needs no decoding when it is listed
+                self._decoded = {**self._decoded, cid: (text, digest, checkpoint)}
+            self._remember(dt, view, completed=(cid, (text, digest)))
 
         self._fenced(f"commit of checkpoint {cid}", lease, action)
 
@@ -348,9 +349,11 @@ class DeltaCheckpointLog:
         self, view: _LogView
     ) -> tuple[list[CompletedCheckpoint], list[CorruptCheckpointError]]:
         """:func:`~spark_ckpt.storage.metadata.parse_completed` of *view*'s completed rows,
-        decoding only the rows this instance has not decoded before with the same metadata
-        and checksum (a process polling the log, as the driver's reporter and clients do,
-        decodes each completed checkpoint once, not at every new version)."""
+        decoding only the rows this instance has not decoded (or committed) before with the
+        same metadata and checksum: a process polling the log, as the driver's reporter and
+        clients do, decodes each completed checkpoint once, not at every new version, and
+        the coordinator, listing the log after its own completions and retentions (the
+        completion's sink commit reads its checkpoint back), decodes nothing."""
         with self._lock:
             known = self._decoded
         reused: list[CompletedCheckpoint] = []
@@ -391,16 +394,11 @@ class DeltaCheckpointLog:
         removed: Sequence[int] = (),
         failed: int | None = None,
         failed_removed: Sequence[int] = (),
-        parsed: CompletedCheckpoint | None = None,
     ) -> None:
         """After a no-rebase commit made on the snapshot *view*: cache the log it produced,
         *view* plus that commit, so the next fenced step need not scan the table again. Only
         when *dt* (updated in place by delta-rs) is at exactly the next version — which our
-        put-if-absent commit then wrote; anything else is left to a scan. The parsed
-        completed checkpoints of *view*, when cached, follow the same way (*parsed*: the
-        checkpoint *completed* committed), so that listing them right after a completion or
-        a retention (the completion's sink commit reads the checkpoint back) decodes
-        nothing."""
+        put-if-absent commit then wrote; anything else is left to a scan."""
         if dt.version() != view.version + 1:
             return
         gone = set(removed)
@@ -419,14 +417,6 @@ class DeltaCheckpointLog:
         )
         with self._lock:
             self._view_cache = after
-            cached = self._completed_cache
-            if cached is None or cached[0] != view.version or (completed and parsed is None):
-                return
-            good = [c for c in cached[1] if c.checkpoint_id not in gone]
-            if parsed is not None:
-                good = sorted([*good, parsed], key=lambda c: c.checkpoint_id)
-            bad = [e for e in cached[2] if e.checkpoint_id not in gone]
-            self._completed_cache = (after.version, good, bad)
 
     def _scan_view(self, dt: DeltaTable) -> _LogView:
         t = self._tables.scan(
