@@ -16,11 +16,12 @@ from spark_ckpt.spark.run import new_run_id
 SUBTASKS = [TaskId(CHAIN_VERTEX, s) for s in range(2)]
 
 
-def started_host(root: str) -> tuple[CoordinatorHost, ManualClock, str]:
-    """A run's host whose first (periodic) checkpoint completed."""
+def run_host(root: str, clock: ManualClock) -> tuple[CoordinatorHost, str]:
+    """The host of a new run of two subtasks (periodic checkpoints every 50 ms, a memory
+    sink), not started."""
     run_id = new_run_id()
     write_topology(root, Topology(CHAIN_VERTEX, 2, SinkSpec("memory", "-", CHAIN_VERTEX)), run_id)
-    sink, clock = MemorySink(), ManualClock(1_000)
+    sink = MemorySink()
     host = CoordinatorHost(
         root,
         CheckpointConfig(interval_ms=50, tolerable_failed_checkpoints=5),
@@ -29,6 +30,13 @@ def started_host(root: str) -> tuple[CoordinatorHost, ManualClock, str]:
         clock=clock,
         run_id=run_id,
     )
+    return host, run_id
+
+
+def started_host(root: str) -> tuple[CoordinatorHost, ManualClock, str]:
+    """A run's host whose first (periodic) checkpoint completed."""
+    clock = ManualClock(1_000)
+    host, run_id = run_host(root, clock)
     host.start_run()
     clock.advance(60)
     assert [b.checkpoint_id for b in host.poll()] == [1]

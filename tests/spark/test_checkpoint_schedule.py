@@ -7,16 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from coordinator_hosts import SUBTASKS, started_host
+from coordinator_hosts import SUBTASKS, run_host, started_host
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.errors import CheckpointError, StoreError
 from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskStateHandle
 from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
-from spark_ckpt.runtime.config import CheckpointConfig
-from spark_ckpt.runtime.task import CHAIN_VERTEX
-from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.spark.client import PipelineClient
 from spark_ckpt.spark.host import CoordinatorHost
 from spark_ckpt.spark.mailbox import (
@@ -26,11 +22,7 @@ from spark_ckpt.spark.mailbox import (
     Mailbox,
     Request,
     RequestKind,
-    SinkSpec,
-    Topology,
-    write_topology,
 )
-from spark_ckpt.spark.run import new_run_id
 from spark_ckpt.spark.schedule import SCHEDULE_FILE, CheckpointSchedule
 
 
@@ -83,17 +75,8 @@ def test_a_pause_holds_for_the_next_run_until_resumed(tmp_path: Path) -> None:
     first, _, _ = started_host(root)
     pause(root, first)
     first.shutdown()
-    run_id = new_run_id()
-    write_topology(root, Topology(CHAIN_VERTEX, 2, SinkSpec("memory", "-", CHAIN_VERTEX)), run_id)
-    clock, sink = ManualClock(50_000), MemorySink()
-    host = CoordinatorHost(
-        root,
-        CheckpointConfig(interval_ms=50),
-        DeltaCheckpointStore(root),
-        sink_factory=lambda spec: sink.committer,
-        clock=clock,
-        run_id=run_id,
-    )
+    clock = ManualClock(50_000)
+    host, _ = run_host(root, clock)
     restored = host.start_run()
     assert restored is not None and restored.checkpoint_id == 1
     assert host.paused is not None and host.paused.request_id == "pause-1"

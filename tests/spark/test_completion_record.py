@@ -10,18 +10,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from coordinator_hosts import SUBTASKS, started_host
+from coordinator_hosts import SUBTASKS, run_host, started_host
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.errors import StoreError
 from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, TaskStateHandle
-from spark_ckpt.runtime.config import CheckpointConfig
-from spark_ckpt.runtime.task import CHAIN_VERTEX
-from spark_ckpt.sinks.memory import MemorySink
 from spark_ckpt.spark.executor_subtasks import _notify_committed
-from spark_ckpt.spark.host import CoordinatorHost
-from spark_ckpt.spark.mailbox import Mailbox, SinkSpec, Topology, write_topology
+from spark_ckpt.spark.mailbox import Mailbox
 from spark_ckpt.spark.run import COMMITTED_FILE, RunFiles, new_run_id
 
 
@@ -38,17 +33,7 @@ def test_each_completion_and_the_restore_point_are_recorded_for_the_run(tmp_path
     assert RunFiles(root, run_id).committed() == barrier.checkpoint_id
     host.shutdown()
 
-    next_run = new_run_id()
-    write_topology(root, Topology(CHAIN_VERTEX, 2, SinkSpec("memory", "-", CHAIN_VERTEX)), next_run)
-    sink = MemorySink()
-    again = CoordinatorHost(
-        root,
-        CheckpointConfig(interval_ms=50),
-        DeltaCheckpointStore(root),
-        sink_factory=lambda spec: sink.committer,
-        clock=ManualClock(clock.now_ms()),
-        run_id=next_run,
-    )
+    again, next_run = run_host(root, ManualClock(clock.now_ms()))
     restored = again.start_run()
     assert restored is not None
     assert RunFiles(root, next_run).committed() == restored.checkpoint_id

@@ -437,33 +437,7 @@ def test_snapshots_of_a_state_whose_every_key_changes_restore_it(steps: list[Any
     log holds every key, else from the entries; every completed checkpoint restores what a
     plain fold over the operations says, with per-record updates, clears and repeated keys
     mixed in."""
-    store = InMemoryCheckpointStore()
-    b = backend(max_p=4)
-    model = Model()
-    pending: list[tuple[int, TaskSnapshot, Model]] = []
-    verified: list[tuple[TaskStateHandle, Model]] = []
-    cid = 0
-    for step in steps:
-        if step == "snap" or (step == "complete" and not pending):
-            cid += 1
-            pending.append((cid, b.snapshot(cid), copy.deepcopy(model)))
-        if step == "complete":
-            c, snap, expected = pending.pop((cid * 3) % len(pending))
-            verified.append((complete(store, b, snap, c), expected))
-        elif step == "abort" and pending:
-            c, _, _ = pending.pop(0)
-            b.notify_checkpoint_aborted(c)
-        elif isinstance(step, tuple) and step[0] == "all":
-            _, key, value = step
-            keys = sorted({*model.values, key})
-            b.put_values(COUNT, pa.array(keys, pa.int64()), pa.array([value] * len(keys)))
-            model.values.update(dict.fromkeys(keys, value))
-        elif isinstance(step, tuple):
-            apply(step, b, model)
-    cid += 1
-    verified.append((checkpoint(store, b, cid), model))
-    for handle, expected in verified:
-        assert contents(restored(store, handle.blobs, max_p=4)) == expected.as_tuple()
+    assert_every_checkpoint_restores(backend(max_p=4), Model(), steps)
 
 
 def test_a_full_blob_of_a_state_whose_every_key_changed_comes_from_its_change_log(
@@ -514,11 +488,18 @@ def test_a_full_blob_of_a_state_whose_every_key_changed_comes_from_its_change_lo
 def test_long_chains_fold_and_restore_every_completed_checkpoint(steps: list[Any]) -> None:
     # few keys change over many checkpoints of a larger state: chains grow past the limit
     # and fold, with snapshots pending, completed out of order and aborted meanwhile
-    store = InMemoryCheckpointStore()
     b = backend(max_p=4)
     model = Model()
     b.put_values(COUNT, pa.array(range(100, 400)), pa.array(range(300)))
     model.values.update(zip(range(100, 400), range(300), strict=True))
+    assert_every_checkpoint_restores(b, model, steps)
+
+
+def assert_every_checkpoint_restores(b: KeyedStateBackend, model: Model, steps: list[Any]) -> None:
+    """Play *steps* (operations on *b* and *model*, snapshots, completions out of order,
+    aborts), then one more checkpoint: every completed checkpoint restores what *model*
+    held when it was snapshotted."""
+    store = InMemoryCheckpointStore()
     pending: list[tuple[int, TaskSnapshot, Model]] = []
     verified: list[tuple[TaskStateHandle, Model]] = []
     cid = 0
@@ -676,6 +657,11 @@ op_strategy = st.one_of(
 
 def apply(op: tuple[str, int, int], b: KeyedStateBackend, model: Model) -> None:
     kind, key, arg = op
+    if kind == "all":  # every key the state holds, and *key*: set to *arg*
+        keys = sorted({*model.values, key})
+        b.put_values(COUNT, pa.array(keys, pa.int64()), pa.array([arg] * len(keys)))
+        model.values.update(dict.fromkeys(keys, arg))
+        return
     if kind == "put":
         b.put_values(COUNT, pa.array([key]), pa.array([arg]))
         model.values[key] = arg
