@@ -26,15 +26,21 @@ that JSON's SHA-256. How it keeps the store contract:
   of an id wins); a write that adds nothing and drops nothing commits nothing.
 * **Integrity.** A row whose JSON fails its checksum is skipped with a WARNING: statistics
   never fail a reader.
+* **Cached by version.** What an instance read or wrote at a version of the table (its
+  rows, the decoded records, the completed ids) is kept until the table moves on: a Delta
+  version never changes, and the history changes at most once per retention pass while the
+  driver's reporter and waiting clients poll it several times a second.
 
-Threading: every call is an independent transaction on a freshly loaded table.
+Threading: every call is an independent transaction on a freshly loaded table; a lock
+guards the caches.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -68,17 +74,20 @@ VACUUM_EVERY = 100
 #: ``delta.deletedFileRetentionDuration``.
 VACUUM_RETENTION_HOURS = 1
 
-_READ_COLUMNS = ["checkpoint_id", "record", "checksum", "dropped_below"]
 
-
-@dataclass(frozen=True)
+@dataclass
 class _Snapshot:
-    """The history table at one version."""
+    """The history table at one version; what was decoded from it is filled in when first
+    asked for."""
 
+    version: int
     rows: pa.Table  # every column of HISTORY_SCHEMA
     ids: frozenset[int]
     writer_epoch: int  # 0 for an empty table
     floor: int  # one more than the largest id the bound dropped (0 for an empty table)
+    #: decoded records by failed_only (see :meth:`DeltaCheckpointHistory.recorded`)
+    records: dict[bool, list[CheckpointRecord]] = field(default_factory=dict, compare=False)
+    completed: list[int] | None = field(default=None, compare=False)
 
 
 class DeltaCheckpointHistory:
@@ -91,6 +100,8 @@ class DeltaCheckpointHistory:
         self._tables = tables
         self._log = checkpoint_log
         self._max_attempts = max_attempts
+        self._lock = threading.Lock()
+        self._cached: _Snapshot | None = None  # the table at the version last read or written
 
     # -- reading ---------------------------------------------------------------------------
     def recorded(self, *, failed_only: bool = False) -> tuple[list[CheckpointRecord], int]:
@@ -102,24 +113,14 @@ class DeltaCheckpointHistory:
             dt = self._tables.load(StoreTable.HISTORY)
             if dt is None:
                 return [], 0
-            t = self._tables.scan(dt, [*_READ_COLUMNS, "status"])
-        floor = int(pc.max(t["dropped_below"]).as_py() or 0) if t.num_rows else 0
-        if failed_only:
-            t = t.filter(pc.not_equal(t["status"], RecordStatus.COMPLETED.value))
-        out: dict[int, CheckpointRecord] = {}
-        for cid, text, digest in zip(
-            t["checkpoint_id"].to_pylist(),
-            t["record"].to_pylist(),
-            t["checksum"].to_pylist(),
-            strict=True,
-        ):
-            try:
-                record = CheckpointRecord.from_json(text, digest)
-            except CorruptCheckpointError as e:
-                log.warning("checkpoint history record %s is damaged; skipped: %s", cid, e)
-                continue
-            out.setdefault(int(cid), record)
-        return [out[k] for k in sorted(out)], floor
+            snap = self._snapshot(dt)
+        with self._lock:
+            done = snap.records.get(failed_only)
+        if done is None:
+            done = _decode(snap.rows, failed_only=failed_only)
+            with self._lock:
+                snap.records[failed_only] = done
+        return list(done), snap.floor
 
     def completed_ids(self) -> list[int]:
         """The ids of the completed records, from the id and status columns alone (a record
@@ -128,9 +129,16 @@ class DeltaCheckpointHistory:
             dt = self._tables.load(StoreTable.HISTORY)
             if dt is None:
                 return []
-            t = self._tables.scan(dt, ["checkpoint_id", "status"])
-        done = t.filter(pc.equal(t["status"], RecordStatus.COMPLETED.value))
-        return sorted(set(done["checkpoint_id"].to_pylist()))
+            snap = self._snapshot(dt)
+        with self._lock:
+            ids = snap.completed
+        if ids is None:
+            t = snap.rows
+            done = t.filter(pc.equal(t["status"], RecordStatus.COMPLETED.value))
+            ids = sorted(set(done["checkpoint_id"].to_pylist()))
+            with self._lock:
+                snap.completed = ids
+        return list(ids)
 
     def history(self) -> list[CheckpointRecord]:
         """What readers see (:func:`~spark_ckpt.storage.history.merge_history`): the records,
@@ -187,6 +195,9 @@ class DeltaCheckpointHistory:
                     write_deltalake(dt, table, mode="overwrite", commit_properties=no_rebase())
                 except CommitFailedError:
                     continue
+                if dt.version() == snap.version + 1:  # our put-if-absent commit: *table*
+                    with self._lock:
+                        self._cached = _snapshot_of(dt.version(), table)
                 self._maintain(dt.version())
                 return
             raise StoreError(
@@ -194,11 +205,17 @@ class DeltaCheckpointHistory:
             )
 
     def _snapshot(self, dt: DeltaTable) -> _Snapshot:
-        rows = self._tables.scan(dt, HISTORY_SCHEMA.names)
-        epoch = pc.max(rows["writer_epoch"]).as_py() if rows.num_rows else 0
-        floor = pc.max(rows["dropped_below"]).as_py() if rows.num_rows else 0
-        ids = frozenset(int(i) for i in rows["checkpoint_id"].to_pylist())
-        return _Snapshot(rows, ids, int(epoch or 0), int(floor or 0))
+        """The table at *dt*'s version: from the cache when this instance read or wrote
+        exactly that version, else scanned."""
+        version = dt.version()
+        with self._lock:
+            cached = self._cached
+        if cached is not None and cached.version == version:
+            return cached
+        snap = _snapshot_of(version, self._tables.scan(dt, HISTORY_SCHEMA.names))
+        with self._lock:
+            self._cached = snap
+        return snap
 
     def _rewrite(
         self,
@@ -265,3 +282,32 @@ def _rows(records: Sequence[CheckpointRecord], epoch: int, now_us: int, floor: i
     return pa.Table.from_arrays(
         [pa.array(cols[f.name], type=f.type) for f in HISTORY_SCHEMA], schema=HISTORY_SCHEMA
     )
+
+
+def _snapshot_of(version: int, rows: pa.Table) -> _Snapshot:
+    epoch = pc.max(rows["writer_epoch"]).as_py() if rows.num_rows else 0
+    floor = pc.max(rows["dropped_below"]).as_py() if rows.num_rows else 0
+    ids = frozenset(int(i) for i in rows["checkpoint_id"].to_pylist())
+    return _Snapshot(version, rows, ids, int(epoch or 0), int(floor or 0))
+
+
+def _decode(rows: pa.Table, *, failed_only: bool) -> list[CheckpointRecord]:
+    """The records of history *rows* by id (the first row of an id wins); a damaged one is
+    skipped with a WARNING. *failed_only*: only the failed and aborted ones."""
+    t = rows
+    if failed_only:
+        t = t.filter(pc.not_equal(t["status"], RecordStatus.COMPLETED.value))
+    out: dict[int, CheckpointRecord] = {}
+    for cid, text, digest in zip(
+        t["checkpoint_id"].to_pylist(),
+        t["record"].to_pylist(),
+        t["checksum"].to_pylist(),
+        strict=True,
+    ):
+        try:
+            record = CheckpointRecord.from_json(text, digest)
+        except CorruptCheckpointError as e:
+            log.warning("checkpoint history record %s is damaged; skipped: %s", cid, e)
+            continue
+        out.setdefault(int(cid), record)
+    return [out[k] for k in sorted(out)]

@@ -34,8 +34,13 @@ How it keeps the contract of :mod:`spark_ckpt.storage.store`:
   or one committed twice differently, makes the log unreadable
   (:class:`CorruptCheckpointError`).
 
+Reading follows the table: a version this instance wrote is known without a read, and a
+new version is read data file by data file, only the files it has not read before (Delta
+never rewrites a data file in place), so the driver's reporter, polling the log twice a
+second, reads each completion's small file once.
+
 Threading: every call is an independent transaction on a freshly loaded table; the lock only
-guards the cache of the parsed log.
+guards the caches (the parsed log, the files read).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
@@ -68,6 +74,9 @@ from spark_ckpt.storage.metadata import parse_completed
 from spark_ckpt.storage.retention import retention_plan
 
 log = logging.getLogger(__name__)
+
+#: The columns of ``checkpoints`` a view of the log reads.
+_VIEW_COLUMNS = ("record", "epoch", "checkpoint_id", "id_end", "metadata", "checksum")
 
 _T = TypeVar("_T")
 
@@ -109,6 +118,9 @@ class DeltaCheckpointLog:
         self._view_cache: _LogView | None = None
         # checkpoint id -> (metadata, checksum, parsed) of the rows this instance decoded
         self._decoded: dict[int, tuple[str, str, CompletedCheckpoint]] = {}
+        # data file -> its rows (the view's columns): a new version is read file by file,
+        # only the files this instance has not read
+        self._files: dict[str, pa.Table] = {}
 
     # -- reading ---------------------------------------------------------------------------
     def list_completed_lenient(
@@ -419,9 +431,11 @@ class DeltaCheckpointLog:
             self._view_cache = after
 
     def _scan_view(self, dt: DeltaTable) -> _LogView:
-        t = self._tables.scan(
-            dt, ["record", "epoch", "checkpoint_id", "id_end", "metadata", "checksum"]
-        )
+        with self._lock:
+            files = dict(self._files)
+        t = self._tables.scan_files(dt, list(_VIEW_COLUMNS), files)
+        with self._lock:
+            self._files = files
         leases = t.filter(pc.equal(t["record"], LogRecord.LEASE.value))
         done = t.filter(pc.equal(t["record"], LogRecord.COMPLETED.value))
         failed = t.filter(pc.equal(t["record"], LogRecord.FAILED.value))

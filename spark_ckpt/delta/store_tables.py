@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -384,6 +384,31 @@ class StoreTables:
         if row_filter is not None:
             table = table.filter(row_filter)
         return table.select(columns)
+
+    def scan_files(
+        self, dt: DeltaTable, columns: list[str], read: MutableMapping[str, pa.Table]
+    ) -> pa.Table:
+        """Read *columns* of *dt* (as :meth:`scan` does without pruning), reading only the
+        data files not in *read*, which holds (and is updated to hold) the rows read from
+        each data file of the table by path: Delta never rewrites a data file in place, so
+        a reader following a table that grows by appends reads each file once. Files the
+        table no longer has are dropped from *read*."""
+        dataset = dt.to_pyarrow_dataset(filesystem=self.arrow_fs(dt))
+        parts: list[pa.Table] = []
+        seen: set[str] = set()
+        for fragment in dataset.get_fragments():
+            path = fragment.path
+            rows = read.get(path)
+            if rows is None:
+                rows = fragment.to_table(schema=dataset.schema, columns=columns)
+                read[path] = rows
+            parts.append(rows)
+            seen.add(path)
+        for path in [p for p in read if p not in seen]:
+            del read[path]
+        if not parts:
+            return dataset.to_table(columns=columns)
+        return pa.concat_tables(parts)
 
     def now(self) -> int:
         """Now, in microseconds since the epoch (the unit of the timestamp columns)."""

@@ -38,7 +38,7 @@ from spark_ckpt.errors import (
     StoreError,
 )
 from spark_ckpt.protocol.barrier import SnapshotType
-from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
+from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.protocol.handle import (
     BlobKind,
@@ -613,6 +613,69 @@ def test_a_reader_polling_the_log_decodes_each_checkpoint_once(root: Path, monke
     decoded.clear()
     assert [c.checkpoint_id for c in reader.list_completed()] == [ids[-1]]
     assert decoded == []
+
+
+def test_a_reader_polling_the_log_reads_each_data_file_once(root: Path) -> None:
+    """A new version of the log is read file by file, only the files the reader has not
+    read: a reader that listed the log does not open an older completion's file again
+    (here the file is made unreadable after the listing; a fresh reader fails on it), and
+    still lists what a fresh reader lists once the log moves on past that file."""
+    writer = DeltaCheckpointStore(str(root))
+    lease = writer.acquire()
+    reader = DeltaCheckpointStore(str(root))
+    first = commit_one(writer, lease, lease.first_id, keyed(0, kv("a", 1)))
+    assert reader.list_completed() == [first]
+    (old,) = [  # the completion's file (the lease row carries the id too)
+        f
+        for f in files_of_checkpoint(root, first.checkpoint_id, StoreTable.CHECKPOINTS)
+        if pq.read_table(f, columns=["record"])["record"].to_pylist() == ["completed"]
+    ]
+    kept = old.read_bytes()
+    old.write_bytes(b"not parquet")
+    second = commit_one(writer, lease, lease.first_id + 1, keyed(0, kv("a", 2)))
+    assert reader.list_completed() == [first, second]
+    with pytest.raises(StoreError):
+        DeltaCheckpointStore(str(root)).list_completed()
+    old.write_bytes(kept)
+    writer.retain(lease, 1)
+    assert reader.list_completed() == [second] == DeltaCheckpointStore(str(root)).list_completed()
+
+
+def test_a_reader_polling_the_history_scans_it_once_per_version(root: Path, monkeypatch) -> None:
+    """The driver's reporter asks for the completed ids twice a second and a waiting client
+    for the failures; the history changes at each retention only: each version is scanned
+    once, by readers and by the writer that wrote it, and every answer is what a fresh
+    reader says."""
+    writer = DeltaCheckpointStore(str(root))
+    lease = writer.acquire()
+    reader = DeltaCheckpointStore(str(root))
+    scanned: list[int] = []
+    scan = store_tables.StoreTables.scan
+
+    def recording_scan(self, dt, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if dt.table_uri.rstrip("/").endswith(StoreTable.HISTORY.value):
+            scanned.append(dt.version())
+        return scan(self, dt, *args, **kwargs)
+
+    monkeypatch.setattr(store_tables.StoreTables, "scan", recording_scan)
+    ids = [lease.first_id + i for i in range(3)]
+    for cid in ids:
+        commit_one(writer, lease, cid, keyed(0, kv("a", cid)))
+        writer.retain(lease, 1)
+        scanned.clear()
+        for _ in range(3):
+            assert reader.completed_ids() == ids[: ids.index(cid) + 1]
+            assert reader.list_failed() == []
+            assert [r.checkpoint_id for r in reader.list_history()] == ids[: ids.index(cid) + 1]
+        version = DeltaTable(str(root / StoreTable.HISTORY.value)).version()
+        assert scanned == [version]  # the reader's first poll at this version
+    failed = FailedCheckpoint(ids[-1] + 1, SnapshotType.CHECKPOINT, 1, 2, "declined", "no")
+    scanned.clear()
+    writer.record_failure(lease, failed)  # the writer knows the version it wrote
+    writer.retain(lease, 1)
+    assert scanned == []
+    assert reader.list_failed() == [failed] == DeltaCheckpointStore(str(root)).list_failed()
+    assert reader.completed_ids() == ids == writer.completed_ids()
 
 
 def test_completion_reads_blob_tables_only_where_their_logs_do_not_tell(
