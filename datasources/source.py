@@ -50,6 +50,7 @@ from spark_ckpt.runtime.request_decider import CheckpointRequest, RequestStatus
 from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
 from spark_ckpt.sources.channel_source import ChannelSource, ReadPlan, read_rows
 from spark_ckpt.sources.stream_offset import StreamOffset
+from spark_ckpt.spark.environment import ensure_small_delta_runtime
 from spark_ckpt.spark.routing import ROUTE_KEY, ROUTED_SCHEMA, Router
 from spark_ckpt.spark.source_options import SOURCE_TASK, SourceOptions
 
@@ -449,4 +450,7 @@ class CkptSource(DataSource):  # type: ignore[misc]
         return from_arrow_schema(ROUTED_SCHEMA)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """The source runner (before any Delta call there): its coordinator's commits run on
+        a one-worker delta-rs runtime (:func:`ensure_small_delta_runtime`)."""
+        ensure_small_delta_runtime()
         return CkptStreamReader(self.parsed, self._user_schema())

@@ -3,6 +3,14 @@
 * ``PYSPARK_PYTHON`` (and ``PYSPARK_DRIVER_PYTHON``) default to the running interpreter, so
   Spark's Python workers import the same pyarrow and spark-ckpt as the driver. The package
   sets them on import when they are unset; a user's explicit setting is left alone.
+* ``TOKIO_WORKER_THREADS`` defaults to 1 in the processes spark-ckpt owns — the source
+  runner (:func:`ensure_small_delta_runtime`, called when the stream reader is built there)
+  and the subtask hosts (set in the environment they start with) — and nowhere else (not in
+  the user's driver). delta-rs runs every call on a tokio runtime with, by default, a worker
+  thread per core; the small commits and reads of checkpointing then cost about a fifth more
+  CPU than with one worker, in thread hand-offs (measured on this 2-core machine: 13.7
+  against 10.8 ms of CPU per append to a short-log table, 11.7 against 10.0 ms of wall
+  time). A user's setting is left alone.
 * Spark 4 needs Java 17 or newer: :func:`ensure_java` finds it (``JAVA_HOME`` first, then
   ``java`` on ``PATH``) and raises :class:`EnvironmentSetupError` saying what to install.
 """
@@ -24,6 +32,17 @@ def ensure_pyspark_python() -> None:
     """Point Spark's Python workers at this interpreter unless the user chose one."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+#: The environment variable tokio reads when delta-rs builds its runtime (its worker count).
+TOKIO_WORKER_THREADS = "TOKIO_WORKER_THREADS"
+
+
+def ensure_small_delta_runtime() -> None:
+    """One tokio worker thread for delta-rs in this process unless the user chose a count.
+    Takes effect only if delta-rs has not built its runtime yet in this process (it does on
+    its first call), so call it before the first Delta read or write."""
+    os.environ.setdefault(TOKIO_WORKER_THREADS, "1")
 
 
 def java_binary() -> str | None:

@@ -65,6 +65,7 @@ from typing import IO, Final, Protocol
 
 from spark_ckpt import errors
 from spark_ckpt.errors import EnvironmentSetupError, SparkCkptError, StateError
+from spark_ckpt.spark.environment import TOKIO_WORKER_THREADS
 from spark_ckpt.spark.executor_cache import CacheKey, Fence
 from spark_ckpt.spark.mailbox import process_exists
 
@@ -306,6 +307,7 @@ class SubtaskHosts:
 
     def _start(self, address: Path) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env.setdefault(TOKIO_WORKER_THREADS, "1")  # see spark_ckpt.spark.environment
         with open(address.with_suffix(".log"), "ab") as log:
             return subprocess.Popen(
                 [

@@ -65,3 +65,28 @@ def test_a_local_spark_checkpoints_through_the_file_system_api(master: str, loca
         if local
         else None
     )
+
+
+def test_the_source_runner_runs_delta_rs_on_one_worker_unless_the_user_chose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream reader is built in the source runner before its first Delta call: it
+    leaves the runner with one tokio worker for delta-rs, or the user's count."""
+    from datasources.source import CkptSource
+
+    options = {"pipeline": "p", "rate": "0", "backlog": "10", "channels": "1", "keys": "3"}
+    monkeypatch.delenv(environment.TOKIO_WORKER_THREADS, raising=False)
+    source = CkptSource(options)
+    assert environment.TOKIO_WORKER_THREADS not in os.environ  # not at load() (planner)
+    source.streamReader(source.schema())
+    assert os.environ[environment.TOKIO_WORKER_THREADS] == "1"
+    monkeypatch.setenv(environment.TOKIO_WORKER_THREADS, "3")
+    source.streamReader(source.schema())
+    assert os.environ[environment.TOKIO_WORKER_THREADS] == "3"
+
+
+def test_importing_the_package_leaves_the_users_delta_runtime_alone() -> None:
+    env = {k: v for k, v in os.environ.items() if k != environment.TOKIO_WORKER_THREADS}
+    code = "import os, spark_ckpt, datasources; print(os.environ.get('TOKIO_WORKER_THREADS'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "None"

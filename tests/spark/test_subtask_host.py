@@ -20,6 +20,7 @@ import pytest
 from pyspark import cloudpickle
 
 from spark_ckpt.errors import EnvironmentSetupError, StateError
+from spark_ckpt.spark.environment import TOKIO_WORKER_THREADS
 from spark_ckpt.spark.executor_cache import CacheKey, Fence
 from spark_ckpt.spark.mailbox import process_exists
 from spark_ckpt.spark.subtask_host import (
@@ -124,6 +125,23 @@ def test_one_host_keeps_the_subtask_between_micro_batches(key: CacheKey) -> None
     assert (first.rows, second.rows) == (3, 3)
     assert _RAN == []  # nothing ran in the task's process
     os.kill(host_pid(second), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("chosen", [None, "2"])
+def test_a_host_runs_delta_rs_on_one_worker_unless_the_user_chose(
+    key: CacheKey, chosen: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host starts with ``TOKIO_WORKER_THREADS=1`` (its checkpoint writes are small
+    Delta commits) unless the worker's environment sets a count."""
+    if chosen is None:
+        monkeypatch.delenv(TOKIO_WORKER_THREADS, raising=False)
+    else:
+        monkeypatch.setenv(TOKIO_WORKER_THREADS, chosen)
+    done = SubtaskHosts(idle_s=30).run(key, Counter(), batch(1), [])
+    environ = Path(f"/proc/{host_pid(done)}/environ").read_bytes().split(b"\0")
+    assert f"{TOKIO_WORKER_THREADS}={chosen or '1'}".encode() in environ
+    assert os.environ.get(TOKIO_WORKER_THREADS) == chosen  # the worker's own is untouched
+    os.kill(host_pid(done), signal.SIGKILL)
 
 
 def test_an_error_reaches_the_task_with_its_type_and_the_host_goes_on(key: CacheKey) -> None:
