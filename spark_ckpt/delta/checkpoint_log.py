@@ -20,9 +20,13 @@ How it keeps the contract of :mod:`spark_ckpt.storage.store`:
 * **Ids** come from lease rows: a new block starts at the largest ``id_end`` ever logged.
 * **Idempotent commit.** ``commit`` of an id with a ``completed`` row is a no-op (checked on
   the fenced snapshot, so it is race free).
-* **Retention** deletes ``completed`` rows of dropped checkpoints with ``DeltaTable.delete``
-  (copy-on-write), as one fenced commit; removing their blobs afterwards is the garbage
-  collector's job (:mod:`spark_ckpt.delta.garbage_collector`).
+* **Retention** removes the ``completed`` rows of dropped checkpoints as one fenced commit:
+  each row is a data file of its own (a completion is a one-row append), so the commit
+  removes those files (:meth:`~spark_ckpt.delta.store_tables.StoreTables.remove_files`, what
+  a copy-on-write delete of them would commit, without its query planning: a third of the
+  CPU); a file that also holds rows to keep (a table rewritten by other means) makes it a
+  ``DeltaTable.delete``. Removing their blobs afterwards is the garbage collector's job
+  (:mod:`spark_ckpt.delta.garbage_collector`).
 * **Failed checkpoints** are recorded in the statistics history
   (:mod:`spark_ckpt.delta.checkpoint_history`), not here. Roots written by earlier
   versions may hold ``failed`` rows: :meth:`DeltaCheckpointLog.list_legacy_failed` reads
@@ -62,6 +66,7 @@ from spark_ckpt.delta.store_tables import (
     CHECKPOINTS_SCHEMA,
     StoreTable,
     StoreTables,
+    empty_table,
     no_rebase,
     rows_table,
     sql_list,
@@ -332,16 +337,22 @@ class DeltaCheckpointLog:
         commit on the checked snapshot *view*)."""
         if not ids and not failed:
             return
-        parts = []
-        if ids:
-            parts.append(
-                f"(record = '{LogRecord.COMPLETED.value}' AND checkpoint_id IN {sql_list(ids)})"
-            )
-        if failed:
-            parts.append(
-                f"(record = '{LogRecord.FAILED.value}' AND checkpoint_id IN {sql_list(failed)})"
-            )
-        dt.delete(" OR ".join(parts), commit_properties=no_rebase())
+        doomed = {(i, LogRecord.COMPLETED.value) for i in ids}
+        doomed |= {(i, LogRecord.FAILED.value) for i in failed}
+        whole, elsewhere = self._tables.removal_plan(dt, doomed, "record")
+        if not elsewhere and self._tables.remove_files(dt, whole, commit_properties=no_rebase()):
+            dt.update_incremental()  # the object stays at the version it committed on
+        else:
+            parts = []
+            if ids:
+                parts.append(
+                    f"(record = '{LogRecord.COMPLETED.value}' AND checkpoint_id IN {sql_list(ids)})"
+                )
+            if failed:
+                parts.append(
+                    f"(record = '{LogRecord.FAILED.value}' AND checkpoint_id IN {sql_list(failed)})"
+                )
+            dt.delete(" OR ".join(parts), commit_properties=no_rebase())
         self._remember(dt, view, removed=ids, failed_removed=failed)
 
     # -- the parsed log --------------------------------------------------------------------
@@ -430,12 +441,19 @@ class DeltaCheckpointLog:
         with self._lock:
             self._view_cache = after
 
-    def _scan_view(self, dt: DeltaTable) -> _LogView:
+    def _read_files(self, dt: DeltaTable) -> dict[str, pa.Table]:
+        """The rows of each data file of *dt* (the view's columns), reading only files this
+        instance has not read."""
         with self._lock:
             files = dict(self._files)
-        t = self._tables.scan_files(dt, list(_VIEW_COLUMNS), files)
+        by_file = self._tables.read_files(dt, list(_VIEW_COLUMNS), files)
         with self._lock:
             self._files = files
+        return by_file
+
+    def _scan_view(self, dt: DeltaTable) -> _LogView:
+        parts = list(self._read_files(dt).values())
+        t = pa.concat_tables(parts) if parts else empty_table(list(_VIEW_COLUMNS))
         leases = t.filter(pc.equal(t["record"], LogRecord.LEASE.value))
         done = t.filter(pc.equal(t["record"], LogRecord.COMPLETED.value))
         failed = t.filter(pc.equal(t["record"], LogRecord.FAILED.value))

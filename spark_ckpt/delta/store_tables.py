@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -50,6 +50,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import DeltaError
+from deltalake.transaction import RemoveAction
 
 from spark_ckpt.delta.errors import delta_boundary
 from spark_ckpt.errors import CorruptCheckpointError, StoreError
@@ -389,26 +390,106 @@ class StoreTables:
         self, dt: DeltaTable, columns: list[str], read: MutableMapping[str, pa.Table]
     ) -> pa.Table:
         """Read *columns* of *dt* (as :meth:`scan` does without pruning), reading only the
-        data files not in *read*, which holds (and is updated to hold) the rows read from
-        each data file of the table by path: Delta never rewrites a data file in place, so
-        a reader following a table that grows by appends reads each file once. Files the
-        table no longer has are dropped from *read*."""
-        dataset = dt.to_pyarrow_dataset(filesystem=self.arrow_fs(dt))
-        parts: list[pa.Table] = []
-        seen: set[str] = set()
+        data files not in *read* (see :meth:`read_files`)."""
+        parts = list(self.read_files(dt, columns, read).values())
+        if not parts:
+            return empty_table(columns)
+        return pa.concat_tables(parts)
+
+    def read_files(
+        self,
+        dt: DeltaTable,
+        columns: list[str],
+        read: MutableMapping[str, pa.Table] | None = None,
+        *,
+        ids: Iterable[int] | None = None,
+    ) -> dict[str, pa.Table]:
+        """The rows (*columns*) of each data file of *dt*, by the file's path as the Delta log
+        names it, in the table's order; *ids* prunes files by ``checkpoint_id`` statistics.
+        *read* holds (and is updated to hold) the rows already read from each file: Delta
+        never rewrites a data file in place, so a reader following a table that grows by
+        appends reads each file once; files the table no longer has are dropped from it."""
+        pruning = None if ids is None else [("checkpoint_id", "in", sorted(set(ids)))]
+        dataset = dt.to_pyarrow_dataset(
+            filesystem=self.arrow_fs(dt), file_pruning_predicate=pruning
+        )
+        known: MutableMapping[str, pa.Table] = {} if read is None else read
+        out: dict[str, pa.Table] = {}
         for fragment in dataset.get_fragments():
-            path = fragment.path
-            rows = read.get(path)
+            rows = known.get(fragment.path)
             if rows is None:
                 rows = fragment.to_table(schema=dataset.schema, columns=columns)
-                read[path] = rows
-            parts.append(rows)
-            seen.add(path)
-        for path in [p for p in read if p not in seen]:
-            del read[path]
-        if not parts:
-            return dataset.to_table(columns=columns)
-        return pa.concat_tables(parts)
+                known[fragment.path] = rows
+            out[fragment.path] = rows
+        if read is not None and ids is None:
+            for path in [p for p in read if p not in out]:
+                del read[path]
+        return out
+
+    def removal_plan(
+        self, dt: DeltaTable, doomed: Collection[tuple[int, str]], column: str
+    ) -> tuple[list[str], set[tuple[int, str]]]:
+        """How to remove the rows keyed (``checkpoint_id``, *column*) *doomed* from *dt*,
+        decided from the Delta log's file statistics alone: the data files every row of
+        which is doomed (:meth:`remove_files` removes them), and the doomed keys that may be
+        in other files (a ``DeltaTable.delete`` removes those rows). A file's keys are
+        known from its statistics when it holds one row, or two rows of one checkpoint with
+        different *column* values (the statistics are then the two keys), each value a
+        full ``str`` of at most 32 characters (longer ones may be truncated); a file whose
+        keys are not known may hold every doomed key of its ``checkpoint_id`` range."""
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        names = ["path", "num_records", "min.checkpoint_id", "max.checkpoint_id"]
+        rows = zip(
+            *(actions[n].to_pylist() for n in names),
+            actions[f"min.{column}"].to_pylist()
+            if f"min.{column}" in actions.column_names
+            else [None] * actions.num_rows,
+            actions[f"max.{column}"].to_pylist()
+            if f"max.{column}" in actions.column_names
+            else [None] * actions.num_rows,
+            strict=True,
+        )
+        wanted = set(doomed)
+        whole: list[str] = []
+        elsewhere: set[tuple[int, str]] = set()
+        for path, n, lo, hi, low, high in rows:
+            keys = _known_keys(n, lo, hi, low, high)
+            if keys is None:
+                elsewhere |= {
+                    k for k in wanted if (lo is None or lo <= k[0]) and (hi is None or k[0] <= hi)
+                }
+            elif keys <= wanted:
+                whole.append(path)
+            else:
+                elsewhere |= keys & wanted
+        return whole, elsewhere
+
+    def remove_files(
+        self,
+        dt: DeltaTable,
+        paths: Collection[str],
+        *,
+        commit_properties: CommitProperties | None = None,
+    ) -> bool:
+        """Remove the data files *paths* of *dt* from the table in one commit on *dt*'s
+        version (their rows vanish; the files stay on disk for time travel until a
+        ``VACUUM``): what a copy-on-write delete of every row of those files commits,
+        without reading or planning anything. False, committing nothing, when one of them
+        is not a data file of *dt*. *dt* is not brought up to date."""
+        actions = pa.table(dt.get_add_actions(flatten=True)).select(["path", "size_bytes"])
+        sizes = dict(
+            zip(actions["path"].to_pylist(), actions["size_bytes"].to_pylist(), strict=True)
+        )
+        if not paths or any(p not in sizes for p in paths):
+            return False
+        now_ms = int(time.time() * 1000)  # what VACUUM's retention counts from: wall time
+        dt.create_write_transaction(
+            [RemoveAction(p, True, now_ms, sizes[p]) for p in sorted(paths)],
+            "append",
+            dt.schema(),
+            commit_properties=commit_properties,
+        )
+        return True
 
     def now(self) -> int:
         """Now, in microseconds since the epoch (the unit of the timestamp columns)."""
@@ -453,6 +534,22 @@ def rows_table(schema: pa.Schema, columns: Mapping[str, list[Any]]) -> pa.Table:
         for f in schema
     ]
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _known_keys(
+    n: int | None, lo: int | None, hi: int | None, low: Any, high: Any
+) -> set[tuple[int, str]] | None:
+    """The (checkpoint id, value) keys of a data file from its statistics (see
+    :meth:`StoreTables.removal_plan`), or None when they do not tell."""
+    if lo is None or lo != hi or not isinstance(low, str) or not isinstance(high, str):
+        return None
+    if len(low) > 32 or len(high) > 32:
+        return None
+    if n == 1 and low == high:
+        return {(lo, low)}
+    if n == 2 and low != high:
+        return {(lo, low), (lo, high)}
+    return None
 
 
 def empty_table(columns: list[str]) -> pa.Table:

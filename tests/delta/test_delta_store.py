@@ -51,6 +51,7 @@ from spark_ckpt.protocol.handle import (
 )
 from spark_ckpt.testing.damage import (
     column_chunk_span,
+    data_files,
     delete_blob_file,
     files_of_checkpoint,
     flip_byte_in_blob,
@@ -1039,32 +1040,113 @@ def test_vacuum_is_explicit_and_keeps_retained_state(root: Path) -> None:
     assert store.read_blob(next(iter(last.blobs()))).equals(kv("a", 2))
 
 
-def test_a_garbage_delete_that_loses_to_a_task_append_runs_again(root: Path, monkeypatch) -> None:
-    """delta-rs refuses a delete when a task's append landed meanwhile with files its
-    predicate may match; retention runs the delete again on the newer version instead of
-    failing (and warning) until its next pass. The task's append here is real."""
+def test_retention_removes_whole_files_with_remove_actions_only(root: Path) -> None:
+    """A completion is a one-row file, and a task's blobs of a checkpoint one file: retention
+    and its garbage collection remove those files from the tables with commits of remove
+    actions alone (nothing rewritten), which a second reader and an independent replay of
+    the log agree on."""
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    ids = [lease.first_id + i for i in range(3)]
+    for cid in ids:
+        commit_one(store, lease, cid, keyed(0, kv("a", cid)))
+    store.retain(lease, 1)
+    for table in (StoreTable.CHECKPOINTS, StoreTable.OPERATOR_STATE):
+        removals = [
+            acts for _, acts in log_actions(root / table.value) if any("remove" in a for a in acts)
+        ]
+        assert len(removals) == 1, table
+        (acts,) = removals
+        assert not any("add" in a for a in acts)
+        removed = [a["remove"] for a in acts if "remove" in a]
+        assert len(removed) == 2 and all(r["dataChange"] and r["size"] > 0 for r in removed)
+        assert all(r["deletionTimestamp"] > 0 for r in removed)
+        assert active_files(root / table.value) == sorted(
+            DeltaTable(str(root / table.value)).file_uris()
+        )
+    state = pl.read_delta(str(root / StoreTable.OPERATOR_STATE.value))
+    assert state["checkpoint_id"].to_list() == [ids[-1]]
+    log_rows = pl.read_delta(str(root / StoreTable.CHECKPOINTS.value))
+    done = log_rows.filter(pl.col("record") == "completed")["checkpoint_id"].to_list()
+    assert (
+        done
+        == [ids[-1]]
+        == [c.checkpoint_id for c in DeltaCheckpointStore(str(root)).list_completed()]
+    )
+
+
+def test_a_garbage_removal_that_loses_to_a_task_append_runs_again(root: Path, monkeypatch) -> None:
+    """A garbage file is removed with a commit of remove actions; when that commit loses to
+    a task's append (here: the append is real, and the commit then fails as delta-rs fails
+    a commit it cannot rebase), retention plans again on the newer version instead of
+    failing (and warning) until its next pass."""
     from deltalake.exceptions import CommitFailedError
 
     store = DeltaCheckpointStore(str(root))
     lease = store.acquire()
     for i in range(3):
         commit_one(store, lease, lease.first_id + i, keyed(0, kv(f"k{i}", i)))
+    real = DeltaTable.create_write_transaction
+    lost: list[int] = []
+
+    def loses_once(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not lost and self.table_uri.rstrip("/").endswith(StoreTable.OPERATOR_STATE.value):
+            lost.append(1)
+            store.write_task_state(lease.first_id + 3, TaskSnapshot(TASK, (keyed(1, kv("z", 9)),)))
+            raise CommitFailedError("a concurrent transaction removed the same file")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", loses_once)
+    store.retain(lease, 1)
+    assert lost == [1]
+    ids = sorted(pl.read_delta(str(root / "operator_state"))["checkpoint_id"].to_list())
+    assert ids == [lease.first_id + 2, lease.first_id + 3]  # garbage gone, the new write kept
+
+
+def test_garbage_in_a_file_that_keeps_a_live_blob_is_deleted_and_a_lost_delete_runs_again(
+    root: Path, monkeypatch
+) -> None:
+    """A task's append holds all its blobs of a checkpoint: when one of them is garbage and
+    another still referenced (a state that did not change since), the file stays and the
+    garbage row is deleted (copy-on-write); a delete that loses to a task's append runs
+    again on the newer version."""
+    from deltalake.exceptions import CommitFailedError
+
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    first, second = lease.first_id, lease.first_id + 1
+    other = StateBlob("agg", 0, BlobKind.KEYED_FULL, "other", kv("o", 1), 0, 0)
+    h1 = store.write_task_state(first, TaskSnapshot(TASK, (keyed(0, kv("a", 1)), other)))
+    store.commit(
+        lease, CompletedCheckpoint(first, SnapshotType.CHECKPOINT, (h1,), CheckpointStats(0, 1))
+    )
+    kept = [r for r in h1.blobs if r.state_name == "other"]  # unchanged: reused
+    h2 = store.write_task_state(second, TaskSnapshot(TASK, (keyed(0, kv("a", 2)),), tuple(kept)))
+    store.commit(
+        lease, CompletedCheckpoint(second, SnapshotType.CHECKPOINT, (h2,), CheckpointStats(0, 1))
+    )
+    (shared,) = files_of_checkpoint(root, first)
     real = DeltaTable.delete
     lost: list[int] = []
 
-    def loses_once(self, *args, **kwargs):
+    def loses_once(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         if not lost and self.table_uri.rstrip("/").endswith(StoreTable.OPERATOR_STATE.value):
-            # a task appends its blobs between the delete's read and its commit
             lost.append(1)
-            store.write_task_state(lease.first_id + 3, TaskSnapshot(TASK, (keyed(1, kv("z", 9)),)))
+            store.write_task_state(second + 1, TaskSnapshot(TASK, (keyed(1, kv("z", 9)),)))
             raise CommitFailedError("a concurrent transactions added new data")
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(DeltaTable, "delete", loses_once)
     store.retain(lease, 1)
     assert lost == [1]
-    ids = sorted(pl.read_delta(str(root / "operator_state"))["checkpoint_id"].to_list())
-    assert ids == [lease.first_id + 2, lease.first_id + 3]  # garbage gone, the new write kept
+    left = pl.read_delta(str(root / "operator_state"))
+    assert sorted(zip(left["checkpoint_id"], left["state_name"], strict=True)) == [
+        (first, "other"),
+        (second, "counts"),
+        (second + 1, "counts"),
+    ]
+    assert shared not in data_files(root, StoreTable.OPERATOR_STATE)  # rewritten
+    assert [store.read_blob(r) for r in h2.blobs] == [kv("a", 2), kv("o", 1)]
 
 
 def test_reads_and_commits_after_retention_rewrote_files(tmp_path: Path) -> None:
