@@ -23,7 +23,7 @@ How it keeps the contract of :mod:`spark_ckpt.storage.store`:
 * **Retention** removes the ``completed`` rows of dropped checkpoints as one fenced commit:
   each row is a data file of its own (a completion is a one-row append), so the commit
   removes those files (:meth:`~spark_ckpt.delta.store_tables.StoreTables.remove_files`, what
-  a copy-on-write delete of them would commit, without its query planning: a third of the
+  a copy-on-write delete of them would commit, without its query planning: two thirds of its
   CPU); a file that also holds rows to keep (a table rewritten by other means) makes it a
   ``DeltaTable.delete``. Removing their blobs afterwards is the garbage collector's job
   (:mod:`spark_ckpt.delta.garbage_collector`).
