@@ -386,44 +386,27 @@ class StoreTables:
             table = table.filter(row_filter)
         return table.select(columns)
 
-    def scan_files(
-        self, dt: DeltaTable, columns: list[str], read: MutableMapping[str, pa.Table]
-    ) -> pa.Table:
-        """Read *columns* of *dt* (as :meth:`scan` does without pruning), reading only the
-        data files not in *read* (see :meth:`read_files`)."""
-        parts = list(self.read_files(dt, columns, read).values())
-        if not parts:
-            return empty_table(columns)
-        return pa.concat_tables(parts)
-
     def read_files(
         self,
         dt: DeltaTable,
         columns: list[str],
-        read: MutableMapping[str, pa.Table] | None = None,
-        *,
-        ids: Iterable[int] | None = None,
+        read: MutableMapping[str, pa.Table],
     ) -> dict[str, pa.Table]:
         """The rows (*columns*) of each data file of *dt*, by the file's path as the Delta log
-        names it, in the table's order; *ids* prunes files by ``checkpoint_id`` statistics.
-        *read* holds (and is updated to hold) the rows already read from each file: Delta
-        never rewrites a data file in place, so a reader following a table that grows by
-        appends reads each file once; files the table no longer has are dropped from it."""
-        pruning = None if ids is None else [("checkpoint_id", "in", sorted(set(ids)))]
-        dataset = dt.to_pyarrow_dataset(
-            filesystem=self.arrow_fs(dt), file_pruning_predicate=pruning
-        )
-        known: MutableMapping[str, pa.Table] = {} if read is None else read
+        names it, in the table's order. *read* holds (and is updated to hold) the rows
+        already read from each file: Delta never rewrites a data file in place, so a reader
+        following a table that grows by appends reads each file once; files the table no
+        longer has are dropped from it."""
+        dataset = dt.to_pyarrow_dataset(filesystem=self.arrow_fs(dt))
         out: dict[str, pa.Table] = {}
         for fragment in dataset.get_fragments():
-            rows = known.get(fragment.path)
+            rows = read.get(fragment.path)
             if rows is None:
                 rows = fragment.to_table(schema=dataset.schema, columns=columns)
-                known[fragment.path] = rows
+                read[fragment.path] = rows
             out[fragment.path] = rows
-        if read is not None and ids is None:
-            for path in [p for p in read if p not in out]:
-                del read[path]
+        for path in [p for p in read if p not in out]:
+            del read[path]
         return out
 
     def removal_plan(
