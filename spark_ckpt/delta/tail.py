@@ -88,6 +88,7 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError
 
 from spark_ckpt.delta.errors import delta_boundary
+from spark_ckpt.delta.log_commits import COMMIT_FILE, DamagedCommitError, read_commit
 from spark_ckpt.errors import ConfigError, ProtocolError
 from spark_ckpt.protocol.option import check_int, parse_int
 from spark_ckpt.sources.channel_source import check_channel
@@ -100,7 +101,6 @@ UPSTREAM_PREFIX: Final = "_upstream"
 _UPSTREAM_COLUMN = re.compile(f"(?:{UPSTREAM_PREFIX})*{BARRIER_PREFIX}.*", re.DOTALL)
 _MAX_CHANNELS: Final = 2**31 - 1
 _MAX_VERSION: Final = 2**62
-_COMMIT_FILE = "_delta_log/{version:020d}.json"
 
 
 def upstream_name(name: str) -> str:
@@ -450,21 +450,19 @@ class DeltaTailSource:
 
     def _read_commit(self, fs: pafs.FileSystem, base: str, version: int) -> list[dict[str, Any]]:
         """The actions of the commit file of *version*, in file order."""
-        name = _COMMIT_FILE.format(version=version)
+        name = COMMIT_FILE.format(version=version)
         try:
-            with fs.open_input_stream(f"{base}/{name}") as stream:
-                data = stream.read()
-        except FileNotFoundError as e:
+            actions = read_commit(fs, version, root=base)
+        except DamagedCommitError as e:
+            raise ProtocolError(f"corrupt commit file {name} of {self._root}: {e}") from e
+        except (OSError, pa.ArrowException) as e:
+            raise ProtocolError(f"cannot read {name} of {self._root}: {e}") from e
+        if actions is None:
             raise ProtocolError(
                 f"the commit file of version {version} of {self._root} no longer exists (Delta "
                 "log cleanup?): tail from a later startingVersion"
-            ) from e
-        except (OSError, pa.ArrowException) as e:
-            raise ProtocolError(f"cannot read {name} of {self._root}: {e}") from e
-        try:
-            return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
-        except (UnicodeDecodeError, ValueError) as e:
-            raise ProtocolError(f"corrupt commit file {name} of {self._root}: {e}") from e
+            )
+        return actions
 
     def _apply(
         self, fs: pafs.FileSystem, base: str, version: int, actions: list[dict[str, Any]]
