@@ -55,18 +55,22 @@ Invariants and why they give exactly-once output:
   checkpoint *r* replays its input from *r*'s source positions, so the table must then hold
   exactly the output of checkpoints <= *r* — also when it already holds output of later ones
   (the newest checkpoint was damaged and the restore fell back, or an older one was restored
-  on purpose). ``roll_back_to`` *r* removes, in one commit that sets the version to *r*, every
-  file still in the table that this sink's commits with a version above *r* added since its
-  newest commit with a version <= *r* (found in the log's JSON commits). Such a commit may
-  also have carried transactions of checkpoints <= *r* (whose own commit was lost in a crash);
+  on purpose). ``roll_back_to`` *r* finds, in the log's JSON commits, the table version at
+  which the sink's output was that of *r* (:mod:`spark_ckpt.delta.sink_rollback`) and, in
+  one commit that sets the version to *r*, removes every file of the sink added since that
+  the version does not hold, and adds back those of its files a later roll back removed (a
+  restore of a checkpoint that an earlier restore left behind). A commit after it may also
+  have carried transactions of checkpoints <= *r* (whose own commit was lost in a crash);
   ``recover``, which follows with *r*'s transactions, adds their files again whatever the
   version, which restores the invariant above. Checkpoint ids are never reused, so later
   checkpoints (> the damaged one > *r*) commit normally. Output of this sink that another
   writer rewrote (OPTIMIZE) cannot be rolled back.
-* **Nothing referenced is deleted.** ``abort`` and the orphan sweep of ``recover`` skip files that
-  the current table version references. ``recover`` must not run concurrently with writers of the
-  same sink (it would delete their in-flight staged files): run it once per job (re)start, before
-  any task writes.
+* **Nothing referenced is deleted.** A roll back only removes files from the table; ``abort``
+  and the orphan sweep of ``recover`` delete only files that no version of the table the log
+  describes references (current files and Delta's tombstones): every version keeps reading
+  until a ``VACUUM``. ``recover`` must not run concurrently with writers of the same sink (it
+  would delete their in-flight staged files): run it once per job (re)start, before any task
+  writes.
 
 The table is created by the first commit that has files, from their schema (all columns
 nullable), with protocol reader 1 / writer 2: no deletion vectors, no column mapping, UTC

@@ -537,8 +537,7 @@ def recover_sink(
     the output of checkpoints <= the restored one. The roll back comes *before* the commit
     of the restored transactions because it may withdraw some of them too (a later
     checkpoint's commit carried them when the restored checkpoint's own commit was lost in a
-    crash); committing them afterwards puts them back, and the files withdrawn become
-    orphans the sink's recovery deletes. With no checkpoint (a fresh start) nothing is
+    crash); committing them afterwards puts them back. With no checkpoint (a fresh start) nothing is
     rolled back: a pipeline starting on an existing table leaves it alone. Idempotent. Run
     once per job start."""
     if checkpoint is not None:

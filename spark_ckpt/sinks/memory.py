@@ -133,10 +133,11 @@ class MemorySinkCommitter:
 
     def roll_back_to(self, checkpoint_id: int) -> list[str]:
         """Withdraw every committed transaction that a commit at a checkpoint >
-        *checkpoint_id* made visible (they become staged again, as a Delta sink's removed
-        files stay on disk until the orphan sweep) and set the committed checkpoint to
-        *checkpoint_id*; returns the withdrawn transaction ids (sorted). A no-op returning
-        ``[]`` when the committed checkpoint is <= *checkpoint_id*."""
+        *checkpoint_id* made visible (they become staged again, and the next recovery drops
+        them) and set the committed checkpoint to *checkpoint_id*. Unlike the Delta sink it
+        brings nothing back: it models restores of the current lineage only. Returns the
+        withdrawn transaction ids (sorted); a no-op returning ``[]`` when the committed
+        checkpoint is <= *checkpoint_id*."""
         with self._lock:
             if self._committed_checkpoint <= checkpoint_id:
                 return []

@@ -183,12 +183,14 @@ class SinkCommitter(CommitProgress, Protocol):
         ...
 
     def roll_back_to(self, checkpoint_id: int) -> list[str]:
-        """At a restore from *checkpoint_id*, before :meth:`recover`: if the committed
-        checkpoint is above *checkpoint_id*, withdraw in one atomic step the output that
-        commits at later checkpoints made visible (possibly including transactions of
-        checkpoints <= *checkpoint_id* that a later checkpoint committed: :meth:`recover`
-        with the restored checkpoint's transactions commits them again) and make the
-        committed checkpoint *checkpoint_id*. This covers the output of every version of the
+        """At a restore from *checkpoint_id*, before :meth:`recover`: in one atomic step,
+        make the sink hold the output it held as of *checkpoint_id* again — withdraw the
+        output that commits at later checkpoints (or of a later lineage) made visible
+        (possibly including transactions of checkpoints <= *checkpoint_id* that a later
+        checkpoint committed: :meth:`recover` with the restored checkpoint's transactions
+        commits them again), bring back what a roll back to an earlier checkpoint withdrew
+        from *checkpoint_id*'s output where the sink can — and make the committed checkpoint
+        *checkpoint_id*. This covers the output of every version of the
         job that wrote into the sink's storage for the same pipeline (the operator chain may
         have changed between them). Output of other writers is never withdrawn.
         Returns identifiers of what was withdrawn (sink-specific: file paths, transaction

@@ -23,7 +23,7 @@ root. Nothing is written when the check fails.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from spark_ckpt.delta.savepoint import checkpoint_as_of, open_savepoint
 from spark_ckpt.delta.store import DeltaCheckpointStore
@@ -43,6 +43,8 @@ from spark_ckpt.runtime.restore_settings import (
     output_checkpoint,
     without_uids,
 )
+from spark_ckpt.runtime.task import sealed_transactions
+from spark_ckpt.sinks.sink import Transaction
 from spark_ckpt.state.descriptor import META_MAX_PARALLELISM
 from spark_ckpt.storage.store import CheckpointStore
 from spark_ckpt.storage.transfer import copy_checkpoint, derive_checkpoint
@@ -96,12 +98,13 @@ def prepare_restore(
     settings: RestoreSettings,
     clock: Clock | None = None,
     *,
-    check_output: Callable[[int], None] | None = None,
+    check_output: Callable[[int, Sequence[Transaction]], None] | None = None,
 ) -> CompletedCheckpoint | None:
     """See the module docstring; returns the checkpoint the first run will restore (None: it
     starts empty). Raises :class:`RestoreError` for a source that does not exist or a
     checkpoint that does not fit the pipeline. *check_output* is called with the checkpoint
-    id the output will be rolled back to, before anything is written: it raises
+    id the output will be rolled back to and the sink transactions the checkpoint sealed
+    (its recovery commits them), before anything is written: it raises
     :class:`RestoreError` when the output table cannot hold that checkpoint's output
     (:meth:`DeltaSinkCommitter.check_output_restorable
     <spark_ckpt.delta.sink_committer.DeltaSinkCommitter.check_output_restorable>`)."""
@@ -131,7 +134,7 @@ def prepare_restore(
         )
     checkpoint = without_uids(checkpoint, dropped)
     if check_output is not None:
-        check_output(output_checkpoint(checkpoint))
+        check_output(output_checkpoint(checkpoint), sealed_transactions(checkpoint, source))
     lease = root.acquire()  # fences any coordinator still running on the root
     # the new lineage's ids exceed the source's: the sink's Delta app transaction versions
     # are checkpoint ids, and its output is rolled back to the source's id on restore

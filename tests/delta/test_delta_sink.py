@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_ckpt.delta.sink import DeltaSink
+from spark_ckpt.delta.sink_rollback import RollbackPlan
 from spark_ckpt.delta.staged_file import StagedFile, staged_files
 from spark_ckpt.delta.stats import DeltaStats, delta_stats
 from spark_ckpt.errors import ProtocolError, StoreError
@@ -93,10 +94,13 @@ def log_actions(table: Path) -> list[tuple[int, list[dict[str, Any]]]]:
     return out
 
 
-def replay(table: Path) -> pa.Table:
-    """The table's content from the log, read without delta-rs: active adds minus removes."""
+def replay(table: Path, upto: int | None = None) -> pa.Table:
+    """The table's content from the log (up to version *upto*), read without delta-rs:
+    active adds minus removes."""
     active: dict[str, None] = {}
-    for _, actions in log_actions(table):
+    for version, actions in log_actions(table):
+        if upto is not None and version > upto:
+            break
         for a in actions:
             if "add" in a:
                 active[a["add"]["path"]] = None
@@ -635,8 +639,8 @@ def seal(sink: TransactionalSink, cid: int, rs: Sequence[Row]) -> list[Transacti
     return [sink.writer.pre_commit(OP, s, cid) for s in (0, 1)]
 
 
-def polars_rows(root: Path) -> list[Row]:
-    df = pl.read_delta(str(root))
+def polars_rows(root: Path, version: int | None = None) -> list[Row]:
+    df = pl.read_delta(str(root), version=version)
     return sorted(zip(df["id"].to_list(), df["name"].to_list(), df["ts"].to_list(), strict=True))
 
 
@@ -696,7 +700,7 @@ def test_roll_back_removes_the_output_of_later_checkpoints_only(tmp_path: Path) 
     assert all((root / p).exists() for p in removed)  # logically removed, still on disk
 
     # Idempotent: no new commit.
-    assert sink.committer.roll_back_to(2) == [] and sink.committer.roll_back_to(3) == []
+    assert sink.committer.roll_back_to(2) == []
     assert make_sink(root).committer.roll_back_to(2) == []
     assert len(log_actions(root)) == 6
 
@@ -705,8 +709,15 @@ def test_roll_back_removes_the_output_of_later_checkpoints_only(tmp_path: Path) 
     assert sink.committer.commit_checkpoint(5, seal(sink, 5, out[5])) is True
     assert_table(root, [*out[1], *out[2], *out[5], *other], 5)
 
-    # Recovery's orphan sweep deletes the removed files; the table is unchanged.
+    # Recovery's orphan sweep keeps the removed files: earlier versions still read them.
     make_sink(root).committer.recover([])
+    assert all((root / p).exists() for p in removed)
+    assert_table(root, [*out[1], *out[2], *out[5], *other], 5)
+    assert sorted(r[0] for r in polars_rows(root, version=4)) == sorted(
+        r[0] for r in [*out[1], *out[2], *out[3], *out[4], *other]
+    )
+    # A VACUUM (here with no retention) deletes them; the current version is unchanged.
+    assert set(DeltaTable(str(root)).vacuum(0, dry_run=False, enforce_retention_duration=False))
     assert not any((root / p).exists() for p in removed)
     assert_table(root, [*out[1], *out[2], *out[5], *other], 5)
 
@@ -757,7 +768,9 @@ def test_roll_back_then_recover_restores_a_checkpoint_whose_commit_was_lost(
     new.committer.recover(t2)
     assert_table(root, rows(10, 2) + rows(20, 2), 2)
     active = pa.table(DeltaTable(str(root)).get_add_actions(flatten=True)).column("path")
-    assert parquet_files(root) == set(active.to_pylist())  # checkpoint 3's files were swept
+    t3_files = {f.path for t in t3 for f in staged_files(t)}
+    # checkpoint 3's files stay (version 2 of the table reads them) until a VACUUM
+    assert parquet_files(root) == set(active.to_pylist()) | t3_files
     new.committer.recover(t2)  # idempotent
     assert new.committer.roll_back_to(2) == []
     assert new.committer.commit_checkpoint(4, seal(new, 4, rows(40, 2)))
@@ -795,17 +808,17 @@ def test_roll_back_redoes_its_work_after_losing_a_commit_race(
     racer = make_sink(root)  # another committer of the same sink (a late global committer)
     staged = seal(racer, 4, rows(40, 2))
     calls = []
-    real = sink.committer._added_after
+    real = sink.committer._plan
 
-    def interleaved(*args: Any, **kw: Any) -> tuple[set[str], set[str]]:
+    def interleaved(*args: Any, **kw: Any) -> RollbackPlan:
         found = real(*args, **kw)
-        calls.append(len(found[0]))
+        calls.append(len(found.added_after))
         if len(calls) == 1:
             racer.committer.commit_checkpoint(4, staged)
             append_foreign(root, rows(90, 1))
         return found
 
-    monkeypatch.setattr(sink.committer, "_added_after", interleaved)
+    monkeypatch.setattr(sink.committer, "_plan", interleaved)
     assert len(sink.committer.roll_back_to(1)) == 6  # checkpoints 2, 3 and the racing 4
     assert calls == [4, 6]
     assert_table(root, rows(10, 2) + rows(90, 1), 1)
@@ -819,15 +832,15 @@ def test_roll_back_gives_up_after_max_attempts(
     sink = make_sink(root, max_attempts=3)
     for c in (1, 2):
         sink.committer.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
-    real = sink.committer._added_after
+    real = sink.committer._plan
     n = iter(range(100))
 
-    def always_beaten(*args: Any, **kw: Any) -> tuple[set[str], set[str]]:
+    def always_beaten(*args: Any, **kw: Any) -> RollbackPlan:
         found = real(*args, **kw)
         append_foreign(root, rows(90 + next(n), 1))
         return found
 
-    monkeypatch.setattr(sink.committer, "_added_after", always_beaten)
+    monkeypatch.setattr(sink.committer, "_plan", always_beaten)
     with pytest.raises(StoreError, match="lost 3 commit races"):
         sink.committer.roll_back_to(1)
     assert_table(root, rows(10, 2) + rows(20, 2) + rows(90, 3), 2)

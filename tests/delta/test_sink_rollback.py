@@ -6,6 +6,7 @@ races, cleaned-up logs — are in test_delta_sink.py.)"""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,16 +15,21 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
-from hypothesis import given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_delta_sink import (
     OP,
+    T0,
     Row,
     Step,
+    append_foreign,
+    assert_table,
     batch,
     content,
     log_actions,
     make_sink,
+    parquet_files,
+    polars_rows,
     replay,
     restore_steps,
     rows,
@@ -32,10 +38,11 @@ from test_delta_sink import (
 )
 
 from spark_ckpt.delta.sink import DeltaSink
+from spark_ckpt.delta.staged_file import staged_files
 from spark_ckpt.errors import RestoreError
 from spark_ckpt.runtime import task
 from spark_ckpt.sinks.memory import MemorySink
-from spark_ckpt.sinks.sink import TransactionalSink
+from spark_ckpt.sinks.sink import Transaction, TransactionalSink
 
 
 def commit(sink: TransactionalSink, checkpoint_id: int, first: int, n: int) -> list[Row]:
@@ -65,9 +72,7 @@ def test_roll_back_withdraws_later_output_only(tmp_path: Path) -> None:
         r[0] for r in expected
     )
     assert sink.committer.committed_checkpoint() == 2
-    assert (
-        sink.committer.roll_back_to(2) == [] and sink.committer.roll_back_to(3) == []
-    )  # idempotent
+    assert sink.committer.roll_back_to(2) == [] and make_sink(root).committer.roll_back_to(2) == []
     out[5] = commit(sink, 5, 500, 2)  # later checkpoints commit normally
     assert content(replay(root)) == sorted(expected + out[5])
     protocol = [a["protocol"] for _, acts in log_actions(root) for a in acts if "protocol" in a]
@@ -262,34 +267,120 @@ def test_transactions_sealed_for_another_table_are_not_recovered(
     assert not (tmp_path / "first" / "_delta_log").exists()
 
 
-def test_a_checkpoint_whose_output_a_later_roll_back_withdrew_is_refused(tmp_path: Path) -> None:
-    """Checkpoints 1-4, then the restore of 2 (roll back, recovery sweeps the files of 3 and
-    4), then a new lineage (1001, 1002). Restoring 4 now would leave the output of 3 and 4
-    missing: refused, naming both, with the table untouched. Restores of 2, of the new
-    lineage, and of a checkpoint whose own commit was lost in a crash are fine."""
+def every_version_reads(root: Path) -> None:
+    """Every version of the table reads, with delta-rs and with polars, and both agree with
+    the independent log replay up to that version."""
+    for version, _ in log_actions(root):
+        want = content(replay(root, upto=version))
+        table = DeltaTable(str(root), version=version).to_pyarrow_table()
+        assert content(table) == want, version
+        frame = pl.read_delta(str(root), version=version)
+        assert sorted(frame["id"].to_list()) == [r[0] for r in want], version
+
+
+def staged_paths(txns: list[Transaction]) -> set[str]:
+    return {f.path for t in txns for f in staged_files(t)}
+
+
+def test_a_checkpoint_whose_output_a_later_roll_back_withdrew_comes_back(tmp_path: Path) -> None:
+    """Checkpoints 1-4, then the restore of 2 (roll back and recovery, as recover_sink does),
+    then a new lineage (1001, 1002). The roll back only removed 3's and 4's files from the
+    table: every version still reads, and restoring 4 brings them back and withdraws the new
+    lineage's; restoring 1002 then swaps back. Once a VACUUM deleted 3's and 4's files, the
+    restore of 4 is refused, naming the checkpoint, with the table untouched."""
     root = tmp_path / "t"
     sink = make_sink(root)
     sealed = {c: seal(sink, c, rows(10 * c, 2)) for c in (1, 2, 3, 4)}
     for c in (1, 2, 3, 4):
         assert sink.committer.commit_checkpoint(c, sealed[c])
     assert len(sink.committer.roll_back_to(2)) == 4
-    sink.committer.recover(sealed[2])  # the restore of 2: the files of 3 and 4 are swept
+    sink.committer.recover(sealed[2])
+    assert staged_paths(sealed[3]) | staged_paths(sealed[4]) <= parquet_files(root)
     for c in (1001, 1002):
-        assert sink.committer.commit_checkpoint(c, seal(sink, c, rows(c, 2)))
-    before = content(replay(root))
+        sealed[c] = seal(sink, c, rows(c, 2))
+        assert sink.committer.commit_checkpoint(c, sealed[c])
+    every_version_reads(root)
 
+    def restore(c: int) -> list[str]:
+        new = make_sink(root)  # the restarted job
+        new.committer.check_output_restorable(c, sealed[c])
+        withdrawn = new.committer.roll_back_to(c)
+        new.committer.recover(sealed[c])
+        return withdrawn
+
+    withdrawn = restore(4)
+    assert set(withdrawn) == staged_paths(sealed[1001]) | staged_paths(sealed[1002])
+    assert_table(root, [r for c in (1, 2, 3, 4) for r in rows(10 * c, 2)], 4)
+    assert restore(4) == []  # idempotent
+    restore(1002)
+    assert_table(root, [*rows(10, 2), *rows(20, 2), *rows(1001, 2), *rows(1002, 2)], 1002)
+    every_version_reads(root)
+
+    before = content(replay(root))
+    assert DeltaTable(str(root)).vacuum(0, dry_run=False, enforce_retention_duration=False)
+    with pytest.raises(RestoreError, match=r"gone from storage .* checkpoint 4 cannot"):
+        make_sink(root).committer.check_output_restorable(4)
+    with pytest.raises(RestoreError, match="gone from storage"):
+        make_sink(root).committer.roll_back_to(4)
+    assert content(replay(root)) == before
+    for fine in (1, 2, 1001, 1002):
+        make_sink(root).committer.check_output_restorable(fine)
+
+
+def test_a_lost_commit_behind_a_roll_back_is_refused(tmp_path: Path) -> None:
+    """Checkpoints 1-3 committed, 4 completed but its commit was lost; then the restore of 2.
+    Nothing in the table tells whether a restore of 4 would need the output of 3 back (4 of
+    the old lineage) or not (4 of a new one): refused, naming both checkpoints, with the
+    table untouched. A restart that restores 4 keeps the table as the roll back left it."""
+    root = tmp_path / "t"
+    sink = make_sink(root)
+    sealed = {c: seal(sink, c, rows(10 * c, 2)) for c in (1, 2, 3, 4)}
+    for c in (1, 2, 3):
+        assert sink.committer.commit_checkpoint(c, sealed[c])
+    assert len(sink.committer.roll_back_to(2)) == 2
+    sink.committer.recover(sealed[2])
+    before = content(replay(root))
     with pytest.raises(RestoreError, match=r"checkpoints 3\.\.4: the restore of checkpoint 2"):
         make_sink(root).committer.check_output_restorable(4)
+    assert make_sink(root).committer.roll_back_to(4) == []
     assert content(replay(root)) == before
-    for fine in (2, 1001, 1002):
-        make_sink(root).committer.check_output_restorable(fine)
 
     crashed = make_sink(tmp_path / "crashed")
     for c in (1, 2):
         assert crashed.committer.commit_checkpoint(c, seal(crashed, c, rows(10 * c, 2)))
-    seal(crashed, 3, rows(30, 2))  # 3 completed, its commit was lost
-    crashed.committer.check_output_restorable(3)
+    lost = seal(crashed, 3, rows(30, 2))  # 3 completed, its commit was lost
+    crashed.committer.check_output_restorable(3, lost)  # no roll back in between: fine
     make_sink(tmp_path / "empty").committer.check_output_restorable(3)  # no table yet
+
+    # The restore of 2 swept 3's files as orphans (nothing ever added them): 3 is refused.
+    make_sink(tmp_path / "crashed").committer.recover([])
+    with pytest.raises(RestoreError, match="checkpoint 3 that its commit never made visible"):
+        make_sink(tmp_path / "crashed").committer.check_output_restorable(3, lost)
+
+
+def test_a_reader_of_an_earlier_version_reads_it_after_a_restore(tmp_path: Path) -> None:
+    """A reader opens the table at version v (a dashboard, a downstream stream), a restore
+    withdraws v's newest output and its recovery sweeps orphans, then the reader reads its
+    snapshot: it gets v's rows, with delta-rs and with polars."""
+    root = tmp_path / "t"
+    sink = make_sink(root)
+    sealed = {c: seal(sink, c, rows(10 * c, 3)) for c in (1, 2, 3)}
+    for c in (1, 2, 3):
+        assert sink.committer.commit_checkpoint(c, sealed[c])
+    seal(sink, 4, rows(40, 2))  # staged, never committed: a true orphan
+    reader = DeltaTable(str(root))
+    v = reader.version()
+    want = sorted(r[0] for c in (1, 2, 3) for r in rows(10 * c, 3))
+
+    restarted = make_sink(root)
+    assert len(restarted.committer.roll_back_to(1)) == 4
+    restarted.committer.recover(sealed[1])
+    assert sorted(r[0] for r in content(replay(root))) == [r[0] for r in rows(10, 3)]
+
+    assert sorted(reader.to_pyarrow_table().column("id").to_pylist()) == want
+    assert sorted(pl.read_delta(str(root), version=v)["id"].to_list()) == want
+    committed = {a["add"]["path"] for _, acts in log_actions(root) for a in acts if "add" in a}
+    assert parquet_files(root) == committed  # only the never-committed files were swept
 
 
 def test_a_second_attempt_at_a_committed_checkpoint_is_never_added(tmp_path: Path) -> None:
@@ -310,3 +401,85 @@ def test_a_second_attempt_at_a_committed_checkpoint_is_never_added(tmp_path: Pat
     assert sink.committer.commit_checkpoint(2, [second, own])
     assert content(DeltaTable(str(root)).to_pyarrow_table()) == rows(0, 5)
     assert sorted(pl.read_delta(str(root)).get_column("id").to_list()) == list(range(5))
+
+
+# Restores across lineages: any checkpoint ever completed may be restored, also one that a
+# later restore left behind, and a VACUUM may delete what the table no longer references.
+lineage_steps = st.lists(
+    st.tuples(
+        st.sampled_from(["checkpoint"] * 4 + ["lost", "foreign", "vacuum"] + ["restore"] * 4),
+        st.integers(0, 6),  # rows, or which checkpoint to restore
+    ),
+    min_size=4,
+    max_size=16,
+)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=lineage_steps)
+def test_restores_across_lineages_match_a_plain_model(steps: list[Step]) -> None:
+    """The model: a checkpoint's output is its lineage's rows up to it (a plain fold over the
+    steps); a restore of *r* leaves the table holding exactly *r*'s output and the other
+    writer's rows. A restore may be refused only for a checkpoint off the current lineage
+    (its files vacuumed), or one whose own commit was lost; a refused one of the current
+    lineage still restores as a restart does (no check). Every version of the table reads
+    after every step, unless a VACUUM deleted what it needs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "t"
+        sink = make_sink(root)
+        rows_of: dict[int, list[Row]] = {}
+        ancestry: dict[int, frozenset[int]] = {}  # checkpoint -> its lineage up to it
+        head: frozenset[int] = frozenset()
+        states: dict[int, list[Transaction]] = {}
+        pending: list[Transaction] = []
+        lost: set[int] = set()
+        other: list[Row] = []
+        last = next_row = 0
+        vacuumed = False
+        for kind, a in steps:
+            if kind in ("checkpoint", "lost"):
+                last += 1
+                rows_of[last] = rows(next_row, a)
+                next_row += a
+                pending += seal(sink, last, rows_of[last])
+                head = ancestry[last] = head | {last}
+                states[last] = list(pending)
+                if kind == "checkpoint":
+                    sink.committer.commit_checkpoint(last, pending)
+                    pending = []
+                else:
+                    lost.add(last)
+            elif kind == "foreign":
+                rs = [(10_000 + next_row, "other", T0)]
+                next_row += 1
+                append_foreign(root, rs)
+                other += rs
+            elif kind == "vacuum" and (root / "_delta_log").exists():
+                DeltaTable(str(root)).vacuum(0, dry_run=False, enforce_retention_duration=False)
+                vacuumed = True
+            elif kind == "restore" and ancestry:
+                r = sorted(ancestry)[a % len(ancestry)]
+                new = make_sink(root)  # the restarted job
+                try:
+                    new.committer.check_output_restorable(r, states[r])
+                except RestoreError:
+                    assert r in lost or r not in head, (r, sorted(head))
+                    event("restore refused")
+                    if r not in head:
+                        continue  # refused: nothing changed
+                else:
+                    event("restore " + ("on the lineage" if r in head else "off the lineage"))
+                new.committer.roll_back_to(r)
+                new.committer.recover(states[r])
+                sink, head, pending = new, ancestry[r], []
+            waiting = {t.checkpoint_id for t in pending}
+            want = sorted(
+                [r[0] for c in head if c not in waiting for r in rows_of[c]] + [r[0] for r in other]
+            )
+            if not (root / "_delta_log").exists():
+                assert want == []
+                continue
+            assert sorted(r[0] for r in content(replay(root))) == want
+            assert sorted(r[0] for r in polars_rows(root)) == want
+            if not vacuumed:
+                every_version_reads(root)

@@ -77,17 +77,17 @@ def running_count_rows(key_counts: Counter[int]) -> Counter[tuple[int, int]]:
     return Counter((key, i) for key, n in key_counts.items() for i in range(1, n + 1))
 
 
-def read_delta(path: Path) -> pa.Table:
-    """The current version of the Delta table at *path*: replays the JSON commits of
-    ``_delta_log`` (add/remove actions) and reads the live Parquet files with pyarrow.
-    Empty table when there is no log. Deliberately independent of deltalake."""
+def read_delta(path: Path, version: int | None = None) -> pa.Table:
+    """The current version (or *version*) of the Delta table at *path*: replays the JSON
+    commits of ``_delta_log`` (add/remove actions) and reads the live Parquet files with
+    pyarrow. Empty table when there is no log. Deliberately independent of deltalake."""
     log = path / "_delta_log"
     commits = sorted(log.glob("*.json")) if log.exists() else []
     if not commits:
         return pa.table({})
     assert commits[0].name == f"{0:020d}.json", "log starts at a checkpoint: not supported"
     live: dict[str, None] = {}
-    for commit in commits:
+    for commit in commits[: None if version is None else version + 1]:
         for line in commit.read_text().splitlines():
             if not line.strip():
                 continue

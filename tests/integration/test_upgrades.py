@@ -11,6 +11,7 @@ with polars, state with :class:`~spark_ckpt.StateReader`.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +21,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from conftest import delta_txn_versions
+from conftest import delta_txn_versions, output_rows, read_delta
+from deltalake import DeltaTable
 
 from spark_ckpt import (
     CheckpointConfig,
@@ -148,11 +150,36 @@ def tallies(root: str, uid: str) -> dict[int, int]:
     )
 
 
+def age(path: Path) -> None:
+    """Make the table's files look as old as a real job's (recovery keeps files staged in
+    the last seconds before a run, a margin for clock skew): a minute older."""
+    for f in path.glob("*.parquet"):
+        t = f.stat().st_mtime - 60
+        os.utime(f, (t, t))
+
+
+def versions(path: Path) -> int:
+    return DeltaTable(str(path)).version()
+
+
+def every_version_reads(path: Path) -> None:
+    """Every version of the table, from the first to the last, reads with deltalake and
+    with polars, and both agree with an independent replay of the log up to it."""
+    for version in range(versions(path) + 1):
+        want = output_rows(read_delta(path, version))
+        table = DeltaTable(str(path), version=version).to_pyarrow_table()
+        assert output_rows(table) == want, version
+        frame = pl.read_delta(str(path), version=version).select("user_id", "count")
+        assert Counter(frame.iter_rows()) == want, version
+
+
 def test_a_rolled_back_upgrade_leaves_the_output_exactly_once(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """v1 → savepoint → v2 with a new operator in front (no escape hatch needed) → v1
-    restored from the savepoint into the same table: exactly one (key, i) per input row."""
+    restored from the savepoint into the same table: exactly one (key, i) per input row, and
+    every version of the table still reads, also for a reader that opened the version
+    before the roll back (the withdrawn files stay on storage until a VACUUM)."""
     p = pipeline(spark, tmp_path)
     out = tmp_path / "out"
     sp1 = stop_with_savepoint(p, 200, [RunningCount("counter", "user_id")], out)
@@ -169,11 +196,26 @@ def test_a_rolled_back_upgrade_leaves_the_output_exactly_once(
     assert output(out) == running_counts(0, 400)
     assert tallies(p.root, "tally") == dict(keys_between(200, 400))  # it started empty
 
+    # a reader of v2's last version, opened before the roll back
+    reader = DeltaTable(str(out))
+    v2_rows = output_rows(reader.to_pyarrow_table())
+    assert v2_rows == running_counts(0, 400)
+
     # roll back to v1 from the savepoint: v2's output is withdrawn, v1 counts on
+    age(out)
     bounded(p, 500, [RunningCount("counter", "user_id")], out, RestoreSettings.savepoint(sp1))
     assert output(out) == running_counts(0, 500)
+    assert output_rows(read_delta(out)) == running_counts(0, 500)
     # every version committed under the pipeline's one app transaction
     assert {app for app, _ in delta_txn_versions(out)} == {"spark-ckpt/orders"}
+    every_version_reads(out)
+    assert output_rows(reader.to_pyarrow_table()) == v2_rows  # its snapshot, read after
+    assert (
+        Counter(
+            pl.read_delta(str(out), version=reader.version()).select("user_id", "count").iter_rows()
+        )
+        == v2_rows
+    )
 
 
 def test_operators_reordered_or_removed_restore_by_uid(spark: SparkSession, tmp_path: Path) -> None:
@@ -235,24 +277,37 @@ def test_operators_must_have_distinct_uids_and_one_key(spark: SparkSession, tmp_
     assert not (tmp_path / "out").exists()
 
 
-def test_a_restore_past_an_earlier_roll_back_is_refused(
+def test_a_restore_past_an_earlier_roll_back_is_exact_until_a_vacuum(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """Savepoints at 100 and 200 rows per channel, then the one at 100 restored (the output
-    is rolled back to it and continues to 250): the table no longer holds the output up to
-    the second savepoint, so restoring it there is refused before anything changes; into
-    another table it restores."""
+    is rolled back to it and continues to 250), then the one at 200 restored past it: the
+    output it had comes back and continues to 300, exactly once. Every version still reads.
+    Once a VACUUM deleted what the table no longer references, restoring a savepoint whose
+    output is gone is refused before anything changes; into another table it restores."""
     p = pipeline(spark, tmp_path)
     out, other = tmp_path / "out", tmp_path / "other"
     early = stop_with_savepoint(p, 100, [RunningCount("counter", "user_id")], out)
     late = stop_with_savepoint(p, 200, [RunningCount("counter", "user_id")], out)
     assert output(out) == running_counts(0, 200)
+    age(out)
     bounded(p, 250, [RunningCount("counter", "user_id")], out, RestoreSettings.savepoint(early))
     assert output(out) == running_counts(0, 250)
+    age(out)
+    bounded(p, 300, [RunningCount("counter", "user_id")], out, RestoreSettings.savepoint(late))
+    assert output(out) == running_counts(0, 300)
+    assert output_rows(read_delta(out)) == running_counts(0, 300)
+    every_version_reads(out)
+
+    # back to the early one, then a VACUUM with no retention: the late output is gone
+    age(out)
+    bounded(p, 120, [RunningCount("counter", "user_id")], out, RestoreSettings.savepoint(early))
+    assert output(out) == running_counts(0, 120)
+    assert DeltaTable(str(out)).vacuum(0, dry_run=False, enforce_retention_duration=False)
     latest = p.client.latest()
-    with pytest.raises(RestoreError, match="no longer holds the output of checkpoints"):
+    with pytest.raises(RestoreError, match="gone from storage"):
         bounded(p, 300, [RunningCount("counter", "user_id")], out, RestoreSettings.savepoint(late))
-    assert output(out) == running_counts(0, 250)
+    assert output(out) == running_counts(0, 120)
     assert p.client.latest() == latest  # nothing was installed
     bounded(p, 300, [RunningCount("counter", "user_id")], other, RestoreSettings.savepoint(late))
     assert output(other) == running_counts(200, 300)
