@@ -64,11 +64,11 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.coordination.runs import Runs
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.errors import SparkCkptError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
-from spark_ckpt.spark.run import Runs
-from spark_ckpt.storage.store import CompletedCheckpoints
+from spark_ckpt.storage.checkpoint_store import CompletedCheckpoints
 from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher, DemoRun
 

@@ -18,7 +18,7 @@ figure is the median over the repetitions):
      (alignment overhead only, no state snapshot);
    * ``task``     — :class:`~spark_ckpt.runtime.task.OperatorTask` end to end: synchronous snapshot,
      state + channel state written into an
-     :class:`~spark_ckpt.storage.memory.InMemoryCheckpointStore`
+     :class:`~spark_ckpt.storage.memory_store.InMemoryCheckpointStore`
      (Arrow IPC + SHA-256), acknowledgement, and ``notify_complete`` right after the ack (so
      snapshots are incremental against the previous checkpoint).
 
@@ -58,7 +58,7 @@ import pyarrow as pa
 from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     AcknowledgeCheckpoint,
     DeclineCheckpoint,
     TaskId,
@@ -68,11 +68,11 @@ from spark_ckpt.runtime.aligner import AlignmentMode, BarrierAligner, Records
 from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.runtime.task import OperatorTask
 from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.descriptor import ValueStateDescriptor
-from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.state.keygroup import KeyGroupRange
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
-from spark_ckpt.storage.store import StateStorage
+from spark_ckpt.storage.checkpoint_store import StateStorage
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 from spark_ckpt.testing.simulation import barrier_table, stream_rows
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "engine.json"
@@ -205,7 +205,7 @@ def run_pipeline(batches: Sequence[pa.Table], mode: AlignmentMode) -> int:
     """Aligner + RunningCount on a keyed state backend; snapshot steps are ignored."""
     aligner = BarrierAligner(range(CHANNELS), mode, ManualClock(0))
     op = RunningCount("counter", "user_id")
-    state = StateHandle(KeyedStateBackend.for_subtask(op.uid, 0, 1, op.key_type, MAX_PARALLELISM))
+    state = StateContext(KeyedStateBackend.for_subtask(op.uid, 0, 1, op.key_type, MAX_PARALLELISM))
     op.open(state)
     rows = 0
     for batch in batches:
@@ -398,7 +398,7 @@ def bench_delta(s: Settings, log: Callable[[str], None]) -> dict[str, Any]:
     """Measurement 3: consecutive checkpoints of one task into a DeltaCheckpointStore: the
     task writes an incremental snapshot (1% churn of ``delta_state_keys`` keys; the first
     checkpoint writes the full state and is not sampled), the coordinator commits it."""
-    from spark_ckpt.delta.store import DeltaCheckpointStore
+    from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 
     writes: list[float] = []
     commits: list[float] = []

@@ -4,7 +4,7 @@ A streaming query ``groupBy("subtask").applyInPandasWithState(fn, ...)`` over 4 
 (``rate-micro-batch`` source: micro-batch *b* holds the values ``[b*R, (b+1)*R)``; subtask =
 ``value % 4``, key = ``(value // 4) % K``). Per subtask and micro-batch, ``fn``:
 
-1. reads the fence from its ``GroupState`` (``spark_ckpt.spark.executor_cache.Fence``);
+1. reads the fence from its ``GroupState`` (``spark_ckpt.spark.executors.executor_cache.Fence``);
 2. looks the subtask's state image up in a cache (the kind under test, below) with that fence;
 3. on a miss rebuilds the state from the durable copy the fence names (a file per subtask and
    batch in the pipeline directory, written every batch: the stand-in for the changelog);
@@ -13,7 +13,7 @@ A streaming query ``groupBy("subtask").applyInPandasWithState(fn, ...)`` over 4 
    its ``GroupState``; emits the state with the lookup's outcome, the Python worker's pid, the
    executor's identity and JVM pid.
 
-Cache kinds: ``executor`` — :class:`~spark_ckpt.spark.executor_cache.ExecutorStateCache`
+Cache kinds: ``executor`` — :class:`~spark_ckpt.spark.executors.executor_cache.ExecutorStateCache`
 (Arrow IPC files in the executor's local directory, shared by its Python workers);
 ``worker`` — a dict in the Python worker's memory (what a cache without the executor-wide
 directory amounts to).
@@ -75,7 +75,7 @@ def make_fn(kind: str, root: str, run_id: str, keys: int) -> Any:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from spark_ckpt.spark.executor_cache import (
+        from spark_ckpt.spark.executors.executor_cache import (
             CacheKey,
             ExecutorStateCache,
             Fence,
@@ -184,8 +184,8 @@ def run_query(
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    from spark_ckpt.spark.batch_aligner import collect_arrow
-    from spark_ckpt.spark.executor_cache import FENCE_SCHEMA
+    from spark_ckpt.spark.driver.batch_aligner import collect_arrow
+    from spark_ckpt.spark.executors.executor_cache import FENCE_SCHEMA
 
     workdir = Path(tempfile.mkdtemp(prefix=f"locality-{kind}-"))
     root, run_id = str(workdir / "pipeline"), uuid.uuid4().hex
@@ -328,7 +328,7 @@ def analyze(
 
 
 def child(args: argparse.Namespace) -> int:
-    from spark_ckpt.spark.session import local_session
+    from spark_ckpt.spark.session.builders import local_session
 
     started = time.monotonic()
     spark = local_session(

@@ -40,7 +40,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "sources.json"
 
 
 def produce_all(bootstrap: str, topic: str, partitions: int, records: int) -> None:
-    from spark_ckpt.testing.kafka import producer
+    from spark_ckpt.testing.broker import producer
 
     p = producer(bootstrap, **{"queue.buffering.max.messages": 1_000_000})
     for i in range(records):
@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipelinebench.measure import git_info
     from pipelinebench.report import machine_info
 
-    from spark_ckpt.spark.session import local_session
-    from spark_ckpt.testing.kafka import running_broker
+    from spark_ckpt.spark.session.builders import local_session
+    from spark_ckpt.testing.broker import running_broker
 
     work = tempfile.mkdtemp(prefix="spark-ckpt-bench-sources-")
     spark = local_session("spark-ckpt-bench-sources", log_level="ERROR")

@@ -1,9 +1,5 @@
-"""Spark adapters of spark-ckpt: the Python DataSources ``ckpt-source`` and ``ckpt-sink``.
-
-Each hook is a few lines calling the engine in :mod:`spark_ckpt`. Importing this package
-points ``PYSPARK_PYTHON`` at the running interpreter (via :mod:`spark_ckpt`).
+"""The Spark DataSource classes of spark-ckpt: ``ckpt-source`` (:mod:`.ckpt_source`),
+``ckpt-sink`` (:mod:`.ckpt_sink`) and ``ckpt-state`` (:mod:`.ckpt_state`). Each hook is a few
+lines calling :mod:`spark_ckpt.spark.datasource`; :func:`spark_ckpt.register_data_sources`
+registers them with a session.
 """
-
-from __future__ import annotations
-
-import spark_ckpt  # noqa: F401  (sets PYSPARK_PYTHON)

@@ -99,7 +99,8 @@ spark.read.format("ckpt-state").option("path", savepoint.path).option("uid", "co
 
 # COMMAND ----------
 
-from spark_ckpt import RestoreError, RestoreSettings
+from spark_ckpt import RestoreSettings
+from spark_ckpt.errors import RestoreError
 
 v2 = Pipeline(spark, "orders", config=config, root=f"{BASE}/root_v2")
 try:

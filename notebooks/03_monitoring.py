@@ -61,7 +61,7 @@ def source(rows: int) -> dict[str, object]:
 
 import pyarrow as pa
 
-from spark_ckpt import CheckpointConfig, Pipeline, RunningCount, StateHandle
+from spark_ckpt import CheckpointConfig, Pipeline, RunningCount, StateContext
 
 
 class SlowStart(RunningCount):
@@ -72,7 +72,7 @@ class SlowStart(RunningCount):
         super().__init__(uid, key_column)
         self.slow_calls, self.stall_s = slow_calls, stall_s
 
-    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         if self.slow_calls > 0 and batch.num_rows:
             self.slow_calls -= 1
             time.sleep(self.stall_s)
@@ -110,7 +110,7 @@ for i, rows in enumerate(BATCHES):
 
 # COMMAND ----------
 
-from spark_ckpt import plot_checkpoint_stats
+from spark_ckpt.client.stats_plot import plot_checkpoint_stats
 
 summary = pipeline.client.stats()
 print(f"{summary.checkpoints} checkpoints, {summary.savepoints} savepoints")

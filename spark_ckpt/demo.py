@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pyarrow as pa
 
 from spark_ckpt.errors import ConfigError, SparkCkptError
+from spark_ckpt.pipeline.job import Placement
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.runtime.restore_settings import RestoreSettings, parse_time
 from spark_ckpt.sources.stream_offset import BarrierPlacement
-from spark_ckpt.spark.job import Placement
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -318,7 +318,7 @@ def main(argv: Sequence[str] | None = None, *, components: str | None = None) ->
         return fail(str(e), 2)
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from spark_ckpt.spark.session import connect_session, local_session
+    from spark_ckpt.spark.session.builders import connect_session, local_session
 
     app = f"spark-ckpt-{args.pipeline}"
     if args.remote:
@@ -400,9 +400,9 @@ def run(
     """The job on *spark*, as *args* say, restoring as *settings* say, with *components*
     (see :func:`main`); returns 0 when it stopped as asked. Raises what failed it (see
     :func:`main`); does not stop *spark*."""
-    from spark_ckpt.spark.pipeline import Pipeline
-    from spark_ckpt.spark.source_options import default_root
-    from spark_ckpt.spark.supervisor import StopReason
+    from spark_ckpt.pipeline.pipeline import Pipeline
+    from spark_ckpt.pipeline.supervisor import StopReason
+    from spark_ckpt.spark.datasource.source_options import default_root
 
     root = os.path.abspath(args.root or default_root(args.pipeline))
     output = os.path.abspath(

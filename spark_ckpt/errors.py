@@ -55,8 +55,8 @@ class CorruptCheckpointError(StoreError):
     reported, never loaded.
 
     ``checkpoint_id``: the completed checkpoint found damaged, when the error is about one
-    (:meth:`~spark_ckpt.storage.store.CheckpointStore.verify` and the listing of damaged metadata
-    always set it); ``None`` when the error concerns data not attributed to a checkpoint
+    (:meth:`~spark_ckpt.storage.checkpoint_store.CheckpointStore.verify` and the listing of damaged
+    metadata always set it); ``None`` when the error concerns data not attributed to a checkpoint
     (for example one blob read on its own)."""
 
     def __init__(self, message: str, *, checkpoint_id: int | None = None) -> None:

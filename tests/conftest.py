@@ -24,9 +24,9 @@ start costs about 23 CPU-s (its JVM about 11, its nine Python workers and daemon
 job's driver, source runner and two subtask hosts 6) and each of its micro-batches about 0.5
 CPU-s however few its rows (0.3 in the JVM). Long tests start first (:func:`start_rank`).
 The jobs' JVMs start with :mod:`spark_ckpt.testing.jvm`'s options, their Python processes
-without ``pyspark.zip`` (:mod:`spark_ckpt.spark.spark_home`) and with the project's bytecode
+without ``pyspark.zip`` (:mod:`spark_ckpt.spark.session.spark_home`) and with the project's bytecode
 compiled beforehand (``make bytecode``), and a local Spark's streaming checkpoints spawn no
-``readlink`` (:mod:`spark_ckpt.spark.session`).
+``readlink`` (:mod:`spark_ckpt.spark.session.builders`).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 The workload is the main job's (:mod:`spark_ckpt.demo`): the generator source (``ckpt-source``,
 4 channels, 100k uniform keys) → the foreachBatch aligner (:meth:`Pipeline.prepare
-<spark_ckpt.spark.pipeline.Pipeline.prepare>`, parallelism 2) running
+<spark_ckpt.pipeline.pipeline.Pipeline.prepare>`, parallelism 2) running
 :class:`~spark_ckpt.runtime.operator.RunningCount` → a Delta table with two-phase commit
-(:class:`~spark_ckpt.delta.sink.DeltaSink`), on ``local[2]``, built with the Pipeline API. One
+(:class:`~spark_ckpt.delta.delta_sink.DeltaSink`), on ``local[2]``, built with the Pipeline API. One
 SparkSession serves every query; every query gets a fresh temporary root (checkpoint store,
 mailbox, Spark checkpoint location, output table).
 

@@ -73,9 +73,9 @@ from pipelinebench.steady import (
     progress_start_s,
 )
 from pipelinebench.variants import PLACEMENTS, checkpoint_config
+from spark_ckpt.coordination.messages import RequestKind
 from spark_ckpt.errors import SparkCkptError
-from spark_ckpt.spark.mailbox import RequestKind
-from spark_ckpt.spark.pipeline import Pipeline
+from spark_ckpt.pipeline.pipeline import Pipeline
 
 POLL_S = 1.0
 

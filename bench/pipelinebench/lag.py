@@ -11,9 +11,9 @@ from pipelinebench.probe import Probe
 from pipelinebench.query import checkpoint_dict, first_batch_ms, run_query
 from pipelinebench.settings import Settings, source_options
 from pipelinebench.stats import median
+from spark_ckpt.coordination.messages import RequestKind
+from spark_ckpt.pipeline.pipeline import Pipeline
 from spark_ckpt.runtime.config import CheckpointConfig
-from spark_ckpt.spark.mailbox import RequestKind
-from spark_ckpt.spark.pipeline import Pipeline
 
 
 def lag_query(spark: Any, s: Settings, mode: str, lag: int) -> dict[str, Any]:

@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    from spark_ckpt.spark.session import local_session
+    from spark_ckpt.spark.session.builders import local_session
 
     started = time.perf_counter()
     result: dict[str, Any] = {

@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    from spark_ckpt.spark.session import local_session
+    from spark_ckpt.spark.session.builders import local_session
 
     began = time.perf_counter()
     result: dict[str, Any] = {

@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 from pipelinebench.timing import PhaseTimer
 from spark_ckpt.protocol.barrier import CHANNEL, CHECKPOINT_ID
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
-from spark_ckpt.spark.batch_aligner import collect_arrow
-from spark_ckpt.spark.foreach_batch import ForeachBatchFunction
+from spark_ckpt.spark.driver.batch_aligner import collect_arrow
+from spark_ckpt.spark.driver.foreach_batch import ForeachBatchFunction
 
 
 @dataclass

@@ -18,13 +18,13 @@ from typing import Any
 from pipelinebench.probe import Probe
 from pipelinebench.settings import PIPELINE, Settings, checkpoint_config, source_options
 from pipelinebench.timing import PHASES, PhaseTimer
+from spark_ckpt.coordination.requests import STOP
 from spark_ckpt.errors import SparkCkptError
+from spark_ckpt.pipeline.pipeline import Pipeline
+from spark_ckpt.pipeline.pipeline_run import PipelineRun
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
-from spark_ckpt.spark.host import STOP
-from spark_ckpt.spark.pipeline import Pipeline
-from spark_ckpt.spark.pipeline_run import PipelineRun
 
 #: Spark's per-batch durations (``StreamingQueryProgress.durationMs``) that are reported.
 SPARK_DURATIONS = (

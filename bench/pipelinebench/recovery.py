@@ -171,12 +171,12 @@ class Killer(threading.Thread):
 
 def run_bench(s: RecoverySettings) -> dict[str, Any]:
     from pipelinebench.procstat import jvm_pid
+    from spark_ckpt.pipeline.pipeline import Pipeline
     from spark_ckpt.runtime.config import CheckpointConfig
     from spark_ckpt.runtime.operator import RunningCount
     from spark_ckpt.runtime.restart import FixedDelayRestart
     from spark_ckpt.runtime.restore_settings import RestoreSettings
-    from spark_ckpt.spark.pipeline import Pipeline
-    from spark_ckpt.spark.session import local_session
+    from spark_ckpt.spark.session.builders import local_session
 
     root = tempfile.mkdtemp(prefix="recovery-")
     savepoint = os.path.join(root, "savepoint")

@@ -125,7 +125,7 @@ def workload(s: ScalingSettings, cores: int, keys: int, rows: int) -> Workload:
 # -- one cell, in its own process ------------------------------------------------------------
 def run_cell(s: ScalingSettings, cores: int, keys: int, log: Any) -> dict[str, Any]:
     """Every variant at ``local[cores]`` and *keys* (see the module docstring)."""
-    from spark_ckpt.spark.session import local_session
+    from spark_ckpt.spark.session.builders import local_session
 
     if s.pin_cores:  # before the JVM starts: every child process inherits the affinity
         os.sched_setaffinity(0, set(range(cores)))

@@ -133,11 +133,11 @@ class Rss:
 def run_cell(s: StateSizeSettings, keys: int, log: Any) -> dict[str, Any]:
     """One state size (see the module docstring)."""
     from pipelinebench.procstat import jvm_pid
+    from spark_ckpt.pipeline.pipeline import Pipeline
     from spark_ckpt.runtime.config import CheckpointConfig
     from spark_ckpt.runtime.operator import RunningCount
     from spark_ckpt.runtime.restore_settings import RestoreSettings
-    from spark_ckpt.spark.pipeline import Pipeline
-    from spark_ckpt.spark.session import local_session
+    from spark_ckpt.spark.session.builders import local_session
 
     root = tempfile.mkdtemp(prefix=f"state-size-{keys}-")
     savepoint = os.path.join(root, "savepoint")

@@ -24,12 +24,12 @@ from typing import Any, Protocol
 
 from pipelinebench.query import stop_quietly
 from pipelinebench.settings import PIPELINE
+from spark_ckpt.coordination.requests import STOP
+from spark_ckpt.pipeline.pipeline import Pipeline
+from spark_ckpt.pipeline.pipeline_run import PipelineRun
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
-from spark_ckpt.spark.host import STOP
-from spark_ckpt.spark.pipeline import Pipeline
-from spark_ckpt.spark.pipeline_run import PipelineRun
 
 #: Spark's RocksDB state store with changelog checkpointing (what a large keyed state uses in
 #: production; the default in-heap provider does not hold 10M keys in a 1 GB driver heap).

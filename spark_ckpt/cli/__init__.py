@@ -15,14 +15,14 @@
     spark-ckpt state read --path P [--uid U --state S] state of a checkpoint/savepoint
     spark-ckpt stats --root R [--plot FILE.png]        the checkpoint statistics history
 
-Tables by default, ``--json`` (JSON lines) for scripts. Every failure ends in one
-``error: …`` line on stderr and a non-zero exit: bad input (a missing root, an unknown id, a
-bad time or file type, a damaged store) exits with 2; a request with no live run of the
-pipeline to answer it, or one it did not answer in time, exits with 1; a failed ``demo`` with
-1; an unexpected error with 1, its line naming the exception's type (``SPARK_CKPT_DEBUG=1``
-prints its traceback too); Ctrl-C with 130 and no traceback. Requests and queries go through
-:class:`~spark_ckpt.spark.client.PipelineClient`, the client of the pipeline object and the
-notebooks.
+Tables by default, ``--json`` (JSON lines) for scripts. Every failure ends in one ``error: …`` line
+on stderr and a non-zero exit: bad input (a missing root, an unknown id, a bad time or file type, a
+damaged store) exits with 2; a request with no live run of the pipeline to answer it, or one it did
+not answer in time, exits with 1; a failed ``demo`` with 1; an unexpected error with 1, its line
+naming the exception's type (``SPARK_CKPT_DEBUG=1`` prints its traceback too); Ctrl-C with 130 and
+no traceback. Requests and queries go through
+:class:`~spark_ckpt.client.pipeline_client.PipelineClient`, the client of the pipeline object and
+the notebooks.
 """
 
 from __future__ import annotations

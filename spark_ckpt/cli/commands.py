@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 from spark_ckpt.cli.table import Row, json_lines, render, size, when
 from spark_ckpt.errors import CheckpointError, CheckpointNotFoundError, ConfigError
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.handle import CheckpointMetrics
+from spark_ckpt.protocol.state_handles import CheckpointMetrics
 
 if TYPE_CHECKING:
-    from spark_ckpt.spark.client import PipelineClient
+    from spark_ckpt.client.pipeline_client import PipelineClient
     from spark_ckpt.storage.history import CheckpointRecord
 
 
@@ -31,7 +31,7 @@ def client(root: str, *, existing: bool = True) -> PipelineClient:
     :class:`CheckpointNotFoundError` if there is no pipeline root there (a local path that
     does not exist or has no checkpoint log). Requests need none: a pipeline that is starting
     may not have written its log yet, and an unanswered request times out."""
-    from spark_ckpt.spark.client import PipelineClient
+    from spark_ckpt.client.pipeline_client import PipelineClient
 
     if existing and "://" not in root and not os.path.isdir(os.path.join(root, "checkpoints")):
         raise CheckpointNotFoundError(f"no pipeline root at {os.path.abspath(root)}")
@@ -236,7 +236,7 @@ def stop(args: argparse.Namespace) -> int:
 
 
 def _exported(c: PipelineClient, savepoint: CompletedCheckpoint, timeout_s: float) -> str:
-    from spark_ckpt.spark.savepoints import wait_exported
+    from spark_ckpt.coordination.savepoint_export import wait_exported
 
     return wait_exported(c.root, savepoint, timeout_s).path
 
@@ -328,8 +328,8 @@ def _write_table(table: Any, path: str) -> None:
 # -- statistics -------------------------------------------------------------------------------
 def history_status(record: CheckpointRecord) -> str:
     """``completed``, ``failed`` or ``aborted`` (see
-    :class:`~spark_ckpt.spark.client.CheckpointSummary`)."""
-    from spark_ckpt.spark.client import is_aborted
+    :class:`~spark_ckpt.client.pipeline_client.CheckpointSummary`)."""
+    from spark_ckpt.client.pipeline_client import is_aborted
 
     if record.failure is None:
         return "completed"
@@ -382,7 +382,7 @@ def stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json_lines([history_json(r) for r in records]))
     else:
-        from spark_ckpt.spark.client import is_aborted
+        from spark_ckpt.client.pipeline_client import is_aborted
 
         failures = [r.failure for r in records if r.failure is not None]
         aborted = sum(is_aborted(f) for f in failures)
@@ -405,7 +405,7 @@ def stats(args: argparse.Namespace) -> int:
                 )
             )
     if args.plot:
-        from spark_ckpt.spark.stats_plot import plot_checkpoint_stats
+        from spark_ckpt.client.stats_plot import plot_checkpoint_stats
 
         plot_checkpoint_stats(c.root, args.plot, client=c)
         if not args.json:

@@ -1,17 +1,17 @@
 """State blobs on Delta: the ``operator_state``, ``channel_state`` and ``source_offsets``
 tables (writing, reading, checksum verification, damage detection).
 
-The blob side of :class:`~spark_ckpt.delta.store.DeltaCheckpointStore`, used through the task
-view (:class:`~spark_ckpt.storage.store.StateStorage`) by the tasks in the foreachBatch process
-and the ``ckpt-sink`` commit, and by the coordinator host to verify a restore point. How it
-keeps the contract of :mod:`spark_ckpt.storage.store`:
+The blob side of :class:`~spark_ckpt.delta.delta_store.DeltaCheckpointStore`, used through the task
+view (:class:`~spark_ckpt.storage.checkpoint_store.StateStorage`) by the tasks in the foreachBatch
+process and the ``ckpt-sink`` commit, and by the coordinator host to verify a restore point. How it
+keeps the contract of :mod:`spark_ckpt.storage.checkpoint_store`:
 
 * **Idempotent task state.** Each task commits its rows with a Delta *app transaction*
   ``spark-ckpt/<table>/<vertex>/<subtask>`` whose version is the highest checkpoint id the
   task wrote. If that version is below the checkpoint id, nothing of this task and
   checkpoint can exist and the rows are appended blindly; otherwise the stored keys are read
   first and only missing blobs are appended (for a key already stored the *stored* ref is
-  returned, like :class:`~spark_ckpt.storage.memory.InMemoryCheckpointStore`). Two racing
+  returned, like :class:`~spark_ckpt.storage.memory_store.InMemoryCheckpointStore`). Two racing
   writers of one task conflict on the app id (delta-rs raises ``ConcurrentTransaction``); the
   loser re-reads and finds its rows written. Reads additionally pick, per key, the row whose
   checksum matches the reference, so even duplicate rows could not yield wrong data. Blob
@@ -60,7 +60,7 @@ from spark_ckpt.delta.store_tables import (
 )
 from spark_ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, StoreError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     BlobKind,
     BlobRef,
     TaskId,
@@ -70,7 +70,7 @@ from spark_ckpt.protocol.handle import (
     encode_table,
     make_ref,
 )
-from spark_ckpt.storage.store import CompletedCheckpoints, StateStorage, describe_blob
+from spark_ckpt.storage.checkpoint_store import CompletedCheckpoints, StateStorage, describe_blob
 
 #: The columns of a blob row that make up its :class:`BlobRef` (and ``blob_id``).
 REF_COLUMNS = [f.name for f in BLOB_SCHEMA if f.name not in ("payload", "written_at")]

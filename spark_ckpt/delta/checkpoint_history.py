@@ -1,7 +1,7 @@
 """The checkpoint statistics history on Delta: the ``checkpoint_history`` table.
 
 The Delta side of :mod:`spark_ckpt.storage.history`, part of
-:class:`~spark_ckpt.delta.store.DeltaCheckpointStore`. One row per finished checkpoint or
+:class:`~spark_ckpt.delta.delta_store.DeltaCheckpointStore`. One row per finished checkpoint or
 savepoint (schema :data:`~spark_ckpt.delta.store_tables.HISTORY_SCHEMA`): queryable figures
 plus the canonical JSON of its :class:`~spark_ckpt.storage.history.CheckpointRecord` and
 that JSON's SHA-256. How it keeps the store contract:

@@ -1,10 +1,10 @@
 """The coordinator's log on Delta: the ``checkpoints`` table (leases with fencing, id blocks,
 completed checkpoints).
 
-The log side of :class:`~spark_ckpt.delta.store.DeltaCheckpointStore`, used through the
-coordinator view (:class:`~spark_ckpt.storage.store.CheckpointLog`) by the coordinator on the
-driver side and read (:class:`~spark_ckpt.storage.store.CompletedCheckpoints`) by everyone.
-How it keeps the contract of :mod:`spark_ckpt.storage.store`:
+The log side of :class:`~spark_ckpt.delta.delta_store.DeltaCheckpointStore`, used through the
+coordinator view (:class:`~spark_ckpt.storage.checkpoint_store.CheckpointLog`) by the coordinator on
+the driver side and read (:class:`~spark_ckpt.storage.checkpoint_store.CompletedCheckpoints`) by
+everyone. How it keeps the contract of :mod:`spark_ckpt.storage.checkpoint_store`:
 
 * **Visibility.** A checkpoint exists once its ``completed`` row is committed to
   ``checkpoints`` (a single small append — the completion commit). Blob rows written before
@@ -131,10 +131,10 @@ class DeltaCheckpointLog:
     def list_completed_lenient(
         self,
     ) -> tuple[list[CompletedCheckpoint], list[CorruptCheckpointError]]:
-        """Every committed checkpoint whose metadata verifies, and an error per completed row
-        whose metadata does not (see
-        :meth:`~spark_ckpt.storage.store.CompletedCheckpoints.list_completed_lenient`). A log
-        that cannot be read at all (a lost data file, a row without metadata) still raises."""
+        """Every committed checkpoint whose metadata verifies, and an error per completed row whose
+        metadata does not (see
+        :meth:`~spark_ckpt.storage.checkpoint_store.CompletedCheckpoints.list_completed_lenient`). A
+        log that cannot be read at all (a lost data file, a row without metadata) still raises."""
         with store_boundary("listing completed checkpoints", reading=True):
             dt = self._tables.load(StoreTable.CHECKPOINTS)
             if dt is None:

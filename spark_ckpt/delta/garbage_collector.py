@@ -1,7 +1,7 @@
 """Garbage collection on Delta: deleting the blob and offset rows no kept checkpoint needs, and
 ``VACUUM`` of the files Delta no longer references.
 
-The retention side of :class:`~spark_ckpt.delta.store.DeltaCheckpointStore`. It runs after the
+The retention side of :class:`~spark_ckpt.delta.delta_store.DeltaCheckpointStore`. It runs after the
 fenced removal of completed rows from the log (:mod:`spark_ckpt.delta.checkpoint_log`), with
 the checkpoints kept *then*:
 
@@ -41,7 +41,7 @@ from spark_ckpt.delta.store_tables import (
     store_boundary,
 )
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
-from spark_ckpt.protocol.handle import BlobRef
+from spark_ckpt.protocol.state_handles import BlobRef
 from spark_ckpt.storage.retention import garbage_blobs
 
 #: How often a garbage delete is run again after losing to a concurrent append.

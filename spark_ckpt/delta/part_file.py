@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from spark_ckpt.delta.errors import delta_boundary
+from spark_ckpt.delta.boundary import delta_boundary
 from spark_ckpt.delta.staged_file import StagedFile
 from spark_ckpt.delta.stats import DeltaStats
 from spark_ckpt.errors import StoreError

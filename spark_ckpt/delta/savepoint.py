@@ -30,8 +30,8 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from spark_ckpt.delta.errors import delta_boundary
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.boundary import delta_boundary
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -40,10 +40,10 @@ from spark_ckpt.errors import (
 )
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
-from spark_ckpt.protocol.handle import BlobRef
+from spark_ckpt.protocol.state_handles import BlobRef
 from spark_ckpt.runtime.restore_settings import MAX_PARALLELISM, PIPELINE
+from spark_ckpt.storage.checkpoint_store import StateStorage
 from spark_ckpt.storage.history import completed_as_of
-from spark_ckpt.storage.store import StateStorage
 from spark_ckpt.storage.transfer import copy_checkpoint
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ files to the Delta table idempotently, rolls back and recovers at a restore.
 
 Runs in the sink vertex's global committer — the process hosting the coordinator, driver
 side — after the checkpoint recording the transactions completed (see
-:mod:`spark_ckpt.delta.sink` for the protocol and the invariants that make the output
+:mod:`spark_ckpt.delta.delta_sink` for the protocol and the invariants that make the output
 exactly-once). Every public call is idempotent and safe against a concurrent committer of the
 same sink: each commit is an independent Delta transaction, never rebased.
 """
@@ -29,7 +29,7 @@ from deltalake import Transaction as AppTransaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
-from spark_ckpt.delta.errors import delta_boundary
+from spark_ckpt.delta.boundary import delta_boundary
 from spark_ckpt.delta.log_commits import DamagedCommitError, read_commit
 from spark_ckpt.delta.output_schema import check_schema, delta_fields
 from spark_ckpt.delta.sink_rollback import CleanedUpLog, OwnCommit, RollbackPlan, plan_rollback
@@ -37,7 +37,7 @@ from spark_ckpt.delta.sink_target import DeltaSinkTarget
 from spark_ckpt.delta.staged_file import StagedFile, staged_files
 from spark_ckpt.delta.store_tables import FollowedTable
 from spark_ckpt.errors import ConfigError, ProtocolError, RestoreError, StoreError
-from spark_ckpt.sinks.sink import Transaction
+from spark_ckpt.sinks.two_phase_commit import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ def _boundary(what: str) -> AbstractContextManager[None]:
 
 
 class DeltaSinkCommitter:
-    """The :class:`~spark_ckpt.sinks.sink.SinkCommitter` of a Delta sink writing to *target*.
+    """The :class:`~spark_ckpt.sinks.two_phase_commit.SinkCommitter` of a Delta sink writing to
+    *target*.
 
     :meth:`commit_checkpoint` makes every file of all transactions of checkpoint *n*
     visible in **one** Delta commit that also records the app transaction
@@ -126,11 +127,11 @@ class DeltaSinkCommitter:
 
     def commit_checkpoint(self, checkpoint_id: int, txns: Sequence[Transaction]) -> bool:
         """Make every file of *txns* (all transactions recorded in completed checkpoint
-        *checkpoint_id*) visible in one Delta commit that sets the app version to
-        *checkpoint_id*. A no-op returning ``False`` if the version is already >=
-        *checkpoint_id* (see :mod:`spark_ckpt.delta.sink` for why no file can be lost then) or if
-        there is neither a table nor a file to create it from; ``True`` if it committed.
-        Safe against concurrent committers of the same checkpoint."""
+        *checkpoint_id*) visible in one Delta commit that sets the app version to *checkpoint_id*. A
+        no-op returning ``False`` if the version is already >= *checkpoint_id* (see
+        :mod:`spark_ckpt.delta.delta_sink` for why no file can be lost then) or if there is neither
+        a table nor a file to create it from; ``True`` if it committed. Safe against concurrent
+        committers of the same checkpoint."""
         if checkpoint_id < 0:
             raise ProtocolError(f"checkpoint id {checkpoint_id} is negative")
 

@@ -9,7 +9,7 @@ import os
 
 import pyarrow.fs as pafs
 
-from spark_ckpt.delta.errors import delta_boundary
+from spark_ckpt.delta.boundary import delta_boundary
 from spark_ckpt.delta.part_file import is_part_file_name
 from spark_ckpt.errors import StoreError
 

@@ -12,13 +12,13 @@ import threading
 
 import pyarrow as pa
 
-from spark_ckpt.delta.errors import delta_boundary
+from spark_ckpt.delta.boundary import delta_boundary
 from spark_ckpt.delta.output_schema import delta_fields, output_table
 from spark_ckpt.delta.part_file import PartFile, part_file_name
 from spark_ckpt.delta.sink_target import DeltaSinkTarget
 from spark_ckpt.delta.staged_file import StagedFile
 from spark_ckpt.errors import StoreError
-from spark_ckpt.sinks.sink import Transaction
+from spark_ckpt.sinks.two_phase_commit import Transaction
 
 #: Default Arrow bytes written into one in-progress file per (operator, subtask) after which
 #: it rolls before the transaction is sealed.
@@ -26,14 +26,15 @@ DEFAULT_TARGET_FILE_BYTES = 64 << 20
 
 
 class DeltaSinkWriter:
-    """The :class:`~spark_ckpt.sinks.sink.SinkWriter` of a Delta sink writing to *target*.
+    """The :class:`~spark_ckpt.sinks.two_phase_commit.SinkWriter` of a Delta sink writing to
+    *target*.
 
     Output is encoded as it arrives into an in-progress Parquet file per (operator, subtask)
     (:class:`~spark_ckpt.delta.part_file.PartFile`: zstd, timestamps as UTC microseconds,
     barrier columns dropped, one row group per write). The file rolls — is closed into the
     subtask's open transaction — once the Arrow data written into it exceeds
     *target_file_bytes*, when the schema changes, and at :meth:`pre_commit`, which seals the
-    open transaction into a :class:`~spark_ckpt.sinks.sink.Transaction` whose payload is
+    open transaction into a :class:`~spark_ckpt.sinks.two_phase_commit.Transaction` whose payload is
     the tuple of :meth:`StagedFile.to_json <spark_ckpt.delta.staged_file.StagedFile.to_json>`
     strings.
 

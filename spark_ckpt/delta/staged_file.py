@@ -1,7 +1,7 @@
-"""A staged file of a Delta sink: one sealed Parquet file under the table root, described
-well enough to add it to the Delta log without reading it again. A sealed
-:class:`~spark_ckpt.sinks.sink.Transaction` of a Delta sink carries its staged files as JSON
-(:func:`staged_files`)."""
+"""A staged file of a Delta sink: one sealed Parquet file under the table root, described well
+enough to add it to the Delta log without reading it again. A sealed
+:class:`~spark_ckpt.sinks.two_phase_commit.Transaction` of a Delta sink carries its staged files as
+JSON (:func:`staged_files`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from deltalake.transaction import AddAction
 
 from spark_ckpt.errors import ProtocolError
-from spark_ckpt.sinks.sink import Transaction
+from spark_ckpt.sinks.two_phase_commit import Transaction
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ per checkpoint would only multiply tiny files):
     rows by ``record``.
 ``<root>/operator_state`` / ``<root>/channel_state``
     One row per blob (``KEYED_FULL``/``KEYED_DELTA``/``OPERATOR`` resp. ``CHANNEL``): the
-    :class:`~spark_ckpt.protocol.handle.BlobRef` columns, a ``blob_id`` (hash of the blob key,
-    used in predicates) and the Arrow IPC ``payload``. Written by tasks
+    :class:`~spark_ckpt.protocol.state_handles.BlobRef` columns, a ``blob_id`` (hash of the blob
+    key, used in predicates) and the Arrow IPC ``payload``. Written by tasks
     (:mod:`spark_ckpt.delta.blob_store`).
 ``<root>/source_offsets``
     One row per source channel position a task acknowledged, copied by the completion commit
@@ -52,7 +52,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import DeltaError
 from deltalake.transaction import RemoveAction
 
-from spark_ckpt.delta.errors import delta_boundary
+from spark_ckpt.delta.boundary import delta_boundary
 from spark_ckpt.errors import CorruptCheckpointError, StoreError
 from spark_ckpt.protocol.clock import Clock
 
@@ -481,7 +481,7 @@ class StoreTables:
 
 @contextmanager
 def store_boundary(what: str, *, reading: bool = False) -> Iterator[None]:
-    """:func:`~spark_ckpt.delta.errors.delta_boundary` into :class:`StoreError`; on read paths
+    """:func:`~spark_ckpt.delta.boundary.delta_boundary` into :class:`StoreError`; on read paths
     an unreadable data file is :class:`CorruptCheckpointError`. Also catches the
     ``UnicodeDecodeError`` of a damaged string column: pyarrow does not validate UTF-8 when
     it decodes Parquet, so such damage only surfaces when values are converted."""

@@ -87,7 +87,7 @@ from deltalake import DeltaTable
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError
 
-from spark_ckpt.delta.errors import delta_boundary
+from spark_ckpt.delta.boundary import delta_boundary
 from spark_ckpt.delta.log_commits import COMMIT_FILE, DamagedCommitError, read_commit
 from spark_ckpt.errors import ConfigError, ProtocolError
 from spark_ckpt.protocol.option import check_int, parse_int

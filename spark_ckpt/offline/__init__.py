@@ -10,7 +10,7 @@
   savepoint directory format (shared with the online export).
 
 Pure Python on pyarrow and the Delta checkpoint store; never imports ``pyspark`` (the Spark
-glue is :mod:`spark_ckpt.spark.state_frames` and the ``ckpt-state`` data source).
+glue is :mod:`spark_ckpt.spark.datasource.state_frames` and the ``ckpt-state`` data source).
 """
 
 from __future__ import annotations

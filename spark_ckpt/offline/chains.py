@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_ckpt.errors import CorruptCheckpointError, StateError
-from spark_ckpt.protocol.handle import BlobKind, BlobRef, StateBlob
+from spark_ckpt.protocol.state_handles import BlobKind, BlobRef, StateBlob
 from spark_ckpt.state.descriptor import (
     META_KEY_GROUP_HASH,
     META_KEY_TYPE,

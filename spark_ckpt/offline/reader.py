@@ -13,13 +13,13 @@
     reader.source_offsets()                                # pa.Table: source, channel, offset
 
 :meth:`StateReader.keyed` returns exactly the keyed state a restore at parallelism 1 would load
-(:func:`~spark_ckpt.state.restore.restore_backend`): every chain of the state (one FULL blob and
-its DELTAs, one chain per subtask that wrote it) merged with Arrow kernels, without building a
-state backend (see :mod:`spark_ckpt.offline.chains`). Every blob is verified when read
-(checksums, row counts, key groups). Nothing is ever written to the store read.
+(:func:`~spark_ckpt.state.state_restore.restore_backend`): every chain of the state (one FULL blob
+and its DELTAs, one chain per subtask that wrote it) merged with Arrow kernels, without building a
+state backend (see :mod:`spark_ckpt.offline.chains`). Every blob is verified when read (checksums,
+row counts, key groups). Nothing is ever written to the store read.
 
-Tables are Arrow: ``.to_pandas()``, ``polars.from_arrow``, ``duckdb`` and
-``spark.createDataFrame`` (:func:`spark_ckpt.spark.state_frames.state_dataframe`) take them.
+Tables are Arrow: ``.to_pandas()``, ``polars.from_arrow``, ``duckdb`` and ``spark.createDataFrame``
+(:func:`spark_ckpt.spark.datasource.state_frames.state_dataframe`) take them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, StateError
 from spark_ckpt.offline.chains import (
     KeyedStateInfo,
@@ -45,7 +45,7 @@ from spark_ckpt.offline.chains import (
 from spark_ckpt.offline.savepoint_format import MAX_PARALLELISM
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, is_task_state_uid
-from spark_ckpt.protocol.handle import BlobKind, BlobRef
+from spark_ckpt.protocol.state_handles import BlobKind, BlobRef
 from spark_ckpt.state.descriptor import (
     KEYED_BLOB_KINDS,
     StateDescriptor,

@@ -25,12 +25,12 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.delta.savepoint import FORMAT, FORMAT_VERSION
-from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.errors import StoreError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.handle import BlobKind, TaskSnapshot, TaskStateHandle
+from spark_ckpt.protocol.state_handles import BlobKind, TaskSnapshot, TaskStateHandle
 from spark_ckpt.runtime.restore_settings import MAX_PARALLELISM, PIPELINE
 
 __all__ = [

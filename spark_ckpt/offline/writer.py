@@ -47,7 +47,7 @@ from spark_ckpt.offline.savepoint_format import (
     write_savepoint,
 )
 from spark_ckpt.protocol.checkpoint import TASK_STATE_PREFIX, CompletedCheckpoint, is_task_state_uid
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     BlobKind,
     BlobRef,
     SourceOffset,

@@ -15,7 +15,7 @@ from typing import Any
 
 from spark_ckpt.errors import CorruptCheckpointError
 from spark_ckpt.protocol.barrier import SnapshotType
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     BlobRef,
     CacheMetrics,
     CheckpointMetrics,
@@ -176,13 +176,13 @@ class CompletedCheckpoint:
 
 @dataclass(frozen=True)
 class FailedCheckpoint:
-    """A checkpoint (or savepoint) that was triggered and then aborted: declined by a task,
-    expired, subsumed, or cancelled by a failure or shutdown. Recorded durably next to the
-    completed ones (:meth:`~spark_ckpt.storage.store.CheckpointLog.record_failure`), with the
-    figures of the tasks that had acknowledged before the abort. ``reason`` is a
+    """A checkpoint (or savepoint) that was triggered and then aborted: declined by a task, expired,
+    subsumed, or cancelled by a failure or shutdown. Recorded durably next to the completed ones
+    (:meth:`~spark_ckpt.storage.checkpoint_store.CheckpointLog.record_failure`), with the figures of
+    the tasks that had acknowledged before the abort. ``reason`` is a
     :class:`~spark_ckpt.runtime.failure.CheckpointFailureReason` value; ``properties``: the
-    checkpoint's properties as triggered (a client's request id among them: how a client
-    learns that its request failed)."""
+    checkpoint's properties as triggered (a client's request id among them: how a client learns that
+    its request failed)."""
 
     checkpoint_id: int
     snapshot_type: SnapshotType

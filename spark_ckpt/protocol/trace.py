@@ -1,6 +1,6 @@
 """Tracing hooks. Like the :class:`~spark_ckpt.protocol.clock.Clock`, a :class:`Tracer` is
 handed to the engine rather than looked up: the foreachBatch aligner
-(:class:`~spark_ckpt.spark.batch_aligner.BatchAligner`) and its operator tasks
+(:class:`~spark_ckpt.spark.driver.batch_aligner.BatchAligner`) and its operator tasks
 (:class:`~spark_ckpt.runtime.task.OperatorTask`) open a *span* around each phase of their
 work (:class:`Phase`), and the tracer decides what to do with it — nothing, by default
 (:data:`NOOP_TRACER`), or time it (the pipeline benchmark's phase timer).
@@ -25,7 +25,7 @@ Contract for implementations:
   operator call): ``span`` must be cheap and must not block, fail or call back into the
   engine.
 * **Picklable.** A tracer is part of the picklable foreachBatch spec
-  (:class:`~spark_ckpt.spark.foreach_batch.AlignerSpec`), which crosses a process boundary
+  (:class:`~spark_ckpt.spark.driver.foreach_batch.AlignerSpec`), which crosses a process boundary
   under Spark Connect; a tracer holding locks or files must re-create them on unpickling
   (and then records in the process that unpickled it).
 """

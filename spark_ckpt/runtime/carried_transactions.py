@@ -3,7 +3,7 @@
 A task with a sink writes the transactions it sealed and whose commit it has not seen into
 its snapshot, as one blob (:data:`~spark_ckpt.runtime.task.SINK_TRANSACTIONS`): that blob is
 what a restore recovers the sink from. Its acknowledgement also carries the blob's rows
-(:attr:`~spark_ckpt.protocol.handle.AcknowledgeCheckpoint.sealed`), so that the sink commit
+(:attr:`~spark_ckpt.protocol.state_handles.AcknowledgeCheckpoint.sealed`), so that the sink commit
 after the checkpoint completes, in the coordinator host (the driver-side source runner), does
 not read every task's blob back from the store. The carried rows are only trusted where
 their Arrow encoding has the checksum and size of the blob the acknowledgement references:
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, BlobRef, checksum, encode_table
-from spark_ckpt.sinks.sink import TRANSACTION_STATE_SCHEMA, Transaction
+from spark_ckpt.protocol.state_handles import AcknowledgeCheckpoint, BlobRef, checksum, encode_table
+from spark_ckpt.sinks.two_phase_commit import TRANSACTION_STATE_SCHEMA, Transaction
 
 #: State name under which a task keeps its sealed, uncommitted sink transactions.
 SINK_TRANSACTIONS = "_sink_transactions"
@@ -30,7 +30,7 @@ def sealed_table(rows: Sequence[str]) -> pa.Table:
     return pa.table({"transaction": list(rows)}, schema=TRANSACTION_STATE_SCHEMA)
 
 
-#: A blob's identity (:attr:`~spark_ckpt.protocol.handle.BlobRef.key`).
+#: A blob's identity (:attr:`~spark_ckpt.protocol.state_handles.BlobRef.key`).
 BlobKey = tuple[int, str, int, str, str, int, int, int, int]
 
 

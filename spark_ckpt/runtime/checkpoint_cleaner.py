@@ -2,19 +2,19 @@
 :class:`~spark_ckpt.runtime.coordinator.CheckpointCoordinator` (Flink's
 ``CheckpointsCleaner`` with the completed-checkpoint store's subsumption).
 
-After a completion, retention keeps the configured number of checkpoints, every savepoint,
-and every checkpoint from the oldest base a task's incremental snapshots may still build on;
-garbage (blobs no kept checkpoint references) is collected every ``garbage_every``-th time
-and after a final checkpoint. A host may space retentions out (``retain_every_ms``): the
-log then holds a few subsumed checkpoints for a few seconds (Flink's store drops a subsumed
-checkpoint at once and discards its files asynchronously; here the log is the store, and
-dropping costs a commit). A checkpoint that answers a request from another process (property
-:data:`REQUEST_ID`: the CLI's ``checkpoint``, :meth:`PipelineClient.checkpoint
-<spark_ckpt.spark.client.PipelineClient.checkpoint>`) is kept :data:`ANSWER_KEEP_MS` after its
-completion whatever completes after it: its requester learns of it by finding it in the log,
-polling, and a newer checkpoint with a retention right after it would otherwise remove it
-first (a job's final checkpoint retains exactly the configured count). When the job ends,
-externalized retention may discard the retained checkpoints (:func:`discards_checkpoints`).
+After a completion, retention keeps the configured number of checkpoints, every savepoint, and every
+checkpoint from the oldest base a task's incremental snapshots may still build on; garbage (blobs no
+kept checkpoint references) is collected every ``garbage_every``-th time and after a final
+checkpoint. A host may space retentions out (``retain_every_ms``): the log then holds a few subsumed
+checkpoints for a few seconds (Flink's store drops a subsumed checkpoint at once and discards its
+files asynchronously; here the log is the store, and dropping costs a commit). A checkpoint that
+answers a request from another process (property :data:`REQUEST_ID`: the CLI's ``checkpoint``,
+:meth:`PipelineClient.checkpoint <spark_ckpt.client.pipeline_client.PipelineClient.checkpoint>`) is
+kept :data:`ANSWER_KEEP_MS` after its completion whatever completes after it: its requester learns
+of it by finding it in the log, polling, and a newer checkpoint with a retention right after it
+would otherwise remove it first (a job's final checkpoint retains exactly the configured count).
+When the job ends, externalized retention may discard the retained checkpoints
+(:func:`discards_checkpoints`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Final, TypeVar
 from spark_ckpt.errors import CheckpointError, FencedError, StoreError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import Clock
-from spark_ckpt.protocol.handle import TaskId
+from spark_ckpt.protocol.state_handles import TaskId
 from spark_ckpt.runtime.config import CheckpointConfig, ExternalizedCheckpointRetention
+from spark_ckpt.storage.checkpoint_store import CheckpointLog
 from spark_ckpt.storage.lease import CoordinatorLease
-from spark_ckpt.storage.store import CheckpointLog
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A pipeline builds its checkpoint store, its sink's global committer, its channel source and
 runs the user's operators. A job may name a :class:`Components` object
-(``components="module:name"``, see :class:`~spark_ckpt.spark.job.JobSpec`) whose hooks
+(``components="module:name"``, see :class:`~spark_ckpt.pipeline.job.JobSpec`) whose hooks
 receive each of these where it is built and return the one to use: a store with a cache, a
 committer that reports each commit, a source wrapped for tracing — or, in the crash tests,
 versions that fail on purpose (:mod:`spark_ckpt.testing.faults`). The base class returns
@@ -31,9 +31,9 @@ import importlib
 
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.runtime.operator import KeyedOperator
-from spark_ckpt.sinks.sink import SinkCommitter
+from spark_ckpt.sinks.two_phase_commit import SinkCommitter
 from spark_ckpt.sources.channel_source import ChannelSource
-from spark_ckpt.storage.store import CheckpointStore
+from spark_ckpt.storage.checkpoint_store import CheckpointStore
 
 
 class Components:

@@ -81,15 +81,14 @@ list; everything else above is Flink's rule:
 * **Externalized retention.** ``RETAIN_ON_CANCELLATION`` keeps checkpoints even when the job
   finished (:func:`discards_checkpoints`); Flink discards them then.
 * **The statistics history is durable.** Every failed or aborted checkpoint or savepoint —
-  declined, expired, subsumed, failed to finalize, or aborted by a task failure or the
-  shutdown — is recorded in the store's statistics history, with its reason and the figures
-  of the tasks that had acknowledged
-  (:meth:`~spark_ckpt.storage.store.CheckpointLog.record_failure`); retention records every
-  completed one there before removing it. The history keeps the newest
+  declined, expired, subsumed, failed to finalize, or aborted by a task failure or the shutdown — is
+  recorded in the store's statistics history, with its reason and the figures of the tasks that had
+  acknowledged (:meth:`~spark_ckpt.storage.checkpoint_store.CheckpointLog.record_failure`);
+  retention records every completed one there before removing it. The history keeps the newest
   ``config.history_size`` entries whatever ``retained_checkpoints`` is (read with
-  :meth:`~spark_ckpt.storage.store.CompletedCheckpoints.list_history`). Flink keeps this
-  history (``web.checkpoints.history``) only in the JobManager's memory. Recording a failure
-  never fails the job: a store error is logged as a WARNING.
+  :meth:`~spark_ckpt.storage.checkpoint_store.CompletedCheckpoints.list_history`). Flink keeps this
+  history (``web.checkpoints.history``) only in the JobManager's memory. Recording a failure never
+  fails the job: a store error is logged as a WARNING.
 
 Completion: all tasks acknowledged → finalize → commit into the store (fenced) → drop
 subsumed pending checkpoints → retention → notify-complete to every task. Failures (decline,
@@ -117,7 +116,7 @@ from spark_ckpt.errors import (
 from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock
-from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
+from spark_ckpt.protocol.state_handles import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
 from spark_ckpt.runtime.checkpoint_cleaner import (
     DEFAULT_GARBAGE_EVERY,
     DEFAULT_RETAIN_EVERY_MS,
@@ -138,8 +137,8 @@ from spark_ckpt.runtime.request_decider import (
     RequestStatus,
 )
 from spark_ckpt.runtime.stats_tracker import CheckpointStatsTracker, HistoryEntry
+from spark_ckpt.storage.checkpoint_store import CheckpointLog
 from spark_ckpt.storage.lease import CoordinatorLease
-from spark_ckpt.storage.store import CheckpointLog
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -192,7 +191,7 @@ class CheckpointCoordinator:
         """*defer_after_completion*: a completion only commits the checkpoint and notifies
         the tasks; the next periodic trigger waits for :meth:`tick` and retention for
         :meth:`maintain`. For a host whose triggers must coincide with barrier injection and
-        whose retention must not delay it (:class:`~spark_ckpt.spark.host.HostThread`).
+        whose retention must not delay it (:class:`~spark_ckpt.coordination.host.HostThread`).
 
         *garbage_every*, *retain_every_ms*: see
         :class:`~spark_ckpt.runtime.checkpoint_cleaner.CheckpointCleaner`.

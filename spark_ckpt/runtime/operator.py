@@ -5,14 +5,14 @@ the program changes) and keyed by one column. Two ways to write one:
 
 * **vectorized** (the fast path): subclass :class:`KeyedOperator` and implement
   :meth:`~KeyedOperator.process_batch` — a function over an Arrow table of records (all of them
-  in this subtask's key groups) and the subtask's :class:`~spark_ckpt.state.handle.StateHandle`,
+  in this subtask's key groups) and the subtask's :class:`~spark_ckpt.state.context.StateContext`,
   using its vectorized ``get_values``/``put_values``. :class:`RunningCount` is the example:
   no Python loop over rows;
 * **per record** (Flink's ``KeyedProcessFunction`` style): subclass :class:`RecordOperator`
   and implement :meth:`~RecordOperator.process_record`; the adapter sets the current key for
   every row. Convenient, but a Python call per row.
 
-Operators see their state only through the :class:`~spark_ckpt.state.handle.StateHandle` the
+Operators see their state only through the :class:`~spark_ckpt.state.context.StateContext` the
 task hands them (registration, per-record and vectorized access, operator list state); the
 task keeps the backend and takes the snapshots.
 
@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_ckpt.errors import StateError
+from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.descriptor import ValueStateDescriptor
-from spark_ckpt.state.handle import StateHandle
 
 
 class KeyedOperator(ABC):
@@ -45,12 +45,12 @@ class KeyedOperator(ABC):
         self.key_column = key_column
         self.key_type = key_type
 
-    def open(self, state: StateHandle) -> None:  # noqa: B027 - optional hook
+    def open(self, state: StateContext) -> None:  # noqa: B027 - optional hook
         """Register state descriptors on *state*. Called once per subtask, before restore and
         input."""
 
     @abstractmethod
-    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         """Process *batch* (rows in input order per channel, all in the subtask's key groups)
         with the subtask's *state* and return the output rows, or None. Must not keep
         references into *state* across calls."""
@@ -76,10 +76,10 @@ class RecordOperator(KeyedOperator):
     key set; it yields output rows as dicts matching :attr:`output_schema`."""
 
     @abstractmethod
-    def process_record(self, row: dict[str, Any], state: StateHandle) -> Iterable[dict[str, Any]]:
+    def process_record(self, row: dict[str, Any], state: StateContext) -> Iterable[dict[str, Any]]:
         """Process *row*, whose key is *state*'s current key, and yield the output rows."""
 
-    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         out: list[dict[str, Any]] = []
         for row in batch.to_pylist():
             state.set_current_key(row[self.key_column])
@@ -127,10 +127,10 @@ class RunningCount(KeyedOperator):
     def output_schema(self) -> pa.Schema:
         return pa.schema([pa.field(self.key_column, self.key_type), pa.field("count", pa.int64())])
 
-    def open(self, state: StateHandle) -> None:
+    def open(self, state: StateContext) -> None:
         state.value_state(self.COUNT)
 
-    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         if batch.num_rows == 0:
             return None
         keys = batch.column(self.key_column)

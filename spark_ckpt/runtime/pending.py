@@ -15,7 +15,7 @@ from enum import StrEnum
 from spark_ckpt.errors import CheckpointError
 from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     AcknowledgeCheckpoint,
     CheckpointMetrics,
     TaskId,

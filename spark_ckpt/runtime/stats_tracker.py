@@ -20,8 +20,8 @@ from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.runtime.failure import CheckpointFailure
 from spark_ckpt.runtime.pending import PendingCheckpoint
+from spark_ckpt.storage.checkpoint_store import CheckpointLog
 from spark_ckpt.storage.lease import CoordinatorLease
-from spark_ckpt.storage.store import CheckpointLog
 
 log = logging.getLogger(__name__)
 

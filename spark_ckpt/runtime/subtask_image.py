@@ -3,7 +3,7 @@
 On executors (``docs/design/executors.md``) a subtask of the operator chain runs inside a
 Spark task, one per micro-batch, in whichever Python worker Spark picks. Between
 micro-batches its state leaves the process as an image, which the next micro-batch's task
-loads (from the executor's cache, :mod:`spark_ckpt.spark.executor_cache`).
+loads (from the executor's cache, :mod:`spark_ckpt.spark.executors.executor_cache`).
 
 Because the source aligns (:mod:`spark_ckpt.sources.stream_offset`), every checkpoint falls
 on a micro-batch boundary: after a micro-batch a subtask has no alignment state (no blocked
@@ -13,10 +13,10 @@ channel, no buffered row, no snapshot in progress), so its image is only
   (:meth:`~spark_ckpt.state.backend.KeyedStateBackend.full_blobs`), one table each;
 * the sink transactions it sealed and whose commit it has not seen yet;
 * its sink's open transaction: the files staged since the last barrier
-  (:class:`~spark_ckpt.sinks.sink.DetachableWriter`).
+  (:class:`~spark_ckpt.sinks.two_phase_commit.DetachableWriter`).
 
 A subtask built fresh from an image has no incremental base; one kept alive in its Python
-worker between micro-batches (:class:`~spark_ckpt.spark.executor_subtasks.LiveSubtasks`)
+worker between micro-batches (:class:`~spark_ckpt.spark.executors.subtask_function.LiveSubtasks`)
 keeps its base. Either can build on the latest completed checkpoint instead
 (:meth:`~spark_ckpt.runtime.task.OperatorTask.rebase`): what changed since is known from the
 changelog's segments, each tagged with the newest snapshot at its end (the image metadata's
@@ -36,10 +36,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_ckpt.errors import ProtocolError, StateError
-from spark_ckpt.protocol.handle import BlobKind, BlobRef, CacheMetrics, StateBlob
+from spark_ckpt.protocol.state_handles import BlobKind, BlobRef, CacheMetrics, StateBlob
 from spark_ckpt.runtime.task import OperatorTask
-from spark_ckpt.sinks.sink import DetachableWriter, Transaction
-from spark_ckpt.state.restore import apply_segment, restore_backend
+from spark_ckpt.sinks.two_phase_commit import DetachableWriter, Transaction
+from spark_ckpt.state.state_restore import apply_segment, restore_backend
 
 IMAGE_VERSION = 1
 #: An image's kind: the whole state, or what changed since the previous image (a segment of

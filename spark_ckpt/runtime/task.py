@@ -13,7 +13,7 @@ The task turns the aligner's steps into work:
 
 ``notify_complete(n)`` makes *n* the base of the next incremental snapshot and forgets the
 sealed transactions the sink reports committed (the job's global committer commits them; see
-:mod:`spark_ckpt.sinks.sink`). Until then they stay in every checkpoint the task takes.
+:mod:`spark_ckpt.sinks.two_phase_commit`). Until then they stay in every checkpoint the task takes.
 
 Tasks run wherever the caller runs them (the driver in the foreachBatch aligner, a simulated
 scheduler in tests) and are single-threaded.
@@ -25,6 +25,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,7 +33,7 @@ import pyarrow.compute as pc
 from spark_ckpt.errors import SparkCkptError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, task_state_uid
 from spark_ckpt.protocol.clock import Clock
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     AcknowledgeCheckpoint,
     BlobKind,
     BlobRef,
@@ -64,16 +65,16 @@ from spark_ckpt.runtime.carried_transactions import (
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM, output_checkpoint
-from spark_ckpt.sinks.sink import (
+from spark_ckpt.sinks.two_phase_commit import (
     SinkCommitter,
     Transaction,
     TransactionalSink,
 )
 from spark_ckpt.state.backend import KeyedStateBackend
-from spark_ckpt.state.handle import StateHandle
+from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.keygroup import key_groups, range_for_subtask
-from spark_ckpt.state.restore import restore_backend
-from spark_ckpt.storage.store import StateStorage
+from spark_ckpt.state.state_restore import restore_backend
+from spark_ckpt.storage.checkpoint_store import StateStorage
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,9 @@ log = logging.getLogger(__name__)
 #: names the tasks' acknowledgements and their own state); nothing depends on it across
 #: versions of the job — readers of the tasks' own state find it under any vertex name.
 CHAIN_VERTEX = "chain"
+#: The task of a ``ckpt-source``: its coordinator triggers it, and its channel positions are
+#: acknowledged under this vertex.
+SOURCE_TASK: Final = TaskId("source", 0)
 
 
 Response = AcknowledgeCheckpoint | DeclineCheckpoint
@@ -160,7 +164,7 @@ class OperatorTask:
         self.tracer = tracer
         self.aligner = BarrierAligner(channels, mode, clock, aligned_timeout_ms=aligned_timeout_ms)
         self.backends: dict[str, KeyedStateBackend] = {}
-        self._handles: dict[str, StateHandle] = {}  # what the operators see of their backends
+        self._handles: dict[str, StateContext] = {}  # what the operators see of their backends
         for op in self.operators:
             backend = KeyedStateBackend(
                 op.uid,
@@ -170,7 +174,7 @@ class OperatorTask:
                 max_parallelism,
                 parallelism=parallelism,
             )
-            handle = StateHandle(backend)
+            handle = StateContext(backend)
             op.open(handle)
             self.backends[op.uid] = backend
             self._handles[op.uid] = handle
@@ -495,7 +499,7 @@ def sealed_transactions(
 
 def own_transactions(committer: SinkCommitter, txns: Sequence[Transaction]) -> list[Transaction]:
     """The transactions of *txns* that *committer* commits: those sealed for its storage
-    (:attr:`~spark_ckpt.sinks.sink.SinkCommitter.sink_id`), and those of older versions,
+    (:attr:`~spark_ckpt.sinks.two_phase_commit.SinkCommitter.sink_id`), and those of older versions,
     which did not record one. Transactions for another storage (the pipeline's output
     changed at a restore) stay where they were: the new output starts at the restored
     positions."""
@@ -530,16 +534,15 @@ def recover_sink(
     starting). Returns the transactions committed.
 
     First the sink is rolled back to the restored checkpoint
-    (:meth:`~spark_ckpt.sinks.sink.SinkCommitter.roll_back_to`): output of later checkpoints
-    that it committed (the restore fell back past a damaged newest checkpoint, or an older
-    checkpoint or a savepoint was restored on purpose, whichever version of the job wrote
-    that output) is withdrawn, since the job replays it — afterwards the sink holds exactly
-    the output of checkpoints <= the restored one. The roll back comes *before* the commit
-    of the restored transactions because it may withdraw some of them too (a later
-    checkpoint's commit carried them when the restored checkpoint's own commit was lost in a
-    crash); committing them afterwards puts them back. With no checkpoint (a fresh start) nothing is
-    rolled back: a pipeline starting on an existing table leaves it alone. Idempotent. Run
-    once per job start."""
+    (:meth:`~spark_ckpt.sinks.two_phase_commit.SinkCommitter.roll_back_to`): output of later
+    checkpoints that it committed (the restore fell back past a damaged newest checkpoint, or an
+    older checkpoint or a savepoint was restored on purpose, whichever version of the job wrote that
+    output) is withdrawn, since the job replays it — afterwards the sink holds exactly the output of
+    checkpoints <= the restored one. The roll back comes *before* the commit of the restored
+    transactions because it may withdraw some of them too (a later checkpoint's commit carried them
+    when the restored checkpoint's own commit was lost in a crash); committing them afterwards puts
+    them back. With no checkpoint (a fresh start) nothing is rolled back: a pipeline starting on an
+    existing table leaves it alone. Idempotent. Run once per job start."""
     if checkpoint is not None:
         # a checkpoint a restore created stands for the one it was restored from
         withdrawn = committer.roll_back_to(output_checkpoint(checkpoint))

@@ -10,7 +10,7 @@ those events into a :class:`SinkLedger`:
 * when every channel delivered barrier *n*, the sink acknowledges *n* with its transaction and
   the barrier offsets (the positions the source rewinds to on restore);
 * a transaction stays in the ledger — and in every later acknowledgement — until the sink
-  reports it committed (see :mod:`spark_ckpt.sinks.sink`).
+  reports it committed (see :mod:`spark_ckpt.sinks.two_phase_commit`).
 
 The ledger is JSON, persisted after each batch. ``apply`` is idempotent per batch id, so a
 replayed batch (Spark re-runs a failed batch with the same id) changes nothing twice.

@@ -1,5 +1,5 @@
-"""The Spark layer: the pipeline and its client, the foreachBatch function (a picklable
-spec that builds its runtime in the process that calls it), the coordinator host that runs in
-the source runner, the file mailbox and run files through which they talk, and session
-helpers. The ``datasources`` package holds the thin DataSource classes that call into it.
+"""The Spark layer: session plumbing (:mod:`~spark_ckpt.spark.session`), the executor
+subtasks (:mod:`~spark_ckpt.spark.executors`), the driver placement
+(:mod:`~spark_ckpt.spark.driver`) and what the data sources call
+(:mod:`~spark_ckpt.spark.datasource`). Nothing here imports :mod:`datasources`.
 """

@@ -7,8 +7,8 @@ Modules: :mod:`~spark_ckpt.state.keygroup` (key groups and their hash),
 :mod:`~spark_ckpt.state.operator_state` (operator list state),
 :mod:`~spark_ckpt.state.backend` (``KeyedStateBackend``: registration, per-record and
 vectorized access), :mod:`~spark_ckpt.state.snapshot` (change log, full and incremental
-snapshots), :mod:`~spark_ckpt.state.restore` (restore and rescale by key groups) and
-:mod:`~spark_ckpt.state.handle` (``StateHandle``, what operators see).
+snapshots), :mod:`~spark_ckpt.state.state_restore` (restore and rescale by key groups) and
+:mod:`~spark_ckpt.state.context` (``StateContext``, what operators see).
 
 Pure core: imports :mod:`spark_ckpt.protocol` only, never ``pyspark`` or ``deltalake``.
 """

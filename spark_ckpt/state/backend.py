@@ -8,7 +8,7 @@ A :class:`KeyedStateBackend` holds the state of one subtask of one operator: *ke
 it is not thread-safe, and every call (record processing, ``snapshot``, notifications,
 restore) comes from that thread. Only the tables a snapshot returns travel to other threads,
 and those are immutable. Operators do not see the backend: they receive a
-:class:`~spark_ckpt.state.handle.StateHandle` on it.
+:class:`~spark_ckpt.state.context.StateContext` on it.
 
 Representation. Each keyed state (:class:`KeyedStateTable`) keeps, per key group, a Python
 ``dict`` from key to value (keys and values as the Python objects Arrow's ``to_pylist``
@@ -23,7 +23,7 @@ to a change log (O(1) per call), the per-record API records the key.
 
 Snapshots are delegated to the backend's :class:`~spark_ckpt.state.snapshot.SnapshotStrategy`
 (full and incremental, see :mod:`spark_ckpt.state.snapshot`); a fresh backend is loaded from a
-checkpoint by :func:`spark_ckpt.state.restore.restore_backend` (any parallelism).
+checkpoint by :func:`spark_ckpt.state.state_restore.restore_backend` (any parallelism).
 Descriptors and blob schemas: :mod:`spark_ckpt.state.descriptor`.
 
 Restored state and schema evolution. A state loaded by a restore under a descriptor no
@@ -39,7 +39,7 @@ is an error.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
@@ -48,7 +48,13 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from spark_ckpt.errors import StateError
-from spark_ckpt.protocol.handle import BlobRef, StateBlob, TaskId, TaskSnapshot, TaskStateHandle
+from spark_ckpt.protocol.state_handles import (
+    BlobRef,
+    StateBlob,
+    TaskId,
+    TaskSnapshot,
+    TaskStateHandle,
+)
 from spark_ckpt.state.descriptor import (
     CONVERSION_ERRORS,
     KEYED_BLOB_KINDS,
@@ -61,7 +67,7 @@ from spark_ckpt.state.descriptor import (
     from_column,
     to_column,
 )
-from spark_ckpt.state.handle import ArrayLike, ListState, MapState, ValueState
+from spark_ckpt.state.keyed_table import KeyedStateTable
 from spark_ckpt.state.keygroup import (
     DEFAULT_MAX_PARALLELISM,
     KeyGroupRange,
@@ -80,47 +86,9 @@ from spark_ckpt.state.schema_evolution import (
 from spark_ckpt.state.snapshot import (
     LOG_COLUMNS,
     SnapshotStrategy,
-    StateChanges,
     full_table,
-    log_table,
 )
-
-
-@dataclass
-class KeyedStateTable:
-    """Storage of one keyed state: per key group, key -> value, the changes since the last
-    snapshot and those since the last changelog segment (implements
-    :class:`~spark_ckpt.state.snapshot.TrackedState`)."""
-
-    descriptor: StateDescriptor
-    groups: dict[int, dict[Any, Any]] = field(default_factory=dict)
-    changes: StateChanges = field(default_factory=StateChanges)
-    segment: StateChanges = field(default_factory=StateChanges)
-
-    def group(self, key_group: int) -> dict[Any, Any]:
-        """The entries of *key_group*, created empty on first use."""
-        g = self.groups.get(key_group)
-        if g is None:
-            g = self.groups[key_group] = {}
-        return g
-
-    def log(self, key_groups: npt.NDArray[np.integer], keys: pa.Array, values: pa.Array) -> None:
-        """Record a vectorized change (a null value clears its key)."""
-        self.log_table(log_table(key_groups, keys, values))
-
-    def log_table(self, table: pa.Table) -> None:
-        """Record a vectorized change given as a change log's table."""
-        live = self.count()
-        self.changes.append_table(table, live)
-        self.segment.append_table(table, live)
-
-    def touch_one(self, key_group: int, key: Any) -> None:
-        """Record a per-record change of *key*."""
-        self.changes.touch(key_group, key)
-        self.segment.touch(key_group, key)
-
-    def count(self) -> int:
-        return sum(len(g) for g in self.groups.values())
+from spark_ckpt.state.views import ArrayLike, ListState, MapState, ValueState
 
 
 @dataclass(frozen=True)
@@ -153,8 +121,8 @@ class KeyedStateBackend:
     key groups *key_group_range* (inclusive ends) of *max_parallelism*. See the module
     docstring for the representation and the threading contract; snapshots are taken by its
     :class:`~spark_ckpt.state.snapshot.SnapshotStrategy`, restores made by
-    :func:`~spark_ckpt.state.restore.restore_backend`. Held by the task; operators get a
-    :class:`~spark_ckpt.state.handle.StateHandle` on it.
+    :func:`~spark_ckpt.state.state_restore.restore_backend`. Held by the task; operators get a
+    :class:`~spark_ckpt.state.context.StateContext` on it.
 
     *parallelism* (optional) is only needed to redistribute operator state on restore; when
     given, *key_group_range* must be the range Flink assigns to *subtask* at it.
@@ -587,7 +555,7 @@ class KeyedStateBackend:
     def full_blobs(self) -> list[StateBlob]:
         """The whole state as the blobs of a full snapshot, without taking one (no change
         or snapshot history is touched): what a subtask's image holds; a fresh backend loads
-        them back with :func:`~spark_ckpt.state.restore.restore_backend`."""
+        them back with :func:`~spark_ckpt.state.state_restore.restore_backend`."""
         return self._snapshots.full_blobs(self._states, self._operator_states)
 
     def changed_blobs(self, tag: int) -> list[StateBlob]:
@@ -612,7 +580,7 @@ class KeyedStateBackend:
     def record_changes(self, name: str, delta: pa.Table) -> None:
         """Record the rows of a DELTA blob of keyed state *name* (columns ``key_group, key,
         value, deleted``; a deleted row has a null value), just applied to it, as changes
-        (:func:`~spark_ckpt.state.restore.apply_segment`)."""
+        (:func:`~spark_ckpt.state.state_restore.apply_segment`)."""
         state = self._states.get(name)
         if state is None:
             raise StateError(f"no keyed state {name!r} to record changes of")
@@ -637,7 +605,7 @@ class KeyedStateBackend:
 
     def segment_applied(self, tag: int, *, folds: bool = False) -> None:
         """A changelog segment another process published was just applied
-        (:func:`~spark_ckpt.state.restore.apply_segment`): it is a segment of this task's
+        (:func:`~spark_ckpt.state.state_restore.apply_segment`): it is a segment of this task's
         history, not part of its next one (:meth:`SnapshotStrategy.segment_done
         <spark_ckpt.state.snapshot.SnapshotStrategy.segment_done>`)."""
         self._snapshots.segment_done(self._states, tag, folds=folds)
@@ -698,7 +666,7 @@ class KeyedStateBackend:
 
     def adopt_restored(self, checkpoint_id: int, base: Mapping[str, tuple[BlobRef, ...]]) -> None:
         """This backend was just loaded from checkpoint *checkpoint_id*
-        (:func:`spark_ckpt.state.restore.restore_backend`): *base* — the restored chains
+        (:func:`spark_ckpt.state.state_restore.restore_backend`): *base* — the restored chains
         covering exactly its key groups, by state name — is the base of the next incremental
         snapshot."""
         self._snapshots.adopt_restored(checkpoint_id, base, self._states)

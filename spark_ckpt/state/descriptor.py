@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Final, TypeAlias
 import pyarrow as pa
 
 from spark_ckpt.errors import StateError
-from spark_ckpt.protocol.handle import BlobKind
+from spark_ckpt.protocol.state_handles import BlobKind
 from spark_ckpt.state.keygroup import HASH_NAME
 
 #: Schema metadata keys of state blobs.

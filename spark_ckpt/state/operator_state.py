@@ -1,7 +1,7 @@
 """Operator (non-keyed) list state of one subtask.
 
 On rescale the elements of all old subtasks are concatenated in subtask order and dealt
-round-robin (:mod:`spark_ckpt.state.restore`): new subtask ``i`` gets the elements at
+round-robin (:mod:`spark_ckpt.state.state_restore`): new subtask ``i`` gets the elements at
 positions ``j`` with ``j % parallelism == i``. Snapshots write one OPERATOR blob per state
 per subtask (:func:`~spark_ckpt.state.descriptor.operator_blob_schema`).
 """

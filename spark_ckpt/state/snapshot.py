@@ -3,7 +3,7 @@ they read, and the bookkeeping of pending and completed snapshots.
 
 Snapshots follow Flink: :meth:`SnapshotStrategy.snapshot` is the synchronous phase — it
 builds Arrow tables (which copies the state) and returns a
-:class:`~spark_ckpt.protocol.handle.TaskSnapshot`; the store writes it later, on any thread.
+:class:`~spark_ckpt.protocol.state_handles.TaskSnapshot`; the store writes it later, on any thread.
 Keyed state is cut into one blob per state name per snapshot, covering the subtask's
 key-group range, its rows sorted by key group and carrying it (Flink's keyed-state files with
 key-group offsets play the same role): a restore at another parallelism keeps the rows of the
@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_ckpt.errors import CorruptCheckpointError, StateError
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     BlobKind,
     BlobRef,
     StateBlob,

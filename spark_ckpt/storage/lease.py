@@ -1,9 +1,9 @@
 """The coordinator lease: the right of one coordinator *epoch* to write the checkpoint log.
 
-A lease comes from :meth:`~spark_ckpt.storage.store.CheckpointLog.acquire`, which fences out
-every earlier epoch, and carries the block of checkpoint ids reserved for its epoch
-(:meth:`~spark_ckpt.storage.store.CheckpointLog.allocate_ids` reserves the next block). Ids are
-never handed out twice, across coordinators and restarts.
+A lease comes from :meth:`~spark_ckpt.storage.checkpoint_store.CheckpointLog.acquire`, which fences
+out every earlier epoch, and carries the block of checkpoint ids reserved for its epoch
+(:meth:`~spark_ckpt.storage.checkpoint_store.CheckpointLog.allocate_ids` reserves the next block).
+Ids are never handed out twice, across coordinators and restarts.
 """
 
 from __future__ import annotations

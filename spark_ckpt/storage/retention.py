@@ -1,10 +1,11 @@
 """Retention: which completed checkpoints a store keeps, and which blobs are then garbage.
 
-Pure functions shared by every store (:meth:`~spark_ckpt.storage.store.CheckpointLog.retain`
-and :meth:`~spark_ckpt.storage.store.CheckpointLog.discard` apply them): the newest *n*
-checkpoints, every savepoint and every checkpoint from ``keep_from`` on are kept; a blob is
-garbage when no kept checkpoint references it and it is not newer than the latest kept
-checkpoint (newer blobs may belong to a checkpoint still pending).
+Pure functions shared by every store
+(:meth:`~spark_ckpt.storage.checkpoint_store.CheckpointLog.retain` and
+:meth:`~spark_ckpt.storage.checkpoint_store.CheckpointLog.discard` apply them): the newest *n*
+checkpoints, every savepoint and every checkpoint from ``keep_from`` on are kept; a blob is garbage
+when no kept checkpoint references it and it is not newer than the latest kept checkpoint (newer
+blobs may belong to a checkpoint still pending).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from spark_ckpt.errors import StoreError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
-from spark_ckpt.protocol.handle import BlobRef
+from spark_ckpt.protocol.state_handles import BlobRef
 
 
 def retention_plan(

@@ -25,9 +25,9 @@ from dataclasses import replace
 
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.handle import StateBlob, TaskSnapshot, TaskStateHandle
+from spark_ckpt.protocol.state_handles import StateBlob, TaskSnapshot, TaskStateHandle
+from spark_ckpt.storage.checkpoint_store import CheckpointLog, StateStorage
 from spark_ckpt.storage.lease import CoordinatorLease
-from spark_ckpt.storage.store import CheckpointLog, StateStorage
 
 
 def copy_checkpoint(

@@ -1,4 +1,4 @@
-"""Damage a :class:`~spark_ckpt.delta.store.DeltaCheckpointStore` on disk, the way bit rot, a
+"""Damage a :class:`~spark_ckpt.delta.delta_store.DeltaCheckpointStore` on disk, the way bit rot, a
 bad copy or an over-eager clean-up would: helpers shared by unit and integration tests.
 
 Import as ``from spark_ckpt.testing.damage import ...`` (``tests/`` is on ``sys.path`` for tests in
@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from spark_ckpt.delta.checkpoint_log import LogRecord
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.delta.store_tables import StoreTable
 
 

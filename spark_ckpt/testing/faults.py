@@ -56,10 +56,10 @@ import pyarrow as pa
 from spark_ckpt.errors import SparkCkptError, StoreError
 from spark_ckpt.runtime.components import Components
 from spark_ckpt.runtime.operator import KeyedOperator
-from spark_ckpt.sinks.sink import SinkCommitter, Transaction
+from spark_ckpt.sinks.two_phase_commit import SinkCommitter, Transaction
 from spark_ckpt.sources.channel_source import ChannelSource, ReadPlan, read_rows
-from spark_ckpt.state.handle import StateHandle
-from spark_ckpt.storage.store import CheckpointStore
+from spark_ckpt.state.context import StateContext
+from spark_ckpt.storage.checkpoint_store import CheckpointStore
 
 #: Directory under the pipeline root holding armed faults and their hit records.
 FAULTS_DIR = "_faults"
@@ -320,10 +320,10 @@ class FaultyOperator(KeyedOperator):
     def output_schema(self) -> pa.Schema | None:
         return self.inner.output_schema
 
-    def open(self, state: StateHandle) -> None:
+    def open(self, state: StateContext) -> None:
         self.inner.open(state)
 
-    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         hit(self.root, Fault.OPERATOR, lambda: {"rows": batch.num_rows})
         return self.inner.process_batch(batch, state)
 

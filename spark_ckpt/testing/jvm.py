@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from spark_ckpt.testing.processes import kill_session, session_processes
+
 #: C1-only JIT and the serial collector: a local JVM starts markedly faster on a small
 #: machine; no effect on what a job computes.
 FAST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -37,8 +39,8 @@ _BUILD_TIMEOUT_S = 600.0
 
 
 def _archive_key() -> str:
-    from spark_ckpt.spark.environment import java_binary
-    from spark_ckpt.spark.spark_home import pyspark_home, spark_home
+    from spark_ckpt.spark.session.environment import java_binary
+    from spark_ckpt.spark.session.spark_home import pyspark_home, spark_home
 
     java = java_binary() or "java"
     version = subprocess.run(
@@ -52,8 +54,6 @@ def _archive_key() -> str:
 def _build(archive: Path, workdir: Path) -> None:
     """Run the demo job briefly with ``-XX:ArchiveClassesAtExit``; the archive is written
     when its driver JVM exits, after the job's process: wait for the whole session."""
-    from spark_ckpt.testing.jobs import session_processes
-
     partial = archive.with_suffix(".partial")
     options = f"{FAST_JVM_OPTIONS} -XX:ArchiveClassesAtExit={partial} {_CDS_QUIET}"
     argv = [sys.executable, "-m", "spark_ckpt.demo", "--available-now", "--quiet"]
@@ -76,8 +76,6 @@ def _build(archive: Path, workdir: Path) -> None:
     except subprocess.TimeoutExpired:
         pass
     finally:
-        from spark_ckpt.testing.jobs import kill_session
-
         kill_session(popen.pid)
     if popen.returncode == 0 and partial.is_file():
         os.replace(partial, archive)

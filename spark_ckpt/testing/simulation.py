@@ -24,7 +24,7 @@ from spark_ckpt.errors import CheckpointNotFoundError, SparkCkptError
 from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     AcknowledgeCheckpoint,
     DeclineCheckpoint,
     SourceOffset,
@@ -37,12 +37,12 @@ from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.coordinator import CheckpointCoordinator, CoordinatorStatus, JobStatus
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
 from spark_ckpt.runtime.task import OperatorTask, commit_checkpoint, recover_sink
-from spark_ckpt.sinks.memory import MemorySink
+from spark_ckpt.sinks.memory_sink import MemorySink
 from spark_ckpt.sources.channel_batch import barrier_rows, data_rows, stream_schema
+from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.descriptor import ValueStateDescriptor
-from spark_ckpt.state.handle import StateHandle
 from spark_ckpt.state.keygroup import subtasks_for_keys
-from spark_ckpt.storage.store import CheckpointStore
+from spark_ckpt.storage.checkpoint_store import CheckpointStore
 
 SOURCE = "source"
 VERTEX = "counter"
@@ -58,10 +58,10 @@ class AmountTotals(KeyedOperator):
     def __init__(self, uid: str = "totals") -> None:
         super().__init__(uid, "user_id", pa.int64())
 
-    def open(self, state: StateHandle) -> None:
+    def open(self, state: StateContext) -> None:
         state.value_state(self.TOTAL)
 
-    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         grouped = batch.group_by("user_id").aggregate([("amount", "sum")])
         keys = grouped.column("user_id")
         before = state.get_values(self.TOTAL, keys).fill_null(0)

@@ -28,18 +28,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_ckpt.cli import DEBUG_ENV, main
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.delta.savepoint import export_savepoint
-from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.delta.store_tables import StoreTable
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.handle import CheckpointMetrics, SourceOffset
+from spark_ckpt.protocol.state_handles import CheckpointMetrics, SourceOffset
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.descriptor import ValueStateDescriptor
 from spark_ckpt.state.keygroup import key_group_indices, subtask_for_key_group
 from spark_ckpt.testing.damage import data_files
-from spark_ckpt.testing.jobs import kill_session, session_processes
 from spark_ckpt.testing.jvm import jvm_options
+from spark_ckpt.testing.processes import kill_session, session_processes
 
 COUNT = ValueStateDescriptor("count", pa.int64())
 ORACLE = {k: 10 * k + 1 for k in range(40)}

@@ -16,13 +16,13 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.delta.store_tables import CHECKPOINTS_SCHEMA, HISTORY_SCHEMA, StoreTable
 from spark_ckpt.errors import FencedError, StoreError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     AcknowledgeCheckpoint,
     BlobKind,
     CheckpointMetrics,

@@ -29,13 +29,13 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_ckpt.delta.sink import DeltaSink
+from spark_ckpt.delta.delta_sink import DeltaSink
 from spark_ckpt.delta.sink_rollback import RollbackPlan
 from spark_ckpt.delta.staged_file import StagedFile, staged_files
 from spark_ckpt.delta.stats import DeltaStats, delta_stats
 from spark_ckpt.errors import ProtocolError, StoreError
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
-from spark_ckpt.sinks.sink import Transaction, TransactionalSink
+from spark_ckpt.sinks.two_phase_commit import Transaction, TransactionalSink
 
 OP = "out"
 T0 = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC)
@@ -406,8 +406,8 @@ def test_staged_file_json_and_statistics() -> None:
 CHILD = """
 import json, os, signal, sys
 import pyarrow as pa
-from spark_ckpt.delta.sink import DeltaSink
-from spark_ckpt.sinks.sink import Transaction
+from spark_ckpt.delta.delta_sink import DeltaSink
+from spark_ckpt.sinks.two_phase_commit import Transaction
 sink = DeltaSink(sys.argv[1], pipeline="pipe", target_file_bytes=1)
 mode = sys.argv[2]
 

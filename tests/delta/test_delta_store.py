@@ -27,8 +27,8 @@ from deltalake import DeltaTable, write_deltalake
 from spark_ckpt.delta import store_tables
 from spark_ckpt.delta.blob_store import DeltaBlobStore, blob_id
 from spark_ckpt.delta.checkpoint_log import DeltaCheckpointLog
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.delta.savepoint import checkpoint_as_of
-from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.delta.store_tables import HOT_LOG, StoreTable
 from spark_ckpt.errors import (
     CheckpointNotFoundError,
@@ -40,7 +40,7 @@ from spark_ckpt.errors import (
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     BlobKind,
     BlobRef,
     SourceOffset,
@@ -765,9 +765,9 @@ _CRASH_SCRIPT = """
 import os, signal, sys
 import pyarrow as pa
 from spark_ckpt.delta.blob_store import DeltaBlobStore
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.delta.store_tables import StoreTable
-from spark_ckpt.protocol.handle import BlobKind, SourceOffset, StateBlob, TaskId, TaskSnapshot
+from spark_ckpt.protocol.state_handles import BlobKind, SourceOffset, StateBlob, TaskId, TaskSnapshot
 root, point = sys.argv[1], sys.argv[2]
 store = DeltaCheckpointStore(root)
 lease = store.acquire()
@@ -896,9 +896,9 @@ _RACER = """
 import json, sys
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.errors import FencedError
-from spark_ckpt.protocol.handle import TaskId, TaskStateHandle
+from spark_ckpt.protocol.state_handles import TaskId, TaskStateHandle
 store = DeltaCheckpointStore(sys.argv[1])
 outcomes = []
 for _ in range(int(sys.argv[2])):

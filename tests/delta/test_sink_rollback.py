@@ -37,12 +37,12 @@ from test_delta_sink import (
     seal,
 )
 
-from spark_ckpt.delta.sink import DeltaSink
+from spark_ckpt.delta.delta_sink import DeltaSink
 from spark_ckpt.delta.staged_file import staged_files
 from spark_ckpt.errors import RestoreError
 from spark_ckpt.runtime import task
-from spark_ckpt.sinks.memory import MemorySink
-from spark_ckpt.sinks.sink import Transaction, TransactionalSink
+from spark_ckpt.sinks.memory_sink import MemorySink
+from spark_ckpt.sinks.two_phase_commit import Transaction, TransactionalSink
 
 
 def commit(sink: TransactionalSink, checkpoint_id: int, first: int, n: int) -> list[Row]:

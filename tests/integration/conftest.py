@@ -1,7 +1,8 @@
 """Shared fixtures and helpers of the Spark integration tests.
 
 * ``spark`` — one local SparkSession for the whole test session
-  (:func:`spark_ckpt.spark.session.local_session`: ``local[2]``, 2 shuffle partitions, UI off).
+  (:func:`spark_ckpt.spark.session.builders.local_session`: ``local[2]``, 2 shuffle partitions, UI
+  off).
 * ``demo`` — runs the main job (``python -m spark_ckpt.demo``) in subprocesses, each in a
   session of its own so that a kill takes its JVM and Spark's Python workers along; at
   teardown every such process must be gone (no orphaned JVMs).
@@ -29,6 +30,8 @@ from spark_ckpt.testing.jobs import (  # noqa: F401 - re-exported for the tests
     DemoArgs,
     DemoLauncher,
     DemoRun,
+)
+from spark_ckpt.testing.processes import (  # noqa: F401 - re-exported for the tests
     kill_session,
     session_processes,
 )
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
 def spark() -> Iterator[SparkSession]:
     """A local SparkSession shared by the whole test session (``local[2]``, 2 shuffle
     partitions, UI off); stopped at the end."""
-    from spark_ckpt.spark.session import local_session
+    from spark_ckpt.spark.session.builders import local_session
 
     session = local_session("spark-ckpt-tests", log_level="ERROR")
     yield session

@@ -34,8 +34,8 @@ from test_crash import (
 )
 from test_requests import assert_paused_and_resumed, cli, latest_id
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
-from spark_ckpt.spark.host import STOP
+from spark_ckpt.coordination.requests import STOP
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from conftest import DemoArgs, DemoLauncher, DemoRun
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.coordination.requests import STOP
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.demo import HEADER, LEGEND
-from spark_ckpt.spark.host import STOP
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -44,9 +44,9 @@ from conftest import (
     running_count_rows,
 )
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.coordination.requests import STOP
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
-from spark_ckpt.spark.host import STOP
 from spark_ckpt.testing import faults
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -249,12 +249,12 @@ def test_available_now_after_restore_requests_final_checkpoint(tmp_path: Path) -
     the stream reader the way Spark's source runner does, without Spark."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    from datasources.source import CkptSource, CkptStreamReader
+    from datasources.ckpt_source import CkptSource, CkptStreamReader
+    from spark_ckpt.coordination.topology import Topology, write_topology
     from spark_ckpt.protocol.barrier import SnapshotType
     from spark_ckpt.protocol.checkpoint import CheckpointStats
-    from spark_ckpt.protocol.handle import SourceOffset, TaskId, TaskSnapshot
+    from spark_ckpt.protocol.state_handles import SourceOffset, TaskId, TaskSnapshot
     from spark_ckpt.sources.stream_offset import StreamOffset
-    from spark_ckpt.spark.mailbox import Topology, write_topology
 
     root = str(tmp_path / "root")
     store = DeltaCheckpointStore(root)

@@ -94,9 +94,9 @@ def test_examples_run_as_written(
 
 
 def _check_readme(ns: dict[str, Any], spark: SparkSession, lake: Path) -> None:
-    from spark_ckpt.spark.host import STOP
-    from spark_ckpt.spark.run import RunState
-    from spark_ckpt.spark.source_options import SOURCE_TASK
+    from spark_ckpt.coordination.requests import STOP
+    from spark_ckpt.coordination.runs import RunState
+    from spark_ckpt.runtime.task import SOURCE_TASK
 
     assert ns["spark"] is spark  # local_session() returned the test session
     assert ns["result"].last_checkpoint is not None

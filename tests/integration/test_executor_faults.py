@@ -39,11 +39,12 @@ from test_crash import (
     _latest_id,
 )
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
-from spark_ckpt.spark.spark_home import spark_home
+from spark_ckpt.spark.session.spark_home import spark_home
 from spark_ckpt.testing import faults
-from spark_ckpt.testing.jobs import DemoArgs, DemoRun, session_processes
+from spark_ckpt.testing.jobs import DemoArgs, DemoRun
+from spark_ckpt.testing.processes import session_processes
 
 #: one xdist worker runs them all, one after the other: see tests/conftest.py
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -276,7 +277,7 @@ def retried_tasks(since: float, *, remove: bool = True) -> list[str]:
     """The executors' log lines of task attempts after the first (``Running task 3.1``) of
     the applications started since *since*. A local cluster's workers keep the executors'
     logs under ``$SPARK_HOME/work/<app>/<executor>/stderr`` (the jobs' Spark home:
-    :func:`~spark_ckpt.spark.spark_home.spark_home`); *remove*: delete them."""
+    :func:`~spark_ckpt.spark.session.spark_home.spark_home`); *remove*: delete them."""
     work = spark_home() / "work"
     apps = [a for a in work.glob("app-*") if a.stat().st_mtime >= since - 1]
     lines = [

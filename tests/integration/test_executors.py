@@ -28,17 +28,17 @@ from conftest import (
 )
 from test_crash import LAGGING_BACKLOG, _args, _diff, _final_positions, _finish, _kill_repeatedly
 
+from spark_ckpt.coordination.runs import Runs
+from spark_ckpt.pipeline.pipeline import Pipeline
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode, RestartStrategies
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
 from spark_ckpt.runtime.restore_settings import RestoreSettings
 from spark_ckpt.sources.generator import GeneratorSpec
-from spark_ckpt.spark.executor_cache import CacheKey
-from spark_ckpt.spark.pipeline import Pipeline
-from spark_ckpt.spark.run import Runs
-from spark_ckpt.spark.subtask_host import host_address
-from spark_ckpt.state.handle import StateHandle
-from spark_ckpt.state.restore import restore_backends
+from spark_ckpt.spark.executors.executor_cache import CacheKey
+from spark_ckpt.spark.executors.subtask_host import host_address
+from spark_ckpt.state.context import StateContext
+from spark_ckpt.state.state_restore import restore_backends
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,10 +63,10 @@ class FailOnce(KeyedOperator):
     def output_schema(self) -> pa.Schema | None:
         return self.inner.output_schema
 
-    def open(self, state: StateHandle) -> None:
+    def open(self, state: StateContext) -> None:
         self.inner.open(state)
 
-    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         late = pc.and_(
             pc.equal(batch.column("_ckpt_channel"), 0),
             pc.greater_equal(batch.column("_ckpt_offset"), self.offset),

@@ -6,7 +6,7 @@ The main job runs in a subprocess with fail points in its components
 ``store-commit`` fail point, armed for one hit before the job starts, makes the completion
 commit of its first fully acknowledged checkpoint fail (FINALIZE_FAILED, counted against 3
 tolerable failures). The job goes on, completes later checkpoints, and is stopped; then a
-fresh :class:`~spark_ckpt.spark.client.PipelineClient` reads the failure back from the
+fresh :class:`~spark_ckpt.client.pipeline_client.PipelineClient` reads the failure back from the
 checkpoint store."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_ckpt.spark.client import PipelineClient
+from spark_ckpt.client.pipeline_client import PipelineClient
 from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher
 

@@ -33,8 +33,8 @@ import pytest
 from conftest import output_rows, read_delta, running_count_rows
 from deltalake import write_deltalake
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
-from spark_ckpt.spark.client import PipelineClient
+from spark_ckpt.client.pipeline_client import PipelineClient
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher, DemoRun
 
@@ -371,7 +371,8 @@ def test_a_stop_whose_client_gave_up_is_not_executed_by_a_later_run(job: Job) ->
     assert gave_up.returncode == 1 and gave_up.stderr.count("\n") == 1, gave_up.stderr
     assert "error: no live run of the pipeline" in gave_up.stderr
     assert not list((job.args.root / "_mailbox").glob("*.json"))  # nothing was posted
-    from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind
+    from spark_ckpt.coordination.mailbox import Mailbox
+    from spark_ckpt.coordination.messages import Request, RequestKind
 
     Mailbox(job.root).post(Request("left-behind", RequestKind.STOP, expires_ms=1))
     run = job.start()

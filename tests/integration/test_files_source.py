@@ -20,7 +20,7 @@ import pytest
 from conftest import DemoArgs, DemoLauncher, output_rows, read_delta, running_count_rows
 
 from spark_ckpt import CheckpointConfig, Pipeline, RunningCount
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.sources.files import FileListing
 
 if TYPE_CHECKING:

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from conftest import DemoArgs, DemoLauncher, output_rows, read_delta, running_count_rows
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
-from spark_ckpt.spark.host import STOP
-from spark_ckpt.testing.kafka import Broker, produce, running_broker
+from spark_ckpt.coordination.requests import STOP
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
+from spark_ckpt.testing.broker import Broker, produce, running_broker
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

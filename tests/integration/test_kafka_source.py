@@ -20,7 +20,7 @@ from conftest import output_rows, read_delta, running_count_rows
 
 from spark_ckpt import CheckpointConfig, Pipeline, RunningCount
 from spark_ckpt.sources.kafka_options import CHANNEL_NAMES
-from spark_ckpt.testing.kafka import Broker, committed, produce, running_broker
+from spark_ckpt.testing.broker import Broker, committed, produce, running_broker
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,5 +1,5 @@
 """Spark's Python processes of a spark-ckpt session import the installed pyspark (compiled
-bytecode), not ``pyspark.zip`` (:mod:`spark_ckpt.spark.spark_home`)."""
+bytecode), not ``pyspark.zip`` (:mod:`spark_ckpt.spark.session.spark_home`)."""
 
 from __future__ import annotations
 

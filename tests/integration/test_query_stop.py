@@ -11,11 +11,11 @@ import pytest
 from conftest import generated_keys, read_delta, running_count_rows
 
 from spark_ckpt import Pipeline, PipelineClient, RunningCount
+from spark_ckpt.coordination.requests import STOP
+from spark_ckpt.coordination.runs import RunState
+from spark_ckpt.runtime.task import SOURCE_TASK
 from spark_ckpt.sources.generator import GeneratorSpec
-from spark_ckpt.spark.host import STOP
-from spark_ckpt.spark.quiet_stop import silence_task_kill_logs
-from spark_ckpt.spark.run import RunState
-from spark_ckpt.spark.source_options import SOURCE_TASK
+from spark_ckpt.spark.session.quiet_stop import silence_task_kill_logs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

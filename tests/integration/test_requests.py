@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
-from spark_ckpt.spark.mailbox import MAILBOX_DIR
-from spark_ckpt.spark.run import Runs, RunState
+from spark_ckpt.coordination.mailbox import MAILBOX_DIR
+from spark_ckpt.coordination.runs import Runs, RunState
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher, DemoRun
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

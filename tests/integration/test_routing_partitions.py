@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from spark_ckpt.spark.routing import group_keys
+from spark_ckpt.spark.executors.routing import group_keys
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

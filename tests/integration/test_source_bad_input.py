@@ -23,14 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import output_rows, read_delta, running_count_rows
 
-from spark_ckpt import (
-    CheckpointConfig,
-    Pipeline,
-    PipelineFailedError,
-    RestartStrategies,
-    RunningCount,
-)
-from spark_ckpt.testing.kafka import produce, start_broker
+from spark_ckpt import CheckpointConfig, Pipeline, RestartStrategies, RunningCount
+from spark_ckpt.errors import PipelineFailedError
+from spark_ckpt.testing.broker import produce, start_broker
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import DemoArgs, DemoLauncher, output_rows, read_delta, running_count_rows
 
-from spark_ckpt.testing.kafka import Broker, produce, running_broker
+from spark_ckpt.testing.broker import Broker, produce, running_broker
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -29,16 +29,16 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.coordination.requests import STOP
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.pipeline.pipeline import Pipeline
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS, SnapshotType
 from spark_ckpt.protocol.trace import Phase
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.sources.generator import GeneratorSpec
-from spark_ckpt.spark.host import STOP
-from spark_ckpt.spark.pipeline import Pipeline
-from spark_ckpt.state.restore import restore_backends
+from spark_ckpt.state.state_restore import restore_backends
 from spark_ckpt.testing import faults
 
 if TYPE_CHECKING:

@@ -23,17 +23,11 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from spark_ckpt import (
-    CheckpointConfig,
-    KeyedOperator,
-    Pipeline,
-    StateHandle,
-    ValueStateDescriptor,
-)
+from spark_ckpt import CheckpointConfig, KeyedOperator, Pipeline, StateContext, ValueStateDescriptor
 from spark_ckpt.errors import PipelineFencedError
 from spark_ckpt.runtime.operator import rank_within_key
 from spark_ckpt.sources.generator import GeneratorSpec
-from spark_ckpt.state.restore import restore_backends
+from spark_ckpt.state.state_restore import restore_backends
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -58,11 +52,11 @@ class EvolvingCount(KeyedOperator):
     def output_schema(self) -> pa.Schema:
         return pa.schema([("user_id", pa.int64()), ("count", pa.int64())])
 
-    def open(self, state: StateHandle) -> None:
+    def open(self, state: StateContext) -> None:
         state.value_state(self.count)
         state.value_state(self.stats)
 
-    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         if batch.num_rows == 0:
             return None
         keys = batch.column("user_id")

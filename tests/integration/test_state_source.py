@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pytest
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.errors import StateError
 from spark_ckpt.offline import SavepointWriter
 from spark_ckpt.protocol.barrier import SnapshotType
@@ -80,7 +80,7 @@ def _owns(backend: KeyedStateBackend, key: int) -> bool:
 
 
 def test_the_data_source_reads_keyed_state(spark: SparkSession, root) -> None:  # type: ignore[no-untyped-def]
-    from spark_ckpt.spark.pipeline import register_data_sources
+    from spark_ckpt.pipeline.pipeline import register_data_sources
 
     path, oracle = root
     register_data_sources(spark)
@@ -112,7 +112,7 @@ def test_the_data_source_reads_keyed_state(spark: SparkSession, root) -> None:  
 
 
 def test_state_dataframe(spark: SparkSession, root, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from spark_ckpt.spark.state_frames import state_dataframe
+    from spark_ckpt.spark.datasource.state_frames import state_dataframe
 
     path, oracle = root
     df = state_dataframe(spark, path, "counter", "count")
@@ -124,7 +124,7 @@ def test_state_dataframe(spark: SparkSession, root, tmp_path: Path) -> None:  # 
 
 
 def test_a_missing_state_fails_at_load(spark: SparkSession, root) -> None:  # type: ignore[no-untyped-def]
-    from spark_ckpt.spark.pipeline import register_data_sources
+    from spark_ckpt.pipeline.pipeline import register_data_sources
 
     path, _ = root
     register_data_sources(spark)

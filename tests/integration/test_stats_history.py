@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from spark_ckpt.spark.client import PipelineClient
-from spark_ckpt.spark.stats_plot import checkpoint_stats_figure
+from spark_ckpt.client.pipeline_client import PipelineClient
+from spark_ckpt.client.stats_plot import checkpoint_stats_figure
 from spark_ckpt.testing.jobs import DemoArgs, DemoLauncher
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

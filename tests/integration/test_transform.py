@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from conftest import output_rows, read_delta, running_count_rows
 
-from spark_ckpt import CheckpointConfig, ConfigError, Pipeline, RunningCount
+from spark_ckpt import CheckpointConfig, Pipeline, RunningCount
+from spark_ckpt.errors import ConfigError
 from spark_ckpt.sources.generator import GeneratorSpec
 
 if TYPE_CHECKING:

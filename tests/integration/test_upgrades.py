@@ -26,17 +26,16 @@ from deltalake import DeltaTable
 
 from spark_ckpt import (
     CheckpointConfig,
-    ConfigError,
     KeyedOperator,
     Pipeline,
-    RestoreError,
     RestoreSettings,
     RunningCount,
-    StateHandle,
+    StateContext,
     StateReader,
     ValueStateDescriptor,
     list_savepoints,
 )
+from spark_ckpt.errors import ConfigError, RestoreError
 from spark_ckpt.sources.generator import GeneratorSpec
 
 if TYPE_CHECKING:
@@ -56,10 +55,10 @@ class Tally(KeyedOperator):
     def __init__(self, uid: str) -> None:
         super().__init__(uid, "user_id", pa.int64())
 
-    def open(self, state: StateHandle) -> None:
+    def open(self, state: StateContext) -> None:
         state.value_state(self.SEEN)
 
-    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         per_key = batch.group_by("user_id").aggregate([("user_id", "count")])
         keys = per_key.column("user_id")
         before = state.get_values(self.SEEN, keys).fill_null(0)

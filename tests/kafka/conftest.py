@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from spark_ckpt.testing.kafka import Broker, running_broker
+from spark_ckpt.testing.broker import Broker, running_broker
 
 
 @pytest.fixture(scope="module")

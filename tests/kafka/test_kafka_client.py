@@ -13,10 +13,10 @@ import pyarrow as pa
 import pytest
 
 from spark_ckpt.errors import DataLossError, SourceError
-from spark_ckpt.kafka.client import KafkaMetadata, Watermarks, read_range, record_schema
-from spark_ckpt.kafka.source import DATA_LOSS_DIR, KafkaChannelSource, KafkaReadPlan
+from spark_ckpt.kafka.kafka_client import KafkaMetadata, Watermarks, read_range, record_schema
+from spark_ckpt.kafka.kafka_source import DATA_LOSS_DIR, KafkaChannelSource, KafkaReadPlan
 from spark_ckpt.sources.kafka_options import KafkaOptions
-from spark_ckpt.testing.kafka import Broker, committed, produce
+from spark_ckpt.testing.broker import Broker, committed, produce
 
 
 def topic(broker: Broker, partitions: int = 1) -> str:

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.handle import BlobRef, SourceOffset, TaskStateHandle
+from spark_ckpt.protocol.state_handles import BlobRef, SourceOffset, TaskStateHandle
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.descriptor import (
     ListStateDescriptor,
@@ -28,8 +28,8 @@ from spark_ckpt.state.descriptor import (
     ValueStateDescriptor,
 )
 from spark_ckpt.state.keygroup import key_group_indices, subtask_for_key_group
-from spark_ckpt.state.restore import restore_backend
-from spark_ckpt.storage.store import CheckpointStore
+from spark_ckpt.state.state_restore import restore_backend
+from spark_ckpt.storage.checkpoint_store import CheckpointStore
 
 COUNT = ValueStateDescriptor("count", pa.int64())
 EVENTS = ListStateDescriptor("events", pa.string())

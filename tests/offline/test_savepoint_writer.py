@@ -14,11 +14,11 @@ import pyarrow.compute as pc
 import pytest
 from state_builders import OPS, Oracle, as_dict, restored, run_incremental
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.errors import ConfigError, StateError, StoreError
 from spark_ckpt.offline import SavepointWriter, StateReader, write_savepoint
 from spark_ckpt.protocol.barrier import SnapshotType
-from spark_ckpt.protocol.handle import BlobKind, StateBlob, TaskId, TaskSnapshot
+from spark_ckpt.protocol.state_handles import BlobKind, StateBlob, TaskId, TaskSnapshot
 from spark_ckpt.state.descriptor import StateKind, ValueStateDescriptor
 
 INT64 = pa.int64()

@@ -15,12 +15,12 @@ from state_builders import (
     run_incremental,
 )
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.errors import CheckpointNotFoundError, StateError
 from spark_ckpt.offline import StateReader
-from spark_ckpt.protocol.handle import BlobKind
+from spark_ckpt.protocol.state_handles import BlobKind
 from spark_ckpt.state.descriptor import StateKind
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
 KINDS = {"count": StateKind.VALUE, "events": StateKind.LIST, "attrs": StateKind.MAP}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from spark_ckpt.protocol.checkpoint import CheckpointStats
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     AcknowledgeCheckpoint,
     CacheMetrics,
     CheckpointMetrics,

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint, task_state_uid
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     AcknowledgeCheckpoint,
     BlobKind,
     BlobRef,
@@ -25,8 +25,8 @@ from spark_ckpt.runtime.carried_transactions import (
     sealed_table,
 )
 from spark_ckpt.runtime.task import sealed_transactions
-from spark_ckpt.sinks.sink import Transaction
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.sinks.two_phase_commit import Transaction
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
 VERTEX = task_state_uid("chain")
 

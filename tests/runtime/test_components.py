@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.pipeline.job import JobSpec
 from spark_ckpt.runtime.components import DEFAULT, Components, load_components
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
-from spark_ckpt.spark.job import JobSpec
-from spark_ckpt.spark.source_options import SourceOptions, check_pipeline_options
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.spark.datasource.source_options import SourceOptions, check_pipeline_options
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
 
 class Counting(Components):

@@ -20,7 +20,7 @@ from spark_ckpt.errors import (
 from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     AcknowledgeCheckpoint,
     BlobKind,
     CheckpointMetrics,
@@ -42,7 +42,7 @@ from spark_ckpt.runtime.coordinator import (
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.pending import AckResult
 from spark_ckpt.storage.lease import CoordinatorLease
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
 SRC = TaskId("source", 0)
 OP = TaskId("counter", 0)

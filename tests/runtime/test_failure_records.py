@@ -13,12 +13,12 @@ from spark_ckpt.errors import FencedError, StoreError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import FailedCheckpoint
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import CheckpointMetrics, DeclineCheckpoint
+from spark_ckpt.protocol.state_handles import CheckpointMetrics, DeclineCheckpoint
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.coordinator import CheckpointCoordinator, JobStatus, RequestStatus
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.storage.lease import CoordinatorLease
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
 
 def test_declined_and_expired_checkpoints_are_recorded_with_reason_and_subtask_figures() -> None:

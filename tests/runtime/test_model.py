@@ -24,18 +24,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, task_state_uid
-from spark_ckpt.protocol.handle import BlobKind
+from spark_ckpt.protocol.state_handles import BlobKind
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.state.backend import KeyedStateBackend
-from spark_ckpt.state.handle import StateHandle
+from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.keygroup import range_for_subtask
-from spark_ckpt.state.restore import restore_backend
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
-from spark_ckpt.storage.store import CheckpointStore, StateStorage
+from spark_ckpt.state.state_restore import restore_backend
+from spark_ckpt.storage.checkpoint_store import CheckpointStore, StateStorage
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 from spark_ckpt.testing.simulation import SOURCE, VERTEX, AmountTotals, SimulatedJob, SimulationSpec
 
 CHANNELS = 3
@@ -112,7 +112,7 @@ def restored_state(
         kgr = range_for_subtask(128, parallelism, s)
         for op, out in ((RunningCount("counter", "user_id"), counts), (AmountTotals(), totals)):
             backend = KeyedStateBackend(op.uid, s, pa.int64(), kgr, 128, parallelism=parallelism)
-            op.open(StateHandle(backend))
+            op.open(StateContext(backend))
             restore_backend(backend, cp.operator_blobs(op.uid), store.read_blob)
             desc = RunningCount.COUNT if op.uid == "counter" else AmountTotals.TOTAL
             table = backend.to_table(desc)

@@ -13,14 +13,14 @@ from test_coordinator import OP, SRC, RecordingGateway, ack_all, make
 
 from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import DeclineCheckpoint, TaskId
+from spark_ckpt.protocol.state_handles import DeclineCheckpoint, TaskId
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.coordinator import (
     CheckpointCoordinator,
     CheckpointRequest,
     RequestStatus,
 )
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
 
 def test_a_savepoint_overtakes_queued_manual_checkpoints() -> None:

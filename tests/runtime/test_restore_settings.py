@@ -9,7 +9,13 @@ import pytest
 from spark_ckpt.errors import ConfigError, RestoreError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.handle import BlobKind, BlobRef, SourceOffset, TaskId, TaskStateHandle
+from spark_ckpt.protocol.state_handles import (
+    BlobKind,
+    BlobRef,
+    SourceOffset,
+    TaskId,
+    TaskStateHandle,
+)
 from spark_ckpt.runtime.restore_settings import (
     OUTPUT_AS_OF,
     PipelineShape,

@@ -20,7 +20,12 @@ from spark_ckpt.errors import ProtocolError, StateError
 from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, BlobKind, DeclineCheckpoint, TaskId
+from spark_ckpt.protocol.state_handles import (
+    AcknowledgeCheckpoint,
+    BlobKind,
+    DeclineCheckpoint,
+    TaskId,
+)
 from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
 from spark_ckpt.runtime.subtask_image import (
     DELTA,
@@ -32,15 +37,15 @@ from spark_ckpt.runtime.subtask_image import (
     import_images,
 )
 from spark_ckpt.runtime.task import CHAIN_VERTEX, OperatorTask
-from spark_ckpt.sinks.memory import MemorySink
-from spark_ckpt.sinks.sink import Transaction
+from spark_ckpt.sinks.memory_sink import MemorySink
+from spark_ckpt.sinks.two_phase_commit import Transaction
 from spark_ckpt.sources.channel_batch import stream_schema
 from spark_ckpt.sources.generator import GENERATOR_SCHEMA, GeneratorSpec
 from spark_ckpt.sources.stream_offset import StreamOffset
+from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.descriptor import ListStateDescriptor, MapStateDescriptor
-from spark_ckpt.state.handle import StateHandle
-from spark_ckpt.state.restore import restore_backend
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.state.state_restore import restore_backend
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 from spark_ckpt.testing.micro_batches import MicroBatches
 
 CHANNELS = 2
@@ -59,10 +64,10 @@ class RowsSeen(KeyedOperator):
     def __init__(self) -> None:
         super().__init__("seen", "user_id", pa.int64())
 
-    def open(self, state: StateHandle) -> None:
+    def open(self, state: StateContext) -> None:
         state.operator_list_state("rows", pa.int64())
 
-    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         rows = state.operator_list_state("rows", pa.int64())
         rows.update([sum(rows.get()) + batch.num_rows])
         return batch
@@ -79,7 +84,7 @@ class Recent(KeyedOperator):
     def __init__(self) -> None:
         super().__init__("recent", "user_id", pa.int64())
 
-    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         recent, parity = state.list_state(self.RECENT), state.map_state(self.PARITY)
         for key, amount in zip(
             batch.column("user_id").to_pylist(), batch.column("amount").to_pylist(), strict=True
@@ -136,7 +141,7 @@ def run(
     previous one's ``image``, or its ``changelog``: the chain of images since the newest
     full one (full at the start and every fifth, a segment of changes otherwise; with
     *folds*, every fifth folds the chain's segments into one when the task can, as
-    :mod:`spark_ckpt.spark.changelog` links it). ``workers``: as on the executors, each
+    :mod:`spark_ckpt.spark.executors.changelog` links it). ``workers``: as on the executors, each
     micro-batch runs in the Python worker that *schedule* names (cycled; 0 or 1, -1: a new
     worker), whose task stays alive between micro-batches: it continues if it ran the
     previous micro-batch, catches up by the changelog's images since its own if it can

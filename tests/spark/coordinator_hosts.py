@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.coordination.host import CoordinatorHost
+from spark_ckpt.coordination.mailbox import Mailbox
+from spark_ckpt.coordination.runs import new_run_id
+from spark_ckpt.coordination.topology import SinkSpec, Topology, write_topology
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, TaskId, TaskStateHandle
+from spark_ckpt.protocol.state_handles import AcknowledgeCheckpoint, TaskId, TaskStateHandle
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.task import CHAIN_VERTEX
-from spark_ckpt.sinks.memory import MemorySink
-from spark_ckpt.spark.host import CoordinatorHost
-from spark_ckpt.spark.mailbox import Mailbox, SinkSpec, Topology, write_topology
-from spark_ckpt.spark.run import new_run_id
+from spark_ckpt.sinks.memory_sink import MemorySink
 
 SUBTASKS = [TaskId(CHAIN_VERTEX, s) for s in range(2)]
 

@@ -11,8 +11,8 @@ import pytest
 
 from spark_ckpt.errors import StoreError
 from spark_ckpt.runtime.subtask_image import DELTA, FULL, SubtaskImage
-from spark_ckpt.spark.changelog import SubtaskChangelog, remove_run
-from spark_ckpt.spark.executor_cache import entry_name
+from spark_ckpt.spark.executors.changelog import SubtaskChangelog, remove_run
+from spark_ckpt.spark.executors.executor_cache import entry_name
 
 
 def image(kind: str, n: int) -> SubtaskImage:

@@ -9,21 +9,20 @@ from pathlib import Path
 import pytest
 from coordinator_hosts import SUBTASKS, run_host, started_host
 
+from spark_ckpt.client.pipeline_client import PipelineClient
+from spark_ckpt.coordination.heartbeats import HeartbeatRole, Heartbeats
+from spark_ckpt.coordination.host import CoordinatorHost
+from spark_ckpt.coordination.mailbox import MAILBOX_DIR, Mailbox
+from spark_ckpt.coordination.messages import Request, RequestKind
+from spark_ckpt.coordination.schedule import SCHEDULE_FILE, CheckpointSchedule
 from spark_ckpt.errors import CheckpointError, StoreError
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskStateHandle
-from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
-from spark_ckpt.spark.client import PipelineClient
-from spark_ckpt.spark.host import CoordinatorHost
-from spark_ckpt.spark.mailbox import (
-    MAILBOX_DIR,
-    HeartbeatRole,
-    Heartbeats,
-    Mailbox,
-    Request,
-    RequestKind,
+from spark_ckpt.protocol.state_handles import (
+    AcknowledgeCheckpoint,
+    DeclineCheckpoint,
+    TaskStateHandle,
 )
-from spark_ckpt.spark.schedule import SCHEDULE_FILE, CheckpointSchedule
+from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
 
 
 def ack_all(root: str, run_id: str, checkpoint_id: int) -> None:

@@ -19,33 +19,31 @@ from pathlib import Path
 
 import pytest
 
+from spark_ckpt.client.pipeline_client import PipelineClient
+from spark_ckpt.coordination.heartbeats import (
+    Heartbeat,
+    HeartbeatRole,
+    Heartbeats,
+    HeartbeatThread,
+    mark_starting,
+)
+from spark_ckpt.coordination.mailbox import MAILBOX_DIR, Mailbox
+from spark_ckpt.coordination.messages import Request, RequestKind
+from spark_ckpt.coordination.requests import STOP
+from spark_ckpt.coordination.runs import RunFiles, RunState, RunStatus
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.delta.savepoint import (
     SAVEPOINT_DIR,
     export_savepoint,
     open_savepoint,
     savepoint_directory,
 )
-from spark_ckpt.delta.store import DeltaCheckpointStore
 from spark_ckpt.errors import CheckpointError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.handle import TaskId, TaskStateHandle
+from spark_ckpt.protocol.state_handles import TaskId, TaskStateHandle
 from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
 from spark_ckpt.runtime.restore_settings import PIPELINE
-from spark_ckpt.spark.client import PipelineClient
-from spark_ckpt.spark.host import STOP
-from spark_ckpt.spark.mailbox import (
-    MAILBOX_DIR,
-    Heartbeat,
-    HeartbeatRole,
-    Heartbeats,
-    HeartbeatThread,
-    Mailbox,
-    Request,
-    RequestKind,
-    mark_starting,
-)
-from spark_ckpt.spark.run import RunFiles, RunState, RunStatus
 
 RUN = "run-1"
 
@@ -302,7 +300,7 @@ def test_the_reporter_counts_checkpoints_retention_removed_before_it_looked(root
     """With one checkpoint retained, two complete between the driver's polls: both are
     counted (the history records every completion), the one retention still keeps is handed
     over, and nothing is reported twice."""
-    from spark_ckpt.spark.supervisor import CheckpointReporter
+    from spark_ckpt.pipeline.reporter import CheckpointReporter
 
     store = DeltaCheckpointStore(str(root))
     lease = store.acquire()
@@ -334,7 +332,7 @@ def test_the_reporter_counts_checkpoints_retention_removed_before_it_looked(root
 def test_the_reporter_reports_a_savepoint_completing_after_a_newer_checkpoint(root: Path) -> None:
     """A forced savepoint runs beside checkpoints: one with a lower id may complete after a
     checkpoint with a higher one. It is counted and handed over all the same, once."""
-    from spark_ckpt.spark.supervisor import CheckpointReporter
+    from spark_ckpt.pipeline.reporter import CheckpointReporter
 
     store = DeltaCheckpointStore(str(root))
     lease = store.acquire()

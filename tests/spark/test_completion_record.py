@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from coordinator_hosts import SUBTASKS, run_host, started_host
 
+from spark_ckpt.coordination.mailbox import Mailbox
+from spark_ckpt.coordination.runs import COMMITTED_FILE, RunFiles, new_run_id
 from spark_ckpt.errors import StoreError
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, TaskStateHandle
-from spark_ckpt.spark.executor_subtasks import _notify_committed
-from spark_ckpt.spark.mailbox import Mailbox
-from spark_ckpt.spark.run import COMMITTED_FILE, RunFiles, new_run_id
+from spark_ckpt.protocol.state_handles import AcknowledgeCheckpoint, TaskStateHandle
+from spark_ckpt.spark.executors.subtask_function import _notify_committed
 
 
 def test_each_completion_and_the_restore_point_are_recorded_for_the_run(tmp_path: Path) -> None:

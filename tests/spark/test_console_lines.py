@@ -10,12 +10,12 @@ import threading
 import pytest
 
 from spark_ckpt.demo import HEADER, CheckpointLine
+from spark_ckpt.pipeline.supervisor import RunResult, StopReason
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.handle import SourceOffset, TaskId, TaskStateHandle
-from spark_ckpt.spark.session import _INIT_CONF, _connect_server_settings
-from spark_ckpt.spark.spark_logs import DROPPED_LINES, filter_lines
-from spark_ckpt.spark.supervisor import RunResult, StopReason
+from spark_ckpt.protocol.state_handles import SourceOffset, TaskId, TaskStateHandle
+from spark_ckpt.spark.session.builders import _INIT_CONF, _connect_server_settings
+from spark_ckpt.spark.session.spark_logs import DROPPED_LINES, filter_lines
 
 
 def checkpoint(cid: int, trigger_ms: int, positions: list[int]) -> CompletedCheckpoint:

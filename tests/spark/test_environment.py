@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from spark_ckpt.errors import EnvironmentSetupError, SparkCkptError
-from spark_ckpt.spark import environment
+from spark_ckpt.spark.session import environment
 
 
 @pytest.mark.parametrize(
@@ -37,9 +37,14 @@ def test_old_java_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
         environment.ensure_java()
 
 
-def test_import_sets_pyspark_python_only_when_unset() -> None:
+def test_a_session_builder_sets_pyspark_python_only_when_unset() -> None:
+    """``local_session``/``connect_session`` call it before Spark starts (importing the
+    package sets nothing: ``tests/test_public_api.py``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
-    code = "import os, spark_ckpt; print(os.environ['PYSPARK_PYTHON'])"
+    code = (
+        "import os; from spark_ckpt.spark.session.environment import ensure_pyspark_python;"
+        "ensure_pyspark_python(); print(os.environ['PYSPARK_PYTHON'])"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == sys.executable
     env["PYSPARK_PYTHON"] = "/custom/python"
@@ -56,7 +61,7 @@ def test_a_local_spark_checkpoints_through_the_file_system_api(master: str, loca
     would run ``readlink`` in a child process of the JVM for every rename; a local Spark
     (classic or a local Connect server) uses the ``FileSystem``-based one; a remote
     server's settings are its own."""
-    from spark_ckpt.spark.session import _settings
+    from spark_ckpt.spark.session.builders import _settings
 
     settings = _settings("app", 2, "WARN", master)
     manager = settings.get("spark.sql.streaming.checkpointFileManagerClass")
@@ -72,7 +77,7 @@ def test_the_source_runner_runs_delta_rs_on_one_worker_unless_the_user_chose(
 ) -> None:
     """The stream reader is built in the source runner before its first Delta call: it
     leaves the runner with one tokio worker for delta-rs, or the user's count."""
-    from datasources.source import CkptSource
+    from datasources.ckpt_source import CkptSource
 
     options = {"pipeline": "p", "rate": "0", "backlog": "10", "channels": "1", "keys": "3"}
     monkeypatch.delenv(environment.TOKIO_WORKER_THREADS, raising=False)

@@ -1,4 +1,4 @@
-"""The executor-wide state cache (spark_ckpt/spark/executor_cache.py).
+"""The executor-wide state cache (spark_ckpt/spark/executors/executor_cache.py).
 
 Without Spark: the fence decides (a matching fence hits; another batch, run, attempt or executor
 misses with its reason), publishing is atomic under concurrent writers in separate processes
@@ -29,7 +29,7 @@ import pyarrow as pa
 import pytest
 
 from spark_ckpt.errors import EnvironmentSetupError, StateError, StoreError
-from spark_ckpt.spark.executor_cache import (
+from spark_ckpt.spark.executors.executor_cache import (
     ABANDONED_AFTER_S,
     CACHE_DIR_NAME,
     CacheCounters,
@@ -360,7 +360,7 @@ def _subtask_fn(root: str, run_id: str) -> Any:
         import pandas as pd
         import pyarrow as pa
 
-        from spark_ckpt.spark.executor_cache import (
+        from spark_ckpt.spark.executors.executor_cache import (
             CacheKey,
             ExecutorStateCache,
             Fence,
@@ -430,8 +430,8 @@ def _spark_job(out: str, workdir: str) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    from spark_ckpt.spark.batch_aligner import collect_arrow
-    from spark_ckpt.spark.executor_cache import FENCE_SCHEMA
+    from spark_ckpt.spark.driver.batch_aligner import collect_arrow
+    from spark_ckpt.spark.executors.executor_cache import FENCE_SCHEMA
 
     spark = (
         SparkSession.builder.master("local[2]")

@@ -10,18 +10,15 @@ from pathlib import Path
 import pytest
 from coordinator_hosts import SUBTASKS, started_host
 
+from spark_ckpt.client.pipeline_client import PipelineClient
+from spark_ckpt.coordination.mailbox import Mailbox
+from spark_ckpt.coordination.messages import Request, RequestKind
+from spark_ckpt.coordination.requests import RESTART
 from spark_ckpt.errors import CheckpointFailedError
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     DeclineCheckpoint,
 )
 from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
-from spark_ckpt.spark.client import PipelineClient
-from spark_ckpt.spark.host import RESTART
-from spark_ckpt.spark.mailbox import (
-    Mailbox,
-    Request,
-    RequestKind,
-)
 
 
 def test_a_failed_stop_fails_its_client_and_the_pipeline_goes_on(tmp_path: Path) -> None:
@@ -68,8 +65,8 @@ def test_a_stop_on_the_users_behalf_asks_again_then_stops_without_one(
     :data:`STOP_ATTEMPTS` times, then the query stops without one, quietly."""
     from types import SimpleNamespace
 
-    from spark_ckpt.spark import pipeline_run
-    from spark_ckpt.spark.run import RunState
+    from spark_ckpt.coordination.runs import RunState
+    from spark_ckpt.pipeline import pipeline_run
 
     asked: list[int] = []
     ended: list[object] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_ckpt.spark.supervisor import failure_summary as _failure_summary
+from spark_ckpt.pipeline.failure_summary import failure_summary as _failure_summary
 
 FOREACH = (
     "[STREAM_FAILED] Query q terminated with exception: [FOREACH_BATCH_USER_FUNCTION_ERROR] "

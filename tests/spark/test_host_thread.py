@@ -12,21 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from spark_ckpt.coordination.host import CoordinatorHost
+from spark_ckpt.coordination.host_thread import HostThread
+from spark_ckpt.coordination.mailbox import Mailbox
+from spark_ckpt.coordination.messages import Request, RequestKind
+from spark_ckpt.coordination.topology import SinkSpec, Topology, write_topology
 from spark_ckpt.errors import TolerableFailuresExceededError
 from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
-from spark_ckpt.sinks.memory import MemorySink
-from spark_ckpt.spark.host import CoordinatorHost, HostThread
-from spark_ckpt.spark.mailbox import (
-    Mailbox,
-    Request,
-    RequestKind,
-    SinkSpec,
-    Topology,
-    write_topology,
-)
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.sinks.memory_sink import MemorySink
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
 
 def wait_until(condition: Callable[[], bool], limit_s: float = 30.0) -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from spark_ckpt.spark.executor_cache import CacheKey, Fence
-from spark_ckpt.spark.executor_subtasks import HIT, LiveSubtask, LiveSubtasks, _resume
+from spark_ckpt.spark.executors.executor_cache import CacheKey, Fence
+from spark_ckpt.spark.executors.subtask_function import HIT, LiveSubtask, LiveSubtasks, _resume
 
 
 class StandInTask:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_ckpt.spark.mailbox import REJECTED_DIR, Mailbox, Request, RequestKind
+from spark_ckpt.coordination.mailbox import REJECTED_DIR, Mailbox
+from spark_ckpt.coordination.messages import Request, RequestKind
 
 
 def test_malformed_files_are_set_aside_and_good_ones_delivered(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from py4j.protocol import Py4JJavaError
 
-from spark_ckpt.spark.batch_aligner import BatchInterruptedError, collect_arrow
-from spark_ckpt.spark.supervisor import Interrupts as _Interrupts
+from spark_ckpt.pipeline.interrupts import Interrupts as _Interrupts
+from spark_ckpt.spark.driver.batch_aligner import BatchInterruptedError, collect_arrow
 
 #: Spark's StreamExecution.PROXY_ERROR (isInterruptionException), which recurses once per
 #: character after its prefix: a long message overflows the JVM stream thread's stack.
@@ -142,7 +142,7 @@ def test_first_ctrl_c_asks_for_a_stop_second_raises_without_py4j_logs(
 #: function id, ``reader.stop()`` in a ``finally``, then print the exception and exit(-1).
 RUNNER = """
 import sys, traceback
-from spark_ckpt.spark.host import exit_quietly_if_channel_closed
+from spark_ckpt.coordination.host_thread import exit_quietly_if_channel_closed
 def read_int():
     raise {error}("channel")
 try:

@@ -12,12 +12,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from datasources.source import CkptSource, CkptStreamReader
+from datasources.ckpt_source import CkptSource, CkptStreamReader
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.protocol.barrier import CHANNEL, CHECKPOINT_ID, OFFSET
-from spark_ckpt.protocol.handle import encode_table
+from spark_ckpt.protocol.state_handles import encode_table
 from spark_ckpt.sources.stream_offset import StreamOffset
-from spark_ckpt.spark.routing import GROUP, PAYLOAD, SUBTASK, Router, group_keys, subtask_rows
+from spark_ckpt.spark.executors.routing import (
+    GROUP,
+    PAYLOAD,
+    SUBTASK,
+    Router,
+    group_keys,
+    subtask_rows,
+)
 from spark_ckpt.state.keygroup import subtasks_for_keys
 
 OPTIONS = {"pipeline": "p", "rate": "0", "backlog": "40,70,10", "channels": "3", "keys": "9"}

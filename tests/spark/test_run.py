@@ -7,10 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_ckpt.errors import ProtocolError
-from spark_ckpt.runtime.operator import RunningCount
-from spark_ckpt.spark.foreach_batch import AlignerSpec, ForeachBatchFunction
-from spark_ckpt.spark.run import (
+from spark_ckpt.coordination.runs import (
     RestorePoint,
     RunFiles,
     Runs,
@@ -18,6 +15,10 @@ from spark_ckpt.spark.run import (
     RunStatus,
     SkippedCheckpoint,
 )
+from spark_ckpt.errors import ProtocolError
+from spark_ckpt.runtime.operator import RunningCount
+from spark_ckpt.spark.driver.foreach_batch import ForeachBatchFunction
+from spark_ckpt.spark.subtask_spec import AlignerSpec
 
 
 def test_run_files_round_trip(tmp_path: Path) -> None:

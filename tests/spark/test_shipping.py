@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from spark_ckpt.runtime.operator import RunningCount
-from spark_ckpt.spark.shipping import job_modules, ship_by_value
+from spark_ckpt.spark.executors.shipping import job_modules, ship_by_value
 
 JOB_CODE = '''
 import pyarrow as pa

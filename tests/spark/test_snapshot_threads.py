@@ -1,6 +1,6 @@
-"""The executors' asynchronous snapshot phase (:mod:`spark_ckpt.spark.snapshot_threads`): it
-runs off the task in a reused Python worker, every changelog segment names its writer and
-what it was still writing, and a lost writer's checkpoints are declined."""
+"""The executors' asynchronous snapshot phase (:mod:`spark_ckpt.spark.executors.snapshot_threads`):
+it runs off the task in a reused Python worker, every changelog segment names its writer and what it
+was still writing, and a lost writer's checkpoints are declined."""
 
 from __future__ import annotations
 
@@ -13,8 +13,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from spark_ckpt.coordination.host import CoordinatorHost
+from spark_ckpt.coordination.mailbox import Mailbox
+from spark_ckpt.coordination.runs import new_run_id
+from spark_ckpt.coordination.topology import SinkSpec, Topology, write_topology
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     AcknowledgeCheckpoint,
     DeclineCheckpoint,
     TaskId,
@@ -23,20 +27,17 @@ from spark_ckpt.protocol.handle import (
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.subtask_image import FULL, SubtaskImage
 from spark_ckpt.runtime.task import CHAIN_VERTEX, AsyncPhase
-from spark_ckpt.sinks.memory import MemorySink
-from spark_ckpt.spark.changelog import SubtaskChangelog
-from spark_ckpt.spark.executor_cache import CacheKey
-from spark_ckpt.spark.host import CoordinatorHost
-from spark_ckpt.spark.mailbox import Mailbox, SinkSpec, Topology, write_topology
-from spark_ckpt.spark.run import new_run_id
-from spark_ckpt.spark.snapshot_threads import (
+from spark_ckpt.sinks.memory_sink import MemorySink
+from spark_ckpt.spark.executors.changelog import SubtaskChangelog
+from spark_ckpt.spark.executors.executor_cache import CacheKey
+from spark_ckpt.spark.executors.snapshot_threads import (
     WRITER,
     ExecutorSnapshots,
     LostWriterScan,
     Writer,
     decline_lost_writes,
 )
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
 KEY = CacheKey("/root", "run-1", 0)
 
@@ -193,6 +194,7 @@ def test_the_host_reads_the_acks_before_it_declines_a_lost_write(
         sink_factory=lambda spec: sink.committer,
         clock=clock,
         run_id=run_id,
+        lost_writers=LostWriterScan(root, run_id),
     )
     host.start_run()
     clock.advance(60)

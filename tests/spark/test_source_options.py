@@ -8,8 +8,8 @@ import pytest
 
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.runtime.config import CheckpointConfig
-from spark_ckpt.spark.routing import Router
-from spark_ckpt.spark.source_options import SourceOptions, check_pipeline_options
+from spark_ckpt.spark.datasource.source_options import SourceOptions, check_pipeline_options
+from spark_ckpt.spark.executors.routing import Router
 
 CONFIG = CheckpointConfig.from_options(
     {

@@ -10,10 +10,13 @@ from pathlib import Path
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from datasources.source import CkptSource, CkptStreamReader, open_host
+from datasources.ckpt_source import CkptSource, CkptStreamReader
+from spark_ckpt.coordination.host_thread import HostThread
+from spark_ckpt.coordination.mailbox import Mailbox
+from spark_ckpt.coordination.messages import Request, RequestKind
+from spark_ckpt.coordination.topology import Topology, write_topology
 from spark_ckpt.sources.stream_offset import StreamOffset
-from spark_ckpt.spark.host import HostThread
-from spark_ckpt.spark.mailbox import Mailbox, Request, RequestKind, Topology, write_topology
+from spark_ckpt.spark.datasource.source_runner import open_host
 
 
 class Heads:
@@ -53,9 +56,9 @@ def reader_at(root: Path) -> tuple[CkptStreamReader, PolledByTheTest, Heads]:
     )
     reader = source.streamReader(source.schema())
     assert isinstance(reader, CkptStreamReader)
-    host = PolledByTheTest(open_host(reader.options))
+    host = PolledByTheTest(open_host(reader.runner.options))
     heads = Heads(2)
-    reader._host, reader._source = host, heads  # type: ignore[assignment]
+    reader.runner._host, reader.runner._source = host, heads  # type: ignore[assignment]
     return reader, host, heads
 
 

@@ -1,4 +1,4 @@
-"""The Spark home of local JVMs (:mod:`spark_ckpt.spark.spark_home`): links to pip's Spark
+"""The Spark home of local JVMs (:mod:`spark_ckpt.spark.session.spark_home`): links to pip's Spark
 home without ``python/lib``, built once; used only for local masters and without a user's
 ``SPARK_HOME``."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_ckpt.spark.spark_home import compiled_spark_home, local_spark_home
+from spark_ckpt.spark.session.spark_home import compiled_spark_home, local_spark_home
 
 
 def _pip_home(root: Path) -> Path:

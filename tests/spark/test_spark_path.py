@@ -16,6 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from spark_ckpt.coordination.host import CoordinatorHost
+from spark_ckpt.coordination.mailbox import Mailbox
+from spark_ckpt.coordination.messages import Request, RequestKind
+from spark_ckpt.coordination.runs import RunFiles, new_run_id
+from spark_ckpt.coordination.topology import SinkSpec, Topology, write_topology
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.runtime.aligner import AlignmentMode
@@ -23,24 +28,14 @@ from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.coordinator import RequestStatus
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.operator import RunningCount
-from spark_ckpt.runtime.task import CHAIN_VERTEX
-from spark_ckpt.sinks.memory import MemorySink
+from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK
+from spark_ckpt.sinks.memory_sink import MemorySink
 from spark_ckpt.sources.channel_batch import stream_schema
 from spark_ckpt.sources.generator import GENERATOR_SCHEMA, GeneratorSpec
 from spark_ckpt.sources.stream_offset import BarrierPlacement, StreamOffset
-from spark_ckpt.spark.batch_aligner import BatchAligner
-from spark_ckpt.spark.host import CoordinatorHost
-from spark_ckpt.spark.mailbox import (
-    Mailbox,
-    Request,
-    RequestKind,
-    SinkSpec,
-    Topology,
-    write_topology,
-)
-from spark_ckpt.spark.run import RunFiles, new_run_id
-from spark_ckpt.spark.source_options import SOURCE_TASK, source_alignment
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.spark.datasource.source_options import source_alignment
+from spark_ckpt.spark.driver.batch_aligner import BatchAligner
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 from spark_ckpt.testing.micro_batches import MicroBatches
 
 CHANNELS = 3

@@ -1,4 +1,4 @@
-"""The statistics plot (:mod:`spark_ckpt.spark.stats_plot`) without Spark: axes that do not
+"""The statistics plot (:mod:`spark_ckpt.client.stats_plot`) without Spark: axes that do not
 magnify noise, and readable clock times. The records are made here; the oracles are their
 own values."""
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from spark_ckpt.client.stats_plot import checkpoint_stats_figure, plot_checkpoint_stats
 from spark_ckpt.errors import EnvironmentSetupError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint, FailedCheckpoint
-from spark_ckpt.protocol.handle import CheckpointMetrics
-from spark_ckpt.spark.stats_plot import checkpoint_stats_figure, plot_checkpoint_stats
+from spark_ckpt.protocol.state_handles import CheckpointMetrics
 from spark_ckpt.storage.history import CheckpointRecord
 
 T0 = 1_795_000_000_000  # 2026-11-18T11:06:40Z, in ms

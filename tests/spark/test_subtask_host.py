@@ -19,21 +19,20 @@ from pathlib import Path
 import pytest
 from pyspark import cloudpickle
 
+from spark_ckpt.coordination.heartbeats import process_exists
 from spark_ckpt.errors import EnvironmentSetupError, StateError
-from spark_ckpt.spark.environment import TOKIO_WORKER_THREADS
-from spark_ckpt.spark.executor_cache import CacheKey, Fence
-from spark_ckpt.spark.mailbox import process_exists
-from spark_ckpt.spark.subtask_host import (
+from spark_ckpt.spark.executors.executor_cache import CacheKey, Fence
+from spark_ckpt.spark.executors.subtask_errors import SubtaskHostError, SubtaskHostLostError
+from spark_ckpt.spark.executors.subtask_host import (
     BatchDone,
     BatchFailed,
     MicroBatch,
-    SubtaskHostError,
-    SubtaskHostLostError,
     SubtaskHosts,
     _sweep,
     host_address,
     host_directory,
 )
+from spark_ckpt.spark.session.environment import TOKIO_WORKER_THREADS
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -196,7 +195,7 @@ def test_a_second_host_for_the_same_address_gives_way(key: CacheKey) -> None:
         [
             sys.executable,
             "-c",
-            "import sys; from spark_ckpt.spark.subtask_host import main; "
+            "import sys; from spark_ckpt.spark.executors.subtask_host import main; "
             "sys.exit(main(sys.argv[1:]))",
             str(address),
             str(os.getpid()),

@@ -14,21 +14,22 @@ from pathlib import Path
 
 import pytest
 
+from spark_ckpt.coordination.host import CoordinatorHost
+from spark_ckpt.coordination.runs import new_run_id
+from spark_ckpt.coordination.topology import SinkSpec, Topology, write_topology
 from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.protocol.trace import NOOP_TRACER, NoopTracer, Phase, Tracer
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.operator import RunningCount
 from spark_ckpt.runtime.task import CHAIN_VERTEX
-from spark_ckpt.sinks.memory import MemorySink
+from spark_ckpt.sinks.memory_sink import MemorySink
 from spark_ckpt.sources.channel_batch import stream_schema
 from spark_ckpt.sources.generator import GENERATOR_SCHEMA, GeneratorSpec
 from spark_ckpt.sources.stream_offset import StreamOffset
-from spark_ckpt.spark.batch_aligner import BatchAligner
-from spark_ckpt.spark.foreach_batch import AlignerSpec, ForeachBatchFunction
-from spark_ckpt.spark.host import CoordinatorHost
-from spark_ckpt.spark.mailbox import SinkSpec, Topology, write_topology
-from spark_ckpt.spark.run import new_run_id
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.spark.driver.batch_aligner import BatchAligner
+from spark_ckpt.spark.driver.foreach_batch import ForeachBatchFunction
+from spark_ckpt.spark.subtask_spec import AlignerSpec
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 from spark_ckpt.testing.micro_batches import MicroBatches
 
 CHANNELS = 2

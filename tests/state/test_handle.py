@@ -14,14 +14,14 @@ from spark_ckpt.errors import StateError
 from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.handle import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
+from spark_ckpt.protocol.state_handles import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
 from spark_ckpt.runtime.operator import RecordOperator, RunningCount
 from spark_ckpt.runtime.task import OperatorTask
 from spark_ckpt.sources.channel_batch import data_rows
 from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.descriptor import ListStateDescriptor, ValueStateDescriptor
-from spark_ckpt.state.handle import StateHandle
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 from spark_ckpt.testing.simulation import RECORD_SCHEMA, STREAM_SCHEMA, barrier_table, stream_rows
 
 COUNT = ValueStateDescriptor("count", pa.int64())
@@ -43,7 +43,7 @@ TASK_ONLY = (
 
 def test_handle_exposes_state_access_but_not_snapshot_or_restore() -> None:
     backend = KeyedStateBackend.for_subtask("op", 0, 1, pa.int64())
-    handle = StateHandle(backend)
+    handle = StateContext(backend)
     for name in TASK_ONLY:
         assert not hasattr(handle, name), name
     with pytest.raises(AttributeError):  # no attributes can be added either
@@ -75,11 +75,11 @@ class RecordingCount(RunningCount):
         self.handed: list[type] = []
         self.out: list[dict[str, Any]] = []
 
-    def open(self, state: StateHandle) -> None:
+    def open(self, state: StateContext) -> None:
         self.handed.append(type(state))
         super().open(state)
 
-    def process_batch(self, batch: pa.Table, state: StateHandle) -> pa.Table | None:
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         self.handed.append(type(state))
         out = super().process_batch(batch, state)
         if out is not None:
@@ -99,7 +99,7 @@ class LastAmount(RecordOperator):
     def output_schema(self) -> pa.Schema:
         return pa.schema([("user_id", pa.int64()), ("previous", pa.int64())])
 
-    def process_record(self, row: dict[str, Any], state: StateHandle) -> list[dict[str, Any]]:
+    def process_record(self, row: dict[str, Any], state: StateContext) -> list[dict[str, Any]]:
         last = state.value_state(self.LAST)
         previous = last.value()
         last.update(row["amount"])
@@ -135,7 +135,7 @@ def test_running_count_gets_a_handle_end_to_end_through_checkpoint_and_restore()
     assert isinstance(ack, AcknowledgeCheckpoint)
     task.notify_complete(1)
 
-    assert counter.handed and set(counter.handed) == {StateHandle}
+    assert counter.handed and set(counter.handed) == {StateContext}
     counts = [(r["user_id"], r["count"]) for r in counter.out]
     assert counts == [(1, 1), (2, 1), (1, 2), (3, 1), (1, 3)]
 
@@ -148,14 +148,14 @@ def test_running_count_gets_a_handle_end_to_end_through_checkpoint_and_restore()
     restored.restore(checkpoint)
     more = pa.table({"user_id": [1, 3], "amount": [6, 7]}, RECORD_SCHEMA)
     restored.process(data_rows(more, STREAM_SCHEMA, 0, 5))
-    assert set(restored_counter.handed) == {StateHandle}
+    assert set(restored_counter.handed) == {StateContext}
     assert [(r["user_id"], r["count"]) for r in restored_counter.out] == [(1, 4), (3, 2)]
     last = restored.backends["last"].to_table(LastAmount.LAST).to_pylist()
     assert {r["key"]: r["value"] for r in last} == {1: 6, 2: 2, 3: 7}
 
 
 def test_value_state_exists_only_while_the_key_has_a_value() -> None:
-    handle = StateHandle(KeyedStateBackend.for_subtask("op", 0, 1, pa.int64()))
+    handle = StateContext(KeyedStateBackend.for_subtask("op", 0, 1, pa.int64()))
     handle.set_current_key(5)
     count = handle.value_state(COUNT)
     assert not count.exists() and count.value() is None

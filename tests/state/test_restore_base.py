@@ -7,11 +7,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from spark_ckpt.protocol.handle import BlobKind
+from spark_ckpt.protocol.state_handles import BlobKind
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.descriptor import ValueStateDescriptor
-from spark_ckpt.state.restore import restore_backend
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.state.state_restore import restore_backend
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
 COUNT = ValueStateDescriptor("count", pa.int64())
 

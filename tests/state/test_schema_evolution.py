@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_ckpt.errors import StateError
-from spark_ckpt.protocol.handle import BlobKind, BlobRef
+from spark_ckpt.protocol.state_handles import BlobKind, BlobRef
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.descriptor import (
     ListStateDescriptor,
@@ -28,9 +28,9 @@ from spark_ckpt.state.descriptor import (
     StateDescriptor,
     ValueStateDescriptor,
 )
-from spark_ckpt.state.restore import restore_backend
 from spark_ckpt.state.schema_evolution import plan_migration
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.state.state_restore import restore_backend
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
 UID = "counter"
 MAX_P = 8
@@ -339,7 +339,7 @@ def test_added_state_starts_empty_and_removed_state_is_dropped(
     new = fresh()
     register(new, kept)
     register(new, added)
-    with caplog.at_level(logging.INFO, logger="spark_ckpt.state.restore"):
+    with caplog.at_level(logging.INFO, logger="spark_ckpt.state.state_restore"):
         restore_backend(new, refs, store.read_blob)
     assert read(new, kept) == {k: k for k in KEYS}
     assert new.value_count(added) == 0

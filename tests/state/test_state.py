@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_ckpt.errors import CorruptCheckpointError, StateError
-from spark_ckpt.protocol.handle import BlobKind, BlobRef, TaskSnapshot, TaskStateHandle
+from spark_ckpt.protocol.state_handles import BlobKind, BlobRef, TaskSnapshot, TaskStateHandle
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.descriptor import (
     META_KEY_GROUP_HASH,
@@ -34,9 +34,9 @@ from spark_ckpt.state.keygroup import (
     key_groups,
     range_for_subtask,
 )
-from spark_ckpt.state.restore import restore_backend, restore_backends
 from spark_ckpt.state.snapshot import MAX_CHAIN_DELTAS
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.state.state_restore import restore_backend, restore_backends
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
 INT64 = pa.int64()
 COUNT = ValueStateDescriptor("count", pa.int64())

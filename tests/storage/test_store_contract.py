@@ -1,5 +1,5 @@
-"""The CheckpointStore contract (spark_ckpt.storage.store module docstring), run against every
-store.
+"""The CheckpointStore contract (spark_ckpt.storage.checkpoint_store module docstring), run against
+every store.
 
 Each test gets a ``Backend``: ``open()`` returns a handle onto the same storage — for the
 in-memory store the same object, for the Delta store a *new* object on the same root, which
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_ckpt.delta.blob_store import blob_id
-from spark_ckpt.delta.store import DeltaCheckpointStore
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.errors import (
     CheckpointNotFoundError,
     ConfigError,
@@ -32,7 +32,7 @@ from spark_ckpt.errors import (
 )
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.handle import (
+from spark_ckpt.protocol.state_handles import (
     BlobKind,
     BlobRef,
     SourceOffset,
@@ -41,9 +41,9 @@ from spark_ckpt.protocol.handle import (
     TaskSnapshot,
     TaskStateHandle,
 )
+from spark_ckpt.storage.checkpoint_store import CheckpointStore
 from spark_ckpt.storage.lease import ID_BLOCK
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
-from spark_ckpt.storage.store import CheckpointStore
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 from spark_ckpt.testing.damage import tamper_metadata
 
 # ------------------------------------------------------------------ backends
@@ -529,7 +529,7 @@ def test_damaged_newest_falls_back_to_the_previous_retained(
     lease = store.acquire()
     _cp1, cp2, cp3 = _chain(store, lease)
     backend.corrupt(next(r for r in cp3.blobs() if r.kind is kind))
-    with caplog.at_level(logging.WARNING, logger="spark_ckpt.storage.store"):
+    with caplog.at_level(logging.WARNING, logger="spark_ckpt.storage.checkpoint_store"):
         restorable, skipped = backend.open().latest_restorable()
     assert restorable == cp2
     assert [e.checkpoint_id for e in skipped] == [cp3.checkpoint_id]
@@ -584,7 +584,7 @@ def test_damaged_metadata_is_skipped_not_fatal(
     good, bad = reader.list_completed_lenient()
     assert good == [cp1, cp2]
     assert [e.checkpoint_id for e in bad] == [cp3.checkpoint_id]
-    with caplog.at_level(logging.WARNING, logger="spark_ckpt.storage.store"):
+    with caplog.at_level(logging.WARNING, logger="spark_ckpt.storage.checkpoint_store"):
         restorable, skipped = reader.latest_restorable(include_savepoints=False)
     assert restorable == cp2
     assert [e.checkpoint_id for e in skipped] == [cp3.checkpoint_id]
@@ -762,7 +762,7 @@ def test_random_interleavings_delta(
 
 def _failed(cid: int, reason: str = "expired"):  # type: ignore[no-untyped-def]
     from spark_ckpt.protocol.checkpoint import FailedCheckpoint
-    from spark_ckpt.protocol.handle import CheckpointMetrics
+    from spark_ckpt.protocol.state_handles import CheckpointMetrics
 
     metrics = {"op#0": CheckpointMetrics(1, 2, 3, 4, 5, 6)}
     return FailedCheckpoint(

@@ -13,8 +13,14 @@ import pytest
 from spark_ckpt.errors import CheckpointNotFoundError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.handle import BlobKind, SourceOffset, StateBlob, TaskId, TaskSnapshot
-from spark_ckpt.storage.memory import InMemoryCheckpointStore
+from spark_ckpt.protocol.state_handles import (
+    BlobKind,
+    SourceOffset,
+    StateBlob,
+    TaskId,
+    TaskSnapshot,
+)
+from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 from spark_ckpt.storage.transfer import copy_checkpoint, derive_checkpoint
 
 TASK = TaskId("agg", 0)

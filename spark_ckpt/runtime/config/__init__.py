@@ -73,7 +73,7 @@ interval`` (``…failure-rate-interval``)
 ====================================  ==========================================  ==========
 
 (*) Flink's default is ``off``. spark-ckpt checkpoints every second unless told otherwise, in
-every entry point alike (:class:`~spark_ckpt.spark.pipeline.Pipeline`, a raw ``ckpt-source``,
+every entry point alike (:class:`~spark_ckpt.pipeline.pipeline.Pipeline`, a raw ``ckpt-source``,
 the builder): a ``ckpt-sink`` query commits its output only at completed checkpoints, so
 without periodic checkpoints it would never commit. ``off`` disables them (savepoints and
 requested checkpoints still work).
@@ -89,8 +89,7 @@ together with ``restart-strategy=<type>``.
 ``CheckpointConfig.from_options(c.to_options()) == c``.
 """
 
-from spark_ckpt.runtime.config.builder import CheckpointConfigBuilder
-from spark_ckpt.runtime.config.checkpoint_config import CheckpointConfig
+from spark_ckpt.runtime.config.checkpoint_config import CheckpointConfig, CheckpointConfigBuilder
 from spark_ckpt.runtime.config.durations import (
     days,
     format_duration,

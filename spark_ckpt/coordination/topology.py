@@ -1,0 +1,94 @@
+"""Who acknowledges a run's checkpoints, and which sink its coordinator commits:
+``_runs/<run id>/topology.json`` (a run's, written by its driver before the query starts and
+read by that run's coordinator only), or ``_topology.json`` (the root's shared one, written by
+a ``ckpt-sink`` query when it starts and re-read by its coordinator on every poll)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_ckpt.coordination.root_files import RUNS_DIR, filesystem, write_atomically
+from spark_ckpt.errors import ProtocolError, StoreError
+
+TOPOLOGY_FILE = "_topology.json"
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """Where the consumer's transactional output goes (committed by the coordinator)."""
+
+    kind: str  # "delta"
+    path: str
+    sink_uid: str
+    options: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "sink_uid": self.sink_uid,
+            "options": self.options,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> SinkSpec:
+        return SinkSpec(
+            str(d["kind"]), str(d["path"]), str(d["sink_uid"]), dict(d.get("options", {}))
+        )
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The tasks that acknowledge checkpoints: subtasks ``0..parallelism-1`` of ``vertex``.
+    ``sink`` is committed by the coordinator when a checkpoint completes."""
+
+    vertex: str
+    parallelism: int
+    sink: SinkSpec | None = None
+    run_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "vertex": self.vertex,
+            "parallelism": self.parallelism,
+            "sink": self.sink.to_dict() if self.sink else None,
+            "run_id": self.run_id,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Topology:
+        try:
+            sink = d.get("sink")
+            return Topology(
+                str(d["vertex"]),
+                int(d["parallelism"]),
+                SinkSpec.from_dict(sink) if sink else None,
+                str(d.get("run_id", "")),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProtocolError(f"malformed topology: {e}") from e
+
+
+def _topology_path(base: str, run_id: str | None) -> str:
+    base = base.rstrip("/")
+    return f"{base}/{RUNS_DIR}/{run_id}/topology.json" if run_id else f"{base}/{TOPOLOGY_FILE}"
+
+
+def write_topology(root: str, topology: Topology, run_id: str | None = None) -> None:
+    """Publish *topology*: the root's shared one, or that of run *run_id*."""
+    fs, base = filesystem(root)
+    write_atomically(fs, _topology_path(base, run_id), json.dumps(topology.to_dict()).encode())
+
+
+def read_topology(root: str, run_id: str | None = None) -> Topology | None:
+    """The root's shared topology, or that of run *run_id*; None when absent."""
+    fs, base = filesystem(root)
+    try:
+        with fs.open_input_stream(_topology_path(base, run_id)) as f:
+            return Topology.from_dict(json.loads(f.read()))
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as e:
+        raise StoreError(f"cannot read the topology under {root}: {e}") from e

@@ -1,0 +1,403 @@
+"""The user-facing API: a checkpointed streaming pipeline on Spark.
+
+.. code-block:: python
+
+    from spark_ckpt import CheckpointConfig, Pipeline, RunningCount
+
+    pipeline = Pipeline(spark, "orders", config=CheckpointConfig(interval_ms=1000))
+    pipeline.run(
+        {"source": "generator", "channels": 4, "rate": 10_000},   # ckpt-source options
+        RunningCount("counter", "user_id"),                       # operators
+        output="/lake/counts",                                    # exactly-once Delta output
+        duration_s=60,
+    )
+    pipeline.client.savepoint()       # from this or any other process: PipelineClient(root)
+
+    # stateless, straight into Delta with two-phase commit:
+    pipeline.read(source="generator", channels=4).writeStream.format("ckpt-sink") \\
+        .option("pipeline", "orders").option("path", "/lake/orders_out").start()
+
+:meth:`Pipeline.run` takes the *description* of the job (a
+:class:`~spark_ckpt.pipeline.job.JobSpec`: source options, operators, output), never a prebuilt
+stateful object: every attempt (the first, and each restart the restart strategy allows, see
+:mod:`~spark_ckpt.pipeline.supervisor`) is a new *run* (:mod:`spark_ckpt.coordination.runs`) that
+builds its own foreachBatch function, coordinator and sink recovery, all restoring from the same
+checkpoint: the latest completed one whose data verifies. :meth:`Pipeline.start` starts one run and
+hands back its :class:`~spark_ckpt.pipeline.pipeline_run.PipelineRun`. Requests and queries
+(checkpoint, savepoint, stop, list, stats) go through the
+:class:`~spark_ckpt.client.pipeline_client.PipelineClient`, which the CLI and notebooks use too.
+
+Everything of a pipeline lives under one root (default ``checkpoint.storage`` when set,
+else ``./spark-ckpt-data/<name>``): the Delta checkpoint store, the coordinator's mailbox, the
+runs' files, and the Spark checkpoint locations of its query runs. Each run gets a fresh
+Spark checkpoint location: the truth is the spark-ckpt checkpoint store, from which every run
+restores (rewinding the source channels to their barrier positions), as a Flink job restores
+from its latest checkpoint.
+
+Works with classic Spark and with Spark Connect (``SparkSession.builder.remote(...)``): the
+foreachBatch function is a picklable spec that builds its runtime in the process that runs
+it, and nothing here uses ``SparkContext``. Runs in the user's driver process (the Connect
+client). Imports pyspark lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Unpack
+
+from spark_ckpt.client.pipeline_client import PipelineClient
+from spark_ckpt.coordination.heartbeats import mark_starting
+from spark_ckpt.coordination.runs import RunFiles, Runs, RunState, new_run_id
+from spark_ckpt.coordination.topology import SinkSpec, Topology, write_topology
+from spark_ckpt.pipeline.interrupts import Interrupts
+from spark_ckpt.pipeline.job import JobOptions, JobSpec, Operators, Placement, Source
+from spark_ckpt.pipeline.pipeline_run import PipelineRun, RunFunction
+from spark_ckpt.pipeline.restore_point import prepare_restore
+from spark_ckpt.pipeline.supervisor import RunResult, RunSupervisor, StopReason
+from spark_ckpt.pipeline.transform import RouteBatches, apply_transform
+from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
+from spark_ckpt.runtime.aligner import AlignmentMode
+from spark_ckpt.runtime.components import load_components
+from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
+from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
+from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK
+from spark_ckpt.sources.kafka_options import PINNED
+from spark_ckpt.spark.datasource.source_options import (
+    COMPONENTS,
+    SourceOptions,
+    check_pipeline_options,
+    default_root,
+)
+from spark_ckpt.spark.driver.foreach_batch import ForeachBatchFunction
+from spark_ckpt.spark.executors.changelog import remove_run
+from spark_ckpt.spark.executors.routing import ROUTED_DDL, Router
+from spark_ckpt.spark.executors.shipping import ship_by_value
+from spark_ckpt.spark.executors.subtask_function import SubtaskFunction, subtask_query
+from spark_ckpt.spark.session.quiet_stop import silence_task_kill_logs
+from spark_ckpt.spark.subtask_spec import AlignerSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    from spark_ckpt.delta.delta_store import DeltaCheckpointStore
+
+log = logging.getLogger(__name__)
+
+
+def register_data_sources(spark: SparkSession) -> None:
+    """Register ``ckpt-source``, ``ckpt-sink`` and ``ckpt-state`` (batch reads of checkpoint
+    and savepoint state) explicitly (auto-registration needs the ``pyspark_*`` shims on the
+    workers' path; this works everywhere, Spark Connect too). Also drops Spark's log lines
+    about tasks a query stop kills (:mod:`spark_ckpt.spark.session.quiet_stop`)."""
+    from datasources.ckpt_sink import CkptSink
+    from datasources.ckpt_source import CkptSource
+    from datasources.ckpt_state import CkptStateSource
+
+    spark.dataSource.register(CkptSource)
+    spark.dataSource.register(CkptSink)
+    spark.dataSource.register(CkptStateSource)
+    silence_task_kill_logs(spark)
+
+
+def alignment_mode(config: CheckpointConfig) -> AlignmentMode:
+    """The subtasks' aligner mode that implements *config*. The aligned-checkpoint timeout
+    is applied by the source, which cuts lagging channels
+    (:func:`~spark_ckpt.spark.datasource.source_options.source_alignment`)."""
+    if config.mode is CheckpointingMode.AT_LEAST_ONCE:
+        return AlignmentMode.AT_LEAST_ONCE
+    if config.unaligned and config.aligned_checkpoint_timeout_ms == 0:
+        return AlignmentMode.UNALIGNED
+    return AlignmentMode.ALIGNED
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run whose query is not started yet (see :meth:`Pipeline.prepare`)."""
+
+    run_id: str
+    dataframe: DataFrame
+    function: RunFunction
+    files: RunFiles
+
+    def stream_writer(self) -> DataStreamWriter:
+        """The run's query, not started: the ``foreachBatch`` function over the source, or
+        (subtasks on executors) the subtasks' stateful query into ``noop``."""
+        if isinstance(self.function, SubtaskFunction):
+            query = subtask_query(self.dataframe, self.function)
+            writer: DataStreamWriter = query.writeStream.format("noop").outputMode("update")
+            return writer
+        return self.dataframe.writeStream.foreachBatch(self.function)
+
+
+class Pipeline:
+    """One checkpointed pipeline: a name, a root, a checkpoint configuration. Builds and
+    starts runs of a job (:meth:`prepare`, :meth:`start`) and runs a job with restarts
+    (:meth:`run`); :attr:`client` talks to it. Runs in the user's driver process."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        name: str,
+        *,
+        config: CheckpointConfig | None = None,
+        root: str | None = None,
+    ) -> None:
+        """*root*: the pipeline root (checkpoint store, mailbox, runs); by default the
+        configuration's ``checkpoint.storage``, else ``./spark-ckpt-data/<name>``."""
+        self.spark = spark
+        self.name = name
+        self.config = config or CheckpointConfig(interval_ms=1000)
+        root = root or self.config.checkpoint_storage or default_root(name)
+        self.root = root if "://" in root else os.path.abspath(root)
+        #: requests (checkpoint, savepoint, stop) and queries (list, latest, stats)
+        self.client = PipelineClient(self.root)
+        self.driver_id = uuid.uuid4().hex
+        self._run_ids: set[str] = set()
+        register_data_sources(spark)
+
+    @property
+    def store(self) -> DeltaCheckpointStore:
+        """The pipeline's checkpoint store."""
+        return self.client.store
+
+    def owns_run(self, run_id: str) -> bool:
+        """Whether this driver started the run *run_id*."""
+        return run_id in self._run_ids
+
+    # -- building ---------------------------------------------------------------------------
+    def source_options(self, **options: object) -> dict[str, str]:
+        """The ``ckpt-source`` options of this pipeline: *options* with the pipeline's name, root
+        and configuration. :class:`~spark_ckpt.errors.ConfigError` for an option that contradicts
+        them (:func:`~spark_ckpt.spark.datasource.source_options.check_pipeline_options`)."""
+        check_pipeline_options(options, self.config, pipeline=self.name, root=self.root)
+        opts = {k: str(v) for k, v in options.items()}
+        opts.update(self.config.to_options())
+        opts.update(pipeline=self.name, store=self.root)
+        return opts
+
+    def read(self, **options: object) -> DataFrame:
+        """``spark.readStream.format("ckpt-source")`` for this pipeline (for ``ckpt-sink``
+        queries); options are validated here, raising
+        :class:`~spark_ckpt.errors.ConfigError` naming a bad option, or one that contradicts
+        the pipeline's configuration, name or root (see :meth:`source_options`)."""
+        opts = self.source_options(**options)
+        SourceOptions.parse(opts)
+        return self.spark.readStream.format("ckpt-source").options(**opts).load()
+
+    def prepare(
+        self, source: Source, operators: Operators, *, output: str, **options: Unpack[JobOptions]
+    ) -> PreparedRun:
+        """Everything one run of the job needs before its query starts (see
+        :class:`~spark_ckpt.pipeline.job.JobSpec` for the arguments). Callers that drive the
+        query themselves (benchmarks) start ``dataframe`` with ``function`` (or a wrapper
+        calling it) as the ``foreachBatch`` function. *tracer*: receives the run's engine
+        spans where foreachBatch runs (picklable, cheap; see
+        :mod:`spark_ckpt.protocol.trace`). *transform*: Spark SQL on the source DataFrame
+        before the operators, called with a DataFrame that keeps the barrier rows
+        (``lambda df: df.selectExpr("CAST(value AS STRING) AS json")...``; see
+        :mod:`spark_ckpt.pipeline.transform`); an operation that cannot keep them raises
+        :class:`~spark_ckpt.errors.ConfigError`."""
+        return self._prepare(JobSpec.of(source, operators, output=output, **options))
+
+    def _prepare(self, job: JobSpec) -> PreparedRun:
+        """A run id, the run's topology (who acknowledges, which sink the coordinator
+        commits), the ``ckpt-source`` DataFrame bound to the run, and the run's foreachBatch
+        function."""
+        Runs(self.root).prune(on_ended=partial(remove_run, self.root))
+        run_id = new_run_id()
+        opts = self.source_options(**job.source)
+        opts["run"] = run_id
+        parsed = SourceOptions.parse(opts)
+        channels, names = _channels(parsed)
+        if names is not None:  # the run reads these partitions, whatever appears meanwhile
+            opts[PINNED] = json.dumps(names)
+        if job.components is not None:
+            opts[COMPONENTS] = job.components
+        components = load_components(job.components)
+        operators = tuple(components.operator(op, self.root) for op in job.operators)
+        spec = AlignerSpec(
+            root=self.root,
+            pipeline=self.name,
+            run_id=run_id,
+            operators=operators,
+            channels=channels,
+            output=job.output,
+            parallelism=job.parallelism,
+            mode=alignment_mode(self.config),
+            max_parallelism=self.config.max_parallelism,
+            pipelined=job.pipelined,
+            tracer=job.tracer,
+            components=job.components,
+        )
+        function: RunFunction
+        if job.placement is Placement.EXECUTORS:
+            ship_by_value([*job.operators, job.tracer])  # the job's own code, to executors
+            function = SubtaskFunction(spec)
+            # the source's read() hands the rows on routed to the subtasks
+            key = job.operators[0].key_column
+            partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions") or 200)
+            router = Router(key, job.parallelism, self.config.max_parallelism, partitions)
+            if job.transform is None:  # read() routes; else the transformed rows are routed
+                opts.update(router.options())
+        else:
+            function = ForeachBatchFunction(spec)
+        sink = SinkSpec("delta", job.output, CHAIN_VERTEX)
+        topology = Topology(CHAIN_VERTEX, job.parallelism, sink, run_id)
+        write_topology(self.root, topology, run_id)
+        mark_starting(self.root, run_id)  # live for requests until its coordinator beats
+        self._run_ids.add(run_id)
+        df = self.spark.readStream.format("ckpt-source").options(**opts).load()
+        if job.transform is not None:
+            df = apply_transform(job.transform, df, job.operators[0].key_column)
+            if job.placement is Placement.EXECUTORS:
+                df = df.mapInArrow(RouteBatches(router), ROUTED_DDL)
+        return PreparedRun(run_id, df, function, RunFiles(self.root, run_id))
+
+    def start(
+        self,
+        source: Source,
+        operators: Operators,
+        *,
+        output: str,
+        available_now: bool = False,
+        trigger_s: float | None = None,
+        restore: RestoreSettings | None = None,
+        **options: Unpack[JobOptions],
+    ) -> PipelineRun:
+        """Start one run of the job (see :class:`~spark_ckpt.pipeline.job.JobSpec`). The run
+        restores from the latest completed checkpoint whose data verifies (chosen by its coordinator
+        when the query starts). A failed run is not restarted: :meth:`run` does that. A stop request
+        (:meth:`PipelineClient.stop <spark_ckpt.client.pipeline_client.PipelineClient.stop>`,
+        ``spark-ckpt stop``) ends the run as under :meth:`run`, carried out by a thread of this
+        process (:meth:`PipelineRun.watch_stop_requests
+        <spark_ckpt.pipeline.pipeline_run.PipelineRun.watch_stop_requests>`). *available_now*:
+        process what is available, then end with a final checkpoint; *trigger_s*: a processing-time
+        trigger interval (default: as fast as possible); *tracer*: see :meth:`prepare`; *restore*:
+        where to restore from (default: the latest completed checkpoint), see :meth:`restore`."""
+        job = JobSpec.of(source, operators, output=output, **options)
+        self._restore(job, restore)
+        run = self._start(job, available_now, trigger_s, attempt=1)
+        run.watch_stop_requests()  # PipelineClient.stop (this or any process) ends the run
+        return run
+
+    def shape(self, job: JobSpec) -> PipelineShape:
+        """What a restore of *job* is checked against (uids, channels, max parallelism). A
+        source that names its channels (Kafka partitions) resumes them by name, whatever
+        their number: its channel count is not checked."""
+        channels, names = _channels(SourceOptions.parse(self.source_options(**job.source)))
+        return PipelineShape(
+            pipeline=self.name,
+            operator_uids=tuple(op.uid for op in job.operators),
+            channels={} if names is not None else {SOURCE_TASK.vertex: channels},
+            max_parallelism=self.config.max_parallelism,
+        )
+
+    def _restore(
+        self, job: JobSpec, settings: RestoreSettings | None
+    ) -> CompletedCheckpoint | None:
+        """Before the first run: resolve, check and install the restore point (see
+        :mod:`spark_ckpt.pipeline.restore_point`). Raises
+        :class:`~spark_ckpt.errors.RestoreError`."""
+        from spark_ckpt.delta.sink_committer import DeltaSinkCommitter
+        from spark_ckpt.delta.sink_target import DeltaSinkTarget
+
+        output = DeltaSinkCommitter(DeltaSinkTarget(job.output, pipeline=self.name))
+        return prepare_restore(
+            self.store,
+            self.shape(job),
+            settings or RestoreSettings.latest(),
+            check_output=output.check_output_restorable,
+        )
+
+    def _start(
+        self, job: JobSpec, available_now: bool, trigger_s: float | None, attempt: int
+    ) -> PipelineRun:
+        prepared = self._prepare(job)
+        writer = prepared.stream_writer().option(
+            "checkpointLocation", self.spark_checkpoint_location()
+        )
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        elif trigger_s is not None:
+            writer = writer.trigger(processingTime=f"{trigger_s} seconds")
+        query = writer.queryName(f"{self.name}-{prepared.run_id[:6]}").start()
+        run = PipelineRun(self, prepared.run_id, attempt, query, prepared.function, prepared.files)
+        run.report(RunState.RUNNING)
+        return run
+
+    def spark_checkpoint_location(self) -> str:
+        return os.path.join(self.root, "_spark", uuid.uuid4().hex)
+
+    # -- running ----------------------------------------------------------------------------
+    def run(
+        self,
+        source: Source,
+        operators: Operators,
+        *,
+        output: str,
+        available_now: bool = False,
+        trigger_s: float | None = None,
+        duration_s: float | None = None,
+        on_checkpoint: Callable[[CompletedCheckpoint], None] | None = None,
+        poll_s: float = 0.5,
+        restore: RestoreSettings | None = None,
+        on_stop: Callable[[StopReason], None] | None = None,
+        **options: Unpack[JobOptions],
+    ) -> RunResult:
+        """Run the job (see :meth:`start` and :meth:`prepare` for its arguments) until the
+        query finishes (``available_now``), *duration_s* passes, Ctrl-C, or a stop request (CLI
+        ``spark-ckpt stop``, :meth:`PipelineClient.stop
+        <spark_ckpt.client.pipeline_client.PipelineClient.stop>`) — the last three stop with a final
+        checkpoint. *on_checkpoint* is called once with each completed checkpoint that
+        retention still keeps when the driver polls (every *poll_s*; one subsumed before that
+        is counted in the result and in the statistics history, not handed over);
+        *on_stop* when a stop on the caller's behalf begins, before its final checkpoint: at
+        once on Ctrl-C (on a thread of its own), or when *duration_s* passed. A failed
+        run is followed by a new run, restoring from the latest completed checkpoint, as the
+        restart strategy allows; beyond it :class:`~spark_ckpt.errors.PipelineFailedError`
+        carrying the strategy's reason and the last failure. A pipeline taken over by
+        another driver raises :class:`~spark_ckpt.errors.PipelineFencedError` at once (no
+        restart). *restore*: where the first run restores from (default: the latest
+        completed checkpoint; a savepoint, a checkpoint by id or as of a time, see
+        :class:`~spark_ckpt.runtime.restore_settings.RestoreSettings`), checked against the
+        job before anything starts (:class:`~spark_ckpt.errors.RestoreError`); restarts
+        restore the latest checkpoint of the new lineage."""
+        job = JobSpec.of(source, operators, output=output, **options)
+        start_from = self._restore(job, restore)
+
+        def start(attempt: int) -> PipelineRun:
+            return self._start(job, available_now, trigger_s, attempt)
+
+        supervisor = RunSupervisor(
+            self,
+            start,
+            duration_s=duration_s,
+            on_checkpoint=on_checkpoint,
+            on_stop=on_stop,
+            poll_s=poll_s,
+            start_from=start_from,
+        )
+        with Interrupts(supervisor.on_interrupt) as interrupts:
+            return supervisor.run(interrupts.requested)
+
+
+def _channels(options: SourceOptions) -> tuple[int, list[str] | None]:
+    """The number of channels of the source the options name and, for a source that names
+    them (Kafka partitions, discovered now), their names."""
+    from spark_ckpt.spark.datasource.channel_sources import open_channel_source
+
+    source = open_channel_source(options)
+    try:
+        names: list[str] | None = getattr(source, "channel_names", None)
+        return source.channels, None if names is None else list(names)
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()

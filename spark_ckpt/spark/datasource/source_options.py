@@ -1,0 +1,335 @@
+"""Options of ``spark.readStream.format("ckpt-source")``, parsed and validated in one place.
+
+Parsed where they are given — the user's process (the pipeline API validates before
+``load()``, so errors are :class:`~spark_ckpt.errors.ConfigError` naming the option) and again
+inside Spark's source runner. Keys are case-insensitive (Spark lower-cases them).
+
+==========================  =========================================================
+option                      meaning
+==========================  =========================================================
+``pipeline`` (required)     name of the pipeline: one checkpoint store, one coordinator
+``store``                   pipeline root (checkpoint store, mailbox); default
+                            ``./spark-ckpt-data/<pipeline>`` made absolute
+``source``                  ``generator`` (default), ``delta``, ``kafka`` or ``files``
+``maxRowsPerTrigger``       read limit per micro-batch, shared equally by the channels
+``barrierPlacement``        ``read`` (default: at the end of the micro-batch that takes the
+                            trigger) or ``head`` (at each channel's produced head, so a
+                            channel with a deeper backlog reaches it later); see
+                            :class:`~spark_ckpt.sources.stream_offset.BarrierPlacement`
+generator: ``seed``, ``channels``, ``rate``, ``backlog``, ``keys``, ``skew``
+delta: ``path``, ``channels``, ``startingVersion``
+kafka: ``kafka.bootstrap.servers``, ``subscribe``/``subscribePattern``/``assign``,
+``startingOffsets``, ``maxOffsetsPerTrigger``, ``failOnDataLoss``, ``includeHeaders``,
+``kafka.*``, ``partitionDiscoveryIntervalMs`` (see
+:mod:`spark_ckpt.sources.kafka_options` and :mod:`spark_ckpt.kafka.kafka_source`)
+files: ``path``, ``format``, ``schema``, ``header``, ``channels``, ``maxFilesPerTrigger``,
+``cleanSource``, ``sourceArchiveDir``, ``badRecordsPath`` (see
+:mod:`spark_ckpt.sources.files`)
+``run``                     set by :meth:`Pipeline.run <spark_ckpt.pipeline.pipeline.Pipeline.run>`
+                            for each attempt (see :mod:`spark_ckpt.coordination.runs`); not for
+                            users
+``route.key``,              set by the pipeline when its subtasks run on the executors:
+``route.parallelism``,      the source's rows leave ``read()`` routed to the subtasks
+``route.maxParallelism``,   (:mod:`spark_ckpt.spark.executors.routing`); not for users
+``route.partitions``
+``components``              ``module:name`` of the job's
+                            :class:`~spark_ckpt.runtime.components.Components`, set by the
+                            pipeline from the job's ``components``
+``checkpoint.*``, ``execution.checkpointing.*``, ``restart-strategy*``, ``state.*``,
+``savepoint.*``             checkpoint configuration
+(:class:`~spark_ckpt.runtime.config.CheckpointConfig`)
+==========================  =========================================================
+
+Through :meth:`Pipeline.read <spark_ckpt.pipeline.pipeline.Pipeline.read>` and the source of
+:meth:`Pipeline.run <spark_ckpt.pipeline.pipeline.Pipeline.run>`/``start``, the pipeline sets
+``pipeline``, ``store``, ``run``, ``components`` and the checkpoint configuration itself (from its
+``CheckpointConfig``): a source option that says otherwise is a
+:class:`~spark_ckpt.errors.ConfigError` (:func:`check_pipeline_options`), never silently
+overridden.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from spark_ckpt.errors import ConfigError
+from spark_ckpt.protocol.option import parse_int
+from spark_ckpt.runtime.components import Components, load_components
+from spark_ckpt.runtime.config import (
+    RESERVED_PREFIXES,
+    CheckpointConfig,
+    CheckpointingMode,
+    parse_option,
+)
+from spark_ckpt.sources.files import OPTION_KEYS as FILES_OPTION_KEYS
+from spark_ckpt.sources.files import FilesSpec
+from spark_ckpt.sources.generator import GeneratorSpec
+from spark_ckpt.sources.kafka_options import OPTION_KEYS as KAFKA_OPTION_KEYS
+from spark_ckpt.sources.kafka_options import PINNED, KafkaOptions
+from spark_ckpt.sources.kafka_options import PREFIX as KAFKA_PREFIX
+from spark_ckpt.sources.stream_offset import BarrierPlacement, SourceAlignment
+from spark_ckpt.spark.executors.routing import (
+    ROUTE_KEY,
+    ROUTE_MAX_PARALLELISM,
+    ROUTE_OPTIONS,
+    ROUTE_PARALLELISM,
+    ROUTE_PARTITIONS,
+    Router,
+)
+
+SOURCE_KINDS: Final = ("generator", "delta", "kafka", "files")
+#: The option naming the job's components (:mod:`spark_ckpt.runtime.components`).
+COMPONENTS: Final = "components"
+_ROUTE_KEYS: Final = frozenset(k.lower() for k in ROUTE_OPTIONS)
+_OWN_KEYS: Final = (
+    frozenset(
+        {"pipeline", "store", "source", "maxrowspertrigger", "barrierplacement", "run", COMPONENTS}
+    )
+    | _ROUTE_KEYS
+)
+_DELTA_KEYS: Final = frozenset({"path", "channels", "startingversion"})
+_GENERATOR_KEYS: Final = frozenset(k.lower() for k in GeneratorSpec.OPTION_KEYS)
+DISCOVERY_INTERVAL_NAME: Final = "partitionDiscoveryIntervalMs"
+DISCOVERY_INTERVAL: Final = DISCOVERY_INTERVAL_NAME.lower()
+#: Kafka partition discovery every 10 s unless set.
+DEFAULT_DISCOVERY_INTERVAL_MS: Final = 10_000
+#: ``source=kafka``: Spark's Kafka options (``kafka.*`` aside), how often the source runner
+#: looks for new partitions, and the partitions the pipeline pins for a run.
+_KAFKA_KEYS: Final = KAFKA_OPTION_KEYS | {DISCOVERY_INTERVAL, PINNED}
+DEFAULT_STORE_DIR: Final = "spark-ckpt-data"
+
+
+def default_root(pipeline: str) -> str:
+    return os.path.abspath(os.path.join(DEFAULT_STORE_DIR, pipeline))
+
+
+#: Where a pipeline's checkpoint options are set (the end of a conflict's message).
+_SET_THERE = (
+    "the pipeline's configuration decides it: set it in the CheckpointConfig given to "
+    "Pipeline(spark, name, config=...), or leave it out of the source options"
+)
+
+
+def check_pipeline_options(
+    options: Mapping[str, object], config: CheckpointConfig, *, pipeline: str, root: str
+) -> None:
+    """Check the ``ckpt-source`` options given to the pipeline *pipeline* (root *root*,
+    configuration *config*) against what the pipeline sets itself. A checkpoint option
+    (``checkpoint.*``, ``savepoint.*``, ``restart-strategy*``, ``state.*``,
+    ``execution.checkpointing.*``, any spelling) must have the configuration's value (after
+    parsing: ``1000`` and ``1s`` agree); ``pipeline`` and ``store`` must name this pipeline
+    and its root; ``run`` is the pipeline's own. Anything else raises :class:`ConfigError`
+    naming the option, both values and where to set it; an invalid value raises the error it
+    gets anyway (:func:`~spark_ckpt.runtime.config.parse_option`)."""
+    own = config.to_options()  # canonical keys: every option the configuration sets
+    for key, raw in options.items():
+        value = str(raw)
+        lowered = key.strip().lower()
+        if lowered == "pipeline" and value.strip() != pipeline:
+            raise ConfigError(key, raw, f"{pipeline!r}, the name of this pipeline (or no value)")
+        if lowered == "store" and _absolute(value) != _absolute(root):
+            raise ConfigError(
+                key, raw, f"{root!r}, this pipeline's root (set it with Pipeline(..., root=...))"
+            )
+        if lowered == "run":
+            raise ConfigError(key, raw, "no value: each run of a pipeline sets its own")
+        if lowered == COMPONENTS:
+            raise ConfigError(key, raw, "no value: name them with the job's components=")
+        if lowered in _ROUTE_KEYS:
+            raise ConfigError(key, raw, "no value: the pipeline routes its rows itself")
+        parsed = parse_option(key, value)
+        if parsed is None:
+            continue
+        canonical, mine = parsed
+        theirs = own.get(canonical)
+        if theirs is not None and parse_option(canonical, theirs) == (canonical, mine):
+            continue
+        # a value out of range fails as it would anyway (ranges are checked on the config)
+        scoped = canonical.split(".")[1] if canonical.startswith("restart-strategy.") else None
+        CheckpointConfig.from_options(
+            {key: value, **({"restart-strategy": scoped} if scoped else {})}
+        )
+        if theirs is not None:
+            pipeline_value = f"{theirs!r} ({canonical} of the pipeline's configuration)"
+        elif canonical.startswith("restart-strategy."):
+            kind = own.get("restart-strategy")
+            pipeline_value = f"no value (the pipeline's restart-strategy is {kind!r})"
+        else:
+            pipeline_value = f"no value ({canonical} is unset in the pipeline's configuration)"
+        raise ConfigError(key, raw, f"{pipeline_value}: {_SET_THERE}")
+
+
+def _absolute(path: str) -> str:
+    return path.rstrip("/") if "://" in path else os.path.abspath(path)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    pipeline: str
+    root: str
+    source: str
+    max_rows_per_trigger: int | None
+    config: CheckpointConfig
+    barrier_placement: BarrierPlacement = BarrierPlacement.READ
+    generator: GeneratorSpec | None = None
+    delta: dict[str, str] = field(default_factory=dict)
+    #: ``source=kafka``: its options (lower-cased keys, ``kafka.*`` included)
+    kafka: dict[str, str] = field(default_factory=dict)
+    #: ``source=files``: its options (lower-cased keys)
+    files: dict[str, str] = field(default_factory=dict)
+    #: ``source=kafka``: how often the source runner looks for new partitions (0: never)
+    discovery_interval_ms: int = 0
+    raw: dict[str, str] = field(default_factory=dict)
+    run_id: str | None = None
+    #: the subtasks ``read()`` routes the rows to (the executor path), or None
+    router: Router | None = None
+    #: ``module:name`` of the job's components, or None (see :attr:`components`)
+    components_name: str | None = None
+
+    @property
+    def components(self) -> Components:
+        """The job's components (:mod:`spark_ckpt.runtime.components`), resolved in the
+        calling process."""
+        return load_components(self.components_name)
+
+    @property
+    def alignment(self) -> SourceAlignment:
+        """How ``latestOffset`` places and aligns barriers: the placement option and the
+        configuration's alignment (see :mod:`spark_ckpt.sources.stream_offset`)."""
+        return source_alignment(self.config, self.barrier_placement)
+
+    @staticmethod
+    def parse(options: Mapping[str, str]) -> SourceOptions:
+        opts = {str(k).strip().lower(): str(v) for k, v in options.items()}
+        pipeline = opts.get("pipeline", "").strip()
+        if not pipeline or "/" in pipeline or pipeline.startswith("."):
+            raise ConfigError("pipeline", opts.get("pipeline"), "a non-empty name without '/'")
+        source = opts.get("source", "generator").strip().lower()
+        if source not in SOURCE_KINDS:
+            raise ConfigError("source", opts.get("source"), " or ".join(SOURCE_KINDS))
+        kind_keys = {
+            "generator": _GENERATOR_KEYS,
+            "delta": _DELTA_KEYS,
+            "kafka": _KAFKA_KEYS,
+            "files": FILES_OPTION_KEYS,
+        }
+        allowed = _OWN_KEYS | kind_keys[source]
+        for key in opts:
+            if source == "kafka" and key.startswith(KAFKA_PREFIX):
+                continue
+            if key not in allowed and not key.startswith(RESERVED_PREFIXES):
+                raise ConfigError(
+                    key, opts[key], f"a ckpt-source option for source={source}: {sorted(allowed)}"
+                )
+        if source == "kafka" and "maxrowspertrigger" in opts:
+            raise ConfigError(
+                "maxRowsPerTrigger",
+                opts["maxrowspertrigger"],
+                "maxOffsetsPerTrigger (source=kafka)",
+            )
+        limit_text = opts.get("maxrowspertrigger", opts.get("maxoffsetspertrigger"))
+        limit: int | None = None
+        if limit_text is not None:
+            try:
+                limit = int(limit_text)
+            except ValueError:
+                limit = 0
+            if limit < 1:
+                name = "maxOffsetsPerTrigger" if source == "kafka" else "maxRowsPerTrigger"
+                raise ConfigError(name, limit_text, "a positive integer")
+        placement_text = opts.get("barrierplacement", BarrierPlacement.READ.value)
+        try:
+            placement = BarrierPlacement(placement_text.strip().lower())
+        except ValueError:
+            raise ConfigError(
+                "barrierPlacement", placement_text, " or ".join(p.value for p in BarrierPlacement)
+            ) from None
+        config = CheckpointConfig.from_options(opts)
+        root = opts.get("store") or config.checkpoint_storage or default_root(pipeline)
+        generator = GeneratorSpec.from_options(opts) if source == "generator" else None
+        delta = {k: v for k, v in opts.items() if k in _DELTA_KEYS} if source == "delta" else {}
+        kafka: dict[str, str] = {}
+        discovery_ms = DEFAULT_DISCOVERY_INTERVAL_MS
+        if source == "kafka":
+            kafka = {k: v for k, v in opts.items() if k in _KAFKA_KEYS or k.startswith("kafka.")}
+            KafkaOptions.parse(kafka)  # errors name the option, before anything runs
+            if DISCOVERY_INTERVAL in opts:
+                discovery_ms = parse_int(DISCOVERY_INTERVAL_NAME, opts[DISCOVERY_INTERVAL])
+                if discovery_ms < 0:
+                    raise ConfigError(
+                        DISCOVERY_INTERVAL_NAME,
+                        opts[DISCOVERY_INTERVAL],
+                        "an integer >= 0 (0: off)",
+                    )
+        files: dict[str, str] = {}
+        if source == "files":
+            files = {k: v for k, v in opts.items() if k in FILES_OPTION_KEYS}
+            FilesSpec.from_options(files)  # errors name the option, before anything runs
+        if source == "delta" and "path" not in delta:
+            raise ConfigError("path", None, "the path of the Delta table to tail (source=delta)")
+        return SourceOptions(
+            pipeline=pipeline,
+            root=root if "://" in root else os.path.abspath(root),
+            source=source,
+            max_rows_per_trigger=limit,
+            config=config,
+            barrier_placement=placement,
+            generator=generator,
+            delta=delta,
+            kafka=kafka,
+            files=files,
+            discovery_interval_ms=discovery_ms,
+            raw=opts,
+            run_id=opts.get("run") or None,
+            router=_router(opts),
+            components_name=_components(opts),
+        )
+
+
+def _components(opts: Mapping[str, str]) -> str | None:
+    """The ``components`` option, checked to name :class:`Components` (None: not set)."""
+    name = opts.get(COMPONENTS, "").strip() or None
+    load_components(name)  # a ConfigError names the option, before anything runs
+    return name
+
+
+def _router(opts: Mapping[str, str]) -> Router | None:
+    """The ``route.*`` options (lower-cased keys) as a router; all or none."""
+    given = {k: opts[k.lower()] for k in ROUTE_OPTIONS if k.lower() in opts}
+    if not given:
+        return None
+    missing = [k for k in ROUTE_OPTIONS if k not in given]
+    if missing:
+        raise ConfigError(missing[0], None, f"a value: {', '.join(ROUTE_OPTIONS)} go together")
+    numbers = {}
+    for key in (ROUTE_PARALLELISM, ROUTE_MAX_PARALLELISM, ROUTE_PARTITIONS):
+        try:
+            numbers[key] = int(given[key])
+        except ValueError:
+            numbers[key] = 0
+        if numbers[key] < 1:
+            raise ConfigError(key, given[key], "a positive integer")
+    if numbers[ROUTE_PARALLELISM] > numbers[ROUTE_MAX_PARALLELISM]:
+        raise ConfigError(
+            ROUTE_PARALLELISM, given[ROUTE_PARALLELISM], f"at most {ROUTE_MAX_PARALLELISM}"
+        )
+    return Router(
+        given[ROUTE_KEY],
+        numbers[ROUTE_PARALLELISM],
+        numbers[ROUTE_MAX_PARALLELISM],
+        numbers[ROUTE_PARTITIONS],
+    )
+
+
+def source_alignment(
+    config: CheckpointConfig, placement: BarrierPlacement = BarrierPlacement.READ
+) -> SourceAlignment:
+    """The source's alignment for *config*: the aligned-checkpoint timeout applies to
+    exactly-once unaligned checkpointing only (as in Flink), and at-least-once barriers
+    never wait."""
+    at_least_once = config.mode is CheckpointingMode.AT_LEAST_ONCE
+    timeout = config.aligned_checkpoint_timeout_ms if config.unaligned and not at_least_once else 0
+    return SourceAlignment(placement, timeout, at_least_once)

@@ -1,0 +1,387 @@
+"""The work of ``ckpt-source``'s stream reader: a Python streaming DataSource whose rows
+carry checkpoint barriers (:mod:`datasources.ckpt_source` holds its hooks).
+
+Every row has the user's columns plus the barrier columns of :mod:`spark_ckpt.protocol.barrier`; one
+input partition per channel, rows in channel order, barrier rows between data rows where the
+source took a trigger. The offsets Spark logs
+(:class:`~spark_ckpt.sources.stream_offset.StreamOffset`)
+contain the barrier positions, so a replayed micro-batch re-emits identical barriers.
+
+Where the hooks run (see ``docs/spark-notes.md``):
+
+* ``CkptSource.__init__``/``schema`` — a planner worker at ``load()``: options are validated
+  here (a :class:`~spark_ckpt.errors.ConfigError` surfaces as an ``AnalysisException``);
+* ``initialOffset``/``latestOffset``/``partitions``/``commit`` — the *source runner*, one
+  long-lived driver-side process per query run. The checkpoint coordinator lives here
+  (:class:`~spark_ckpt.coordination.host.CoordinatorHost`) on its own thread
+  (:class:`~spark_ckpt.coordination.host.HostThread`); ``latestOffset`` takes the barriers it
+  triggered;
+* ``read`` — executors: regenerates the planned rows and inserts the barrier rows; on the
+  executor path (``route.*`` options, set by the pipeline) it hands them on routed to the
+  subtasks, one payload per subtask (:mod:`spark_ckpt.spark.executors.routing`).
+
+``initialOffset`` (called twice at start; deterministic) rewinds every channel to its barrier
+position in the latest completed checkpoint, so a new query resumes exactly after it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from spark_ckpt.coordination.global_committer import sink_from_spec
+from spark_ckpt.coordination.host import HOST_RETAIN_EVERY_MS, CoordinatorHost
+from spark_ckpt.coordination.host_thread import HostThread, exit_quietly_if_channel_closed
+from spark_ckpt.errors import CheckpointError, ProtocolError
+from spark_ckpt.protocol.barrier import CheckpointBarrier
+from spark_ckpt.protocol.clock import SystemClock
+from spark_ckpt.runtime.request_decider import CheckpointRequest, RequestStatus
+from spark_ckpt.runtime.task import SOURCE_TASK
+from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
+from spark_ckpt.sources.channel_source import ChannelSource, ReadPlan, read_rows
+from spark_ckpt.sources.stream_offset import StreamOffset
+from spark_ckpt.spark.datasource.channel_sources import open_channel_source
+from spark_ckpt.spark.datasource.source_options import SourceOptions
+from spark_ckpt.spark.executors.routing import Router
+from spark_ckpt.spark.executors.snapshot_threads import LostWriterScan
+
+log = logging.getLogger(__name__)
+
+
+def open_host(options: SourceOptions) -> CoordinatorHost:
+    """The coordinator's host of a ``ckpt-source`` query (source runner), handed its helpers:
+    the job's checkpoint store and sink committer (:mod:`spark_ckpt.runtime.components`) and,
+    for a run of a pipeline, the scan for state writes its executors lost."""
+    from spark_ckpt.delta.delta_store import DeltaCheckpointStore
+
+    components = options.components
+    return CoordinatorHost(
+        options.root,
+        options.config,
+        components.store(DeltaCheckpointStore(options.root), options.root),
+        sink_factory=lambda spec: components.committer(
+            sink_from_spec(spec, pipeline=options.pipeline), options.root
+        ),
+        defer_after_completion=True,  # run by a HostThread
+        retain_every_ms=HOST_RETAIN_EVERY_MS,
+        run_id=options.run_id,
+        pipeline=options.pipeline,
+        lost_writers=None
+        if options.run_id is None
+        else LostWriterScan(options.root, options.run_id),
+    )
+
+
+def _freeze_worker_heap() -> None:
+    """Executor (Python worker), after a ``read``: move every object alive now — the modules
+    this worker imported, mostly — into the garbage collector's permanent generation.
+
+    A reused PySpark worker runs ``gc.collect()`` after every task; with pyarrow, numpy and
+    this package imported that full collection walks ~80k long-lived objects, tens of
+    milliseconds per task on the critical path of every micro-batch. Frozen objects are still
+    freed by reference counting; only cycles among them are no longer collected (the same
+    trade-off as CPython's own ``gc.freeze`` recommendation for pre-fork servers)."""
+    gc.freeze()
+
+
+@dataclass(frozen=True)
+class ChannelPartition(InputPartition):  # type: ignore[misc]
+    """One channel of one micro-batch: what ``read`` needs, nothing else."""
+
+    channel: int
+    start: int
+    plan: ReadPlan
+    marks: tuple[tuple[int, CheckpointBarrier], ...]
+    schema: pa.Schema
+    channels: int
+    router: Router | None = None  # the executor path: rows leave routed to the subtasks
+
+
+class SourceRunner:
+    """The work of ``ckpt-source``'s stream reader, one per query run (see the module
+    docstring): the hooks of :class:`~datasources.ckpt_source.CkptStreamReader` call these
+    methods, named after them."""
+
+    def __init__(self, options: SourceOptions, user_schema: pa.Schema) -> None:
+        self.options = options
+        self.user_schema = user_schema
+        self.schema = stream_schema(user_schema)  # of the rows read (before any routing)
+        self._source: ChannelSource | None = None
+        self._host: HostThread | None = None
+        self._target: list[int] | None = None  # Trigger.AvailableNow: read up to here
+        self._final: CheckpointRequest | None = None
+        self._stop_at: tuple[int, ...] | None = None
+        self._drain_to: list[int] | None = None  # a stop with drain reads up to here
+        self._heads: list[int] | None = None  # the channels' heads at the last latestOffset
+        self._clock = SystemClock()  # the aligned-checkpoint timeout (recorded in the offsets)
+        self._initial: dict[str, Any] | None = None  # initialOffset's answer
+        self._next_discovery = 0.0  # monotonic: when to look for new channels next
+        self._restarting = False  # new channels found: the run ends with a final checkpoint
+        self._notified = 0  # the last completed checkpoint the source was told of
+
+    # -- lazily opened, in the source runner ---------------------------------------------------
+    @property
+    def source(self) -> ChannelSource:
+        if self._source is None:
+            self._source = open_channel_source(self.options)
+        return self._source
+
+    @property
+    def host(self) -> HostThread:
+        """The coordinator host, polled on its own thread from the first ``latestOffset``."""
+        if self._host is None:
+            self._host = HostThread(open_host(self.options))
+        return self._host
+
+    # -- offsets -----------------------------------------------------------------------------
+    def initial_offset(self) -> dict[str, Any]:
+        """Source runner; deterministic (Spark calls it twice: the first answer is kept).
+        The positions of the checkpoint the run restores from
+        (:meth:`CoordinatorHost.start_run`), by channel index, or by channel name for a
+        source that names its channels (Kafka partitions); without a checkpoint, where the
+        source starts (``startingOffsets``; the first row otherwise)."""
+        if self._initial is None:
+            self._initial = self._initial_offset().to_dict()
+        return self._initial
+
+    def _initial_offset(self) -> StreamOffset:
+        latest = self.host.call(lambda host: host.start_run())
+        source = self.source
+        names: list[str] | None = getattr(source, "channel_names", None)
+        if names is not None:  # every checkpoint of the run records them
+            self.host.call(lambda host: host.name_channels(names))
+        if latest is None:
+            start = getattr(source, "start_positions", None)
+            return StreamOffset.initial([0] * source.channels if start is None else start())
+        offsets = latest.offsets()
+        if names is not None:
+            from spark_ckpt.kafka.kafka_source import resume_positions
+            from spark_ckpt.sources.kafka_options import CHANNEL_NAMES
+
+            recorded = latest.properties.get(CHANNEL_NAMES)
+            known = None if recorded is None else list(json.loads(recorded))
+            new = [c for c, n in enumerate(names) if known is not None and n not in known]
+            mine = {c: o for (v, c), o in offsets.items() if v == SOURCE_TASK.vertex}
+            earliest = source.earliest(new) if new else {}  # type: ignore[attr-defined]
+            positions = resume_positions(names, known, mine, earliest)
+        else:
+            positions = [offsets.get((SOURCE_TASK.vertex, c), 0) for c in range(source.channels)]
+        resume = getattr(source, "resume_from", None)
+        if resume is not None:
+            resume(positions)
+        return StreamOffset.initial(positions, latest.checkpoint_id)
+
+    def default_read_limit(self) -> ReadLimit:
+        if self.options.max_rows_per_trigger is not None:
+            return ReadMaxRows(self.options.max_rows_per_trigger)
+        return ReadAllAvailable()
+
+    def prepare_for_trigger_available_now(self) -> None:
+        """Fix the target at the rows produced now. Spark calls this *before*
+        ``initialOffset``, so restore the positions first: a restored stream must not aim
+        behind where it resumes."""
+        self.initial_offset()
+        # a source with a per-trigger admission (maxFilesPerTrigger) admits all there is now
+        self._target = getattr(self.source, "heads_available_now", self.source.heads)()
+
+    def latest_offset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """Source runner. Places the barriers the coordinator triggered and returns the next
+        end offset; returns *start* itself when the batch would carry nothing (no micro-batch
+        runs, see :meth:`StreamOffset.is_idle_after`)."""
+        self._discover()
+        self._notify_completed()
+        begin = StreamOffset.from_dict(start)
+        offset = begin
+        target: list[int] | None = None
+        if self._target is not None:
+            target = [max(t, p) for t, p in zip(self._target, offset.positions, strict=True)]
+            # a source with a per-trigger admission (maxFilesPerTrigger) admits that much of
+            # the target per batch, as Spark's AvailableNow does
+            admit = getattr(self.source, "admit", None)
+            heads = target if admit is None else admit(offset.positions, target)
+        else:
+            heads = self.source.heads()
+        self._heads = list(heads)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        barriers = self.host.take_barriers()
+        stopping = self.host.stopping  # as of the take: a stop barrier comes with its request
+        if stopping is None and not self.host.draining:
+            self._stop_at = self._drain_to = None  # (again) no stop under way: one failed
+        if self._drain_to is None and self.host.draining:
+            self._drain_to = list(heads)  # a stop with drain reads up to the heads as of now
+        if self._drain_to is not None:
+            # every barrier of the drain, the stop's own included, lands within it
+            heads = [min(h, t) for h, t in zip(heads, self._drain_to, strict=True)]
+        alignment = self.options.alignment
+        for barrier in barriers:
+            offset = alignment.place(offset, [barrier], heads, max_rows)
+            if stopping is not None and stopping.checkpoint_id == barrier.checkpoint_id:
+                self._stop_at = offset.barriers[-1].positions
+        if self._stop_at is not None:
+            heads = [min(h, s) for h, s in zip(heads, self._stop_at, strict=True)]
+        elif self._drain_to is not None and list(offset.positions) == heads:
+            # drained: the host takes the final checkpoint (or savepoint); its barrier is
+            # placed by the next call, exactly here
+            self.host.call(lambda host: host.finish_drain())
+        if target is not None:
+            offset = self._available_now(offset, heads, target)
+        end = alignment.next(offset, heads, max_rows, self._clock.now_ms())
+        return start if end.is_idle_after(begin) else end.to_dict()
+
+    def _discover(self) -> None:
+        """Every ``partitionDiscoveryIntervalMs``, for a source that discovers channels
+        (Kafka partitions) in a run of a pipeline: if there are new ones, end the run with
+        a final checkpoint (:meth:`CoordinatorHost.request_restart`), after which
+        ``Pipeline.run`` starts the next run with them."""
+        discover = getattr(self.source, "discover", None)
+        interval_ms = self.options.discovery_interval_ms
+        if discover is None or interval_ms <= 0 or self.options.run_id is None:
+            return
+        now = time.monotonic()
+        if self._restarting or now < self._next_discovery:
+            return
+        self._next_discovery = now + interval_ms / 1000
+        new = discover()
+        if new:
+            reason = f"new partitions {[f'{t}-{p}' for t, p in new]}"
+            log.info("%s: ending the run for a restart that reads them", reason)
+            self._restarting = self.host.call(lambda host: host.request_restart(reason))
+
+    def _notify_completed(self) -> None:
+        """For a source that acts on completed checkpoints (``checkpoint_completed``: the
+        files source cleans what they cover, Kafka commits a group's offsets): hand it the
+        positions of each newly completed checkpoint, as Flink's ``notifyCheckpointComplete``."""
+        notify = getattr(self.source, "checkpoint_completed", None)
+        if notify is None:
+            return
+        latest = self.host.last_completed  # no wait for a completion in progress
+        if latest is None or latest.checkpoint_id == self._notified:
+            return
+        self._notified = latest.checkpoint_id
+        names: list[str] | None = getattr(self.source, "channel_names", None)
+        if names is not None:
+            from spark_ckpt.sources.kafka_options import CHANNEL_NAMES
+
+            if latest.properties.get(CHANNEL_NAMES) != json.dumps(names):
+                return  # taken by an earlier run, over other channels
+        offsets = latest.offsets()
+        positions = [offsets.get((SOURCE_TASK.vertex, c), 0) for c in range(self.source.channels)]
+        notify(latest.checkpoint_id, positions)
+
+    def report_latest_offset(self) -> dict[str, Any] | None:
+        """Source runner: the channels' heads (``positions``, per channel, as in the start
+        and end offsets) that the last :meth:`latestOffset` saw — what Spark reports as the
+        source's ``latestOffset`` in the query's progress (how far the input goes, beyond
+        a read limit). None before the first batch. Costs nothing: no source is read."""
+        return None if self._heads is None else {"positions": self._heads}
+
+    def _available_now(
+        self, offset: StreamOffset, heads: Sequence[int], target: Sequence[int]
+    ) -> StreamOffset:
+        """Trigger.AvailableNow ends with a final checkpoint at the target positions: once all
+        data is admitted, trigger it and let a batch carry its barriers; once they are emitted,
+        wait here (polling the coordinator) until it completed. Spark ends the query when the
+        end offset equals the start. *heads*: what this batch may read; *target*: where the
+        query ends."""
+        if list(offset.positions) != list(target):
+            return offset
+        deadline = time.monotonic() + self.options.config.timeout_ms / 1000
+        while True:
+            final = self._final
+            if final is not None and final.status is RequestStatus.COMPLETED:
+                # done: emit nothing more (Spark ends the query on an unchanged offset) once
+                # the completion's sink commit, which may still run on the host thread (the
+                # status is set before it), has finished: the query must not end before it
+                self.host.sync()
+                self._notify_completed()
+                return StreamOffset(
+                    offset.positions,
+                    offset.emitted,
+                    tuple(
+                        b
+                        for b in offset.barriers
+                        if b.checkpoint_id <= final.checkpoint_id  # type: ignore[operator]
+                    ),
+                )
+            if final is None or final.status is RequestStatus.FAILED:
+                if final is not None:
+                    log.warning("final checkpoint failed (%s); retrying", final.failure)
+                self._final = self.host.call(lambda host: host.request_final_checkpoint())
+                if self._final is None:
+                    raise CheckpointError(
+                        "Trigger.AvailableNow needs a checkpointing consumer (ckpt-sink or the "
+                        "foreachBatch aligner) to take its final checkpoint"
+                    )
+            for barrier in self.host.poll_now():
+                offset = offset.place(barrier, heads)
+            if any(b.checkpoint_id > e for b in offset.barriers for e in offset.emitted):
+                # the next batch emits them: the final barrier, or a periodic one the (queued)
+                # final checkpoint waits for; barriers emitted already need no batch
+                return offset
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    "the final checkpoint of Trigger.AvailableNow did not complete"
+                )
+            time.sleep(0.05)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        slices = StreamOffset.from_dict(start).plan(StreamOffset.from_dict(end))
+        return [
+            ChannelPartition(
+                s.channel,
+                s.start,
+                self.source.plan(s.channel, s.start, s.end),
+                s.barriers,
+                self.schema,
+                len(slices),
+                self.options.router,
+            )
+            for s in slices
+        ]
+
+    def stop(self) -> None:
+        """Source runner, when the query stops: stop the coordinator's thread; a stop that
+        Spark signalled by closing the runner's channel ends the process without a trace."""
+        if self._host is not None:
+            try:
+                if self._source is not None:
+                    self._notify_completed()  # a final checkpoint (a stop's, a savepoint)
+            except Exception as e:  # the query is ending either way
+                log.warning("on stop: the source was not told of the last checkpoint: %s", e)
+            self._host.stop()
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
+        exit_quietly_if_channel_closed()
+
+
+def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Executor: the rows of one channel of a micro-batch, with its barrier rows (routed to
+    the subtasks on the executor path). Deterministic: a replayed batch reads the same."""
+    if not isinstance(partition, ChannelPartition):
+        raise ProtocolError(f"not a ckpt-source partition: {partition!r}")
+    user, positions = read_rows(partition.plan)
+    table = channel_rows(
+        user,
+        partition.schema,
+        partition.channel,
+        partition.start,
+        partition.marks,
+        partition.channels,
+        positions=positions,
+        end=partition.plan.end,
+    )
+    if partition.router is None:
+        yield from table.to_batches()
+    elif table.num_rows:
+        yield partition.router.route(table)
+    _freeze_worker_heap()

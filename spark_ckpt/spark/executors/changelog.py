@@ -1,0 +1,266 @@
+"""The durable changelog of subtasks on the executors: a subtask rebuilds its state anywhere.
+
+Every micro-batch, a subtask on the executors publishes a segment into this changelog, under
+the (local) pipeline root, which outlives the executor and its Python workers. A segment is
+the whole state (:data:`~spark_ckpt.runtime.subtask_image.FULL`: the run's first
+micro-batch, or when a subtask cannot fold), or what the micro-batch changed
+(:data:`~spark_ckpt.runtime.subtask_image.DELTA`: the changed keys, the operator state, the
+sink transactions), whether or not it took a checkpoint. Each segment names its predecessor
+and the full segment its chain starts at. Once a chain holds :data:`MAX_CHAIN` segments, the
+next one is a *fold*: every change since the chain's full segment in one delta, linked
+straight to it (a chain of two), naming the segments it replaced. A fold costs what changed
+since the full segment, not the state: a large state whose updates keep to a set of keys
+never writes itself whole again (the full segment is rewritten only when the subtask cannot
+fold: it was rebuilt since, or the fold would hold half its keys,
+:meth:`~spark_ckpt.state.snapshot.SnapshotStrategy.folded_blobs`).
+
+The subtask's task stays alive in the Python worker that ran it
+(:class:`~spark_ckpt.spark.executors.subtask_function.LiveSubtasks`). A worker whose task stands at
+an earlier segment of the chain the fence names catches up by the deltas since
+(:meth:`SubtaskChangelog.since`, :func:`~spark_ckpt.runtime.subtask_image.catch_up`): the cost
+follows what changed. A worker without it (the subtask moved to another executor, its executor was
+lost, its worker restarted) rebuilds from the chain the fence names: the full segment, then every
+delta in order, exactly its own key groups
+(:func:`~spark_ckpt.runtime.subtask_image.import_images`). A segment is named by the fence —
+(micro-batch, attempt token) — so both follow exactly the chain of the attempts Spark committed,
+never a zombie's.
+
+**Layout.** ``<root>/_changelog/<run id>/<subtask>/b<batch>-<token>/``: an entry in the
+executor cache's format (an Arrow IPC file per table, ``meta.json``), written under a
+temporary name and renamed into place. **Eviction.** Publishing a segment removes the
+subtask's segments older than the full segment its predecessor's chain starts at, and, after
+a fold, the segments it replaced (a retry of this micro-batch still finds its predecessor's
+chain; a Python worker whose task stands on a replaced segment catches up by the fold,
+:meth:`SubtaskChangelog.since`); a run's changelog goes when the run is retired
+(:meth:`~spark_ckpt.pipeline.pipeline_run.PipelineRun.retire`) or pruned.
+
+Local pipeline roots only (the executor cache's entry format, local files): on a remote root
+the subtask publishes its whole image into its executor's cache
+(:mod:`spark_ckpt.spark.executors.executor_cache`) every micro-batch instead, and a lost image fails
+the micro-batch: the run restarts from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from spark_ckpt.errors import StoreError
+from spark_ckpt.runtime.subtask_image import FULL, SubtaskImage
+from spark_ckpt.spark.executors.executor_cache import (
+    Fence,
+    StateImage,
+    entry_name,
+    published_entry_batch,
+    read_entry,
+    read_entry_meta,
+    write_entry,
+)
+
+CHANGELOG_DIR = "_changelog"
+#: Segments after which a subtask folds its chain (bounds a rebuild's chain).
+MAX_CHAIN = 20
+#: The executor name in a changelog segment's fence (segments belong to no executor).
+DURABLE = "durable"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A published segment: its fence's (batch, token), and the (batch, token) of the full
+    segment its chain starts at, with the chain's length."""
+
+    batch_id: int
+    token: str
+    base: tuple[int, str]
+    length: int
+
+
+class SubtaskChangelog:
+    """The changelog of one subtask of one run (see the module docstring). Runs on the
+    executors (publish, rebuild) and in the driver (:func:`remove_run`)."""
+
+    def __init__(self, root: str, run_id: str, subtask: int) -> None:
+        self.run_id = run_id
+        self.directory = Path(root) / CHANGELOG_DIR / run_id / str(subtask)
+
+    @staticmethod
+    def available(root: str) -> bool:
+        """Whether the pipeline root can hold a changelog (a local path)."""
+        return "://" not in root or root.startswith("file://")
+
+    def publish(
+        self,
+        batch_id: int,
+        token: str,
+        image: SubtaskImage,
+        previous: Segment | None,
+        *,
+        executor: str = DURABLE,
+        folded: bool = False,
+    ) -> Segment:
+        """Publish *image* (full, or the changes since *previous*, the segment the
+        micro-batch started from) as micro-batch *batch_id*'s segment of attempt *token*,
+        written on *executor* (recorded for diagnostics); evicts what no retry can need.
+        *folded*: *image* holds every change since the full segment of *previous*'s chain
+        (:func:`~spark_ckpt.runtime.subtask_image.export_folded_image`), and is linked
+        straight to it (a chain of two), naming the segments it folds so a task standing at
+        one of them can still catch up. Raises :class:`StoreError`."""
+        full = image.meta.get("kind") == FULL
+        if not full and previous is None:
+            raise StoreError("a changelog starts with a full segment")
+        if folded and (full or previous is None):
+            raise StoreError("only a delta segment after another one folds")
+        base = (batch_id, token) if full or previous is None else previous.base
+        length = 1 if full or previous is None else 2 if folded else previous.length + 1
+        link: dict[str, Any] = {"base": list(base), "length": length, "executor": executor}
+        meta = {**image.meta, "changelog": link}
+        if previous is not None and folded:
+            link["previous"] = list(previous.base)
+            link["folded"] = [list(at) for at in self._members(previous)]
+        elif previous is not None:
+            link["previous"] = [previous.batch_id, previous.token]
+        fence = Fence(self.run_id, batch_id, token, DURABLE)
+        final = self.directory / entry_name(batch_id, token)
+        tmp = self.directory / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.mkdir(parents=True)
+            write_entry(tmp, fence, StateImage(image.tables, meta))
+            os.rename(tmp, final)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StoreError(f"changelog: cannot publish {final}: {e}") from e
+        if previous is not None:
+            if previous.length == 2:  # its chain: its full segment and itself
+                self._evict(before=previous.batch_id, keep=entry_name(*previous.base))
+            else:
+                self._evict(before=previous.base[0])
+        return Segment(batch_id, token, base, length)
+
+    def _members(self, segment: Segment) -> list[tuple[int, str]]:
+        """The segments of *segment*'s chain after its full segment, newest first (read
+        from their links)."""
+        members: list[tuple[int, str]] = []
+        at: tuple[int, str] | None = (segment.batch_id, segment.token)
+        while at is not None and at != segment.base:
+            members.append(at)
+            try:
+                link = read_entry_meta(self.directory / entry_name(*at))["changelog"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise StoreError(f"changelog segment {at} is missing or unreadable: {e}") from e
+            members.extend((int(b), str(t)) for b, t in link.get("folded", []))
+            previous = link.get("previous")
+            at = None if previous is None else (int(previous[0]), str(previous[1]))
+        return members
+
+    def segment_meta(self, batch_id: int, token: str) -> dict[str, Any]:
+        """The metadata of segment (*batch_id*, *token*) ({} when it is missing or
+        unreadable)."""
+        try:
+            return dict(read_entry_meta(self.directory / entry_name(batch_id, token)))
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+
+    def newest_segment_metas(self) -> list[dict[str, Any]]:
+        """The metadata of the segments of the newest micro-batch in the changelog, one per
+        attempt that published it ([] when there is none): where the driver looks for the
+        writer of the subtask's last checkpoints
+        (:class:`~spark_ckpt.spark.executors.snapshot_threads.LostWriterScan`)."""
+        segments = self._segments()
+        newest = max((batch for batch, _ in segments), default=None)
+        metas = []
+        for batch, name in sorted(segments):
+            if batch != newest:
+                continue
+            try:
+                metas.append(dict(read_entry_meta(self.directory / name)))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # evicted or half-removed since the listing
+        return metas
+
+    def _segments(self) -> list[tuple[int, str]]:
+        """The published segments: (micro-batch, directory name)."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        found = ((published_entry_batch(n), n) for n in names)
+        return [(batch, name) for batch, name in found if batch is not None]
+
+    def chain(self, batch_id: int, token: str) -> tuple[list[SubtaskImage], Segment]:
+        """The images of the chain ending at segment (*batch_id*, *token*), full segment
+        first, and that segment. Raises :class:`StoreError` when a segment of it is missing
+        or unreadable."""
+        images: list[SubtaskImage] = []
+        at: tuple[int, str] | None = (batch_id, token)
+        segment: Segment | None = None
+        while at is not None:
+            path = self.directory / entry_name(*at)
+            try:
+                image, _ = read_entry(path, Fence(self.run_id, at[0], at[1], DURABLE))
+            except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
+                raise StoreError(f"changelog segment {path} is missing or unreadable: {e}") from e
+            link = image.meta["changelog"]
+            if segment is None:
+                base = link["base"]
+                segment = Segment(at[0], at[1], (int(base[0]), str(base[1])), int(link["length"]))
+            images.append(SubtaskImage(image.tables, image.meta))
+            if image.meta.get("kind") == FULL:
+                break
+            previous = link.get("previous")
+            at = None if previous is None else (int(previous[0]), str(previous[1]))
+        if not images or images[-1].meta.get("kind") != FULL or segment is None:
+            raise StoreError(f"changelog of {self.directory} has no full segment before {batch_id}")
+        return images[::-1], segment
+
+    def since(
+        self, batch_id: int, token: str, after: tuple[int, str]
+    ) -> tuple[list[SubtaskImage], Segment] | None:
+        """The :data:`~spark_ckpt.runtime.subtask_image.DELTA` images from the segment after
+        *after* (a (batch, token) of this subtask's chain) to segment (*batch_id*, *token*),
+        oldest first, and that segment: what a task that stands at *after* applies to catch
+        up. None when *after* is not on that chain by deltas alone (a full segment in
+        between, another attempt's segment, evicted) or a segment is unreadable."""
+        images: list[SubtaskImage] = []
+        at: tuple[int, str] | None = (batch_id, token)
+        segment: Segment | None = None
+        while at is not None and at != after:
+            if at[0] <= after[0]:
+                return None
+            try:
+                image, _ = read_entry(
+                    self.directory / entry_name(*at), Fence(self.run_id, at[0], at[1], DURABLE)
+                )
+            except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+                return None
+            if image.meta.get("kind") == FULL:
+                return None
+            link = image.meta["changelog"]
+            if segment is None:
+                base = link["base"]
+                segment = Segment(at[0], at[1], (int(base[0]), str(base[1])), int(link["length"]))
+            images.append(SubtaskImage(image.tables, image.meta))
+            if list(after) in link.get("folded", []):
+                at = after  # a fold of the chain *after* stands on: it holds every change
+                break
+            previous = link.get("previous")
+            at = None if previous is None else (int(previous[0]), str(previous[1]))
+        if at is None or segment is None:
+            return None
+        return images[::-1], segment
+
+    def _evict(self, before: int, keep: str = "") -> None:
+        for batch, name in self._segments():
+            if name != keep and batch < before:
+                shutil.rmtree(self.directory / name, ignore_errors=True)
+
+
+def remove_run(root: str, run_id: str) -> None:
+    """Delete the changelog of run *run_id* (after it ended). Idempotent."""
+    if SubtaskChangelog.available(root):
+        shutil.rmtree(Path(root) / CHANGELOG_DIR / run_id, ignore_errors=True)

@@ -1,0 +1,460 @@
+"""Subtasks on executors: the operator chain runs inside Spark tasks, next to its state.
+
+``Pipeline.run`` (``placement="executors"``, the default) builds, instead of a ``foreachBatch``
+function,
+this query over the ``ckpt-source`` DataFrame (``docs/design/executors.md``)::
+
+    ckpt-source (routed) ─ groupBy(_ckpt_group)
+           ─ applyInPandasWithState(SubtaskFunction) ─ writeStream.format("noop")
+
+* The source routes (:mod:`spark_ckpt.spark.executors.routing`, executors, where the source's
+  partitions are read): each channel's rows of the micro-batch become one *payload* per
+  subtask, the Arrow IPC bytes of the data rows of the subtask's key groups plus every
+  control row (barriers reach every subtask). Spark's shuffle moves a few binary rows per
+  channel and subtask, not the rows one by one, and the rows keep their Arrow types
+  exactly.
+* :class:`SubtaskFunction` (executors, one Spark task per subtask and micro-batch, in the
+  state-store partition that Spark's ``StateStoreCoordinator`` keeps on one executor): the
+  subtask's rows of the micro-batch in channel order, data rows first and barrier rows
+  after them (the source aligns, :mod:`spark_ckpt.sources.stream_offset`), through an
+  :class:`~spark_ckpt.runtime.task.OperatorTask`: operators, keyed and operator state,
+  output staged into the Delta table, snapshots written to the checkpoint store and
+  acknowledged through the run's mailbox — all on the executor, in the subtask's host
+  (:mod:`spark_ckpt.spark.executors.subtask_host`), to which the task's Python worker hands the
+  subtask's payloads. No data row
+  passes through the driver.
+
+**State between micro-batches.** The subtask's task stays alive in its host
+(:class:`LiveSubtasks`), whichever Python worker of the executor runs the next micro-batch's
+Spark task, and every micro-batch publishes a segment of the subtask's
+durable changelog under the pipeline root (:mod:`spark_ckpt.spark.executors.changelog`: what the
+micro-batch changed; the whole state at the run's start; every
+:data:`~spark_ckpt.spark.executors.changelog.MAX_CHAIN`-th, every change since the chain's full
+segment folded into one, so a large state with a small changing set never writes itself
+whole again). Spark's own state for the group holds
+only the fence naming the segment (run, micro-batch, attempt token, executor). The next
+micro-batch continues the task if its host holds it at that fence (``hit``); a host
+holding it at an earlier segment of the fence's chain (another executor ran the subtask
+meanwhile) applies the deltas since (``caught-up``,
+:func:`~spark_ckpt.runtime.subtask_image.catch_up`); any other host (the subtask moved, its
+executor was lost, its host was killed) rebuilds exactly its key groups from the chain
+(``rebuilt``). Never a zombie's, a retried attempt's or another run's
+state: segments are named by their fence. The first micro-batch of a run restores the
+subtask's key groups from the checkpoint the run's coordinator chose (``restored``). A task
+kept alive keeps its incremental snapshot base, so its checkpoints write only what changed;
+one caught up after another worker snapshotted, or rebuilt, rebases onto the latest
+committed checkpoint (:meth:`SubtaskFunction._rebase`), so its checkpoints too write only
+what changed.
+On a remote pipeline root (no changelog) the whole image goes into the executor's cache
+(:mod:`spark_ckpt.spark.executors.executor_cache`) every micro-batch instead. Only when the state
+cannot be found (a remote root's image lost with its executor, a segment gone) does the
+micro-batch fail with :class:`SubtaskStateLostError`; the query fails and
+:meth:`Pipeline.run <spark_ckpt.pipeline.pipeline.Pipeline.run>` restarts it from the latest
+completed checkpoint.
+
+**Exactly-once.** A retried or speculative attempt of a micro-batch starts from the same
+fence, stages its output under new names and writes its snapshot idempotently per
+(subtask, checkpoint); the coordinator takes the first acknowledgement, and a checkpoint's
+commit never adds a transaction of a checkpoint already committed
+(:meth:`~spark_ckpt.delta.sink_committer.DeltaSinkCommitter.commit_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from spark_ckpt.coordination.mailbox import Mailbox
+from spark_ckpt.coordination.runs import RunFiles
+from spark_ckpt.errors import ProtocolError, StateError, StoreError
+from spark_ckpt.protocol.clock import SystemClock
+from spark_ckpt.protocol.state_handles import (
+    AcknowledgeCheckpoint,
+    CacheMetrics,
+    DeclineCheckpoint,
+    TaskId,
+)
+from spark_ckpt.runtime.subtask_image import (
+    SubtaskImage,
+    catch_up,
+    export_folded_image,
+    export_image,
+    import_images,
+)
+from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK, OperatorTask
+from spark_ckpt.spark.executors.changelog import MAX_CHAIN, Segment, SubtaskChangelog
+from spark_ckpt.spark.executors.executor_cache import (
+    FENCE_SCHEMA,
+    CacheKey,
+    ExecutorStateCache,
+    Fence,
+    StateImage,
+    attempt_token,
+    current_batch_id,
+    executor_identity,
+)
+from spark_ckpt.spark.executors.routing import GROUP, PAYLOAD, ROUTED_SCHEMA, SUBTASK, subtask_rows
+from spark_ckpt.spark.executors.snapshot_threads import SNAPSHOTS, WRITER, decline_lost_writes
+from spark_ckpt.spark.executors.subtask_errors import SubtaskStateLostError
+from spark_ckpt.spark.executors.subtask_host import SUBTASK_HOSTS, BatchDone, MicroBatch
+from spark_ckpt.spark.subtask_spec import AlignerSpec
+
+# pyspark's own pandas serializer of applyInPandasWithState concatenates the group's (empty)
+# state frame with its rows and trips a pandas FutureWarning on every micro-batch, in the
+# executors' Python workers (which import this module when they unpickle the function)
+warnings.filterwarnings(
+    "ignore", category=FutureWarning, module=r"pyspark\.sql\.pandas\.serializers"
+)
+
+#: What each subtask reports per micro-batch (the query's output, discarded by ``noop``).
+REPORT_SCHEMA = "subtask int, batch long, rows long, outcome string, load_ms double"
+
+
+@dataclass(frozen=True)
+class SubtaskFunction:
+    """``applyInPandasWithState`` function of one run (executors): one subtask's micro-batch
+    (see the module docstring). Picklable: it builds its runtime in the process that calls
+    it, at every call."""
+
+    #: the run's job, as for the subtasks in the driver (``pipelined`` does not apply)
+    spec: AlignerSpec
+
+    @property
+    def parallelism(self) -> int:
+        return self.spec.parallelism
+
+    @property
+    def max_parallelism(self) -> int:
+        return self.spec.max_parallelism
+
+    def __call__(self, key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+        """The Spark task's side (a Python worker): hands the subtask's micro-batch to the
+        subtask's host on this executor (:mod:`spark_ckpt.spark.executors.subtask_host`), then keeps
+        the fence it answers in Spark's state."""
+        import pandas as pd
+
+        frames = list(pdfs)  # the group's rows: one subtask's (key: its group key)
+        subtask = int(frames[0][SUBTASK].iloc[0])
+        payloads = [p for pdf in frames for p in pdf[PAYLOAD].tolist()]
+        batch_id = current_batch_id()
+        if batch_id is None:
+            raise ProtocolError("a subtask runs inside a streaming query's task")
+        batch = MicroBatch(
+            subtask,
+            batch_id,
+            attempt_token(),
+            executor_identity(),
+            Fence.from_row(state.get) if state.exists else None,
+        )
+        done = SUBTASK_HOSTS.run(self._key(subtask), self, batch, payloads)
+        state.update(done.fence.to_row())
+        yield pd.DataFrame(
+            {
+                "subtask": [subtask],
+                "batch": [batch_id],
+                "rows": [done.rows],
+                "outcome": [done.outcome],
+                "load_ms": [done.load_ms],
+            }
+        )
+
+    def run_batch(self, batch: MicroBatch, payloads: list[bytes]) -> BatchDone:
+        """Run one micro-batch of one subtask in this process (the subtask's host):
+        continue the subtask's live task at the fence, or catch it up, or open a new one;
+        process the rows; publish the changelog segment. Returns the fence to keep (see the
+        module docstring)."""
+        subtask, batch_id, fence = batch.subtask, batch.batch_id, batch.fence
+        changelog = self._changelog(subtask)
+        start = time.perf_counter()
+        live = LIVE_SUBTASKS.take(self._key(subtask))
+        resumed = None if live is None else _resume(live, self._key(subtask), fence, changelog)
+        if resumed is not None:
+            task, writer, outcome, segment = resumed
+        else:
+            task, writer, outcome, segment = self._open(subtask, fence, changelog)
+        if outcome in (CAUGHT_UP, REBUILT):
+            if changelog is not None and fence is not None:
+                decline_lost_writes(task, changelog.segment_meta(fence.batch_id, fence.token))
+            self._rebase(task)
+        load_ms = (time.perf_counter() - start) * 1000
+        hit = outcome in (HIT, CAUGHT_UP)
+        task.cache = (task.cache or CacheMetrics()).add(hit=hit, ms=round(load_ms))
+        table = subtask_rows(payloads)
+        _notify_committed(task, RunFiles(self.spec.root, self.spec.run_id))
+        task.process(table)
+        task.tick()
+        token = batch.token
+        image, folded = _segment_image(task, writer, changelog, segment)
+        image = SubtaskImage(
+            image.tables, {**image.meta, WRITER: SNAPSHOTS.writer(self._key(subtask)).to_json()}
+        )
+        published: Segment | None = None
+        if changelog is not None:
+            published = changelog.publish(
+                batch_id, token, image, segment, executor=batch.executor, folded=folded
+            )
+            fenced = Fence(self.spec.run_id, batch_id, token, batch.executor)
+        else:  # a remote root: the whole image into this executor's cache
+            fenced = ExecutorStateCache.for_this_executor().publish(
+                self._key(subtask),
+                batch_id,
+                StateImage(image.tables, image.meta),
+                token=token,
+                previous=fence,
+            )
+        if writer is not None:
+            writer.attach(task.sink_uid, subtask, tuple(image.meta["open"]))
+        LIVE_SUBTASKS.keep(
+            self._key(subtask), LiveSubtask(task, writer, batch_id, token, published)
+        )
+        return BatchDone(fenced, table.num_rows, outcome, load_ms)
+
+    def close(self) -> None:
+        """The host ends in order (its run ended, or it was idle): the subtasks it kept
+        alive end, their operators closed."""
+        LIVE_SUBTASKS.close()
+
+    def run_ended(self) -> bool:
+        """Whether this run is over, as its driver recorded it (a host of its subtasks then
+        ends: the next run has hosts of its own)."""
+        status = RunFiles(self.spec.root, self.spec.run_id).status()
+        return status is not None and status.ended
+
+    def _key(self, subtask: int) -> CacheKey:
+        return CacheKey(self.spec.root, self.spec.run_id, subtask)
+
+    def _changelog(self, subtask: int) -> SubtaskChangelog | None:
+        if not SubtaskChangelog.available(self.spec.root):
+            return None
+        return SubtaskChangelog(self.spec.root, self.spec.run_id, subtask)
+
+    def _open(
+        self, subtask: int, fence: Fence | None, changelog: SubtaskChangelog | None
+    ) -> tuple[OperatorTask, Any, str, Segment | None]:
+        """A new task for the subtask, with its state: the run's restore point (the run's
+        first micro-batch: ``restored``), else the image its fence names in this executor's
+        cache (a remote root: ``hit``), else the changelog's chain the fence names
+        (``rebuilt``); and the changelog segment the state stands at (None: none yet)."""
+        from spark_ckpt.delta.delta_sink import DeltaSink
+
+        store = self.spec.store()
+        sink = DeltaSink(self.spec.output, pipeline=self.spec.pipeline)
+        mailbox = Mailbox(self.spec.root, self.spec.run_id)
+
+        def respond(message: AcknowledgeCheckpoint | DeclineCheckpoint) -> None:
+            mailbox.post(message)
+
+        task = OperatorTask(
+            TaskId(CHAIN_VERTEX, subtask),
+            channels=range(self.spec.channels),
+            operators=self.spec.operators,
+            parallelism=self.spec.parallelism,
+            store=store,
+            respond=respond,
+            clock=SystemClock(),
+            mode=self.spec.mode,
+            max_parallelism=self.spec.max_parallelism,
+            sink=sink,
+            source_vertex=SOURCE_TASK.vertex,
+            run_async=SNAPSHOTS.run_async(self._key(subtask)),
+            tracer=self.spec.tracer,
+        )
+        if fence is None:
+            files = RunFiles(self.spec.root, self.spec.run_id)
+            point = files.restore_point()
+            if point is None:
+                raise ProtocolError(
+                    f"run {self.spec.run_id} has no restore point: its coordinator did not start"
+                )
+            checkpoint = None if point.checkpoint_id is None else store.get(point.checkpoint_id)
+            try:
+                task.restore(checkpoint)
+            except StateError as e:
+                # the state does not fit the operators: every restart would fail alike
+                files.write_fatal(f"{type(e).__name__}: {e}")
+                raise
+            return task, sink.writer, RESTORED, None
+        if changelog is None:
+            lookup = ExecutorStateCache.for_this_executor().lookup(self._key(subtask), fence)
+            if lookup.image is None:
+                raise SubtaskStateLostError(
+                    f"subtask {subtask} of run {self.spec.run_id}: its state after micro-batch "
+                    f"{fence.batch_id} is not on this executor ({lookup.miss}), and the remote "
+                    "pipeline root keeps no changelog; the run restarts from the latest "
+                    "completed checkpoint"
+                )
+            import_images(task, sink.writer, [SubtaskImage(lookup.image.tables, lookup.image.meta)])
+            return task, sink.writer, HIT, None
+        try:
+            images, segment = changelog.chain(fence.batch_id, fence.token)
+        except StoreError as e:
+            raise SubtaskStateLostError(
+                f"subtask {subtask} of run {self.spec.run_id}: its state after micro-batch "
+                f"{fence.batch_id} is in no subtask host here and cannot be rebuilt from "
+                f"its changelog ({e}); the run restarts from the latest completed checkpoint"
+            ) from e
+        import_images(task, sink.writer, images)
+        return task, sink.writer, REBUILT, segment
+
+    def _rebase(self, task: OperatorTask) -> None:
+        """A task that other processes ran meanwhile (rebuilt, or caught up after
+        they snapshotted) has no incremental base: build its next snapshots on the latest
+        checkpoint the sink committed (:meth:`OperatorTask.rebase
+        <spark_ckpt.runtime.task.OperatorTask.rebase>`: what changed since is known from the
+        changelog), so that its next checkpoint writes what changed, not the whole state.
+        Left as it is (the next snapshot full) when that checkpoint cannot be read or
+        rebased onto."""
+        from spark_ckpt.delta.delta_store import DeltaCheckpointStore
+
+        if task.sink is None or any(b.base_checkpoint_id for b in task.backends.values()):
+            return
+        committed = task.sink.committer.committed_checkpoint()
+        if not committed or committed > task.last_snapshot_id:
+            return
+        try:
+            checkpoint = DeltaCheckpointStore(self.spec.root).get(committed)
+        except StoreError:
+            return  # retention dropped it meanwhile: a full snapshot
+        task.rebase(checkpoint)
+
+    def retire(self) -> None:
+        """Nothing to release in the driver: the runtime lives in the executors' tasks."""
+
+
+#: Where a micro-batch found its subtask's state (the ``outcome`` of its report row): its
+#: host held it (``hit``), or held an earlier state and applied the changelog since
+#: (``caught-up``); a new task loaded the run's restore point (``restored``) or the changelog
+#: (``rebuilt``). The first two count as cache hits in the checkpoint statistics.
+HIT = "hit"
+CAUGHT_UP = "caught-up"
+RESTORED = "restored"
+REBUILT = "rebuilt"
+
+
+def _resume(
+    live: LiveSubtask, key: CacheKey, fence: Fence | None, changelog: SubtaskChangelog | None
+) -> tuple[OperatorTask, Any, str, Segment | None] | None:
+    """The live task of this worker, brought to *fence*: as it is (it ran the previous
+    micro-batch), or caught up by the changelog's deltas since its own micro-batch; None
+    when it cannot be (the fence is of another run, the chain does not pass through it)."""
+    if fence is None or fence.run_id != key.run_id:
+        return None
+    if (live.batch_id, live.token) == (fence.batch_id, fence.token):
+        return live.task, live.writer, HIT, live.segment
+    if changelog is None:
+        return None
+    found = changelog.since(fence.batch_id, fence.token, (live.batch_id, live.token))
+    if found is None:
+        return None
+    images, segment = found
+    try:
+        catch_up(live.task, live.writer, images)
+    except (StateError, StoreError):
+        return None  # half-updated: a new task rebuilds
+    return live.task, live.writer, CAUGHT_UP, segment
+
+
+def _segment_image(
+    task: OperatorTask,
+    writer: Any,
+    changelog: SubtaskChangelog | None,
+    segment: Segment | None,
+) -> tuple[SubtaskImage, bool]:
+    """The image a micro-batch publishes, and whether it is a fold: what the micro-batch changed,
+    while the subtask's changelog chain is shorter than
+    :data:`~spark_ckpt.spark.executors.changelog.MAX_CHAIN`; then everything changed since the
+    chain's full segment, folded into one delta (its size follows the keys changed since, not the
+    state); the whole state when there is no chain yet, on a remote root, or when the task cannot
+    fold (it was rebuilt since the full segment, or half its keys changed)."""
+    if changelog is not None and segment is not None:
+        if segment.length < MAX_CHAIN:
+            return export_image(task, writer, changes=True), False
+        folded = export_folded_image(task, writer)
+        if folded is not None:
+            return folded, True
+    return export_image(task, writer), False
+
+
+def _notify_committed(task: OperatorTask, run: RunFiles) -> None:
+    """Before a micro-batch: what the sink committed since the task's previous one (its
+    checkpoints completed) becomes the base of the task's next incremental snapshot, and
+    its sealed transactions are forgotten. The run's coordinator records each completion
+    after its sink commit (``committed.json``, a small file, where the sink's Delta log
+    would take a read of its new commits); read only while the task awaits a completion or
+    holds sealed transactions."""
+    if task.sink is None or not (task.sealed_transactions() or task.acknowledged_checkpoints()):
+        return
+    committed = run.committed()
+    if committed:
+        task.notify_complete(committed, committed)
+
+
+@dataclass
+class LiveSubtask:
+    """A subtask's runtime kept in its host after its micro-batch *batch_id* of
+    attempt *token* (the fence Spark kept for it if that attempt won), with its sink writer
+    and the changelog segment it stands at."""
+
+    task: OperatorTask
+    writer: Any
+    batch_id: int
+    token: str
+    segment: Segment | None
+
+
+class LiveSubtasks:
+    """The subtasks kept alive in this process between micro-batches (the fastest cache:
+    nothing to load, and the task's incremental snapshot base survives, so its next
+    checkpoint writes only what changed). A subtask host keeps its one subtask here; a task
+    that stands at an earlier segment of the subtask's changelog catches up by the deltas
+    since (:func:`_resume`).
+
+    An entry is taken out when a micro-batch starts and put back only when it ended well, so
+    a micro-batch that failed half-way never leaves a half-updated task behind. One process
+    holds at most the subtasks of one run per pipeline root: keeping a run's subtask drops
+    those of the root's older runs."""
+
+    def __init__(self) -> None:
+        self._live: dict[CacheKey, LiveSubtask] = {}
+
+    def take(self, key: CacheKey) -> LiveSubtask | None:
+        """The subtask's runtime if this worker holds it (removed from the registry)."""
+        return self._live.pop(key, None)
+
+    def keep(self, key: CacheKey, live: LiveSubtask) -> None:
+        """Keep *live* for *key*'s next micro-batch (an older run's subtasks of the root are
+        let go: closed)."""
+        for other in [k for k in self._live if k.root == key.root and k.run_id != key.run_id]:
+            self._live.pop(other).task.close()
+        self._live[key] = live
+
+    def close(self) -> None:
+        """Let every subtask go, in order: their operators are closed (the host ends)."""
+        while self._live:
+            _, live = self._live.popitem()
+            live.task.close()
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+
+#: This process's live subtasks (one registry per process: a subtask host holds one).
+LIVE_SUBTASKS = LiveSubtasks()
+
+
+def subtask_query(df: Any, function: SubtaskFunction) -> Any:
+    """The streaming DataFrame of the executor path over the routed ``ckpt-source``
+    DataFrame *df* (:mod:`spark_ckpt.spark.executors.routing`; see the module docstring); start it
+    with ``writeStream.format("noop")`` in update mode."""
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    if df.columns != ROUTED_SCHEMA.names:
+        raise ProtocolError(
+            f"the executor path reads a routed ckpt-source {ROUTED_SCHEMA.names}, got {df.columns}"
+        )
+    return df.groupBy(GROUP).applyInPandasWithState(
+        function, REPORT_SCHEMA, FENCE_SCHEMA, "update", GroupStateTimeout.NoTimeout
+    )
