@@ -103,12 +103,12 @@ from spark_ckpt.protocol.barrier import CancelCheckpointMarker
 from spark_ckpt.protocol.clock import Clock
 from spark_ckpt.runtime.alignment.admission import InputAdmission
 from spark_ckpt.runtime.alignment.aligner_state import AlignerState
+from spark_ckpt.runtime.alignment.alignment_context import AlignmentContext
 from spark_ckpt.runtime.alignment.alignment_mode import AlignmentMode
 from spark_ckpt.runtime.alignment.barrier_handler import BarrierHandler, create_barrier_handler
 from spark_ckpt.runtime.alignment.barrier_ledger import BarrierLedger
 from spark_ckpt.runtime.alignment.barrier_tracker import MAX_TRACKED_CHECKPOINTS
 from spark_ckpt.runtime.alignment.channel_buffer import ChannelBuffer
-from spark_ckpt.runtime.alignment.context import AlignmentContext
 from spark_ckpt.runtime.alignment.items import ControlRow, EndOfInput, Item, split_items
 from spark_ckpt.runtime.alignment.step_output import StepOutput
 from spark_ckpt.runtime.alignment.steps import (

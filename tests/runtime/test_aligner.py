@@ -41,6 +41,7 @@ from spark_ckpt.runtime.aligner import (
     Snapshot,
     Step,
 )
+from spark_ckpt.runtime.alignment.alignment_context import AlignmentContext
 from spark_ckpt.runtime.alignment.barrier_handler import create_barrier_handler
 from spark_ckpt.runtime.alignment.barrier_handler_state import (
     AlternatingCollectingBarriers,
@@ -54,7 +55,6 @@ from spark_ckpt.runtime.alignment.barrier_handler_state import (
 from spark_ckpt.runtime.alignment.barrier_ledger import BarrierLedger
 from spark_ckpt.runtime.alignment.barrier_tracker import BarrierTracker
 from spark_ckpt.runtime.alignment.channel_buffer import ChannelBuffer
-from spark_ckpt.runtime.alignment.context import AlignmentContext
 from spark_ckpt.runtime.alignment.single_checkpoint_handler import (
     SingleCheckpointBarrierHandler,
 )

@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.runtime.alignment.aligner_state import AlignerState
+from spark_ckpt.runtime.alignment.alignment_context import AlignmentContext
 from spark_ckpt.runtime.alignment.alignment_mode import AlignmentMode
 from spark_ckpt.runtime.alignment.barrier_handler_state import (
     AlternatingWaitingForFirstBarrier,
@@ -16,7 +17,6 @@ from spark_ckpt.runtime.alignment.barrier_handler_state import (
     WaitingForFirstBarrierUnaligned,
 )
 from spark_ckpt.runtime.alignment.barrier_tracker import BarrierTracker
-from spark_ckpt.runtime.alignment.context import AlignmentContext
 from spark_ckpt.runtime.alignment.single_checkpoint_handler import (
     SingleCheckpointBarrierHandler,
 )

@@ -3,7 +3,7 @@
 
 Each state handles one event and returns the next state (possibly itself); side effects (steps,
 buffer hold/release, ledger updates) go through the shared
-:class:`~spark_ckpt.runtime.alignment.context.AlignmentContext`. Transitions::
+:class:`~spark_ckpt.runtime.alignment.alignment_context.AlignmentContext`. Transitions::
 
     WaitingForFirstBarrier[Unaligned|Alternating]      (idle; phase IDLE)
       -- first barrier n, every channel arrived/ended -> Snapshot, Complete; stays
@@ -44,9 +44,9 @@ import pyarrow as pa
 
 from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.runtime.alignment.aligner_state import AlignerState
+from spark_ckpt.runtime.alignment.alignment_context import AlignmentContext
 from spark_ckpt.runtime.alignment.channel_partition import partition_rows
 from spark_ckpt.runtime.alignment.channel_state import ChannelStateRecorder
-from spark_ckpt.runtime.alignment.context import AlignmentContext
 from spark_ckpt.runtime.alignment.pending_alignment import PendingAlignment
 from spark_ckpt.runtime.alignment.steps import Abort, AbortReason
 

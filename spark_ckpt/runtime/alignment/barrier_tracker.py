@@ -6,7 +6,7 @@ import pyarrow as pa
 
 from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.runtime.alignment.aligner_state import AlignerState
-from spark_ckpt.runtime.alignment.context import AlignmentContext
+from spark_ckpt.runtime.alignment.alignment_context import AlignmentContext
 from spark_ckpt.runtime.alignment.pending_alignment import PendingAlignment
 from spark_ckpt.runtime.alignment.steps import Abort, AbortReason
 
