@@ -56,7 +56,7 @@ Invariants and why they give exactly-once output:
   exactly the output of checkpoints <= *r* — also when it already holds output of later ones
   (the newest checkpoint was damaged and the restore fell back, or an older one was restored
   on purpose). ``roll_back_to`` *r* finds, in the log's JSON commits, the table version at
-  which the sink's output was that of *r* (:mod:`spark_ckpt.delta.sink_rollback`) and, in
+  which the sink's output was that of *r* (:mod:`spark_ckpt.delta.rollback_plan`) and, in
   one commit that sets the version to *r*, removes every file of the sink added since that
   the version does not hold, and adds back those of its files a later roll back removed (a
   restore of a checkpoint that an earlier restore left behind). A commit after it may also

@@ -313,7 +313,7 @@ class Pipeline:
             self.store,
             self.shape(job),
             settings or RestoreSettings.latest(),
-            check_output=output.check_output_restorable,
+            check_output=output.rollback.check_output_restorable,
         )
 
     def _start(

@@ -106,8 +106,8 @@ def prepare_restore(
     id the output will be rolled back to and the sink transactions the checkpoint sealed
     (its recovery commits them), before anything is written: it raises
     :class:`RestoreError` when the output table cannot hold that checkpoint's output
-    (:meth:`DeltaSinkCommitter.check_output_restorable
-    <spark_ckpt.delta.sink_committer.DeltaSinkCommitter.check_output_restorable>`)."""
+    (:meth:`DeltaSinkRollback.check_output_restorable
+    <spark_ckpt.delta.sink_rollback.DeltaSinkRollback.check_output_restorable>`)."""
     clock = clock or SystemClock()
     if settings.kind is RestoreKind.LATEST:
         good, _ = root.list_completed_lenient()

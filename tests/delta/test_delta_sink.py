@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spark_ckpt.delta.delta_sink import DeltaSink
-from spark_ckpt.delta.sink_rollback import RollbackPlan
+from spark_ckpt.delta.rollback_plan import RollbackPlan
 from spark_ckpt.delta.staged_file import StagedFile, staged_files
 from spark_ckpt.delta.stats import DeltaStats, delta_stats
 from spark_ckpt.errors import ProtocolError, StoreError
@@ -808,7 +808,7 @@ def test_roll_back_redoes_its_work_after_losing_a_commit_race(
     racer = make_sink(root)  # another committer of the same sink (a late global committer)
     staged = seal(racer, 4, rows(40, 2))
     calls = []
-    real = sink.committer._plan
+    real = sink.committer.rollback._plan
 
     def interleaved(*args: Any, **kw: Any) -> RollbackPlan:
         found = real(*args, **kw)
@@ -818,7 +818,7 @@ def test_roll_back_redoes_its_work_after_losing_a_commit_race(
             append_foreign(root, rows(90, 1))
         return found
 
-    monkeypatch.setattr(sink.committer, "_plan", interleaved)
+    monkeypatch.setattr(sink.committer.rollback, "_plan", interleaved)
     assert len(sink.committer.roll_back_to(1)) == 6  # checkpoints 2, 3 and the racing 4
     assert calls == [4, 6]
     assert_table(root, rows(10, 2) + rows(90, 1), 1)
@@ -832,7 +832,7 @@ def test_roll_back_gives_up_after_max_attempts(
     sink = make_sink(root, max_attempts=3)
     for c in (1, 2):
         sink.committer.commit_checkpoint(c, seal(sink, c, rows(10 * c, 2)))
-    real = sink.committer._plan
+    real = sink.committer.rollback._plan
     n = iter(range(100))
 
     def always_beaten(*args: Any, **kw: Any) -> RollbackPlan:
@@ -840,7 +840,7 @@ def test_roll_back_gives_up_after_max_attempts(
         append_foreign(root, rows(90 + next(n), 1))
         return found
 
-    monkeypatch.setattr(sink.committer, "_plan", always_beaten)
+    monkeypatch.setattr(sink.committer.rollback, "_plan", always_beaten)
     with pytest.raises(StoreError, match="lost 3 commit races"):
         sink.committer.roll_back_to(1)
     assert_table(root, rows(10, 2) + rows(20, 2) + rows(90, 3), 2)

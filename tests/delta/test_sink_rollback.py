@@ -303,7 +303,7 @@ def test_a_checkpoint_whose_output_a_later_roll_back_withdrew_comes_back(tmp_pat
 
     def restore(c: int) -> list[str]:
         new = make_sink(root)  # the restarted job
-        new.committer.check_output_restorable(c, sealed[c])
+        new.committer.rollback.check_output_restorable(c, sealed[c])
         withdrawn = new.committer.roll_back_to(c)
         new.committer.recover(sealed[c])
         return withdrawn
@@ -319,12 +319,12 @@ def test_a_checkpoint_whose_output_a_later_roll_back_withdrew_comes_back(tmp_pat
     before = content(replay(root))
     assert DeltaTable(str(root)).vacuum(0, dry_run=False, enforce_retention_duration=False)
     with pytest.raises(RestoreError, match=r"gone from storage .* checkpoint 4 cannot"):
-        make_sink(root).committer.check_output_restorable(4)
+        make_sink(root).committer.rollback.check_output_restorable(4)
     with pytest.raises(RestoreError, match="gone from storage"):
         make_sink(root).committer.roll_back_to(4)
     assert content(replay(root)) == before
     for fine in (1, 2, 1001, 1002):
-        make_sink(root).committer.check_output_restorable(fine)
+        make_sink(root).committer.rollback.check_output_restorable(fine)
 
 
 def test_a_lost_commit_behind_a_roll_back_is_refused(tmp_path: Path) -> None:
@@ -341,7 +341,7 @@ def test_a_lost_commit_behind_a_roll_back_is_refused(tmp_path: Path) -> None:
     sink.committer.recover(sealed[2])
     before = content(replay(root))
     with pytest.raises(RestoreError, match=r"checkpoints 3\.\.4: the restore of checkpoint 2"):
-        make_sink(root).committer.check_output_restorable(4)
+        make_sink(root).committer.rollback.check_output_restorable(4)
     assert make_sink(root).committer.roll_back_to(4) == []
     assert content(replay(root)) == before
 
@@ -349,13 +349,13 @@ def test_a_lost_commit_behind_a_roll_back_is_refused(tmp_path: Path) -> None:
     for c in (1, 2):
         assert crashed.committer.commit_checkpoint(c, seal(crashed, c, rows(10 * c, 2)))
     lost = seal(crashed, 3, rows(30, 2))  # 3 completed, its commit was lost
-    crashed.committer.check_output_restorable(3, lost)  # no roll back in between: fine
-    make_sink(tmp_path / "empty").committer.check_output_restorable(3)  # no table yet
+    crashed.committer.rollback.check_output_restorable(3, lost)  # no roll back in between: fine
+    make_sink(tmp_path / "empty").committer.rollback.check_output_restorable(3)  # no table yet
 
     # The restore of 2 swept 3's files as orphans (nothing ever added them): 3 is refused.
     make_sink(tmp_path / "crashed").committer.recover([])
     with pytest.raises(RestoreError, match="checkpoint 3 that its commit never made visible"):
-        make_sink(tmp_path / "crashed").committer.check_output_restorable(3, lost)
+        make_sink(tmp_path / "crashed").committer.rollback.check_output_restorable(3, lost)
 
 
 def test_a_reader_of_an_earlier_version_reads_it_after_a_restore(tmp_path: Path) -> None:
@@ -461,7 +461,7 @@ def test_restores_across_lineages_match_a_plain_model(steps: list[Step]) -> None
                 r = sorted(ancestry)[a % len(ancestry)]
                 new = make_sink(root)  # the restarted job
                 try:
-                    new.committer.check_output_restorable(r, states[r])
+                    new.committer.rollback.check_output_restorable(r, states[r])
                 except RestoreError:
                     assert r in lost or r not in head, (r, sorted(head))
                     event("restore refused")
