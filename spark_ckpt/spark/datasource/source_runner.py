@@ -1,27 +1,21 @@
-"""The work of ``ckpt-source``'s stream reader: a Python streaming DataSource whose rows
-carry checkpoint barriers (:mod:`datasources.ckpt_source` holds its hooks).
-
-Every row has the user's columns plus the barrier columns of :mod:`spark_ckpt.protocol.barrier`; one
+"""The work of ``ckpt-source``'s stream reader (:mod:`datasources.ckpt_source` holds its hooks):
+rows with the user's columns plus the barrier columns of :mod:`spark_ckpt.protocol.barrier`, one
 input partition per channel, rows in channel order, barrier rows between data rows where the
 source took a trigger. The offsets Spark logs
-(:class:`~spark_ckpt.sources.stream_offset.StreamOffset`)
-contain the barrier positions, so a replayed micro-batch re-emits identical barriers.
+(:class:`~spark_ckpt.sources.stream_offset.StreamOffset`) contain the barrier positions, so a
+replayed micro-batch re-emits identical barriers.
 
-Where the hooks run (see ``docs/spark-notes.md``):
+Where it runs (see ``docs/spark-notes.md``):
 
-* ``CkptSource.__init__``/``schema`` — a planner worker at ``load()``: options are validated
-  here (a :class:`~spark_ckpt.errors.ConfigError` surfaces as an ``AnalysisException``);
-* ``initialOffset``/``latestOffset``/``partitions``/``commit`` — the *source runner*, one
-  long-lived driver-side process per query run. The checkpoint coordinator lives here
-  (:class:`~spark_ckpt.coordination.host.CoordinatorHost`) on its own thread
-  (:class:`~spark_ckpt.coordination.host.HostThread`); ``latestOffset`` takes the barriers it
-  triggered;
-* ``read`` — executors: regenerates the planned rows and inserts the barrier rows; on the
-  executor path (``route.*`` options, set by the pipeline) it hands them on routed to the
+* :class:`SourceRunner` — the *source runner*, one long-lived driver-side process per query
+  run (``initialOffset``/``latestOffset``/``partitions``/``commit``). The checkpoint
+  coordinator lives there (:class:`~spark_ckpt.coordination.host.CoordinatorHost`) on its
+  own thread (:class:`~spark_ckpt.coordination.host_thread.HostThread`); ``latestOffset``
+  takes the barriers it triggered. ``initialOffset`` (called twice at start; deterministic)
+  rewinds every channel to its position in the checkpoint the run restores;
+* :func:`read_partition` — executors: reads the planned rows and inserts the barrier rows; on
+  the executor path (``route.*`` options, set by the pipeline) it hands them on routed to the
   subtasks, one payload per subtask (:mod:`spark_ckpt.spark.executors.routing`).
-
-``initialOffset`` (called twice at start; deterministic) rewinds every channel to its barrier
-position in the latest completed checkpoint, so a new query resumes exactly after it.
 """
 
 from __future__ import annotations
