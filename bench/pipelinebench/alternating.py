@@ -62,8 +62,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from benchcommon import PIPELINE
+
 from pipelinebench.procstat import KindSample, cpu_by_kind
-from pipelinebench.settings import PIPELINE
 from pipelinebench.steady import (
     ProgressLog,
     Window,

@@ -33,10 +33,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from benchcommon import git_info, spark_machine_info
+
 from pipelinebench.alternating import AlternatingSettings, run_alternating
-from pipelinebench.measure import abba, git_info, measure_variant
+from pipelinebench.measure import abba, measure_variant
 from pipelinebench.procstat import PyGcTimer, settle
-from pipelinebench.report import machine_info
 from pipelinebench.steady import paired_ratios, spread, steady_window
 from pipelinebench.variants import PLACEMENTS, Workload, overhead_variants
 
@@ -310,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     began = time.perf_counter()
     result: dict[str, Any] = {
         "quick": args.quick,
-        "machine": {**machine_info(), "spark_master": s.master},
+        "machine": {**spark_machine_info(), "spark_master": s.master},
         "git": git_info(),
         "settings": asdict(s),
         "loadavg_start": os.getloadavg(),

@@ -37,10 +37,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pipelinebench.measure import git_info
+from benchcommon import PIPELINE, git_info, spark_machine_info
+
 from pipelinebench.procstat import cmdline, descendants, parent, process_cpu_s
-from pipelinebench.report import machine_info
-from pipelinebench.settings import PIPELINE
 from pipelinebench.state_size import hot_set_source, write_state
 from spark_ckpt.protocol.barrier import SnapshotType
 
@@ -244,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = run_bench(s)
     result = {
         "quick": args.quick,
-        "machine": machine_info(),
+        "machine": spark_machine_info(),
         "git": git_info(),
         "settings": asdict(s),
         "elapsed_s": round(time.monotonic() - started, 1),

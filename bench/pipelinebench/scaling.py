@@ -39,9 +39,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pipelinebench.measure import abba, git_info, measure_variant
+from benchcommon import git_info, spark_machine_info
+
+from pipelinebench.measure import abba, measure_variant
 from pipelinebench.procstat import PyGcTimer, RssSampler, rss_mb
-from pipelinebench.report import machine_info
 from pipelinebench.steady import drained_window, paired_ratios, spread
 from pipelinebench.variants import Workload, scaling_variants
 
@@ -411,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     began = time.perf_counter()
     result: dict[str, Any] = {
         "quick": args.quick,
-        "machine": {**machine_info(), "spark_master": [f"local[{c}]" for c in s.cores]},
+        "machine": {**spark_machine_info(), "spark_master": [f"local[{c}]" for c in s.cores]},
         "git": git_info(),
         "settings": asdict(s),
         "loadavg_start": os.getloadavg(),
