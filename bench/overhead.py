@@ -1,5 +1,5 @@
 """Overhead bench (#16): checkpoints every 1 s against off on the saturated production path,
-repetitions interleaved, with the spread reported (``bench/pipelinebench/overhead.py``,
+repetitions interleaved, with the spread reported (``bench/runbench/overhead.py``,
 ``bench/README.md``, section "Overhead and scaling")::
 
     .venv/bin/python bench/overhead.py            # full run, writes bench/results/overhead.json
@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: pipelinebench, engine
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: runbench, benchcommon
 
-from pipelinebench.overhead import main
+from runbench.overhead import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: pipelinebench, engine
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: pipelinebench, benchcommon
 
 from pipelinebench.main import main
 

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: pipelinebench, engine
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: benchcommon
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "sources.json"
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from benchcommon import PIPELINE, git_info, spark_machine_info
 
-from pipelinebench.procstat import descendants, rss_mb
+from runbench.procstat import descendants, rss_mb
 from spark_ckpt.protocol.barrier import SnapshotType
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "state_size.json"
@@ -131,7 +131,7 @@ class Rss:
 
 def run_cell(s: StateSizeSettings, keys: int, log: Any) -> dict[str, Any]:
     """One state size (see the module docstring)."""
-    from pipelinebench.procstat import jvm_pid
+    from runbench.procstat import jvm_pid
     from spark_ckpt.pipeline.pipeline import Pipeline
     from spark_ckpt.runtime.config import CheckpointConfig
     from spark_ckpt.runtime.operator import RunningCount

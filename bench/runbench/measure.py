@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipelinebench.procstat import CpuSample, PyGcTimer, RssSampler, cpu_between, jvm_collect
-from pipelinebench.procstat import jvm_gc_ms as read_jvm_gc_ms
-from pipelinebench.steady import ProgressLog, Window
-from pipelinebench.variants import VariantStart, Workload
+from runbench.procstat import CpuSample, PyGcTimer, RssSampler, cpu_between, jvm_collect
+from runbench.procstat import jvm_gc_ms as read_jvm_gc_ms
+from runbench.steady import ProgressLog, Window
+from runbench.variants import VariantStart, Workload
 
 #: How often the driver loop polls the query's progress and the pipeline's checkpoints.
 POLL_S = 1.0
