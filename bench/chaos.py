@@ -57,7 +57,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -765,11 +764,11 @@ def render(rep: dict[str, Any]) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    """The engine benchmark's machine info, plus Spark's."""
+    """The machine info of the Spark benches (:func:`benchcommon.spark_machine_info`)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine import machine_info as engine_machine_info
+    from benchcommon import spark_machine_info
 
-    return {**engine_machine_info(), "pyspark": version("pyspark"), "spark_master": "local[2]"}
+    return spark_machine_info()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -39,8 +39,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -54,6 +52,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from benchcommon import machine_info
 
 from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
@@ -447,20 +446,6 @@ def bench_delta(s: Settings, log: Callable[[str], None]) -> dict[str, Any]:
 
 
 # --- report ---------------------------------------------------------------------------------
-
-
-def machine_info() -> dict[str, Any]:
-    import deltalake
-
-    return {
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "pyarrow": pa.__version__,
-        "deltalake": deltalake.__version__,
-    }
 
 
 def render(result: dict[str, Any]) -> str:

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: pipelinebench, engine
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: benchcommon
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "sources.json"
 
@@ -131,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from pipelinebench.measure import git_info
-    from pipelinebench.report import machine_info
+    from benchcommon import git_info, spark_machine_info
 
     from spark_ckpt.spark.session.builders import local_session
     from spark_ckpt.testing.broker import running_broker
@@ -193,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     medians = {k: statistics.median(v) for k, v in rates.items()}
     result = {
         "quick": args.quick,
-        "machine": machine_info(),
+        "machine": spark_machine_info(),
         "git": git_info(),
         "settings": {"records": records, "partitions": partitions, "files": files, "reps": reps},
         "rows_per_s": {k: {"median": medians[k], "runs": v} for k, v in rates.items()},

@@ -1,4 +1,4 @@
-"""The benches' steady-state windows and spread statistics (``bench/pipelinebench/steady.py``)
+"""The benches' steady-state windows and spread statistics (``bench/runbench/steady.py``)
 on hand-made query progress: the oracle is the arithmetic of the listed batches."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from pipelinebench.steady import (
+from runbench.steady import (
     batch_rows,
     bootstrap_median_ci,
     drained_window,
@@ -113,7 +113,7 @@ def test_batch_rows_come_from_the_source_positions() -> None:
 def test_the_scaling_model_splits_a_batch_into_fixed_and_spread_cost() -> None:
     from dataclasses import replace
 
-    from pipelinebench.scaling import FULL, scaling_model
+    from runbench.scaling import FULL, scaling_model
 
     s = replace(FULL, keys=(100,), batch_rows=1000)
     # one core: 1.0 s per batch of 1000 rows; two cores: 0.6 s -> fixed 0.2 s, work 0.8
@@ -131,7 +131,7 @@ def test_the_scaling_model_splits_a_batch_into_fixed_and_spread_cost() -> None:
 
 
 def test_an_alternating_window_holds_the_batches_that_start_in_it() -> None:
-    from pipelinebench.alternating import window_between, windows_order
+    from runbench.alternating import window_between, windows_order
 
     # batches start at 1.0, 1.5, ..., 10.5 s: [2.0, 4.0) holds 2.0 .. 3.5, closed by 4.0
     w = window_between(BATCHES, T0 + 2.0, T0 + 4.0)

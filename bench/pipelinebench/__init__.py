@@ -68,5 +68,7 @@ module per section (:mod:`~pipelinebench.calibration`, :mod:`~pipelinebench.sust
 :mod:`~pipelinebench.saturated` on :mod:`~pipelinebench.pipelined`,
 :mod:`~pipelinebench.throughput`, :mod:`~pipelinebench.latency`, :mod:`~pipelinebench.lag`,
 :mod:`~pipelinebench.profiling`), :mod:`~pipelinebench.report` and
-:mod:`~pipelinebench.main` (the command line).
+:mod:`~pipelinebench.main` (the command line). Shared with the other benches through
+:mod:`benchcommon` only (machine and commit info, the pipeline name, ``stop_quietly``);
+nothing here imports :mod:`runbench`.
 """

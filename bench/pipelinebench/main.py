@@ -1,5 +1,5 @@
-"""The command line: sections to run, the SparkSession, the calibration, the JSON and the
-report."""
+"""The command line of ``bench/pipeline.py``: the sections to run, the SparkSession, the
+calibration, the JSON and the report."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from benchcommon import spark_machine_info
+
 import pipelinebench
 from pipelinebench.calibration import calibrate, source_cost
 from pipelinebench.lag import bench_lag
 from pipelinebench.latency import bench_latency
 from pipelinebench.profiling import profile_foreach_batch
-from pipelinebench.report import machine_info, render
+from pipelinebench.report import render
 from pipelinebench.saturated import bench_saturated
 from pipelinebench.settings import DEFAULT_OUT, FULL, QUICK, Settings
 from pipelinebench.sustained import bench_sustained
@@ -68,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     result: dict[str, Any] = {
         "quick": args.quick,
-        "machine": machine_info(),
+        "machine": spark_machine_info(),
         "settings": {**asdict(s), "batch_rows": s.batch_rows},
         "loadavg_start": os.getloadavg(),
     }

@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from benchcommon import PIPELINE, stop_quietly
+
 from pipelinebench.probe import Probe
-from pipelinebench.settings import PIPELINE, Settings, checkpoint_config, source_options
+from pipelinebench.settings import Settings, checkpoint_config, source_options
 from pipelinebench.timing import PHASES, PhaseTimer
 from spark_ckpt.coordination.requests import STOP
-from spark_ckpt.errors import SparkCkptError
 from spark_ckpt.pipeline.pipeline import Pipeline
 from spark_ckpt.pipeline.pipeline_run import PipelineRun
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
@@ -150,19 +151,6 @@ def run_query(
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def stop_quietly(run: PipelineRun) -> None:
-    """Stop the query the way users do, with a final checkpoint (no micro-batch is
-    interrupted, so nothing prints a trace); a query that already failed is just ended."""
-    if run.query.isActive and run.query.exception() is None:
-        try:
-            run.stop(timeout_s=120)
-            return
-        except SparkCkptError as e:
-            print(f"  (stop with a final checkpoint failed: {e}; stopping at once)")
-    run.query.stop()
-    run.retire()
 
 
 def steady_query(

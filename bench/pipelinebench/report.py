@@ -1,26 +1,12 @@
-"""The report: machine info for the JSON, and the human-readable summary of a result."""
+"""The human-readable summary of a result (:func:`render`), printed after a run."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 from pipelinebench.query import SPARK_DURATIONS
 from pipelinebench.settings import CONFIGS
 from pipelinebench.timing import PHASES
-
-
-def machine_info() -> dict[str, Any]:
-    """The engine benchmark's machine info (``bench/engine.py``), plus Spark's."""
-    import pyspark
-
-    bench = str(Path(__file__).resolve().parent.parent)
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-    from engine import machine_info as engine_machine_info
-
-    return {**engine_machine_info(), "pyspark": pyspark.__version__, "spark_master": "local[2]"}
 
 
 def render(result: dict[str, Any]) -> str:

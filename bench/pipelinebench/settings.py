@@ -10,8 +10,6 @@ from pathlib import Path
 from spark_ckpt.runtime.config import CheckpointConfig
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "pipeline.json"
-#: The pipeline name of every query (each query has a root of its own).
-PIPELINE = "bench"
 
 #: The two configurations compared: checkpoints every ``interval_ms``, and none at all.
 CONFIGS = ("checkpoints", "off")

@@ -40,10 +40,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pipelinebench.measure import git_info
-from pipelinebench.procstat import descendants, rss_mb
-from pipelinebench.report import machine_info
-from pipelinebench.settings import PIPELINE
+from benchcommon import PIPELINE, git_info, spark_machine_info
+
+from runbench.procstat import descendants, rss_mb
 from spark_ckpt.protocol.barrier import SnapshotType
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "state_size.json"
@@ -132,7 +131,7 @@ class Rss:
 
 def run_cell(s: StateSizeSettings, keys: int, log: Any) -> dict[str, Any]:
     """One state size (see the module docstring)."""
-    from pipelinebench.procstat import jvm_pid
+    from runbench.procstat import jvm_pid
     from spark_ckpt.pipeline.pipeline import Pipeline
     from spark_ckpt.runtime.config import CheckpointConfig
     from spark_ckpt.runtime.operator import RunningCount
@@ -381,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cells.append(cell)
     result = {
         "quick": args.quick,
-        "machine": machine_info(),
+        "machine": spark_machine_info(),
         "git": git_info(),
         "settings": asdict(s),
         "elapsed_s": round(time.monotonic() - started, 1),

@@ -1,16 +1,17 @@
 """Steady-state throughput from Spark's query progress, and the spread of repeated figures.
 
-Every variant a bench compares — today's driver path, Spark's own JVM aggregation, and later
-the executor path — runs as a Spark streaming query, so its throughput is read the same way:
-from ``StreamingQueryProgress`` (``batchId``, ``timestamp`` = when the trigger started,
-the rows read), not from a probe inside ``foreachBatch`` (on the executor path no data row
-passes through the driver). The rows a batch read are the difference of ``ckpt-source``'s
-channel positions between the batch's start and end offsets (:func:`batch_rows`): Spark's
-``numInputRows`` counts the rows the source emitted, and on the executor path those are
-routed payloads, a few per channel. With batches back to back (a backlog and a read limit),
-the batches that start in a window ``[t0, t1)`` processed their rows in ``t1 - t0``
-seconds, where ``t1`` is the start of the first batch after them: that excludes the query's
-start-up (the first batches, Python workers and planning) and its stop.
+Every variant a bench compares — spark-ckpt with its subtasks in the driver or on the
+executors, and Spark's own JVM aggregation — runs as a Spark streaming query, so its
+throughput is read the same way: from ``StreamingQueryProgress`` (``batchId``,
+``timestamp`` = when the trigger started, the rows read), not from a probe inside
+``foreachBatch`` (on the executor path no data row passes through the driver). The rows a
+batch read are the difference of ``ckpt-source``'s channel positions between the batch's
+start and end offsets (:func:`batch_rows`): Spark's ``numInputRows`` counts the rows the
+source emitted, and on the executor path those are routed payloads, a few per channel. With
+batches back to back (a backlog and a read limit), the batches that start in a window
+``[t0, t1)`` processed their rows in ``t1 - t0`` seconds, where ``t1`` is the start of the
+first batch after them: that excludes the query's start-up (the first batches, Python workers
+and planning) and its stop.
 
 (On the pipelined driver path a batch's ``foreachBatch`` call returns once the *previous*
 batch was processed, so a window of *n* batches measures *n* batches of processing shifted

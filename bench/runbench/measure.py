@@ -8,18 +8,16 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from pipelinebench.procstat import CpuSample, PyGcTimer, RssSampler, cpu_between, jvm_collect
-from pipelinebench.procstat import jvm_gc_ms as read_jvm_gc_ms
-from pipelinebench.steady import ProgressLog, Window
-from pipelinebench.variants import VariantStart, Workload
+from runbench.procstat import CpuSample, PyGcTimer, RssSampler, cpu_between, jvm_collect
+from runbench.procstat import jvm_gc_ms as read_jvm_gc_ms
+from runbench.steady import ProgressLog, Window
+from runbench.variants import VariantStart, Workload
 
 #: How often the driver loop polls the query's progress and the pipeline's checkpoints.
 POLL_S = 1.0
@@ -140,22 +138,6 @@ def task_cache_summary(cps: list[Any]) -> dict[str, Any] | None:
         "hit_rate": round(hits / (hits + rebuilds), 4),
         "hit_ms": hit_ms,
         "rebuild_ms": rebuild_ms,
-    }
-
-
-def git_info() -> dict[str, Any]:
-    """The commit the benchmark ran at, and whether its tree had uncommitted changes."""
-    top = Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str:
-        out = subprocess.run(
-            ["git", *args], cwd=top, capture_output=True, text=True, check=False, timeout=30
-        )
-        return out.stdout.strip()
-
-    return {
-        "commit": git("rev-parse", "HEAD"),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
     }
 
 

@@ -3,13 +3,13 @@ production path with checkpoints every 1 s against checkpoints off, steady enoug
 ratio of 0.95 from 0.99.
 
 One SparkSession (``local[2]``) for every query. Each variant of the variant table
-(:func:`~pipelinebench.variants.overhead_variants`: per placement, checkpoints on and off)
+(:func:`~runbench.variants.overhead_variants`: per placement, checkpoints on and off)
 runs once unmeasured (Python workers, JIT), then ``reps`` repetitions, each running every
-variant once in ABBA order (:func:`~pipelinebench.measure.abba`). Every run reads a backlog
+variant once in ABBA order (:func:`~runbench.measure.abba`). Every run reads a backlog
 far longer than it reads, ``maxRowsPerTrigger`` fixed, so all variants read identical
 batches back to back; its rows/s come from Spark's query progress over a window of
 ``window_s`` that starts after ``warmup_batches`` batches with data and ``warmup_s``
-(:func:`~pipelinebench.steady.steady_window`). Before each run: Python and JVM garbage
+(:func:`~runbench.steady.steady_window`). Before each run: Python and JVM garbage
 collected, and (``settle_timeout_s`` > 0) a bounded wait until other work on the machine
 uses at most ``settle_cores``. Every run records the cores the benchmark's processes and
 other work used in its window, JVM and driver GC time, and the checkpoints in the window.
@@ -33,12 +33,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pipelinebench.alternating import AlternatingSettings, run_alternating
-from pipelinebench.measure import abba, git_info, measure_variant
-from pipelinebench.procstat import PyGcTimer, settle
-from pipelinebench.report import machine_info
-from pipelinebench.steady import paired_ratios, spread, steady_window
-from pipelinebench.variants import PLACEMENTS, Workload, overhead_variants
+from benchcommon import git_info, spark_machine_info
+
+from runbench.alternating import AlternatingSettings, run_alternating
+from runbench.measure import abba, measure_variant
+from runbench.procstat import PyGcTimer, settle
+from runbench.steady import paired_ratios, spread, steady_window
+from runbench.variants import PLACEMENTS, Workload, overhead_variants
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "overhead.json"
 
@@ -281,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="PAIRS",
         help=(
             "instead: one query of --placement (default executors), PAIRS windows of each "
-            "kind alternating between checkpoints every 1 s and none (pipelinebench.alternating)"
+            "kind alternating between checkpoints every 1 s and none (runbench.alternating)"
         ),
     )
     parser.add_argument(
@@ -310,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     began = time.perf_counter()
     result: dict[str, Any] = {
         "quick": args.quick,
-        "machine": {**machine_info(), "spark_master": s.master},
+        "machine": {**spark_machine_info(), "spark_master": s.master},
         "git": git_info(),
         "settings": asdict(s),
         "loadavg_start": os.getloadavg(),

@@ -1,7 +1,7 @@
 """The scaling bench (``bench/scaling.py``, #16 "Scaling" and the driver-memory half of "State
 size"): a keyed running count with exactly-once checkpoints every 1 s at 100k and at 10M
 keys, rows/s at ``local[1]`` and ``local[2]``, every variant of the variant table
-(:func:`~pipelinebench.variants.scaling_variants`: spark-ckpt per placement, and Spark's own
+(:func:`~runbench.variants.scaling_variants`: spark-ckpt per placement, and Spark's own
 JVM ``groupBy(key).count()`` with a ``checkpointLocation``) over the same generated input, and
 the driver process's peak RSS.
 
@@ -15,7 +15,7 @@ every variant once, in ABBA order. Each run works off the same backlog of ``rows
 (``channels`` generator channels, ``key_cardinality`` = keys, ``maxRowsPerTrigger`` =
 ``batch_rows``); its rows/s come from Spark's query progress, from the first batch after
 ``warmup_batches`` batches with data to the end of the batch that read the last row
-(:func:`~pipelinebench.steady.drained_window`). The driver's (the cell process's) RSS is
+(:func:`~runbench.steady.drained_window`). The driver's (the cell process's) RSS is
 sampled during every run; ``VmHWM`` is its peak over the cell.
 
 Reported: per cell and variant the spread of rows/s; per variant and keys the scaling
@@ -39,11 +39,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pipelinebench.measure import abba, git_info, measure_variant
-from pipelinebench.procstat import PyGcTimer, RssSampler, rss_mb
-from pipelinebench.report import machine_info
-from pipelinebench.steady import drained_window, paired_ratios, spread
-from pipelinebench.variants import Workload, scaling_variants
+from benchcommon import git_info, spark_machine_info
+
+from runbench.measure import abba, measure_variant
+from runbench.procstat import PyGcTimer, RssSampler, rss_mb
+from runbench.steady import drained_window, paired_ratios, spread
+from runbench.variants import Workload, scaling_variants
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "scaling.json"
 ENTRY = Path(__file__).resolve().parent.parent / "scaling.py"
@@ -411,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     began = time.perf_counter()
     result: dict[str, Any] = {
         "quick": args.quick,
-        "machine": {**machine_info(), "spark_master": [f"local[{c}]" for c in s.cores]},
+        "machine": {**spark_machine_info(), "spark_master": [f"local[{c}]" for c in s.cores]},
         "git": git_info(),
         "settings": asdict(s),
         "loadavg_start": os.getloadavg(),

@@ -2,7 +2,7 @@
 completed checkpoint, with a state of 10M keys.
 
 One process: a savepoint of ``state_keys`` keys of the running count's state (as in
-:mod:`pipelinebench.state_size`) is restored into the keyed running count on the executors
+:mod:`runbench.state_size`) is restored into the keyed running count on the executors
 (``Pipeline.run``, ``placement="executors"``, ``master``, exactly-once checkpoints every
 ``interval_ms``), fed by the generator at ``rate`` rows/s over ``hot_keys`` keys. After
 ``warmup_checkpoints`` completed checkpoints a killer thread (the bench's, not the product's)
@@ -37,11 +37,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pipelinebench.measure import git_info
-from pipelinebench.procstat import cmdline, descendants, parent, process_cpu_s
-from pipelinebench.report import machine_info
-from pipelinebench.settings import PIPELINE
-from pipelinebench.state_size import hot_set_source, write_state
+from benchcommon import PIPELINE, git_info, spark_machine_info
+
+from runbench.procstat import cmdline, descendants, parent, process_cpu_s
+from runbench.state_size import hot_set_source, write_state
 from spark_ckpt.protocol.barrier import SnapshotType
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "recovery.json"
@@ -170,7 +169,7 @@ class Killer(threading.Thread):
 
 
 def run_bench(s: RecoverySettings) -> dict[str, Any]:
-    from pipelinebench.procstat import jvm_pid
+    from runbench.procstat import jvm_pid
     from spark_ckpt.pipeline.pipeline import Pipeline
     from spark_ckpt.runtime.config import CheckpointConfig
     from spark_ckpt.runtime.operator import RunningCount
@@ -244,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = run_bench(s)
     result = {
         "quick": args.quick,
-        "machine": machine_info(),
+        "machine": spark_machine_info(),
         "git": git_info(),
         "settings": asdict(s),
         "elapsed_s": round(time.monotonic() - started, 1),

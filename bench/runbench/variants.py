@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from pipelinebench.query import stop_quietly
-from pipelinebench.settings import PIPELINE
+from benchcommon import PIPELINE, stop_quietly
+
 from spark_ckpt.coordination.requests import STOP
 from spark_ckpt.pipeline.pipeline import Pipeline
 from spark_ckpt.pipeline.pipeline_run import PipelineRun

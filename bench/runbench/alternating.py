@@ -1,27 +1,27 @@
 """The overhead measured inside one query (``bench/overhead.py --alternating``): windows
 that alternate between checkpoints every ``interval_ms`` and none, in one running pipeline.
 
-Why a second way. The ABBA runs of :mod:`pipelinebench.overhead` compare two queries that
-run one after the other, each with its own start, Python workers, JIT state and its share of
-whatever else the machine did meanwhile: on this 2-core machine adjacent runs of the *same*
-variant differ by up to ±7%, which hides a difference of a few percent. Here one query runs
-throughout, so the two kinds of window share everything but the checkpoints, and a pair of
-windows is ``2 * window_s`` seconds apart instead of minutes.
+Why a second way. The ABBA runs of :mod:`runbench.overhead` compare two queries that run one
+after the other, each with its own start, Python workers, JIT state and its share of whatever
+else the machine did meanwhile, so adjacent runs of the *same* variant can differ by more than
+the few percent to be told apart. Here one query runs throughout, so the two kinds of window
+share everything but the checkpoints, and a pair of windows is ``2 * window_s`` seconds apart
+instead of minutes.
 
 How. The pipeline runs on the saturated path (a backlog, ``maxRowsPerTrigger``). After
 ``warmup_s``, windows of ``window_s`` follow each other in ABBA order (off, on, on, off,
 off, on, ...), checkpoints every ``interval_ms`` during an *on* window and none during an
 *off* one, switched in one of two ways (``trigger``):
 
-* ``periodic`` (the default since session 28): the pipeline is configured with periodic
-  checkpoints every ``interval_ms`` (exactly-once aligned, 2 retained), the production path;
-  the bench pauses them for an *off* window and resumes them for an *on* window through the
-  pipeline's client (:meth:`PipelineClient.pause_checkpoints` /
+* ``periodic`` (the default; :class:`PeriodicSwitch`): the pipeline is configured with
+  periodic checkpoints every ``interval_ms`` (exactly-once aligned, 2 retained), the
+  production path; the bench pauses them for an *off* window and resumes them for an *on*
+  window through the pipeline's client (:meth:`PipelineClient.pause_checkpoints` /
   :meth:`~PipelineClient.resume_checkpoints`, one request per window, the same in both
-  kinds). The checkpoints completed in a window are read from the statistics history at
-  the end of every window, in both kinds of window alike. The bench does nothing else
-  while a window runs;
-* ``requests`` (sessions 16-27): the pipeline runs with checkpointing off, and during an
+  kinds). The checkpoints completed in a window are read from the statistics history at the
+  end of every window, in both kinds of window alike. The bench does nothing else while a
+  window runs;
+* ``requests`` (:class:`Requester`): the pipeline runs with checkpointing off, and during an
   *on* window the bench requests a checkpoint through the client (``RequestKind.CHECKPOINT``,
   the request Flink's REST API calls *trigger a checkpoint*) every ``interval_ms``, the next
   one once the previous one completed — as the periodic trigger does with at most one
@@ -32,22 +32,21 @@ off, on, ...), checkpoints every ``interval_ms`` during an *on* window and none 
 A window's first ``guard_s`` are not measured: a checkpoint triggered at the end of an *on*
 window completes in the next window's guard. A window's rows/s are those of the batches that
 start inside its measured part (:func:`window_between`). Reported: each pair's ratio on/off,
-their median with a bootstrap 95% interval (:func:`~pipelinebench.steady.paired_ratios`), the
-checkpoints completed per *on* window, and the CPU the bench's own process used in each kind
-of window.
+their median with a bootstrap 95% interval (:func:`~runbench.steady.paired_ratios`), the
+checkpoints completed per *on* window, the CPU the bench's own process used in each kind of
+window, and per window the CPU of the benchmark's processes by kind
+(:func:`~runbench.procstat.cpu_by_kind`) and the mean of Spark's ``durationMs`` phases.
 
 With ``requests``, the bench's own reads are the same in both kinds of window. Waiting for a
-completion reads the store (:meth:`PipelineClient.answer` and
-:meth:`PipelineClient.failure`: the completed checkpoints and the statistics history, a few
-times per request), work that a periodic trigger inside the coordinator does not cause, and
-that ran on the same two cores as the pipeline. So during an *off* window the requester
-makes the same reads at the same pace (:meth:`Requester.mirror`: as many polls as the last
-request needed, for an id that answers nothing, then one for the last answered request) and
-posts nothing. What is left between the two kinds of window is the checkpoints, the
-coordinator's handling of the requests, and the posting itself
-(:meth:`PipelineClient.request`: a liveness check and a mailbox file), which is not
-mirrored: session 22's run measured the bench's CPU at 21.5 s in the *on* windows against
-17.5 s in the *off* ones (11.8 s before the mirroring).
+completion reads the store (:meth:`PipelineClient.answer` and :meth:`PipelineClient.failure`:
+the completed checkpoints and the statistics history, a few times per request), work that a
+periodic trigger inside the coordinator does not cause, and that runs on the same cores as
+the pipeline. So during an *off* window the requester makes the same reads at the same pace
+(:meth:`Requester.mirror`: as many polls as the last request needed, for an id that answers
+nothing, then one for the last answered request) and posts nothing. What is left between the
+two kinds of window is the checkpoints, the coordinator's handling of the requests, and the
+posting itself (:meth:`PipelineClient.request`: a liveness check and a mailbox file), which
+is not mirrored.
 """
 
 from __future__ import annotations
@@ -62,9 +61,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pipelinebench.procstat import KindSample, cpu_by_kind
-from pipelinebench.settings import PIPELINE
-from pipelinebench.steady import (
+from benchcommon import PIPELINE
+
+from runbench.procstat import KindSample, cpu_by_kind
+from runbench.steady import (
     ProgressLog,
     Window,
     _window,
@@ -72,7 +72,7 @@ from pipelinebench.steady import (
     paired_ratios,
     progress_start_s,
 )
-from pipelinebench.variants import PLACEMENTS, checkpoint_config
+from runbench.variants import PLACEMENTS, checkpoint_config
 from spark_ckpt.coordination.messages import RequestKind
 from spark_ckpt.errors import SparkCkptError
 from spark_ckpt.pipeline.pipeline import Pipeline
