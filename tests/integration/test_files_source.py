@@ -21,7 +21,7 @@ from conftest import DemoArgs, DemoLauncher, output_rows, read_delta, running_co
 
 from spark_ckpt import CheckpointConfig, Pipeline, RunningCount
 from spark_ckpt.delta.delta_store import DeltaCheckpointStore
-from spark_ckpt.sources.files import FileListing
+from spark_ckpt.sources.files.file_listing import FileListing
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

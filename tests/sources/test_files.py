@@ -14,7 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_ckpt.errors import ConfigError, SourceError
-from spark_ckpt.sources.files import LISTING, FilesChannelSource, FilesSpec, parse_schema
+from spark_ckpt.sources.files.ddl_schema import parse_schema
+from spark_ckpt.sources.files.file_listing import LISTING
+from spark_ckpt.sources.files.files_options import FilesSpec
+from spark_ckpt.sources.files.files_source import FilesChannelSource
 
 
 def spec(directory: Path, fmt: str = "json", **more: str) -> FilesSpec:

@@ -30,7 +30,8 @@ def _channel_source(options: SourceOptions) -> ChannelSource:
 
         return KafkaChannelSource.from_options(options.kafka, options.root)
     if options.source == "files":
-        from spark_ckpt.sources.files import FilesChannelSource, FilesSpec
+        from spark_ckpt.sources.files.files_options import FilesSpec
+        from spark_ckpt.sources.files.files_source import FilesChannelSource
 
         return FilesChannelSource(FilesSpec.from_options(options.files), options.root)
     from spark_ckpt.sources.generator import GeneratorSource

@@ -24,7 +24,7 @@ kafka: ``kafka.bootstrap.servers``, ``subscribe``/``subscribePattern``/``assign`
 :mod:`spark_ckpt.sources.kafka_options` and :mod:`spark_ckpt.kafka.kafka_source`)
 files: ``path``, ``format``, ``schema``, ``header``, ``channels``, ``maxFilesPerTrigger``,
 ``cleanSource``, ``sourceArchiveDir``, ``badRecordsPath`` (see
-:mod:`spark_ckpt.sources.files`)
+:mod:`spark_ckpt.sources.files.files_options`)
 ``run``                     set by :meth:`Pipeline.run <spark_ckpt.pipeline.pipeline.Pipeline.run>`
                             for each attempt (see :mod:`spark_ckpt.coordination.runs`); not for
                             users
@@ -64,8 +64,8 @@ from spark_ckpt.runtime.config import (
     CheckpointingMode,
     parse_option,
 )
-from spark_ckpt.sources.files import OPTION_KEYS as FILES_OPTION_KEYS
-from spark_ckpt.sources.files import FilesSpec
+from spark_ckpt.sources.files.files_options import OPTION_KEYS as FILES_OPTION_KEYS
+from spark_ckpt.sources.files.files_options import FilesSpec
 from spark_ckpt.sources.generator import GeneratorSpec
 from spark_ckpt.sources.kafka_options import OPTION_KEYS as KAFKA_OPTION_KEYS
 from spark_ckpt.sources.kafka_options import PINNED, KafkaOptions
