@@ -767,7 +767,9 @@ import pyarrow as pa
 from spark_ckpt.delta.blob_store import DeltaBlobStore
 from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.delta.store_tables import StoreTable
-from spark_ckpt.protocol.state_handles import BlobKind, SourceOffset, StateBlob, TaskId, TaskSnapshot
+from spark_ckpt.protocol.state_handles import (
+    BlobKind, SourceOffset, StateBlob, TaskId, TaskSnapshot,
+)
 root, point = sys.argv[1], sys.argv[2]
 store = DeltaCheckpointStore(root)
 lease = store.acquire()
