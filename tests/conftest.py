@@ -13,20 +13,13 @@ after the other (a scope of xdist's scheduler):
 (xdist's own ``xdist_group`` marker has no effect with pytest 9: it renames the items'
 ``_nodeid``, which pytest 9 no longer reads.)
 
-The whole suite took 41 min on two workers here (a clean clone, session 22), 46 min at
-session 23, 50 min at session 24, 45 min at session 25 and 17-18 min at session 26, the fast
-lane (``make test-fast``: no Spark, nothing marked ``slow``) 89, 86, 89, 94 and 38 s. It is
-CPU-bound, so it follows the machine (at session 26 the overhead bench ran 2.4 times session
-24's rows/s). At session 25 the two cores were 97% busy for the whole run (5,341 CPU-s), 43%
-of it in JVMs (144 Spark launches) and 51% in the Python processes around them (231 runs of
-a query, each with a source runner; 449 subtask hosts; Spark's Python workers). A test job's
-start costs about 23 CPU-s (its JVM about 11, its nine Python workers and daemons 5.5, the
-job's driver, source runner and two subtask hosts 6) and each of its micro-batches about 0.5
-CPU-s however few its rows (0.3 in the JVM). Long tests start first (:func:`start_rank`).
-The jobs' JVMs start with :mod:`spark_ckpt.testing.jvm`'s options, their Python processes
-without ``pyspark.zip`` (:mod:`spark_ckpt.spark.session.spark_home`) and with the project's bytecode
-compiled beforehand (``make bytecode``), and a local Spark's streaming checkpoints spawn no
-``readlink`` (:mod:`spark_ckpt.spark.session.builders`).
+The suite is CPU-bound, and most of its CPU goes to Spark jobs, whose start (a JVM and its
+Python processes) costs far more than their micro-batches: so long tests start first
+(:func:`start_rank`), the jobs' JVMs start with :mod:`spark_ckpt.testing.jvm`'s options,
+their Python processes without ``pyspark.zip`` (:mod:`spark_ckpt.spark.session.spark_home`)
+and with the project's bytecode compiled beforehand (``make bytecode``), and a local Spark's
+streaming checkpoints spawn no ``readlink`` (:mod:`spark_ckpt.spark.session.builders`).
+Timings and where the CPU goes: README.md, *Development*.
 """
 
 from __future__ import annotations

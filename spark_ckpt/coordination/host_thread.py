@@ -29,8 +29,8 @@ class HostThread:
 
     Flink's checkpoint coordinator runs on its own timer thread, never on the data path. In
     the source runner the data path is ``latestOffset``: polling the host there put every
-    completion (the checkpoint commit, retention, the global sink commit: Delta commits of
-    100-300 ms) into the micro-batch's critical path. Here a daemon thread polls the host
+    completion (the checkpoint commit, retention, the global sink commit: several Delta
+    commits) into the micro-batch's critical path. Here a daemon thread polls the host
     every *interval_s* — acks, declines, requests, completions — and then, in a separate
     step, applies retention (the host's coordinator defers it: ``defer_after_completion``).
     The polls also expire checkpoints past their timeout (Flink's canceller), so a long
@@ -127,7 +127,7 @@ class HostThread:
         polling thread, if anything did. Starts the thread on first use.
 
         Ticks the coordinator, except while a poll holds the host (a completion with its
-        store and sink commits: 100-300 ms) and, as of the last poll, the tick would trigger
+        store and sink commits) and, as of the last poll, the tick would trigger
         nothing (no request queued, no periodic checkpoint due): ``latestOffset`` does not
         wait for a completion it has no use for. Only a tick that may trigger waits."""
         if self._error is not None:
@@ -163,7 +163,7 @@ class HostThread:
     @property
     def last_completed(self) -> CompletedCheckpoint | None:
         """The newest checkpoint completed in this run, as of the last poll; read without
-        waiting for a poll in progress (a completion's commit takes 100-300 ms)."""
+        waiting for a poll in progress (a completion's Delta commits)."""
         return self._last_completed
 
     @property

@@ -1,50 +1,43 @@
 """The coordinator's log on Delta: the ``checkpoints`` table (leases with fencing, id blocks,
 completed checkpoints).
 
-The log side of :class:`~spark_ckpt.delta.delta_store.DeltaCheckpointStore`, used through the
-coordinator view (:class:`~spark_ckpt.storage.checkpoint_store.CheckpointLog`) by the coordinator on
-the driver side and read (:class:`~spark_ckpt.storage.checkpoint_store.CompletedCheckpoints`) by
-everyone. How it keeps the contract of :mod:`spark_ckpt.storage.checkpoint_store`:
+The log side of :class:`~spark_ckpt.delta.delta_store.DeltaCheckpointStore`, written through
+the coordinator view (:class:`~spark_ckpt.storage.checkpoint_store.CheckpointLog`) by the
+coordinator on the driver side and read
+(:class:`~spark_ckpt.storage.checkpoint_store.CompletedCheckpoints`) by everyone. How it keeps
+the contract of :mod:`spark_ckpt.storage.checkpoint_store`:
 
-* **Visibility.** A checkpoint exists once its ``completed`` row is committed to
-  ``checkpoints`` (a single small append — the completion commit). Blob rows written before
-  are unreferenced until then.
-* **Fencing.** Every write to ``checkpoints`` reads the table at version *V*, checks that the
-  newest lease epoch is the caller's, and commits with ``max_commit_retries=0`` on that
-  snapshot, so the commit lands at exactly *V + 1* or fails (delta-rs commits with
-  put-if-absent of the log file; verified: a stale snapshot's commit raises
-  ``CommitFailedError`` instead of rebasing). After a failed attempt the table is re-read
-  and the check repeated; a newer epoch then raises :class:`FencedError`. The check and the
-  commit are therefore atomic. (On object stores this needs delta-rs' atomic log commits:
-  S3 with a locking provider or conditional puts; local disk, ADLS and GCS are atomic.)
+* **Visibility.** A checkpoint exists once its ``completed`` row is committed (one small
+  append per checkpoint: the completion commit). Blob rows written before are unreferenced
+  until then.
+* **Fencing.** Every write reads the table at version *V*, checks that the newest lease epoch
+  is the caller's, and commits on that snapshot with ``max_commit_retries=0``: it lands at
+  exactly *V + 1* or raises ``CommitFailedError`` (delta-rs writes the log file with
+  put-if-absent and does not rebase). A failed attempt re-reads and re-checks; a newer epoch
+  raises :class:`FencedError`. Check and commit are therefore atomic where log commits are
+  (local disk, ADLS, GCS; S3 with a locking provider or conditional puts).
 * **Ids** come from lease rows: a new block starts at the largest ``id_end`` ever logged.
 * **Idempotent commit.** ``commit`` of an id with a ``completed`` row is a no-op (checked on
   the fenced snapshot, so it is race free).
-* **Retention** removes the ``completed`` rows of dropped checkpoints as one fenced commit:
-  each row is a data file of its own (a completion is a one-row append), so the commit
-  removes those files (:meth:`~spark_ckpt.delta.store_tables.StoreTables.remove_files`, what
-  a copy-on-write delete of them would commit, without its query planning: two thirds of its
-  CPU); a file that also holds rows to keep (a table rewritten by other means) makes it a
-  ``DeltaTable.delete``. Removing their blobs afterwards is the garbage collector's job
-  (:mod:`spark_ckpt.delta.garbage_collector`).
+* **Retention** removes the dropped checkpoints' ``completed`` rows in one fenced commit. Each
+  is a data file of its own (a one-row append), so the commit removes whole files with
+  ``remove`` actions (:meth:`~spark_ckpt.delta.store_tables.StoreTables.remove_files`: no
+  query planning); a file that also holds rows to keep makes it a ``DeltaTable.delete``.
+  Their blobs are the garbage collector's (:mod:`spark_ckpt.delta.garbage_collector`).
 * **Failed checkpoints** are recorded in the statistics history
-  (:mod:`spark_ckpt.delta.checkpoint_history`), not here. Roots written by earlier
-  versions may hold ``failed`` rows: :meth:`DeltaCheckpointLog.list_legacy_failed` reads
-  them (a row that fails its checksum is skipped with a WARNING), and retention deletes
-  them in its fenced commit once the history holds them (``drop_legacy_failed``). They are
-  never read as completed checkpoints.
+  (:mod:`spark_ckpt.delta.checkpoint_history`), not here. ``failed`` rows of roots written by
+  earlier versions are read by :meth:`DeltaCheckpointLog.list_legacy_failed` (a row that
+  fails its checksum is skipped with a WARNING), never as completed checkpoints, and deleted
+  by retention once the history holds them (``drop_legacy_failed``).
 * **Integrity.** Metadata is verified against its checksum
   (:func:`~spark_ckpt.storage.metadata.parse_completed`); a completed row without metadata,
   or one committed twice differently, makes the log unreadable
   (:class:`CorruptCheckpointError`).
 
-Reading follows the table: a version this instance wrote is known without a read, and a
-new version is read data file by data file, only the files it has not read before (Delta
-never rewrites a data file in place), so the driver's reporter, polling the log twice a
-second, reads each completion's small file once.
-
-Threading: every call is an independent transaction on a freshly loaded table; the lock only
-guards the caches (the parsed log, the files read).
+Reading costs O(data files not read before): a version this instance wrote is known without
+a read, and Delta never rewrites a data file in place, so a poller reads each completion's
+file once. Threading: every call is an independent transaction on a freshly loaded table;
+the lock only guards the caches (the parsed log, the files read).
 """
 
 from __future__ import annotations

@@ -1,94 +1,43 @@
-"""Exactly-once output into a Delta table: a two-phase-commit sink on delta-rs (``deltalake``).
+"""Exactly-once output into a Delta table: a two-phase-commit sink on delta-rs (``deltalake``),
+after Flink's ``TwoPhaseCommitSinkFunction`` (and Arroyo's Delta sink).
 
-The design follows Flink's ``TwoPhaseCommitSinkFunction`` (and Arroyo's Delta sink):
-
-1. **Stage** (task side, executors or driver; never loads the Delta table). Output rows are
-   encoded as they arrive into an in-progress Parquet file per (operator, subtask) (zstd,
-   timestamps as UTC microseconds, barrier columns dropped; one row group per write), like
-   the part files of Flink's file sink, directly under the table root, named
-   ``part-<subtask>-<uuid4>-ckpt-<sink tag>.c000.zstd.parquet``. The name is unique and never
-   reused; the tag is a hash of the sink's app id, so a sink only ever cleans up its own
-   files. A staged file is described by a
-   :class:`~spark_ckpt.delta.staged_file.StagedFile` (path relative to the table root,
-   size, rows, Delta statistics JSON). Staged files are invisible to Delta readers: nothing
-   in the log references them. This is the writer's job
-   (:class:`~spark_ckpt.delta.sink_writer.DeltaSinkWriter`).
-2. **Pre-commit** (synchronous phase of checkpoint *n*) closes the in-progress file (writes
-   its footer) and seals the subtask's staged files into a
-   :class:`~spark_ckpt.sinks.two_phase_commit.Transaction` whose payload is the tuple of
-   :meth:`StagedFile.to_json` strings (an empty transaction is fine). The writer's job too.
-3. **Commit** adds the files to the Delta log — the committer's job
-   (:class:`~spark_ckpt.delta.sink_committer.DeltaSinkCommitter`, in the global
-   committer, driver side), as are steps 4 and 5. ``commit_checkpoint`` makes
-   every file of all transactions of checkpoint *n* visible in **one** Delta commit that also
-   records the app transaction ``spark-ckpt/<pipeline>`` at version *n*: the identity of
-   the output belongs to the pipeline and the table, not to the operator chain, so every
-   version of the job that writes the table commits under it.
-   ``commit`` (one transaction) adds one transaction's files and leaves the version where
-   it is.
+1. **Stage** (task side, executors or driver; never loads the Delta table): output rows are
+   encoded as they arrive into an in-progress Parquet file per (operator, subtask) under the
+   table root, named uniquely and tagged by sink, so a sink only ever cleans up its own
+   files. Nothing in the log references a staged file: Delta readers do not see it.
+2. **Pre-commit** (the synchronous phase of checkpoint *n*) closes the in-progress file and
+   seals the subtask's staged files into a
+   :class:`~spark_ckpt.sinks.two_phase_commit.Transaction` (possibly empty) of
+   :class:`~spark_ckpt.delta.staged_file.StagedFile` JSON strings. Steps 1 and 2 are the
+   writer's (:class:`~spark_ckpt.delta.sink_writer.DeltaSinkWriter`).
+3. **Commit** (the committer, :class:`~spark_ckpt.delta.sink_committer.DeltaSinkCommitter`,
+   in the global committer on the driver side; steps 4 and 5 too): ``commit_checkpoint``
+   makes every file of all transactions of checkpoint *n* visible in **one** Delta commit
+   that records the app transaction ``spark-ckpt/<pipeline>`` at version *n*. ``commit``
+   adds one transaction's files and leaves the version where it is.
 4. **Abort / recover** delete staged files that never became part of the table.
-5. **Roll back** (at a restore, before recover) removes from the table this sink's output of
-   checkpoints after the restored one, which the job replays.
+5. **Roll back** (at a restore, before recover) removes this sink's output of checkpoints
+   after the restored one, which the job replays.
 
-Invariants and why they give exactly-once output:
+Guarantees (the reasoning in ``docs/architecture.md``, *The Delta sink*):
 
-* **Files are added at most once.** Every commit re-reads the table, drops the files already
-  in it, and commits on exactly that snapshot with ``max_commit_retries=0``: delta-rs writes
-  the next log file with put-if-absent, so the commit lands at the next version or raises
-  ``CommitFailedError``; the loser re-reads, finds the files and does nothing. (Rebasing is
-  deliberately off. With delta-rs' default retries an append carrying the same app id as a
-  concurrent winner does fail — ``Concurrent transaction failed`` — but two racing
-  ``create_table_with_add_actions`` calls were observed to *both* succeed: the loser's
-  CREATE TABLE with its add actions was rebased to version 1, duplicating the data.)
-  Every commit also carries the sink's app transaction, so delta-rs' own conflict check
-  agrees.
-* **The app version means "every transaction sealed at a checkpoint <= version is in the
-  table".** ``commit_checkpoint`` for *n* is a no-op once the version is >= *n* (delta-rs
-  itself would accept a *lower* version — verified — so the check is ours; it is race free
-  because commits are never rebased). This is sound because the state of checkpoint *n'*
-  records every sealed, uncommitted transaction <= *n'* of every subtask
-  (``OperatorTask._complete`` in :mod:`spark_ckpt.runtime.task`): if *n'* > *n* was committed
-  first, it contained the transactions of *n*. Consequently ``commit_checkpoint`` must be
-  given **all** transactions of the checkpoint in one call, and a pipeline writes a table
-  through one sink vertex.
-* **The app version is monotone except for a roll back at restore.** A job that restores
-  checkpoint *r* replays its input from *r*'s source positions, so the table must then hold
-  exactly the output of checkpoints <= *r* — also when it already holds output of later ones
-  (the newest checkpoint was damaged and the restore fell back, or an older one was restored
-  on purpose). ``roll_back_to`` *r* finds, in the log's JSON commits, the table version at
-  which the sink's output was that of *r* (:mod:`spark_ckpt.delta.rollback_plan`) and, in
-  one commit that sets the version to *r*, removes every file of the sink added since that
-  the version does not hold, and adds back those of its files a later roll back removed (a
-  restore of a checkpoint that an earlier restore left behind). A commit after it may also
-  have carried transactions of checkpoints <= *r* (whose own commit was lost in a crash);
-  ``recover``, which follows with *r*'s transactions, adds their files again whatever the
-  version, which restores the invariant above. Checkpoint ids are never reused, so later
-  checkpoints (> the damaged one > *r*) commit normally. Output of this sink that another
-  writer rewrote (OPTIMIZE) cannot be rolled back.
-* **Nothing referenced is deleted.** A roll back only removes files from the table; ``abort``
-  and the orphan sweep of ``recover`` delete only files that no version of the table the log
-  describes references (current files and Delta's tombstones): every version keeps reading
-  until a ``VACUUM``. ``recover`` must not run concurrently with writers of the same sink (it
-  would delete their in-flight staged files): run it once per job (re)start, before any task
-  writes.
+* **Files are added at most once**, also under concurrent committers: every commit re-reads
+  the table, drops the files already in it and commits on that snapshot without rebasing.
+* **App version *n* means every transaction sealed at a checkpoint <= *n* is in the table**
+  (a checkpoint's state carries every sealed, uncommitted transaction of every subtask), so
+  ``commit_checkpoint`` for *n* is a no-op once the version is >= *n*. It must be given
+  **all** transactions of the checkpoint in one call, and a pipeline writes a table through
+  one sink vertex. The version only moves back at a roll back.
+* **Nothing referenced is deleted**: a roll back only removes files from the table, and
+  ``abort`` and ``recover`` delete only files no version of the table references, so every
+  version reads until a ``VACUUM``. ``recover`` must not run concurrently with writers of the
+  same sink: run it once per job (re)start, before any task writes.
 
-The table is created by the first commit that has files, from their schema (all columns
-nullable), with protocol reader 1 / writer 2: no deletion vectors, no column mapping, UTC
-``timestamp`` columns — readable by Spark's Delta Lake, polars and DuckDB. The table is not
-partitioned (staging would have to write Hive-style partition directories and partition
-values).
-
-Errors of delta-rs, Arrow and the file system are translated into
+Cost: one Delta commit per checkpoint, whatever the number of subtasks. The table is created
+by the first commit that has files (protocol reader 1 / writer 2, UTC timestamps, not
+partitioned). Errors of delta-rs, Arrow and the file system become
 :class:`~spark_ckpt.errors.StoreError`; staged data that does not fit the table raises
 :class:`~spark_ckpt.errors.ProtocolError` naming the columns.
-
-The modules: :mod:`~spark_ckpt.delta.sink_target` (the table, its file system, the app id
-and file tag, shared by both roles), :mod:`~spark_ckpt.delta.output_schema` (type coercion,
-schema checks), :mod:`~spark_ckpt.delta.stats` (Delta file statistics),
-:mod:`~spark_ckpt.delta.part_file` (the in-progress Parquet file and its name),
-:mod:`~spark_ckpt.delta.staged_file` (a sealed file as the log records it),
-:mod:`~spark_ckpt.delta.sink_writer` and :mod:`~spark_ckpt.delta.sink_committer` (the two
-roles), and here :class:`DeltaSink`, which pairs them for one process.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ the checkpoints kept *then*:
 * Blob rows go with the data files that hold them: a task writes the blobs of one checkpoint
   and table in one append, one data file, and they usually become garbage together, so a
   file whose every row is garbage is removed from the table by a commit of remove actions
-  (:meth:`~spark_ckpt.delta.store_tables.StoreTables.remove_files`; a ``DeltaTable.delete``
-  of a dozen such files cost ten times the CPU, in query planning). Garbage rows in a file
+  (:meth:`~spark_ckpt.delta.store_tables.StoreTables.remove_files`, decided from the log's
+  file statistics, without the query planning of a ``DeltaTable.delete``). Garbage rows in a file
   that also holds live ones are deleted with ``DeltaTable.delete`` (copy-on-write: the file
   is rewritten, no deletion vectors). Both rebase over concurrent task appends with
   delta-rs' conflict resolution (verified with deltalake 1.6).

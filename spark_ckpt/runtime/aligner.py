@@ -1,94 +1,43 @@
 """Barrier alignment: Flink's ``CheckpointBarrierHandler`` family over Arrow record batches.
 
-One :class:`BarrierAligner` sits in front of one operator input with *N* channels. The task
-hands it the rows it reads (data rows interleaved with barrier and cancel rows, encoded as in
-:mod:`spark_ckpt.protocol.barrier`) and executes the ordered list of :data:`Step` values it returns:
+One :class:`BarrierAligner` sits in front of one operator input with *N* channels, used by the
+one thread of the task that owns it (:mod:`spark_ckpt.runtime.task`): it is not thread-safe,
+and it never reads time itself (an injected :class:`~spark_ckpt.protocol.clock.Clock`). The
+task hands it the rows it reads (data rows interleaved with barrier and cancel rows, encoded
+as in :mod:`spark_ckpt.protocol.barrier`) and executes the ordered :data:`Step` values it
+returns:
 
-* :class:`Records` — data rows to feed to the operator now (one large table per run of rows
-  that may be processed together; user columns plus ``_ckpt_channel`` and ``_ckpt_offset``);
-* :class:`Snapshot` — take the synchronous operator snapshot *now*: the operator state at this
-  point is exactly the state after all :class:`Records` returned before it (across calls);
+* :class:`Records` — data rows to feed to the operator now (user columns plus
+  ``_ckpt_channel`` and ``_ckpt_offset``); each data row is emitted exactly once, and each
+  channel's rows keep their order;
+* :class:`Snapshot` — take the synchronous operator snapshot *now*: the state after exactly
+  the :class:`Records` returned before it (across calls);
 * :class:`Complete` — every channel delivered barrier *n*: the task may acknowledge *n*, with
-  the in-flight channel state (unaligned checkpoints only) and the per-channel barrier offsets;
-* :class:`Abort` — the aligner gave up checkpoint *n*; the task declines it and forwards a cancel
-  marker downstream. Rows held back for *n* appear in the following :class:`Records`.
+  the channel state (unaligned checkpoints only) and ``barrier_offsets[ch]``, the offset of
+  channel *ch*'s next data row (where a restore rewinds; for a channel that ended before the
+  barrier, its end offset);
+* :class:`Abort` — the aligner gave up checkpoint *n*; the task declines it and forwards a
+  cancel marker downstream. Rows held back for *n* appear in the following :class:`Records`.
 
-Modes (:class:`AlignmentMode`):
+Modes (:class:`AlignmentMode`): ``ALIGNED`` (exactly-once; blocks a channel from its barrier
+until the last channel's, and with ``aligned_timeout_ms > 0`` switches to unaligned once the
+barrier is that old), ``UNALIGNED`` (exactly-once; snapshots at the first barrier, rows of
+lagging channels become channel state) and ``AT_LEAST_ONCE`` (Flink's
+``CheckpointBarrierTracker``; nothing blocks). Savepoints and final checkpoints are always
+aligned, without timeout. The rules in full — timeouts, subsumption, cancel markers, late
+barriers, the protocol errors: ``docs/architecture.md``, *Barrier alignment in a subtask*.
 
-* ``ALIGNED`` (exactly-once, Flink's aligned ``SingleCheckpointBarrierHandler``): a channel that
-  delivered barrier *n* is blocked; its later rows are buffered (as Arrow, never emitted) until
-  the last channel delivers *n*. Then :class:`Snapshot`, :class:`Complete`, and the buffered rows
-  go through the aligner again (they may hold barrier *n + 1*). With ``aligned_timeout_ms > 0``
-  a checkpoint still aligning once ``clock.now_ms() - barrier.timestamp_ms >= aligned_timeout_ms``
-  switches to unaligned (checked on every :meth:`~BarrierAligner.process`,
-  :meth:`~BarrierAligner.tick`, :meth:`~BarrierAligner.abort` and
-  :meth:`~BarrierAligner.end_of_input`, and when the first barrier arrives). A barrier whose own
-  ``unaligned`` flag is set is taken unaligned from the start; one that arrives so flagged
-  while its checkpoint is aligning switches it to unaligned at once (as Flink's alternating
-  handler: an input that timed out upstream ends the alignment everywhere). spark-ckpt's own
-  sources give every channel the same barrier (``ckpt-source`` cuts a late barrier on all
-  channels before emitting it), so in their pipelines the flags of one checkpoint never
-  differ and this switch does not occur; it serves inputs whose channels decide on their own.
-* ``UNALIGNED`` (exactly-once, unaligned): the first barrier *n* on any channel triggers the
-  :class:`Snapshot` at once (the barrier overtakes the in-flight data). Rows that arrive later on
-  channels that have not delivered *n* yet are emitted **and** recorded as channel state of *n*.
-  Nothing blocks (savepoints excepted, see below).
-* ``AT_LEAST_ONCE`` (Flink's ``CheckpointBarrierTracker``): nothing blocks; the snapshot is taken
-  when the last channel delivered *n*, so it also contains post-barrier rows of the early channels
-  (replayed again after a restore: the at-least-once contract). Several checkpoints may be
-  tracked concurrently (at most :data:`MAX_TRACKED_CHECKPOINTS`); completing *n* aborts every
-  older tracked one, which can no longer complete.
+A protocol violation raises :class:`~spark_ckpt.errors.ProtocolError`, after which the aligner
+is ``FAILED`` and refuses further calls: the task must fail and restore. Control rows are
+recognized by a non-null ``_ckpt_checkpoint_id``, so a batch without control rows is
+recognized in O(1) (the column's null count) and, with no checkpoint pending, costs a
+channel-range check and a column projection.
 
-Protocol (violations raise :class:`~spark_ckpt.errors.ProtocolError`, after which the aligner is
-``FAILED`` and refuses further calls — the task must fail and restore):
-
-* a row on a channel the aligner does not know, or on a channel after its end of input;
-* barrier *n* on a channel that already delivered a barrier ``>= n`` (a duplicate, or channel
-  order broken) — unless *n* was aborted or cancelled, whose late barriers are ignored (aborted
-  ids are forgotten once every live channel has passed them; a barrier that old can then only be
-  a protocol error). In ``ALIGNED`` mode the rows of a blocked channel, control rows included,
-  are inspected only when released, so errors among them surface then;
-* a control row (non-null ``_ckpt_checkpoint_id``) whose kind is not ``barrier``/``cancel``;
-* a batch whose schema differs from the first one, or that lacks the barrier columns.
-
-Control rows are recognized by a non-null ``_ckpt_checkpoint_id`` (data rows carry nulls in all
-barrier columns, see :mod:`spark_ckpt.protocol.barrier`). This lets a batch without control rows be
-recognized from the column's null count in O(1): with no checkpoint pending, such a batch costs a
-channel-range check and a column projection. A malformed barrier row *without* checkpoint id is
-therefore indistinguishable from data.
-
-Savepoints (``SnapshotType.SAVEPOINT`` barriers) and final checkpoints (``barrier.final``) are
-always aligned, as in Flink, so that they never carry channel state: in ``UNALIGNED`` mode too,
-and the aligned timeout does not apply to them. In ``AT_LEAST_ONCE`` mode the barriers'
-``unaligned`` flag is ignored.
-
-A barrier newer than the pending checkpoint subsumes it (``Abort(SUBSUMED)``) in the
-exactly-once modes. Barriers older than the newest started checkpoint that were never started
-here are late and ignored. A cancel marker aborts its checkpoint if pending (``Abort(CANCELLED)``);
-for a checkpoint not started yet it is remembered (its barriers are ignored) and reported once as
-``Abort(CANCELLED)`` so the task can forward the cancellation; an older pending checkpoint stays
-pending (unlike Flink, which drops it: it can still complete). Cancels for completed or unknown
-old checkpoints are ignored.
-
-Offsets: ``Complete.barrier_offsets[ch]`` is the ``_ckpt_offset`` of channel *ch*'s barrier row,
-i.e. the offset of its next data row, where a source rewinds on restore; for a channel that
-ended before delivering the barrier it is the end offset given to
-:meth:`~BarrierAligner.end_of_input`.
-
-Threading: an aligner is used by one task thread; it is not thread-safe. It never reads time
-itself; all timestamps come from the injected :class:`~spark_ckpt.protocol.clock.Clock`.
-
-Structure (:mod:`spark_ckpt.runtime.alignment`): this class is a facade. It validates input
-(:class:`~spark_ckpt.runtime.alignment.admission.InputAdmission`), cuts it into items
-(:func:`~spark_ckpt.runtime.alignment.items.split_items`), runs them through one queue, and
-hands barriers, cancels, ends and data runs to a barrier handler: the exactly-once
-:class:`~spark_ckpt.runtime.alignment.single_checkpoint_handler.SingleCheckpointBarrierHandler`,
-whose lifecycle is a state object
-(:mod:`~spark_ckpt.runtime.alignment.barrier_handler_state`: ``WaitingForFirstBarrier`` and its
-unaligned / alternating variants, ``CollectingBarriers``, ``AlternatingCollectingBarriers``,
-``CollectingBarriersUnaligned``), or the at-least-once
-:class:`~spark_ckpt.runtime.alignment.barrier_tracker.BarrierTracker`. Items of blocked channels
-wait in the :class:`~spark_ckpt.runtime.alignment.channel_buffer.ChannelBuffer`.
+This class is a facade over :mod:`spark_ckpt.runtime.alignment`: input admission, items, one
+queue, and a barrier handler (the exactly-once
+:class:`~spark_ckpt.runtime.alignment.single_checkpoint_handler.SingleCheckpointBarrierHandler`
+with its states, :mod:`~spark_ckpt.runtime.alignment.barrier_handler_state`, or the
+at-least-once :class:`~spark_ckpt.runtime.alignment.barrier_tracker.BarrierTracker`).
 """
 
 from __future__ import annotations

@@ -46,12 +46,12 @@ DEFAULT_RETAIN_EVERY_MS: Final = 0
 REQUEST_ID: Final = "request_id"
 
 #: How long retention keeps a checkpoint that answers a request (:data:`REQUEST_ID`) after
-#: its completion (and every checkpoint after it: retention keeps from an id on): its
-#: requester polls the log every 0.2 s.
+#: its completion (and every checkpoint after it: retention keeps from an id on): long
+#: enough for its requester, which polls the log, to find it.
 ANSWER_KEEP_MS: Final = 5_000
 
-#: Default of ``garbage_every``: unreferenced blobs are collected at every 8th retention
-#: (about every 8 s with checkpoints every second).
+#: Default of ``garbage_every``: unreferenced blobs are collected at every 8th retention (a
+#: collection scans every state table, so it is not worth paying at every retention).
 DEFAULT_GARBAGE_EVERY: Final = 8
 
 

@@ -1,102 +1,30 @@
 """The checkpoint coordinator: triggers checkpoints, collects acknowledgements, completes or
 aborts them, and commits completed ones into the checkpoint store.
 
-It runs on the driver, single-threaded: every entry point (:meth:`tick`, :meth:`trigger_checkpoint`,
-:meth:`trigger_savepoint`, :meth:`receive_acknowledge`, :meth:`receive_decline`,
-:meth:`shutdown`) is called by one driver loop, and time comes from an injected
-:class:`~spark_ckpt.protocol.clock.Clock` — nothing here sleeps or starts threads. Tasks are reached
-through a :class:`TaskGateway` (in-process in the simulation; through the checkpoint store in
-Spark).
+It runs on the driver side (in Spark, in the source runner's coordinator host,
+:mod:`spark_ckpt.coordination.host`), single-threaded: every entry point (:meth:`tick`,
+:meth:`trigger_checkpoint`, :meth:`trigger_savepoint`, :meth:`receive_acknowledge`,
+:meth:`receive_decline`, :meth:`shutdown`) is called by one loop, and time comes from an
+injected :class:`~spark_ckpt.protocol.clock.Clock` — nothing here sleeps or starts threads.
+Tasks are reached through a :class:`TaskGateway` (in-process in the simulation; through the
+checkpoint store in Spark).
 
-Trigger rules (after Flink's ``CheckpointRequestDecider``; the differences are listed below):
+Trigger rules are Flink's ``CheckpointRequestDecider``: a fixed-rate periodic schedule, min
+pause, max concurrent, manual checkpoints queued until the limits allow, forced savepoints;
+queued requests go by priority (savepoints, final checkpoints, manual checkpoints, a due
+periodic trigger), then by arrival. Nothing triggers after :meth:`shutdown`
+(:class:`CoordinatorShutdownError`). The rules in full, and the complete list of where they
+differ from Flink's on purpose: ``docs/architecture.md``, *The coordinator's rules*.
 
-* periodic: due every ``interval_ms`` from :meth:`start`; a due trigger waits while
-  ``max_concurrent`` checkpoints (savepoints included) are pending, and — when
-  ``min_pause_ms > 0`` — while any checkpoint is pending or less than ``min_pause_ms``
-  passed since the last completion; the schedule keeps a fixed rate: after one fires, the
-  next is due at the first point of ``start + k * interval`` after it, so a trigger that
-  fired late (held back by max concurrent, or placed by the source at its next
-  micro-batch) does not shift the schedule, and points missed meanwhile are skipped; one
-  that min pause held back restarts the schedule: the next is due an interval after it;
-* manual checkpoints (:meth:`trigger_checkpoint`) obey the same limits but not the interval;
-  they queue until allowed;
-* savepoints (:meth:`trigger_savepoint`, also for a stop with savepoint) are forced: they
-  ignore min pause and max concurrent, so they trigger at once; they are always aligned and
-  full, never subsumed, and never removed by retention;
-* queued requests are ordered by priority, then by arrival: savepoints (a stop with
-  savepoint too) first, then final (stop) checkpoints, then manual checkpoints, then a due
-  periodic trigger; so a savepoint or stop never waits behind queued checkpoints, and a
-  savepoint not even behind a stop checkpoint that waits for the limits;
-* failures of checkpoints (not savepoints) with a counted reason (see
-  :mod:`spark_ckpt.runtime.failure`) count towards ``tolerable_failed_checkpoints``; every
-  completion resets the count;
-* nothing is triggered after :meth:`shutdown` (:class:`CoordinatorShutdownError`).
-
-Where these rules differ from Flink's (1.15 and later), on purpose — this is the complete
-list; everything else above is Flink's rule:
-
-* **A savepoint is a recovery point.** When it completes, tasks are notified, so
-  two-phase-commit sinks commit the output up to it. It is kept in the pipeline's own log, so
-  a restart after a failure may restore from it. In Flink, an intermediate savepoint is
-  neither committed by sinks nor used for failover, and only a terminal stop-with-savepoint
-  commits. We keep the savepoint as a recovery point because it is also copied into a
-  self-contained directory that retention never touches: a failure after a savepoint then
-  neither duplicates nor loses committed output.
-* **Savepoints are always forced.** Flink forces a savepoint only when unaligned checkpoints
-  are disabled (``CheckpointProperties.forSavepoint(!unalignedCheckpointsEnabled)``); with
-  unaligned checkpoints on, its savepoint waits for max concurrent like a checkpoint. Here a
-  savepoint is always aligned and never shares a barrier with an unaligned checkpoint, so it
-  is forced in either mode.
-* **Stopping with a final checkpoint.** Flink stops only with a savepoint (stop-with-savepoint,
-  a synchronous savepoint; a task that declines it fails the job). Here a stop may also take
-  a final checkpoint. That checkpoint is queued first, like a savepoint, but is not forced: it
-  waits for max concurrent and min pause. A failed stop-with-savepoint is not counted (no
-  savepoint failure is) and does not fail the job by itself; a failed final checkpoint
-  counts like any checkpoint.
-* **Manual checkpoints wait for min pause.** In Flink, min pause only holds back periodic
-  requests; a manual (non-forced, non-periodic) checkpoint waits for max concurrent only.
-  Here it waits for both, like a periodic one.
-* **Periodic triggers are not queued.** Flink queues a periodic request like any other (and
-  fails it with ``MINIMUM_TIME_BETWEEN_CHECKPOINTS`` when min pause holds it back, then
-  reschedules). Here a due periodic checkpoint fires only when no manual request is waiting;
-  otherwise it stays due and fires once the queue is empty and the limits allow.
-* **The queue is unbounded.** Flink keeps at most 1000 queued requests and fails the excess
-  with ``TOO_MANY_CHECKPOINT_REQUESTS``. Here requests come from a mailbox polled by one
-  driver loop, and every queued one is kept.
-* **The first periodic checkpoint is due one interval after** :meth:`start`. Flink picks a
-  random initial delay between min pause and the interval.
-* **Failure counting.** Flink counts only declined, expired, I/O and asynchronous-phase
-  failures, never a task failure or a failed finalization, counts a task's decline of a
-  (non-synchronous) savepoint, and ignores failures of checkpoints older than the last
-  completed one. Here expired, declined, finalize-failed and task-failure aborts count, only
-  of checkpoints (never of savepoints), in the order they happen (see
-  :mod:`spark_ckpt.runtime.failure`).
-* **Ids come from leased blocks.** Ids are taken from blocks leased in the store (see
-  :class:`~spark_ckpt.storage.lease.CoordinatorLease`), so they leave gaps across restarts.
-  Flink's ``CheckpointIDCounter`` counts one by one.
-* **Retention also keeps every savepoint.** Retention keeps the newest *n* completed
-  checkpoints, every savepoint of the root's log, and every checkpoint a task's incremental
-  state still builds on. Flink's completed-checkpoint store does not hold savepoints, and
-  its shared state registry plays the part of the last rule.
-* **Externalized retention.** ``RETAIN_ON_CANCELLATION`` keeps checkpoints even when the job
-  finished (:func:`discards_checkpoints`); Flink discards them then.
-* **The statistics history is durable.** Every failed or aborted checkpoint or savepoint —
-  declined, expired, subsumed, failed to finalize, or aborted by a task failure or the shutdown — is
-  recorded in the store's statistics history, with its reason and the figures of the tasks that had
-  acknowledged (:meth:`~spark_ckpt.storage.checkpoint_store.CheckpointLog.record_failure`);
-  retention records every completed one there before removing it. The history keeps the newest
-  ``config.history_size`` entries whatever ``retained_checkpoints`` is (read with
-  :meth:`~spark_ckpt.storage.checkpoint_store.CompletedCheckpoints.list_history`). Flink keeps this
-  history (``web.checkpoints.history``) only in the JobManager's memory. Recording a failure never
-  fails the job: a store error is logged as a WARNING.
-
-Completion: all tasks acknowledged → finalize → commit into the store (fenced) → drop
-subsumed pending checkpoints → retention → notify-complete to every task. Failures (decline,
-timeout, failed commit) abort the checkpoint, notify every task, are recorded in the store,
-and count towards ``tolerable_failed_checkpoints``; exceeding it raises
+Completion: all tasks acknowledged → finalize → commit into the store (fenced; one commit
+per checkpoint) → drop subsumed pending checkpoints → retention → notify-complete to every
+task. Failures (decline, timeout, failed commit) abort the checkpoint, notify every task, are
+recorded in the store's statistics history (a store error there is logged as a WARNING, it
+never fails the job), and count towards ``tolerable_failed_checkpoints`` (checkpoints only,
+never savepoints; every completion resets the count); exceeding it raises
 :class:`TolerableFailuresExceededError`. A completion or an abort frees a slot: what waited
-for it triggers then (with ``defer_after_completion``, at the next :meth:`tick`).
-Checkpoint ids come from store leases: strictly increasing, never reused, across restarts.
+for it triggers then (with ``defer_after_completion``, at the next :meth:`tick`). Checkpoint
+ids come from store leases: strictly increasing, never reused, across restarts.
 """
 
 from __future__ import annotations

@@ -94,8 +94,9 @@ def rank_within_key(keys: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndar
     """For each row, how many earlier rows of the batch have the same key (0-based), plus the
     distinct keys and the index of each row's key among them. Vectorized (one sort).
 
-    Chunked keys are combined first: encoding chunk by chunk and unifying the dictionaries
-    costs about ten times the copy (the aligner's output is chunked around barriers)."""
+    Chunked keys are combined first (one copy, O(rows)): encoding chunk by chunk and unifying
+    the dictionaries costs more than the copy (the aligner's output is chunked around
+    barriers)."""
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
     encoded = pc.dictionary_encode(keys)

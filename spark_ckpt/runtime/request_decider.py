@@ -4,8 +4,8 @@ handed to the :class:`~spark_ckpt.runtime.coordinator.CheckpointCoordinator`.
 The decider owns the queue of manual requests, the periodic schedule and the limits (max
 concurrent, min pause). The coordinator asks it what to trigger now
 (:meth:`CheckpointRequestDecider.choose`) and tells it when a checkpoint completed; the
-rules are listed in :mod:`spark_ckpt.runtime.coordinator`. The queue's order is one
-comparator, :func:`request_order`.
+rules are listed in ``docs/architecture.md`` (*The coordinator's rules*). The queue's order
+is one comparator, :func:`request_order`.
 """
 
 from __future__ import annotations

@@ -1,51 +1,33 @@
-"""The offsets ``ckpt-source`` hands to Spark, and how barriers are placed and aligned in them.
+"""The offsets ``ckpt-source`` hands to Spark, and how barriers are placed and aligned in them
+(in the source runner's ``latestOffset``; a micro-batch's rows follow from its two offsets).
 
 Each channel (one source split) is an ordered log. A :class:`StreamOffset` — what Spark writes
-to its offset log as the end of a micro-batch — records per channel:
+to its offset log as the end of a micro-batch — records per channel ``positions[c]`` (rows
+``[0, positions[c])`` belong to batches up to here), ``emitted[c]`` (the id of the last barrier
+emitted on *c*, 0 = none) and the ``barriers`` placed that some batch has yet to emit, each with
+its position on every channel (a barrier at position *p* sits before data row *p*).
 
-* ``positions[c]``: rows ``[0, positions[c])`` of channel *c* belong to batches up to here;
-* ``emitted[c]``: the id of the last barrier emitted on channel *c* (0 = none);
-* ``barriers``: the barriers placed so far that some batch still has to emit, each with its
-  position on every channel (a barrier at position *p* sits before data row *p*).
+Placement (:class:`BarrierPlacement`) of an aligned barrier: ``read`` (the default) at the end
+of the micro-batch being planned, where a Flink source emits its barrier, so a checkpoint
+completes with that micro-batch however deep the backlog; ``head`` at every channel's last
+produced row, so under a read limit a channel with a deeper backlog reaches it later.
 
-Barriers are placed when the source takes a trigger (``latestOffset``), where
-:class:`SourceAlignment` says. An aligned barrier goes where :class:`BarrierPlacement` says:
+Alignment (:class:`SourceAlignment`) happens here, at the source (``docs/design/executors.md``,
+decision 1): a channel that has reached a barrier not emitted yet is held there until every
+channel has, and the batch in which the last one does emits it on every channel, after each
+channel's rows. So a checkpoint falls on a micro-batch boundary, identically on every subtask,
+and no subtask carries buffered rows from one micro-batch to the next. An unaligned barrier,
+and any barrier under at-least-once, goes at the read position and does not wait; an aligned
+barrier still waiting after the aligned-checkpoint timeout is *cut* there on every lagging
+channel and becomes unaligned (the rows in flight stay in the replayable channel: channel
+state by reference). Savepoints and final checkpoints always wait. The process, step by
+step: ``docs/architecture.md``, *One checkpoint, step by step*, 1 and 2.
 
-* ``read`` (the default) — at the end of the micro-batch being planned: the position the
-  source has read up to, as a Flink source emits its barrier after the records it has read.
-  A checkpoint completes with the micro-batch that carries it, however deep the backlog
-  (a job catching up under ``maxRowsPerTrigger`` keeps checkpointing).
-* ``head`` — at every channel's *head*, the last row the source has produced. Under a read
-  limit a channel with a deeper backlog then reaches its barrier micro-batches after the
-  others, as a backpressured channel does in Flink (its backlog plays the in-flight data).
-
-Without a read limit the two coincide: a micro-batch reads every channel up to its head.
-
-**Alignment happens here, at the source** (``docs/design/executors.md``, decision 1). A
-channel that has reached a barrier no batch has emitted yet is *held*: no batch reads it
-beyond the barrier until every channel has reached it. The batch in which the last channel
-reaches it emits the barrier on every channel, at the end of every channel's slice. So a
-checkpoint always falls on a micro-batch boundary, identically on every subtask: a subtask
-processes the data rows of the batch and then snapshots, and never carries alignment state
-(buffered rows) from one micro-batch to the next. What Flink's barrier handler decides per
-task is decided once, here, and recorded in the offsets:
-
-* an **aligned** barrier waits at its placement: held channels wait for the lagging ones;
-* an **unaligned** barrier, and any barrier under **at-least-once**, does not wait: it goes
-  at the read position of the batch that takes it. The rows a lagging channel had in flight
-  stay in the replayable channel — channel state by reference — and a restore reads them
-  again;
-* an aligned barrier still waiting after the **aligned-checkpoint timeout** is *cut*: its
-  position on every lagging channel moves back to that channel's read position, and it
-  becomes unaligned (Flink's switch from aligned to unaligned).
-
-Savepoints and final checkpoints always wait (they never cut a channel).
-
-The micro-batch ``(start, end]`` emits on channel *c* the data rows
+Replay guarantee: the micro-batch ``(start, end]`` emits on channel *c* the data rows
 ``[start.positions[c], end.positions[c])`` and every barrier with
-``start.emitted[c] < id <= end.emitted[c]``, each before the data row at its position (at the
-slice's end). This is a pure function of the two offsets, so a replayed batch (Spark re-runs
-a failed batch with the offsets it logged) emits identical rows and identical barriers.
+``start.emitted[c] < id <= end.emitted[c]``, each before the data row at its position. This is
+a pure function of the two offsets, so a batch Spark replays from its offset log emits
+identical rows and barriers.
 """
 
 from __future__ import annotations

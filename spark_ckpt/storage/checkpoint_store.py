@@ -2,76 +2,42 @@
 
 As in Flink (``CheckpointStorageCoordinatorView`` / ``CheckpointStorageWorkerView`` /
 ``CompletedCheckpointStore``), each side of a job sees only what it uses:
+:class:`CompletedCheckpoints` (the read side of the log and the statistics history; read by
+everyone, never writes), :class:`CheckpointLog` (the coordinator view, used on the driver side
+by the coordinator host, :mod:`spark_ckpt.coordination.host`: leases, the completion commit,
+retention, discard), :class:`StateStorage` (the task view: writing a task's snapshot, reading
+blobs back; never touches the log), :class:`WorkerStorage` (both, for the task-side runtime of
+a run) and :class:`CheckpointStore` (all of it, plus :meth:`~CheckpointStore.verify` and
+:meth:`~CheckpointStore.latest_restorable`, which need the log and the blobs), implemented by
+:class:`~spark_ckpt.storage.memory_store.InMemoryCheckpointStore` (the reference) and
+:class:`~spark_ckpt.delta.delta_store.DeltaCheckpointStore`. Contract every implementation keeps:
 
-:class:`CompletedCheckpoints`
-    The read side of the log: which checkpoints completed (:meth:`~CompletedCheckpoints.get`,
-    :meth:`~CompletedCheckpoints.list_completed`, :meth:`~CompletedCheckpoints.latest_completed`),
-    and the statistics history of finished ones (:meth:`~CompletedCheckpoints.list_history`).
-    Read by both sides and by clients; never writes.
-:class:`CheckpointLog` — the **coordinator view**
-    Id leases with fencing, the completion commit, retention and discard. Used by the
-    :class:`~spark_ckpt.runtime.coordinator.CheckpointCoordinator`, which runs on the driver
-    side in the source runner's coordinator host (:mod:`spark_ckpt.coordination.host`). Only the
-    holder of the newest lease writes.
-:class:`StateStorage` — the **task view**
-    Writing a task's snapshot and reading state blobs back. Used by
-    :class:`~spark_ckpt.runtime.task.OperatorTask` (snapshot and state restore) and by the
-    sink recovery on either side (:func:`~spark_ckpt.runtime.task.sealed_transactions`);
-    tasks run in the foreachBatch process (:mod:`spark_ckpt.spark.driver.batch_aligner`) or the
-    ``ckpt-sink`` commit (:mod:`datasources.ckpt_sink`). Never touches the log.
-:class:`WorkerStorage`
-    The task view plus the read side of the log: what the task-side runtime of a run holds
-    (the foreachBatch :class:`~spark_ckpt.spark.driver.batch_aligner.BatchAligner` restores from a
-    completed checkpoint and learns completions by reading the log).
-:class:`CheckpointStore`
-    One storage providing all of the above, plus what needs both the log and the blobs:
-    :meth:`~CheckpointStore.verify` and :meth:`~CheckpointStore.latest_restorable`, the
-    restore-point choice of the coordinator host. Implementations:
-    :class:`~spark_ckpt.storage.memory_store.InMemoryCheckpointStore` (the reference) and
-    :class:`~spark_ckpt.delta.delta_store.DeltaCheckpointStore` (the durable one).
-
-Contract every implementation keeps:
-
-* **Fencing.** :meth:`CheckpointLog.acquire` registers a new coordinator *epoch* and fences
-  out every earlier one: a superseded lease's ``commit``/``allocate_ids``/``retain``/
-  ``discard`` raise :class:`~spark_ckpt.errors.FencedError`. ``acquire`` and
-  ``allocate_ids`` are *not* idempotent: every call reserves a fresh block of ids.
-* **Ids.** Leases hand out checkpoint ids in blocks; an id is never handed out twice, across
-  coordinators and restarts (ids strictly increase).
-* **Task state** (:meth:`StateStorage.write_task_state`) is written before the checkpoint
-  completes, runs on the task side, and is idempotent: writing the same snapshot again
-  changes nothing (a task retried by Spark may write it twice).
-* **Visibility.** A checkpoint is visible (``latest_completed``/``get``/``list_completed``)
-  only once :meth:`CheckpointLog.commit` returned. A crash at any earlier point leaves
-  nothing visible and nothing that breaks a later checkpoint. ``commit`` of an id already
-  committed is a no-op (idempotent per checkpoint id).
-* **Integrity.** Reads verify checksums and raise :class:`CorruptCheckpointError`, never
-  returning damaged data. :meth:`CheckpointStore.verify` checks a whole completed checkpoint
-  (every blob it references, reused ones included) before a restore, and
-  :meth:`CheckpointStore.latest_restorable` picks the newest checkpoint that verifies,
-  reporting the damaged newer ones it skipped. Damage — a blob that fails its checksum or
-  does not decode, a blob or data file that is gone, metadata that fails its checksum — is
-  always :class:`CorruptCheckpointError` carrying the checkpoint's id; a store that cannot
-  be reached raises a plain :class:`StoreError` instead, so an outage never makes a restore
-  fall back to an older checkpoint.
-* **Retention** (:meth:`CheckpointLog.retain`, idempotent: a repeated call removes nothing
-  more) keeps the newest *n* checkpoints, every savepoint and every checkpoint from
-  ``keep_from`` on (the oldest base a task's incremental snapshot may still build on), and
-  removes the rest, together with every blob no kept checkpoint references — but never
-  blobs of checkpoints newer than the latest completed one (they may belong to a pending
-  checkpoint). With ``collect_garbage=False`` it removes the checkpoints only; their blobs
-  stay, unreferenced and invisible, until a later call collects them (garbage is always
-  defined against the checkpoints kept *then*, so nothing is missed; see
-  :mod:`spark_ckpt.storage.retention`). :meth:`CheckpointLog.discard` is idempotent too.
-* **History** (:mod:`spark_ckpt.storage.history`): the statistics of finished checkpoints
-  and savepoints, completed or failed, kept apart from the log and bounded by its own size
-  (``history_size``, the newest records by id), never by retention.
-  :meth:`CheckpointLog.record_failure` records a failure; ``retain`` and ``discard`` first
-  record every completed checkpoint of the log not recorded yet
-  (:func:`~spark_ckpt.storage.history.unrecorded`), so removing a checkpoint never loses
-  its statistics. History writes are fenced like every other write and idempotent per id
-  (the first record of an id wins). :meth:`CompletedCheckpoints.list_history` shows the
-  records plus the log's completed checkpoints not recorded yet.
+* **Fencing and ids.** :meth:`CheckpointLog.acquire` registers a new coordinator *epoch*; a
+  superseded lease's ``commit``/``allocate_ids``/``retain``/``discard`` raise
+  :class:`~spark_ckpt.errors.FencedError`. ``acquire`` and ``allocate_ids`` are *not*
+  idempotent: every call reserves a fresh block. Ids strictly increase, across coordinators
+  and restarts: none is handed out twice.
+* **Task state** (:meth:`StateStorage.write_task_state`) is written on the task side before
+  the checkpoint completes, idempotently (a task retried by Spark may write it twice).
+* **Visibility.** A checkpoint is visible only after :meth:`CheckpointLog.commit` (idempotent
+  per id) returned; a crash earlier leaves nothing visible and nothing that breaks a later one.
+* **Integrity.** Reads verify checksums. Damage (a blob that fails its checksum or does not
+  decode, a blob or data file that is gone, metadata that fails its checksum) is always
+  :class:`CorruptCheckpointError` with the checkpoint's id, never damaged data; an
+  unreachable store is a plain :class:`StoreError`, so an outage never makes a restore fall
+  back. :meth:`CheckpointStore.latest_restorable` picks the newest checkpoint that verifies
+  (every blob it references), reporting the damaged newer ones it skipped.
+* **Retention** (:meth:`CheckpointLog.retain`, idempotent, as ``discard`` is) keeps the newest
+  *n* checkpoints, every savepoint and every checkpoint from ``keep_from`` on (the oldest base
+  a task's incremental snapshot may build on), and removes the rest with every blob no kept
+  checkpoint references, never blobs newer than the latest completed checkpoint (a pending
+  one's). With ``collect_garbage=False`` the blobs stay, unreferenced, until a later call
+  collects them against the checkpoints kept *then* (:mod:`spark_ckpt.storage.retention`).
+* **History** (:mod:`spark_ckpt.storage.history`): the statistics of finished checkpoints and
+  savepoints (failures by :meth:`CheckpointLog.record_failure`), bounded by ``history_size``,
+  never by retention: ``retain`` and ``discard`` first record every completed checkpoint not
+  recorded yet. Writes are fenced and idempotent per id (the first record wins);
+  :meth:`CompletedCheckpoints.list_history` adds the log's unrecorded completions.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """JVM options of the jobs that tests and benchmarks start in subprocesses: a local Spark JVM
 that starts fast on a small machine, computing exactly what it computes otherwise.
 
-* :data:`FAST_JVM_OPTIONS`: C1-only JIT and the serial collector (about 8 s less per start on
-  2 cores).
+* :data:`FAST_JVM_OPTIONS`: C1-only JIT and the serial collector (less compilation and
+  collection work at start-up).
 * A **class data sharing archive** (JDK AppCDS): the classes a job's driver JVM loads, parsed
   and verified once and mapped by every later JVM (``-XX:SharedArchiveFile``) instead of
-  loaded from Spark's jars again: a demo job's JVM reaches its first query in about half the
-  CPU. :func:`class_archive` builds it once per machine, JDK, Spark home and options, by
-  running the demo job for a moment with ``-XX:ArchiveClassesAtExit`` (about a minute; a
-  file lock makes a concurrent test worker wait for it instead of building it again). A JVM
+  loaded from Spark's jars again. :func:`class_archive` builds it once per machine, JDK,
+  Spark home and options, by running the demo job for a moment with
+  ``-XX:ArchiveClassesAtExit`` (a file lock makes a concurrent test worker wait for it
+  instead of building it again). Figures: ``docs/spark-notes.md``, section 2. A JVM
   whose class path does not match the archive's (Spark's launcher, a local cluster's
   executors) just runs without it (``-Xshare:auto``, silenced).
 

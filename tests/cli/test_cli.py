@@ -3,9 +3,9 @@ tables). Oracles are the values the test wrote.
 
 Most commands run through :func:`spark_ckpt.cli.main` in this process, with its output
 captured, exactly as the console script runs it (``sys.exit(main())``): a new interpreter
-per command cost 1.2-1.7 s of imports. The console script itself, ``python -m`` and what
-only a process shows (usage errors from argparse, the debug traceback, a missing optional
-dependency, Spark stopped after a failed demo) run in subprocesses: :func:`console`.
+per command would import the package every time. The console script itself, ``python -m``
+and what only a process shows (usage errors from argparse, the debug traceback, a missing
+optional dependency, Spark stopped after a failed demo) run in subprocesses: :func:`console`.
 
 The request commands (``checkpoint``, ``savepoint trigger|stop``, ``stop``) need a running
 pipeline: tests/integration (test_faults, test_savepoints) drive them against real jobs.

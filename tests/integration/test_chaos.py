@@ -1,7 +1,7 @@
 """The chaos benchmark (``bench/chaos.py``) in small: 12 random faults — two shuffled rounds
 of every kind — over an aligned, an unaligned and an at-least-once job, each fault injected
 after the job recovered from the previous one, while the run appends input; then stop, drain
-and compare with the oracle (about 4 minutes on 2 cores).
+and compare with the oracle.
 
 The oracle is the input the run wrote (``ModeResult.written``), nothing the code under test
 computed. The benchmark reads the output with ``deltalake``; this test reads it a second time

@@ -154,7 +154,8 @@ class CheckpointConfig:
 
     @staticmethod
     def from_options(options: Mapping[str, str]) -> CheckpointConfig:
-        """Build a config from string options (see the module docstring for the keys).
+        """Build a config from string options (the keys: ``docs/architecture.md``, *Checkpoint
+        options*).
 
         Keys are case-insensitive; keys outside the reserved namespaces are ignored; unknown
         reserved keys, conflicting spellings of one option and invalid values raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
-#: The default checkpoint interval (Flink's default is off; see the module docstring).
+#: The default checkpoint interval (Flink's default is off; see :mod:`spark_ckpt.runtime.config`).
 DEFAULT_INTERVAL_MS: Final = 1000
 #: Smallest checkpoint interval (Flink's ``MINIMAL_CHECKPOINT_TIME``).
 MIN_INTERVAL_MS: Final = 10

@@ -4,7 +4,6 @@ Parsed where they are given — the user's process (the pipeline API validates b
 ``load()``, so errors are :class:`~spark_ckpt.errors.ConfigError` naming the option) and again
 inside Spark's source runner. Keys are case-insensitive (Spark lower-cases them).
 
-==========================  =========================================================
 option                      meaning
 ==========================  =========================================================
 ``pipeline`` (required)     name of the pipeline: one checkpoint store, one coordinator
@@ -39,11 +38,30 @@ files: ``path``, ``format``, ``schema``, ``header``, ``channels``, ``maxFilesPer
 ``savepoint.*``             checkpoint configuration
 (:class:`~spark_ckpt.runtime.config.CheckpointConfig`)
 ==========================  =========================================================
+=======
+The user's options — ``pipeline`` (required), ``store`` (default
+``./spark-ckpt-data/<pipeline>``, made absolute), ``source`` (``generator``, ``delta``,
+``kafka`` or ``files``), ``maxRowsPerTrigger``, ``barrierPlacement``
+(:class:`~spark_ckpt.sources.stream_offset.BarrierPlacement`), each source's own (see
+:mod:`spark_ckpt.sources.generator`, :mod:`spark_ckpt.delta.tail`,
+:mod:`spark_ckpt.sources.kafka_options`, :mod:`spark_ckpt.kafka.kafka_source`,
+:mod:`spark_ckpt.sources.files.files_options`) and the checkpoint
+configuration (``checkpoint.*``, ``execution.checkpointing.*``, ``restart-strategy*``,
+``state.*``, ``savepoint.*``: :class:`~spark_ckpt.runtime.config.CheckpointConfig`) — are
+described in README.md, *Options*. The pipeline sets the others, never a user:
+
+* ``run``: set by :meth:`Pipeline.run <spark_ckpt.pipeline.pipeline.Pipeline.run>` for each
+  attempt (:mod:`spark_ckpt.coordination.runs`);
+* ``route.key``, ``route.parallelism``, ``route.maxParallelism``, ``route.partitions``: set
+  when the subtasks run on the executors, so the source's rows leave ``read()`` routed to
+  them (:mod:`spark_ckpt.spark.executors.routing`);
+* ``components``: ``module:name`` of the job's
+  :class:`~spark_ckpt.runtime.components.Components`, from the job's ``components``.
 
 Through :meth:`Pipeline.read <spark_ckpt.pipeline.pipeline.Pipeline.read>` and the source of
 :meth:`Pipeline.run <spark_ckpt.pipeline.pipeline.Pipeline.run>`/``start``, the pipeline sets
-``pipeline``, ``store``, ``run``, ``components`` and the checkpoint configuration itself (from its
-``CheckpointConfig``): a source option that says otherwise is a
+``pipeline``, ``store``, ``run``, ``components`` and the checkpoint configuration itself (from
+its ``CheckpointConfig``): a source option that says otherwise is a
 :class:`~spark_ckpt.errors.ConfigError` (:func:`check_pipeline_options`), never silently
 overridden.
 """

@@ -80,10 +80,11 @@ def _freeze_worker_heap() -> None:
     this worker imported, mostly — into the garbage collector's permanent generation.
 
     A reused PySpark worker runs ``gc.collect()`` after every task; with pyarrow, numpy and
-    this package imported that full collection walks ~80k long-lived objects, tens of
-    milliseconds per task on the critical path of every micro-batch. Frozen objects are still
-    freed by reference counting; only cycles among them are no longer collected (the same
-    trade-off as CPython's own ``gc.freeze`` recommendation for pre-fork servers)."""
+    this package imported that full collection walks every long-lived object (O(heap) per
+    task, on the critical path of every micro-batch; figures: ``docs/spark-notes.md``,
+    section 2). Frozen objects are still freed by reference counting; only cycles among them
+    are no longer collected (the same trade-off as CPython's own ``gc.freeze``
+    recommendation for pre-fork servers)."""
     gc.freeze()
 
 

@@ -1,49 +1,31 @@
 """The foreachBatch aligner: user operators with keyed state over ``ckpt-source``
 micro-batches, exactly-once into a two-phase-commit sink.
 
-It runs in the user's driver process (``foreachBatch``), organised per subtask: each subtask
-owns a key-group range and is an :class:`~spark_ckpt.runtime.task.OperatorTask` with its own barrier
+It runs in the process that calls ``foreachBatch`` (``placement="driver"``: the user's driver;
+under Spark Connect a server-side Python process), organised per subtask: each subtask owns a
+key-group range and is an :class:`~spark_ckpt.runtime.task.OperatorTask` with its own barrier
 aligner over the source channels. A micro-batch (collected as one Arrow table) is routed
-with one vectorized pass — data rows to the subtask owning their key group, barrier rows to
-every subtask, original order kept — so subtasks could later move onto executors unchanged.
+vectorized (an Arrow filter per subtask, order kept): data rows to the subtask owning their
+key group, barrier rows to every subtask, after its data rows. The source aligns
+(:mod:`spark_ckpt.sources.stream_offset`), so a checkpoint falls on a micro-batch boundary and
+no alignment state spans micro-batches. Acknowledgements go to the coordinator through the
+mailbox; completions are read back from the checkpoint store and applied at the start of a
+later batch, on the batch's thread, so the state backends stay single-threaded.
 
-The source aligns (:mod:`spark_ckpt.sources.stream_offset`): every barrier reaches every
-channel in the same micro-batch, after the channel's last data row, so a checkpoint falls on
-a micro-batch boundary and no alignment state (buffered rows) spans micro-batches. Each
-subtask is handed the batch's data rows first and its barrier rows after them (the same
-order on every channel), and snapshots after processing the rows. Acknowledgements go to the
-coordinator through the mailbox; completions are read back from the checkpoint store at the
-start of the next batch.
-
-**Asynchronous phase.** With ``async_snapshots`` (what
-:class:`~spark_ckpt.pipeline.pipeline.Pipeline` uses), a
-:class:`~spark_ckpt.runtime.snapshot_worker.SnapshotWorker` thread writes each task's snapshot into
-the store and posts the acknowledgement, and reads which checkpoints completed (and what the sink
-committed): the micro-batch only pays the synchronous phase. Completions read by the worker are
-applied at the start of a later batch, on the batch's thread, so the state backends stay
-single-threaded. The store is then used by the worker thread only (after construction): give the
-aligner a store instance of its own.
-
-**Pipelined micro-batches.** With ``pipelined`` (what
-:class:`~spark_ckpt.pipeline.pipeline.Pipeline` uses), ``foreachBatch`` collects micro-batch *b* as
-Arrow, waits until batch *b - 1* has been processed, hands *b* to a processing thread and returns:
-Spark plans and reads batch *b + 1* while the operators process *b* (Flink's network buffers
-decouple reading and processing the same way). At most one batch is in flight, and batches are
-processed one at a time, in order. This is safe because a spark-ckpt query never resumes from
-Spark's own offset log (every run starts with a fresh ``checkpointLocation`` and restores from the
-latest *completed checkpoint*), so Spark marking batch *b* done before it was processed loses
-nothing: a crash rewinds every channel to the last checkpoint's barrier. A batch carrying a *final*
-barrier (the end of ``Trigger.AvailableNow``, a stop with a final checkpoint) is processed before
-``foreachBatch`` returns, so the query ends with all its input processed. A processing error is
-raised by the next ``foreachBatch`` call (failing the query, which then restarts from the latest
-checkpoint) or by :meth:`BatchAligner.drain` / :meth:`BatchAligner.close`.
-
-**Lagging channels.** An unaligned checkpoint (or one past the aligned-checkpoint timeout)
-does not wait for a lagging channel: the source puts its barrier at the channel's read
-position instead of where the rows it waits for are (the source's *cut*). The checkpoint
-records that position, so a restore rewinds the channel there and re-reads the rows that were
-in flight: channel state by reference to the replayable source rather than by copy.
-Checkpoint duration then no longer grows with the lag.
+* **Asynchronous phase** (``async_snapshots``, what
+  :class:`~spark_ckpt.pipeline.pipeline.Pipeline` uses): a
+  :class:`~spark_ckpt.runtime.snapshot_worker.SnapshotWorker` thread writes each task's
+  snapshot and posts the acknowledgement, and reads which checkpoints completed: the
+  micro-batch pays only the synchronous phase. The store is then used by that thread only
+  (after construction): give the aligner a store instance of its own.
+* **Pipelined micro-batches** (``pipelined``, what ``Pipeline`` uses): ``foreachBatch``
+  collects batch *b*, waits until *b - 1* has been processed, hands *b* to a processing
+  thread and returns, so Spark reads *b + 1* while the operators process *b*. At most one
+  batch is in flight, processed in order. Safe because every run restores from the latest
+  completed checkpoint, never from Spark's offset log. A batch carrying a *final* barrier is
+  processed before ``foreachBatch`` returns. A processing error is raised by the next
+  ``foreachBatch`` call or by :meth:`BatchAligner.drain` / :meth:`BatchAligner.close`.
+  (README.md, *Guarantees and limits*, has the reasoning.)
 """
 
 from __future__ import annotations
@@ -356,8 +338,9 @@ def collect_arrow(df: Any) -> pa.Table:
 
 def _interruption(error: Any) -> str | None:
     """The short text of a ``Py4JJavaError`` whose Java error chain is an interruption or a
-    cancelled job, else None: at most 700 characters after the ``Py4JJavaError`` prefix
-    (Spark's regex overflowed from about 1,500 in a measurement)."""
+    cancelled job, else None: at most 700 characters after the ``Py4JJavaError`` prefix,
+    short enough for Spark's regex (see :func:`collect_arrow`; ``docs/spark-notes.md``,
+    section 6)."""
     try:
         chain: list[str] = []
         cause = error.java_exception

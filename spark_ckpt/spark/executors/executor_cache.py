@@ -3,42 +3,35 @@
 A subtask that runs inside a stateful streaming operator keyed by subtask id
 (``groupBy("subtask").applyInPandasWithState(...)``) stays on one executor across
 micro-batches (Spark's ``StateStoreCoordinator`` pins the state-store partition), but the
-Python worker that runs it changes from one micro-batch to the next (under ``local[2]``: 17
-switches in 29 micro-batches). So the subtask's state is cached where every Python worker of
-the executor reaches it, and no other executor does: Arrow IPC files in a directory of the
+Python worker that runs it may change from one micro-batch to the next (measured in
+``bench/README.md``, the locality bench). So the subtask's state is cached where every Python
+worker of the executor reaches it, and no other executor does: Arrow IPC files under the
 executor's own local directory, memory-mapped on read (zero copy).
 
 **Where.** :func:`executor_cache_dir`: ``<first of SPARK_LOCAL_DIRS>/spark-ckpt-state-cache``.
 Spark sets ``SPARK_LOCAL_DIRS`` for every Python worker it starts to its executor's block
-manager directories (``blockmgr-<uuid>``; ``BasePythonRunner``), which the executor creates at
-its start and deletes when it stops: under ``local[N]`` ``/tmp/blockmgr-<uuid>`` of the
-driver's JVM; under ``local-cluster`` and standalone
-``<worker local dir>/spark-<uuid>/executor-<uuid>/blockmgr-<uuid>``, one per executor. The
-directory's name is the executor's identity (:func:`executor_identity`): a restarted executor
-is another one.
+manager directories (``blockmgr-<uuid>``), which the executor creates at its start and deletes
+when it stops. The directory's name is the executor's identity (:func:`executor_identity`): a
+restarted executor is another one.
 
 **Layout.** ``<cache>/<sha256(root)[:16]>/<subtask>/r-<sha256(run id)[:16]>/b<batch>-<token>/``
 holds one entry: ``t<i>.arrow`` (an Arrow IPC file per table) and ``meta.json`` (the fence,
-the tables' names and the caller's metadata). An entry is written under a temporary name in
-the same directory (``.tmp-b<batch>-<token>-<random>``) and renamed into place: a reader sees
-a complete entry or none. The token is unique per attempt (:func:`attempt_token`), so a
-retried, speculative or zombie attempt of the same micro-batch writes an entry of its own and
-never replaces another attempt's.
+the tables' names and the caller's metadata), written under a temporary name and renamed into
+place: a reader sees a complete entry or none. The token is unique per attempt
+(:func:`attempt_token`), so a retried, speculative or zombie attempt never replaces another
+attempt's entry.
 
 **Fence.** A :class:`Fence` (run id, batch id, token, writer's executor) is what the task keeps
-in Spark's state for the subtask (the ``GroupState``, schema :data:`FENCE_SCHEMA`), next to
-publishing the entry. Spark versions that state per micro-batch, so the fence read at the start
-of a micro-batch names exactly the entry the previous committed micro-batch wrote;
-:meth:`ExecutorStateCache.lookup` uses that entry and no other. Anything else is a miss with a
-reason (:class:`MissReason`): no fence yet, a fence of another run or an entry that is not the
-fence's (another attempt, another batch: stale), a fence written on another executor, or an
-entry that vanished or is damaged. The caller then rebuilds the state from its durable copy.
+in Spark's state for the subtask (schema :data:`FENCE_SCHEMA`). Spark versions that state per
+micro-batch, so the fence read at the start of a micro-batch names exactly the entry the
+previous committed micro-batch wrote, and :meth:`ExecutorStateCache.lookup` uses that entry and
+no other. Anything else is a miss with a reason (:class:`MissReason`); the caller then rebuilds
+the state from its durable copy.
 
 **Eviction.** Publishing batch *b* after reading fence *p* removes the subtask's entries of
-other runs and those of batches before *p* (a retry of *b* still finds *p*'s); temporary
-entries of those batches go once abandoned (:data:`ABANDONED_AFTER_S`), so a slow or zombie
-attempt still writing is never cut short. Entries of a subtask that moved to another executor
-stay on the old one until the executor stops.
+other runs and of batches before *p* (a retry of *b* still finds *p*'s); temporary entries of
+those batches go once abandoned (:data:`ABANDONED_AFTER_S`), so an attempt still writing is
+never cut short. Entries of a subtask that moved stay on the old executor until it stops.
 
 Nothing here needs a SparkSession: :func:`attempt_token` and :func:`current_batch_id` read
 pyspark's ``TaskContext`` when there is one.

@@ -1,62 +1,43 @@
 """Subtasks on executors: the operator chain runs inside Spark tasks, next to its state.
 
 ``Pipeline.run`` (``placement="executors"``, the default) builds, instead of a ``foreachBatch``
-function,
-this query over the ``ckpt-source`` DataFrame (``docs/design/executors.md``)::
+function, this query over the ``ckpt-source`` DataFrame (``docs/design/executors.md``)::
 
     ckpt-source (routed) ─ groupBy(_ckpt_group)
            ─ applyInPandasWithState(SubtaskFunction) ─ writeStream.format("noop")
 
-* The source routes (:mod:`spark_ckpt.spark.executors.routing`, executors, where the source's
-  partitions are read): each channel's rows of the micro-batch become one *payload* per
-  subtask, the Arrow IPC bytes of the data rows of the subtask's key groups plus every
-  control row (barriers reach every subtask). Spark's shuffle moves a few binary rows per
-  channel and subtask, not the rows one by one, and the rows keep their Arrow types
-  exactly.
-* :class:`SubtaskFunction` (executors, one Spark task per subtask and micro-batch, in the
-  state-store partition that Spark's ``StateStoreCoordinator`` keeps on one executor): the
-  subtask's rows of the micro-batch in channel order, data rows first and barrier rows
-  after them (the source aligns, :mod:`spark_ckpt.sources.stream_offset`), through an
-  :class:`~spark_ckpt.runtime.task.OperatorTask`: operators, keyed and operator state,
-  output staged into the Delta table, snapshots written to the checkpoint store and
-  acknowledged through the run's mailbox — all on the executor, in the subtask's host
-  (:mod:`spark_ckpt.spark.executors.subtask_host`), to which the task's Python worker hands the
-  subtask's payloads. No data row
-  passes through the driver.
+The source's ``read()`` routes (:mod:`spark_ckpt.spark.executors.routing`): each channel's rows
+of the micro-batch become one Arrow IPC *payload* per subtask (the data rows of its key groups
+plus every control row), so Spark's shuffle moves a few binary rows per channel and subtask,
+not the rows one by one, and the rows keep their Arrow types. :class:`SubtaskFunction` then
+runs on the executors, one Spark task per subtask and micro-batch, in the state-store
+partition Spark's ``StateStoreCoordinator`` keeps on one executor: the task hands the
+payloads to the subtask's host (:mod:`spark_ckpt.spark.executors.subtask_host`), which runs
+them, data rows first and barrier rows after, through an
+:class:`~spark_ckpt.runtime.task.OperatorTask` (operators, state, staged output, snapshots,
+acknowledgements). No data row passes through the driver.
 
-**State between micro-batches.** The subtask's task stays alive in its host
-(:class:`LiveSubtasks`), whichever Python worker of the executor runs the next micro-batch's
-Spark task, and every micro-batch publishes a segment of the subtask's
-durable changelog under the pipeline root (:mod:`spark_ckpt.spark.executors.changelog`: what the
-micro-batch changed; the whole state at the run's start; every
-:data:`~spark_ckpt.spark.executors.changelog.MAX_CHAIN`-th, every change since the chain's full
-segment folded into one, so a large state with a small changing set never writes itself
-whole again). Spark's own state for the group holds
-only the fence naming the segment (run, micro-batch, attempt token, executor). The next
-micro-batch continues the task if its host holds it at that fence (``hit``); a host
-holding it at an earlier segment of the fence's chain (another executor ran the subtask
-meanwhile) applies the deltas since (``caught-up``,
-:func:`~spark_ckpt.runtime.subtask_image.catch_up`); any other host (the subtask moved, its
-executor was lost, its host was killed) rebuilds exactly its key groups from the chain
-(``rebuilt``). Never a zombie's, a retried attempt's or another run's
-state: segments are named by their fence. The first micro-batch of a run restores the
-subtask's key groups from the checkpoint the run's coordinator chose (``restored``). A task
-kept alive keeps its incremental snapshot base, so its checkpoints write only what changed;
-one caught up after another worker snapshotted, or rebuilt, rebases onto the latest
-committed checkpoint (:meth:`SubtaskFunction._rebase`), so its checkpoints too write only
-what changed.
-On a remote pipeline root (no changelog) the whole image goes into the executor's cache
-(:mod:`spark_ckpt.spark.executors.executor_cache`) every micro-batch instead. Only when the state
-cannot be found (a remote root's image lost with its executor, a segment gone) does the
-micro-batch fail with :class:`SubtaskStateLostError`; the query fails and
-:meth:`Pipeline.run <spark_ckpt.pipeline.pipeline.Pipeline.run>` restarts it from the latest
-completed checkpoint.
+**State between micro-batches** (``docs/architecture.md``, *State on the executors*). The task
+stays alive in its host (:class:`LiveSubtasks`), and every micro-batch publishes a segment of
+the subtask's durable changelog (:mod:`spark_ckpt.spark.executors.changelog`): the keys it
+changed (the whole state only at a run's start; every
+:data:`~spark_ckpt.spark.executors.changelog.MAX_CHAIN`-th, a fold of the changes since the
+full segment). Spark's own state for the group holds only the *fence* naming the segment (run,
+micro-batch, attempt token, executor). The next micro-batch continues the task its host holds
+at that fence (``hit``), applies the segments since (``caught-up``), rebuilds exactly its key
+groups from the chain (``rebuilt``), or, at a run's first micro-batch, restores them from the
+checkpoint the run's coordinator chose (``restored``) — never a zombie's, a retried attempt's
+or another run's state. A task kept alive keeps its incremental snapshot base, and one caught
+up or rebuilt rebases (:meth:`SubtaskFunction._rebase`): its checkpoints write what changed,
+not the state. On a remote pipeline root (no changelog) the whole image goes into the
+executor's cache (:mod:`spark_ckpt.spark.executors.executor_cache`) instead. State that
+cannot be found fails the micro-batch with :class:`SubtaskStateLostError`, and the run
+restarts from the latest completed checkpoint.
 
-**Exactly-once.** A retried or speculative attempt of a micro-batch starts from the same
-fence, stages its output under new names and writes its snapshot idempotently per
-(subtask, checkpoint); the coordinator takes the first acknowledgement, and a checkpoint's
-commit never adds a transaction of a checkpoint already committed
-(:meth:`~spark_ckpt.delta.sink_committer.DeltaSinkCommitter.commit_checkpoint`).
+**Exactly-once.** A retried or speculative attempt starts from the same fence, stages its
+output under new names and writes its snapshot idempotently per (subtask, checkpoint); the
+coordinator takes the first acknowledgement, and a checkpoint's commit never adds a
+transaction of a checkpoint already committed.
 """
 
 from __future__ import annotations

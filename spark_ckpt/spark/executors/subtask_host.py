@@ -2,44 +2,34 @@
 subtask's task (operators, keyed state, incremental snapshot base, staged output) between
 micro-batches, whichever Python worker of the executor Spark hands the micro-batch to.
 
-**Why.** Spark runs a task in any idle Python worker of its executor. Under ``local[2]`` the
-executor's two workers take turns at the subtasks, so a worker kept a copy of every subtask
-and, at each turn, applied the changelog segments the other worker had written meanwhile
-(*catching up*): with 10M keys under uniform updates, a third more CPU per micro-batch than
-one worker running every subtask, and twice the memory. Flink keeps a subtask in one slot;
-here the subtask's state keeps to one process, its **host**, and the Spark task (in whichever
-worker) hands the micro-batch to it.
+**Why.** Spark runs a task in any idle Python worker of its executor, so without a host every
+worker would keep its own copy of a subtask and catch up on the changes the others made (CPU
+per micro-batch and memory per worker; figures in ``docs/architecture.md``, *State on the
+executors*). Flink keeps a subtask in one slot; here its state keeps to one process, its
+**host**, and the Spark task (in whichever worker) hands the micro-batch to it.
 
 **Protocol.** The task connects to the host's Unix socket (:func:`host_address`: a private
 directory of this user, named by the pipeline root, the run, the subtask and the executor),
 starting the host when none listens, and sends one request: a :class:`MicroBatch` (JSON), the
-run's :class:`~spark_ckpt.spark.executors.subtask_function.SubtaskFunction` (the job's code, pickled
-by the task, as Spark shipped it to the worker), and the subtask's payloads (Arrow IPC bytes, as the
-source routed them). The host runs the micro-batch exactly as a worker would
+run's :class:`~spark_ckpt.spark.executors.subtask_function.SubtaskFunction` (pickled, as Spark
+shipped it to the worker) and the subtask's payloads (Arrow IPC bytes, as the source routed
+them). The host runs the micro-batch exactly as a worker would
 (:meth:`SubtaskFunction.run_batch
-<spark_ckpt.spark.executors.subtask_function.SubtaskFunction.run_batch>`: fences, changelog,
-snapshots, acknowledgements) and answers a :class:`BatchDone` (JSON) or a
-:class:`BatchFailed`; the task then records the fence in Spark's state. A host serves one
-request at a time: a retried or speculative attempt waits for a zombie's to end, and the
-fences decide what each may continue (a zombie's micro-batch is never the fence Spark kept).
+<spark_ckpt.spark.executors.subtask_function.SubtaskFunction.run_batch>`) and answers a
+:class:`BatchDone` or a :class:`BatchFailed`; the task then records the fence in Spark's state.
+A host serves one request at a time: a retried or speculative attempt waits for a zombie's to
+end, and the fences decide what each may continue.
 
 **Lifecycle.** A host is started by the first task that finds none (an exclusive lock on
-``<address>.lock`` makes a second starter give way) and ends:
-
-* when the executor goes: it watches the process that started its Python worker (the
-  executor's daemon, or the JVM) and exits at once when it is gone, as the executor's
-  workers do;
-* when its run is over (the driver recorded it stopped, finished, failed or fenced: a
-  restart is a new run, with hosts of its own), checked every :data:`RUN_CHECK_S` (a read of
-  the run's status file), or after
-  :data:`IDLE_S` without a micro-batch (the subtask moved to another executor, or the driver
-  died before it recorded the run's end) — in both cases once its snapshot writes finished;
-* killed: the task waiting for it fails (:class:`SubtaskHostLostError`), Spark retries it,
-  and the retry starts a new host, which rebuilds the state from the changelog.
-
-A host's snapshot writes are asynchronous where Spark reuses its Python workers
-(:mod:`spark_ckpt.spark.executors.snapshot_threads`), inline otherwise; every changelog segment
-names the host as its writer, so a host lost while writing is found as a worker is.
+``<address>.lock`` makes a second starter give way) and ends when the executor goes (it
+watches the process that started its Python worker and exits at once when it is gone); when
+its run is over (checked every :data:`RUN_CHECK_S`, a read of the run's status file) or after
+:data:`IDLE_S` without a micro-batch, once its snapshot writes finished; or killed: the task
+waiting for it fails (:class:`SubtaskHostLostError`), Spark retries it, and the retry starts a
+new host, which rebuilds the state from the changelog. Snapshot writes are asynchronous where
+Spark reuses its Python workers (:mod:`spark_ckpt.spark.executors.snapshot_threads`), inline
+otherwise; every changelog segment names the host as its writer, so a host lost while writing
+is found as a worker is.
 """
 
 from __future__ import annotations

@@ -33,11 +33,11 @@ if TYPE_CHECKING:
 #: Settings of a local Spark from pip's pyspark, which has no Hadoop native library: there
 #: Hadoop's local file system runs ``readlink`` in a child process of the JVM for every
 #: ``FileContext`` rename, and Spark's default checkpoint file manager renames ``file:`` paths
-#: through ``FileContext`` (offset and commit logs, state store deltas): about 30 processes
-#: per micro-batch of a spark-ckpt query, roughly a third of the driver JVM's CPU when
-#: micro-batches are small. The ``FileSystem``-based manager, Spark's own where
-#: ``FileContext`` is unavailable, renames with ``File.renameTo`` (atomic on a local POSIX
-#: file system; without overwrite it checks the target first).
+#: through ``FileContext`` (offset and commit logs, state store deltas): a process per
+#: rename, several per micro-batch (figures: ``docs/spark-notes.md``, section 2). The
+#: ``FileSystem``-based manager, Spark's own where ``FileContext`` is unavailable, renames
+#: with ``File.renameTo`` (atomic on a local POSIX file system; without overwrite it checks
+#: the target first).
 LOCAL_FILE_SETTINGS = {
     "spark.sql.streaming.checkpointFileManagerClass": (
         "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"

@@ -6,8 +6,8 @@ Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` (and py4j's zip) first on the
 planners of Python data sources (``lookup_data_sources``, ``create_data_source``,
 ``plan_data_source_read``), the streaming source runner. Python cannot cache the bytecode of
 modules it imports from a zip, so each of these processes compiles the pyspark modules it
-imports, again and again: 0.5-0.9 s of CPU per process here, several times per query start
-(``python -c 'import pyspark.worker'`` 0.95 s from the zip, 0.39 s from site-packages).
+imports, again and again: a compilation per process, several processes per query start
+(figures: ``docs/spark-notes.md``, section 2).
 
 With pip's pyspark, ``$SPARK_HOME`` is the installed ``pyspark`` package itself, so the zip
 holds the very modules the interpreter would import from site-packages, compiled.
