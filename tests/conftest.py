@@ -27,6 +27,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Property tests assert what holds, never how fast: no per-example deadline (the suite shares
+# two cores with Spark's JVMs, where one example may take seconds).
+settings.register_profile("spark-ckpt", deadline=None)
+settings.load_profile("spark-ckpt")
 
 
 def xdist_scope(nodeid: str) -> str:
