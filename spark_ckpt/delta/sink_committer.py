@@ -30,12 +30,12 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from spark_ckpt.delta.boundary import delta_boundary
+from spark_ckpt.delta.followed_table import FollowedTable
 from spark_ckpt.delta.log_commits import DamagedCommitError, read_commit
 from spark_ckpt.delta.output_schema import check_schema, delta_fields
 from spark_ckpt.delta.sink_rollback import CleanedUpLog, OwnCommit, RollbackPlan, plan_rollback
 from spark_ckpt.delta.sink_target import DeltaSinkTarget
 from spark_ckpt.delta.staged_file import StagedFile, staged_files
-from spark_ckpt.delta.store_tables import FollowedTable
 from spark_ckpt.errors import ConfigError, ProtocolError, RestoreError, StoreError
 from spark_ckpt.sinks.two_phase_commit import Transaction
 
@@ -85,7 +85,7 @@ class DeltaSinkCommitter:
     # -- reading the table -----------------------------------------------------------------
     def _load(self) -> DeltaTable | None:
         """The newest version of the table (``None`` before its first commit): opened once,
-        then kept up to date (:class:`~spark_ckpt.delta.store_tables.FollowedTable`)."""
+        then kept up to date (:class:`~spark_ckpt.delta.followed_table.FollowedTable`)."""
         if self._table is None:
             self._table = FollowedTable(self.target.table_uri, self.target.storage_options)
         return self._table.newest()
