@@ -49,15 +49,15 @@ import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from spark_ckpt.delta.store_tables import (
+from spark_ckpt.delta.boundary import store_boundary
+from spark_ckpt.delta.store_layout import (
     BLOB_SCHEMA,
     BLOB_TABLES,
     SOURCE_OFFSETS_SCHEMA,
     StoreTable,
-    StoreTables,
-    rows_table,
-    store_boundary,
 )
+from spark_ckpt.delta.store_tables import StoreTables
+from spark_ckpt.delta.store_writes import rows_table
 from spark_ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, StoreError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.state_handles import (

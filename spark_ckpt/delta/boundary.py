@@ -1,7 +1,8 @@
 """The one place where delta-rs, Arrow and OS errors become spark-ckpt errors.
 
 Every module that talks to delta-rs (the checkpoint store, the 2PC sink, the Delta tail
-source) wraps its I/O in :func:`delta_boundary`, naming what it was doing.
+source) wraps its I/O in :func:`delta_boundary`, naming what it was doing; the checkpoint
+store's components use :func:`store_boundary`, its translation into store errors.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 import pyarrow as pa
 from deltalake.exceptions import DeltaError
 
-from spark_ckpt.errors import SparkCkptError
+from spark_ckpt.errors import CorruptCheckpointError, SparkCkptError, StoreError
 
 
 @contextmanager
@@ -36,3 +37,17 @@ def delta_boundary(
         raise error(f"{what} failed: {type(e).__name__}: {e}") from e
     except (DeltaError, OSError, pa.ArrowException) as e:
         raise error(f"{what} failed: {type(e).__name__}: {e}") from e
+
+
+@contextmanager
+def store_boundary(what: str, *, reading: bool = False) -> Iterator[None]:
+    """:func:`delta_boundary` into :class:`StoreError`; on read paths an unreadable data file
+    is :class:`CorruptCheckpointError`. Also catches the ``UnicodeDecodeError`` of a damaged
+    string column: pyarrow does not validate UTF-8 when it decodes Parquet, so such damage
+    only surfaces when values are converted."""
+    with delta_boundary(what, StoreError, unreadable=CorruptCheckpointError if reading else None):
+        try:
+            yield
+        except UnicodeDecodeError as e:
+            error = CorruptCheckpointError if reading else StoreError
+            raise error(f"{what}: undecodable string data: {e}") from e

@@ -2,7 +2,7 @@
 
 The Delta side of :mod:`spark_ckpt.storage.history`, part of
 :class:`~spark_ckpt.delta.delta_store.DeltaCheckpointStore`. One row per finished checkpoint or
-savepoint (schema :data:`~spark_ckpt.delta.store_tables.HISTORY_SCHEMA`): queryable figures
+savepoint (schema :data:`~spark_ckpt.delta.store_layout.HISTORY_SCHEMA`): queryable figures
 plus the canonical JSON of its :class:`~spark_ckpt.storage.history.CheckpointRecord` and
 that JSON's SHA-256. How it keeps the store contract:
 
@@ -11,7 +11,7 @@ that JSON's SHA-256. How it keeps the store contract:
   than that. The files earlier versions leave behind are kept for an hour, their log entries
   for a minute (table properties ``delta.deletedFileRetentionDuration`` and
   ``delta.logRetentionDuration``; delta-rs checkpoints the log every 20 commits and then
-  removes expired log files: :data:`~spark_ckpt.delta.store_tables.HOT_LOG`);
+  removes expired log files: :data:`~spark_ckpt.delta.store_layout.HOT_LOG`);
   every :data:`VACUUM_EVERY`-th version the writer also vacuums the table (best effort).
 * **Fenced.** A write first checks, on a fresh read of ``checkpoints``, that the caller's
   lease holds the newest epoch
@@ -47,14 +47,11 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from spark_ckpt.delta.boundary import store_boundary
 from spark_ckpt.delta.checkpoint_log import DeltaCheckpointLog
-from spark_ckpt.delta.store_tables import (
-    HISTORY_SCHEMA,
-    StoreTable,
-    StoreTables,
-    no_rebase,
-    store_boundary,
-)
+from spark_ckpt.delta.store_layout import HISTORY_SCHEMA, StoreTable
+from spark_ckpt.delta.store_tables import StoreTables
+from spark_ckpt.delta.store_writes import no_rebase
 from spark_ckpt.errors import CorruptCheckpointError, FencedError, StoreError
 from spark_ckpt.protocol.checkpoint import FailedCheckpoint
 from spark_ckpt.storage.history import (

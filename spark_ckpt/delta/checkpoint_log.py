@@ -21,7 +21,7 @@ the contract of :mod:`spark_ckpt.storage.checkpoint_store`:
   the fenced snapshot, so it is race free).
 * **Retention** removes the dropped checkpoints' ``completed`` rows in one fenced commit. Each
   is a data file of its own (a one-row append), so the commit removes whole files with
-  ``remove`` actions (:meth:`~spark_ckpt.delta.store_tables.StoreTables.remove_files`: no
+  ``remove`` actions (:func:`~spark_ckpt.delta.file_removal.remove_files`: no
   query planning); a file that also holds rows to keep makes it a ``DeltaTable.delete``.
   Their blobs are the garbage collector's (:mod:`spark_ckpt.delta.garbage_collector`).
 * **Failed checkpoints** are recorded in the statistics history
@@ -55,16 +55,11 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from spark_ckpt.delta.store_tables import (
-    CHECKPOINTS_SCHEMA,
-    StoreTable,
-    StoreTables,
-    empty_table,
-    no_rebase,
-    rows_table,
-    sql_list,
-    store_boundary,
-)
+from spark_ckpt.delta.boundary import store_boundary
+from spark_ckpt.delta.file_removal import removal_plan, remove_files
+from spark_ckpt.delta.store_layout import CHECKPOINTS_SCHEMA, StoreTable, empty_table
+from spark_ckpt.delta.store_tables import StoreTables
+from spark_ckpt.delta.store_writes import no_rebase, rows_table, sql_list
 from spark_ckpt.errors import CorruptCheckpointError, FencedError, StoreError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.storage.lease import ID_BLOCK, CoordinatorLease
@@ -288,7 +283,7 @@ class DeltaCheckpointLog:
     ) -> _T:
         """Run *action* on a fresh snapshot of ``checkpoints`` after checking that *lease*
         (if given) holds the newest epoch. *action* commits (if at all) through the given
-        table with :func:`~spark_ckpt.delta.store_tables.no_rebase`, so its commit fails when
+        table with :func:`~spark_ckpt.delta.store_writes.no_rebase`, so its commit fails when
         anything else committed since the check; the attempt is then repeated on a fresh
         snapshot."""
         with store_boundary(what, reading=True):
@@ -332,8 +327,8 @@ class DeltaCheckpointLog:
             return
         doomed = {(i, LogRecord.COMPLETED.value) for i in ids}
         doomed |= {(i, LogRecord.FAILED.value) for i in failed}
-        whole, elsewhere = self._tables.removal_plan(dt, doomed, "record")
-        if not elsewhere and self._tables.remove_files(dt, whole, commit_properties=no_rebase()):
+        whole, elsewhere = removal_plan(dt, doomed, "record")
+        if not elsewhere and remove_files(dt, whole, commit_properties=no_rebase()):
             dt.update_incremental()  # the object stays at the version it committed on
         else:
             parts = []

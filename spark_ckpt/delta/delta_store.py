@@ -1,7 +1,7 @@
 """The durable checkpoint store: Delta Lake tables written with delta-rs (``deltalake``).
 
 :class:`DeltaCheckpointStore` provides every view of :mod:`spark_ckpt.storage.checkpoint_store` on
-the Delta tables under one root (layout: :mod:`spark_ckpt.delta.store_tables`). It composes three
+the Delta tables under one root (layout: :mod:`spark_ckpt.delta.store_layout`). It composes three
 parts, one job each:
 
 :class:`~spark_ckpt.delta.checkpoint_log.DeltaCheckpointLog`
@@ -43,10 +43,12 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 
 from spark_ckpt.delta.blob_store import DeltaBlobStore
+from spark_ckpt.delta.boundary import store_boundary
 from spark_ckpt.delta.checkpoint_history import DeltaCheckpointHistory
 from spark_ckpt.delta.checkpoint_log import DeltaCheckpointLog
 from spark_ckpt.delta.garbage_collector import DeltaGarbageCollector
-from spark_ckpt.delta.store_tables import StoreTable, StoreTables, store_boundary
+from spark_ckpt.delta.store_layout import StoreTable
+from spark_ckpt.delta.store_tables import StoreTables
 from spark_ckpt.errors import CorruptCheckpointError, StoreError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock

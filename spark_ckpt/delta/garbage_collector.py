@@ -8,7 +8,7 @@ the checkpoints kept *then*:
 * Blob rows go with the data files that hold them: a task writes the blobs of one checkpoint
   and table in one append, one data file, and they usually become garbage together, so a
   file whose every row is garbage is removed from the table by a commit of remove actions
-  (:meth:`~spark_ckpt.delta.store_tables.StoreTables.remove_files`, decided from the log's
+  (:func:`~spark_ckpt.delta.file_removal.remove_files`, decided from the log's
   file statistics, without the query planning of a ``DeltaTable.delete``). Garbage rows in a file
   that also holds live ones are deleted with ``DeltaTable.delete`` (copy-on-write: the file
   is rewritten, no deletion vectors). Both rebase over concurrent task appends with
@@ -32,14 +32,11 @@ import pyarrow.compute as pc
 from deltalake.exceptions import CommitFailedError
 
 from spark_ckpt.delta.blob_store import DeltaBlobStore, blob_id, blob_table
-from spark_ckpt.delta.store_tables import (
-    BLOB_TABLES,
-    StoreTable,
-    StoreTables,
-    chunks,
-    sql_list,
-    store_boundary,
-)
+from spark_ckpt.delta.boundary import store_boundary
+from spark_ckpt.delta.file_removal import removal_plan, remove_files
+from spark_ckpt.delta.store_layout import BLOB_TABLES, StoreTable
+from spark_ckpt.delta.store_tables import StoreTables
+from spark_ckpt.delta.store_writes import chunks, sql_list
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.state_handles import BlobRef
 from spark_ckpt.storage.retention import garbage_blobs
@@ -88,15 +85,15 @@ class DeltaGarbageCollector:
     def _remove_blobs(self, table: StoreTable, doomed: set[tuple[int, str]]) -> None:
         """Remove the rows (checkpoint id, blob id) *doomed* from *table* (see
         :meth:`_delete_blobs`; which files go whole is decided from the log's statistics:
-        :meth:`~spark_ckpt.delta.store_tables.StoreTables.removal_plan`). A lost commit race
+        :func:`~spark_ckpt.delta.file_removal.removal_plan`). A lost commit race
         is tried again on the newer version, up to :data:`DELETE_ATTEMPTS` times: what is
         gone by then is not looked for again."""
         for attempt in range(DELETE_ATTEMPTS):
             dt = self._tables.ensure(table)
-            whole, rest = self._tables.removal_plan(dt, doomed, "blob_id")
+            whole, rest = removal_plan(dt, doomed, "blob_id")
             try:
                 if whole:
-                    self._tables.remove_files(dt, whole)
+                    remove_files(dt, whole)
                 for chunk in chunks(sorted(rest)):
                     ids = sorted({cid for cid, _ in chunk})
                     bids = sorted({bid for _, bid in chunk})

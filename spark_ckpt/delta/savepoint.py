@@ -1,7 +1,7 @@
 """Savepoint directories: self-contained savepoints on disk, and finding checkpoints in time.
 
 A savepoint lives in its own directory, ``<savepoint dir>/savepoint-<pipeline>-<id>``, which
-is itself a checkpoint-store root (:mod:`spark_ckpt.delta.store_tables`): the four Delta
+is itself a checkpoint-store root (:mod:`spark_ckpt.delta.store_layout`): the four Delta
 tables ``checkpoints`` (one lease row and one ``completed`` row: the savepoint's metadata
 JSON and checksum, with the properties ``pipeline``, ``max_parallelism`` and ``format``),
 ``operator_state`` (every keyed and operator state blob as a FULL blob written by the

@@ -25,11 +25,11 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import create_table_with_add_actions
 
 from spark_ckpt.delta.boundary import delta_boundary
+from spark_ckpt.delta.followed_table import FollowedTable
 from spark_ckpt.delta.output_schema import check_schema, delta_fields
 from spark_ckpt.delta.sink_rollback import DeltaSinkRollback
 from spark_ckpt.delta.sink_target import DeltaSinkTarget
 from spark_ckpt.delta.staged_file import StagedFile, staged_files
-from spark_ckpt.delta.store_tables import FollowedTable
 from spark_ckpt.errors import ConfigError, ProtocolError, StoreError
 from spark_ckpt.sinks.two_phase_commit import Transaction
 
@@ -81,7 +81,7 @@ class DeltaSinkCommitter:
     # -- reading the table -----------------------------------------------------------------
     def _load(self) -> DeltaTable | None:
         """The newest version of the table (``None`` before its first commit): opened once,
-        then kept up to date (:class:`~spark_ckpt.delta.store_tables.FollowedTable`)."""
+        then kept up to date (:class:`~spark_ckpt.delta.followed_table.FollowedTable`)."""
         if self._table is None:
             self._table = FollowedTable(self.target.table_uri, self.target.storage_options)
         return self._table.newest()

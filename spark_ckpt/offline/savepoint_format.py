@@ -1,7 +1,7 @@
 """The savepoint directory format, and its one writer.
 
 A *savepoint directory* is itself a store root (the four Delta tables of
-:mod:`spark_ckpt.delta.store_tables`) holding exactly one completed checkpoint, of
+:mod:`spark_ckpt.delta.store_layout`) holding exactly one completed checkpoint, of
 :attr:`~spark_ckpt.protocol.barrier.SnapshotType.SAVEPOINT` type, whose blobs are all written
 by that checkpoint (every ``BlobRef.checkpoint_id`` is its id) and hold no deltas: keyed state
 is one FULL blob per state per subtask. It is self-contained: it can be copied, moved, read

@@ -6,7 +6,7 @@ it).
 
 Every helper works on a *local* store root and on the tables' active data files (those the
 newest Delta log version references), located through the store's own layout
-(:class:`~spark_ckpt.delta.store_tables.StoreTable`, ``table_uri``). Files are rewritten in place
+(:class:`~spark_ckpt.delta.store_layout.StoreTable`, ``table_uri``). Files are rewritten in place
 under their own names, so the Delta log does not change: a store object that cached the
 parsed ``checkpoints`` table at that version keeps its cache (blob reads are never cached);
 open a new store object after damaging metadata.
@@ -26,7 +26,7 @@ from deltalake import DeltaTable
 
 from spark_ckpt.delta.checkpoint_log import LogRecord
 from spark_ckpt.delta.delta_store import DeltaCheckpointStore
-from spark_ckpt.delta.store_tables import StoreTable
+from spark_ckpt.delta.store_layout import StoreTable
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import pytest
 from spark_ckpt.cli import DEBUG_ENV, main
 from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.delta.savepoint import export_savepoint
-from spark_ckpt.delta.store_tables import StoreTable
+from spark_ckpt.delta.store_layout import StoreTable
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.state_handles import CheckpointMetrics, SourceOffset

@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from spark_ckpt.delta.delta_store import DeltaCheckpointStore
-from spark_ckpt.delta.store_tables import CHECKPOINTS_SCHEMA, HISTORY_SCHEMA, StoreTable
+from spark_ckpt.delta.store_layout import CHECKPOINTS_SCHEMA, HISTORY_SCHEMA, StoreTable
 from spark_ckpt.errors import FencedError, StoreError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint, FailedCheckpoint

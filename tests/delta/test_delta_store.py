@@ -24,12 +24,12 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from spark_ckpt.delta import store_tables
+from spark_ckpt.delta import followed_table, store_tables
 from spark_ckpt.delta.blob_store import DeltaBlobStore, blob_id
 from spark_ckpt.delta.checkpoint_log import DeltaCheckpointLog
 from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.delta.savepoint import checkpoint_as_of
-from spark_ckpt.delta.store_tables import HOT_LOG, StoreTable
+from spark_ckpt.delta.store_layout import CONFIGURATION, HOT_LOG, StoreTable
 from spark_ckpt.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -227,11 +227,11 @@ def test_state_tables_keep_a_short_log(root: Path, monkeypatch) -> None:
         "delta.logRetentionDuration": "interval 1 minutes",
         "delta.deletedFileRetentionDuration": "interval 1 hours",
     }
-    assert all(store_tables.CONFIGURATION[t] == HOT_LOG for t in StoreTable)
+    assert all(CONFIGURATION[t] == HOT_LOG for t in StoreTable)
     # a log checkpoint every 5 commits; a minute is a second here
     short = {"delta.checkpointInterval": "5", "delta.logRetentionDuration": "interval 1 seconds"}
     monkeypatch.setattr(
-        store_tables, "CONFIGURATION", {**store_tables.CONFIGURATION, **dict.fromkeys(hot, short)}
+        store_tables, "CONFIGURATION", {**CONFIGURATION, **dict.fromkeys(hot, short)}
     )
     store = DeltaCheckpointStore(str(root))
     lease = store.acquire()
@@ -276,7 +276,7 @@ def test_log_checkpoints_forget_removals_older_than_the_retention(root: Path, mo
     monkeypatch.setattr(
         store_tables,
         "CONFIGURATION",
-        {**store_tables.CONFIGURATION, StoreTable.OPERATOR_STATE: short},
+        {**CONFIGURATION, StoreTable.OPERATOR_STATE: short},
     )
     store = DeltaCheckpointStore(str(root))
     lease = store.acquire()
@@ -308,7 +308,7 @@ def test_the_log_keeps_a_short_log_and_as_of_reads_the_recorded_completions(
     whose answer the bounded history may have forgotten."""
     short = {"delta.checkpointInterval": "5", "delta.logRetentionDuration": "interval 1 seconds"}
     monkeypatch.setattr(
-        store_tables, "CONFIGURATION", {**store_tables.CONFIGURATION, StoreTable.CHECKPOINTS: short}
+        store_tables, "CONFIGURATION", {**CONFIGURATION, StoreTable.CHECKPOINTS: short}
     )
     clock = ManualClock(10_000)
     store = DeltaCheckpointStore(str(root), clock=clock)
@@ -364,7 +364,7 @@ def test_a_root_of_an_earlier_version_gets_the_short_logs_with_the_next_lease(
     store.acquire()
     for table in (StoreTable.CHECKPOINTS, StoreTable.OPERATOR_STATE):
         dt = DeltaTable(str(root / table.value))
-        assert dt.metadata().configuration == dict(store_tables.CONFIGURATION[table])
+        assert dt.metadata().configuration == dict(CONFIGURATION[table])
         assert (dt.protocol().min_reader_version, dt.protocol().min_writer_version) == (1, 2)
     DeltaTable(str(log)).alter.set_table_properties(
         {"delta.logRetentionDuration": "interval 7 days"}  # the user's choice stays
@@ -380,9 +380,9 @@ def test_a_root_of_an_earlier_version_gets_the_short_logs_with_the_next_lease(
 def test_a_followed_table_is_opened_again_after_some_versions(tmp_path: Path, monkeypatch) -> None:
     """A cached table object follows every commit of another writer, and is replaced by a
     new one once it is ``REOPEN_AFTER_VERSIONS`` past the version it was opened at."""
-    monkeypatch.setattr(store_tables, "REOPEN_AFTER_VERSIONS", 3)
+    monkeypatch.setattr(followed_table, "REOPEN_AFTER_VERSIONS", 3)
     uri = str(tmp_path / "t")
-    followed = store_tables.FollowedTable(uri, None)
+    followed = followed_table.FollowedTable(uri, None)
     assert followed.newest() is None  # not created yet
     write_deltalake(uri, pa.table({"a": [0]}))
     first = followed.newest()
@@ -404,13 +404,13 @@ def test_a_followed_table_is_opened_again_when_old_or_failing(tmp_path: Path, mo
     use gave up (``forget``)."""
     uri = str(tmp_path / "t")
     write_deltalake(uri, pa.table({"a": [0]}))
-    followed = store_tables.FollowedTable(uri, None)
+    followed = followed_table.FollowedTable(uri, None)
     first = followed.newest()
     assert followed.newest() is first
-    monkeypatch.setattr(store_tables, "REOPEN_AFTER_S", 0.0)
+    monkeypatch.setattr(followed_table, "REOPEN_AFTER_S", 0.0)
     second = followed.newest()
     assert second is not first and second is not None and second.version() == 0
-    monkeypatch.setattr(store_tables, "REOPEN_AFTER_S", 3600.0)
+    monkeypatch.setattr(followed_table, "REOPEN_AFTER_S", 3600.0)
     assert followed.newest() is second
 
     def gone() -> None:
@@ -766,7 +766,7 @@ import os, signal, sys
 import pyarrow as pa
 from spark_ckpt.delta.blob_store import DeltaBlobStore
 from spark_ckpt.delta.delta_store import DeltaCheckpointStore
-from spark_ckpt.delta.store_tables import StoreTable
+from spark_ckpt.delta.store_layout import StoreTable
 from spark_ckpt.protocol.state_handles import (
     BlobKind, SourceOffset, StateBlob, TaskId, TaskSnapshot,
 )

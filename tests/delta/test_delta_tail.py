@@ -25,7 +25,9 @@ from deltalake.transaction import AddAction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_ckpt.delta.tail import DeltaReadPlan, DeltaTailSource, upstream_name
+from spark_ckpt.delta.tail_driver import DeltaTailSource
+from spark_ckpt.delta.tail_executors import DeltaReadPlan
+from spark_ckpt.delta.upstream_columns import upstream_name
 from spark_ckpt.errors import ConfigError, ProtocolError
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
 

@@ -22,7 +22,7 @@ def open_channel_source(options: SourceOptions) -> ChannelSource:
 
 def _channel_source(options: SourceOptions) -> ChannelSource:
     if options.source == "delta":
-        from spark_ckpt.delta.tail import DeltaTailSource
+        from spark_ckpt.delta.tail_driver import DeltaTailSource
 
         return DeltaTailSource.from_options(options.delta)
     if options.source == "kafka":

@@ -43,7 +43,7 @@ The user's options — ``pipeline`` (required), ``store`` (default
 ``./spark-ckpt-data/<pipeline>``, made absolute), ``source`` (``generator``, ``delta``,
 ``kafka`` or ``files``), ``maxRowsPerTrigger``, ``barrierPlacement``
 (:class:`~spark_ckpt.sources.stream_offset.BarrierPlacement`), each source's own (see
-:mod:`spark_ckpt.sources.generator`, :mod:`spark_ckpt.delta.tail`,
+:mod:`spark_ckpt.sources.generator`, :mod:`spark_ckpt.delta.tail_driver`,
 :mod:`spark_ckpt.sources.kafka_options`, :mod:`spark_ckpt.kafka.kafka_source`,
 :mod:`spark_ckpt.sources.files.files_options`) and the checkpoint
 configuration (``checkpoint.*``, ``execution.checkpointing.*``, ``restart-strategy*``,

@@ -9,8 +9,7 @@ import polars as pl
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from spark_ckpt.delta.store_tables import StoreTables
-from spark_ckpt.protocol.clock import SystemClock
+from spark_ckpt.delta.file_removal import removal_plan, remove_files
 
 
 def test_a_removal_plan_removes_only_files_whose_every_row_goes(tmp_path: Path) -> None:
@@ -32,15 +31,14 @@ def test_a_removal_plan_removes_only_files_whose_every_row_goes(tmp_path: Path) 
         )
     doomed = {(1, "a" * 32), (2, "b" * 32), (2, "c" * 32), (3, "d" * 32), (4, "g" * 32)}
     doomed |= {(6, "j" * 40), (7, "x" * 32)}  # the last is in no file
-    tables = StoreTables(str(tmp_path), storage_options=None, clock=SystemClock())
     dt = DeltaTable(uri)
-    whole, elsewhere = tables.removal_plan(dt, doomed, "blob_id")
+    whole, elsewhere = removal_plan(dt, doomed, "blob_id")
     assert len(whole) == 2  # the files of checkpoints 1 and 2
     assert elsewhere == {(3, "d" * 32), (4, "g" * 32), (6, "j" * 40)}
-    assert tables.remove_files(dt, whole)
+    assert remove_files(dt, whole)
     dt = DeltaTable(uri)
     dt.delete("blob_id IN ('" + "', '".join(b for _, b in sorted(elsewhere)) + "')")
     left = pl.read_delta(uri).sort("checkpoint_id", "blob_id")
     expected = sorted(r for rows in files for r in rows if r not in doomed)
     assert list(zip(left["checkpoint_id"], left["blob_id"], strict=True)) == expected
-    assert not tables.remove_files(DeltaTable(uri), whole)  # gone already: nothing committed
+    assert not remove_files(DeltaTable(uri), whole)  # gone already: nothing committed
