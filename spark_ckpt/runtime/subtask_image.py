@@ -20,7 +20,7 @@ worker between micro-batches (:class:`~spark_ckpt.spark.executors.subtask_functi
 keeps its base. Either can build on the latest completed checkpoint instead
 (:meth:`~spark_ckpt.runtime.task.OperatorTask.rebase`): what changed since is known from the
 changelog's segments, each tagged with the newest snapshot at its end (the image metadata's
-``last_snapshot``; :class:`~spark_ckpt.state.snapshot.ImageHistory`).
+``last_snapshot``; :class:`~spark_ckpt.state.snapshot.strategy.ImageHistory`).
 
 The image's metadata is JSON-compatible (``version`` :data:`IMAGE_VERSION`); nothing in it
 is pickled.

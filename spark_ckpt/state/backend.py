@@ -13,18 +13,19 @@ and those are immutable. Operators do not see the backend: they receive a
 Representation. Each keyed state (:class:`KeyedStateTable`) keeps, per key group, a Python
 ``dict`` from key to value (keys and values as the Python objects Arrow's ``to_pylist``
 yields; lists for list state, dicts for map state). The per-record API is a dict access; the
-vectorized API (:meth:`KeyedStateBackend.get_values` / :meth:`~KeyedStateBackend.put_values`)
-hashes a whole Arrow key array at once (:mod:`spark_ckpt.state.keygroup`), radix-sorts it by
-key group and does one C-level ``map(dict.get)`` / ``dict.update`` per key group — no per-row
-Python loop (except for the rare null values that clear keys). Every mutation is also
-recorded for the next incremental snapshot
-(:class:`~spark_ckpt.state.snapshot.StateChanges`): the vectorized API appends its Arrow input
-to a change log (O(1) per call), the per-record API records the key.
+vectorized API (:meth:`KeyedStateBackend.get_values` /
+:meth:`~KeyedStateBackend.put_values`) hashes a whole Arrow key array at once
+(:mod:`spark_ckpt.state.keygroup`), radix-sorts it by key group and does one C-level
+``map(dict.get)`` / ``dict.update`` per key group — no per-row Python loop (except for the
+rare null values that clear keys). Every mutation is also recorded for the next incremental
+snapshot (:class:`~spark_ckpt.state.snapshot.changes.StateChanges`): the vectorized API
+appends its Arrow input to a change log (O(1) per call), the per-record API records the key.
 
-Snapshots are delegated to the backend's :class:`~spark_ckpt.state.snapshot.SnapshotStrategy`
-(full and incremental, see :mod:`spark_ckpt.state.snapshot`); a fresh backend is loaded from a
-checkpoint by :func:`spark_ckpt.state.state_restore.restore_backend` (any parallelism).
-Descriptors and blob schemas: :mod:`spark_ckpt.state.descriptor`.
+Snapshots are delegated to the backend's
+:class:`~spark_ckpt.state.snapshot.strategy.SnapshotStrategy` (full and incremental, see
+:mod:`spark_ckpt.state.snapshot.strategy`); a fresh backend is loaded from a checkpoint by
+:func:`spark_ckpt.state.state_restore.restore_backend` (any parallelism). Descriptors and
+blob schemas: :mod:`spark_ckpt.state.descriptor`.
 
 Restored state and schema evolution. A state loaded by a restore under a descriptor no
 operator registered yet is *unclaimed* (:meth:`KeyedStateBackend.unclaimed_states`). The first
@@ -83,11 +84,9 @@ from spark_ckpt.state.schema_evolution import (
     plan_migration,
     state_label,
 )
-from spark_ckpt.state.snapshot import (
-    LOG_COLUMNS,
-    SnapshotStrategy,
-    full_table,
-)
+from spark_ckpt.state.snapshot.changes import LOG_COLUMNS
+from spark_ckpt.state.snapshot.strategy import SnapshotStrategy
+from spark_ckpt.state.snapshot.tables import full_table
 from spark_ckpt.state.views import ArrayLike, ListState, MapState, ValueState
 
 
@@ -120,7 +119,7 @@ class KeyedStateBackend:
     """Keyed and operator state of subtask *subtask* of operator *operator_uid*, owning the
     key groups *key_group_range* (inclusive ends) of *max_parallelism*. See the module
     docstring for the representation and the threading contract; snapshots are taken by its
-    :class:`~spark_ckpt.state.snapshot.SnapshotStrategy`, restores made by
+    :class:`~spark_ckpt.state.snapshot.strategy.SnapshotStrategy`, restores made by
     :func:`~spark_ckpt.state.state_restore.restore_backend`. Held by the task; operators get a
     :class:`~spark_ckpt.state.context.StateContext` on it.
 
@@ -543,11 +542,11 @@ class KeyedStateBackend:
         """Whether any keyed state has an entry or any operator state an element."""
         return bool(self.value_count()) or any(op.get() for op in self._operator_states.values())
 
-    # -- snapshots (see spark_ckpt.state.snapshot) -------------------------------------------
+    # -- snapshots (see spark_ckpt.state.snapshot.strategy) ------------------------------
     def snapshot(self, checkpoint_id: int, full: bool = False) -> TaskSnapshot:
         """Synchronous phase of checkpoint *checkpoint_id*: a consistent, immutable copy of
         the state (later updates do not affect it). Incremental unless *full* (see
-        :mod:`spark_ckpt.state.snapshot`). Ids must increase from snapshot to snapshot."""
+        :mod:`spark_ckpt.state.snapshot.strategy`). Ids must increase from snapshot to snapshot."""
         return self._snapshots.snapshot(
             checkpoint_id, self._states, self._operator_states, full=full
         )
@@ -562,19 +561,19 @@ class KeyedStateBackend:
         """What changed since the previous changelog segment or the restore, whatever
         snapshots were taken meanwhile; starts the next segment
         (:meth:`SnapshotStrategy.changed_blobs
-        <spark_ckpt.state.snapshot.SnapshotStrategy.changed_blobs>`)."""
+        <spark_ckpt.state.snapshot.strategy.SnapshotStrategy.changed_blobs>`)."""
         return self._snapshots.changed_blobs(self._states, self._operator_states, tag)
 
     def folded_blobs(self, tag: int) -> list[StateBlob] | None:
         """What changed since the changelog's last full image, folded into one segment, or
         None when it cannot be (:meth:`SnapshotStrategy.folded_blobs
-        <spark_ckpt.state.snapshot.SnapshotStrategy.folded_blobs>`)."""
+        <spark_ckpt.state.snapshot.strategy.SnapshotStrategy.folded_blobs>`)."""
         return self._snapshots.folded_blobs(self._states, self._operator_states, tag)
 
     def forget_snapshot_history(self, last_snapshot_id: int) -> None:
         """No base, no pending snapshot: the next snapshot is full, and its id must exceed
         *last_snapshot_id* (:meth:`SnapshotStrategy.forget_history
-        <spark_ckpt.state.snapshot.SnapshotStrategy.forget_history>`)."""
+        <spark_ckpt.state.snapshot.strategy.SnapshotStrategy.forget_history>`)."""
         self._snapshots.forget_history(last_snapshot_id)
 
     def record_changes(self, name: str, delta: pa.Table) -> None:
@@ -590,7 +589,7 @@ class KeyedStateBackend:
         """A full image of the state was just exported, after snapshot *last_snapshot_id*:
         the next changelog segment starts here; returns the oldest checkpoint whose snapshot
         holds the image's state (:meth:`SnapshotStrategy.full_image_taken
-        <spark_ckpt.state.snapshot.SnapshotStrategy.full_image_taken>`)."""
+        <spark_ckpt.state.snapshot.strategy.SnapshotStrategy.full_image_taken>`)."""
         return self._snapshots.full_image_taken(self._states, last_snapshot_id)
 
     def loaded_image_chain(
@@ -599,22 +598,23 @@ class KeyedStateBackend:
         image_tag: int,
         rebase_from: int,
     ) -> None:
-        """The state was just loaded from a changelog chain (:meth:`SnapshotStrategy.
-        loaded_image_chain <spark_ckpt.state.snapshot.SnapshotStrategy.loaded_image_chain>`)."""
+        """The state was just loaded from a changelog chain
+        (:meth:`SnapshotStrategy.loaded_image_chain
+        <spark_ckpt.state.snapshot.strategy.SnapshotStrategy.loaded_image_chain>`)."""
         self._snapshots.loaded_image_chain(segments, image_tag, rebase_from)
 
     def segment_applied(self, tag: int, *, folds: bool = False) -> None:
         """A changelog segment another process published was just applied
         (:func:`~spark_ckpt.state.state_restore.apply_segment`): it is a segment of this task's
         history, not part of its next one (:meth:`SnapshotStrategy.segment_done
-        <spark_ckpt.state.snapshot.SnapshotStrategy.segment_done>`)."""
+        <spark_ckpt.state.snapshot.strategy.SnapshotStrategy.segment_done>`)."""
         self._snapshots.segment_done(self._states, tag, folds=folds)
 
     def can_rebase(self, checkpoint_id: int, refs: Sequence[BlobRef]) -> bool:
         """Whether :meth:`rebase` onto completed checkpoint *checkpoint_id*, whose blobs of
         this backend are *refs*, is possible: its keyed blobs cover exactly this subtask's
         key groups, and what changed since it is known (:meth:`SnapshotStrategy.can_rebase
-        <spark_ckpt.state.snapshot.SnapshotStrategy.can_rebase>`)."""
+        <spark_ckpt.state.snapshot.strategy.SnapshotStrategy.can_rebase>`)."""
         kgr = self.key_group_range
         return self._snapshots.can_rebase(checkpoint_id) and all(
             (r.key_group_start, r.key_group_end) == (kgr.start, kgr.end)
@@ -625,7 +625,7 @@ class KeyedStateBackend:
     def rebase(self, checkpoint_id: int, refs: Sequence[BlobRef]) -> None:
         """Build the next snapshots on completed checkpoint *checkpoint_id*, whose blobs of
         this backend are *refs* (:meth:`SnapshotStrategy.rebase
-        <spark_ckpt.state.snapshot.SnapshotStrategy.rebase>`). StateError unless
+        <spark_ckpt.state.snapshot.strategy.SnapshotStrategy.rebase>`). StateError unless
         :meth:`can_rebase`."""
         if not self.can_rebase(checkpoint_id, refs):
             raise StateError(f"{self}: cannot rebase onto checkpoint {checkpoint_id}")

@@ -11,14 +11,14 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from spark_ckpt.state.descriptor import StateDescriptor
-from spark_ckpt.state.snapshot import StateChanges, log_table
+from spark_ckpt.state.snapshot.changes import StateChanges, log_table
 
 
 @dataclass
 class KeyedStateTable:
     """Storage of one keyed state: per key group, key -> value, the changes since the last
     snapshot and those since the last changelog segment (implements
-    :class:`~spark_ckpt.state.snapshot.TrackedState`)."""
+    :class:`~spark_ckpt.state.snapshot.changes.TrackedState`)."""
 
     descriptor: StateDescriptor
     groups: dict[int, dict[Any, Any]] = field(default_factory=dict)

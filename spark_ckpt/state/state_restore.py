@@ -7,7 +7,7 @@ chains (one FULL blob, then its DELTAs) of every old subtask whose range overlap
 keeps the rows of the key groups it owns. Operator list state is concatenated in old-subtask
 order and dealt round-robin (:mod:`spark_ckpt.state.operator_state`). A restored chain covering
 exactly the backend's range becomes the base of its next incremental snapshot
-(:mod:`spark_ckpt.state.snapshot`); after a rescale the next snapshot is full.
+(:mod:`spark_ckpt.state.snapshot.strategy`); after a rescale the next snapshot is full.
 
 State schema evolution (:mod:`spark_ckpt.state.schema_evolution`). Tasks open their operators
 before restoring them, and ``open`` registers the operator's descriptors, so the restore
@@ -55,7 +55,7 @@ from spark_ckpt.state.schema_evolution import (
     plan_migration,
     state_label,
 )
-from spark_ckpt.state.snapshot import checked_chain
+from spark_ckpt.state.snapshot.chain_rules import checked_chain
 
 log = logging.getLogger(__name__)
 

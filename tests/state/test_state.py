@@ -34,7 +34,7 @@ from spark_ckpt.state.keygroup import (
     key_groups,
     range_for_subtask,
 )
-from spark_ckpt.state.snapshot import MAX_CHAIN_DELTAS
+from spark_ckpt.state.snapshot.chain_rules import MAX_CHAIN_DELTAS
 from spark_ckpt.state.state_restore import restore_backend, restore_backends
 from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
@@ -446,16 +446,16 @@ def test_a_full_blob_of_a_state_whose_every_key_changed_comes_from_its_change_lo
     """Every key changed since the last checkpoint: the FULL blob is the compacted log
     sorted by key group, the same rows :func:`full_table` reads from the entries; a key
     left unchanged, or changed through the per-record API, takes the entries' way."""
-    from spark_ckpt.state import snapshot as snapshot_module
+    from spark_ckpt.state.snapshot import strategy as strategy_module
 
     walked: list[int] = []
-    full_table = snapshot_module.full_table
+    full_table = strategy_module.full_table
 
     def counting_full_table(*args: Any) -> pa.Table:
         walked.append(1)
         return full_table(*args)
 
-    monkeypatch.setattr(snapshot_module, "full_table", counting_full_table)
+    monkeypatch.setattr(strategy_module, "full_table", counting_full_table)
     store = InMemoryCheckpointStore()
     b = backend(max_p=16)
     keys = pa.array(range(50), pa.int64())

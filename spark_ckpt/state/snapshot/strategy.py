@@ -1,5 +1,5 @@
-"""The snapshot strategy of a state backend: full and incremental snapshots, the change log
-they read, and the bookkeeping of pending and completed snapshots.
+"""The snapshot strategy of a state backend: full and incremental snapshots, and the
+bookkeeping of pending and completed snapshots.
 
 Snapshots follow Flink: :meth:`SnapshotStrategy.snapshot` is the synchronous phase — it
 builds Arrow tables (which copies the state) and returns a
@@ -14,18 +14,20 @@ key groups it owns. Incremental snapshots (the default) keep, per state, a chain
   the restored checkpoint) reuses the base's chain (``TaskSnapshot.reused``);
 * a changed state gets a DELTA blob with exactly the keys changed since the base — their
   current value, or a tombstone (``deleted = true``) — appended to the base chain;
-* when the base chain already holds :data:`MAX_CHAIN_DELTAS` deltas, or when the delta
+* when the base chain already holds
+  :data:`~spark_ckpt.state.snapshot.chain_rules.MAX_CHAIN_DELTAS` deltas, or when the delta
   rows a restore would replay (the chain's deltas plus the new one) would exceed
-  :data:`MAX_DELTA_ROWS_RATIO` times the state's current number of keys, the chain's deltas
-  and the new changes are *folded* into one DELTA (seq 1) after the chain's FULL blob: the
-  current value of every key changed since that FULL blob. Its size follows the keys changed
-  since the FULL blob, not the state (a hot set of keys updated over and over folds into a
-  delta of the hot set), so a large state with few changing keys never rewrites its FULL
-  blob. Only when the folded delta would exceed :data:`MAX_DELTA_ROWS_RATIO` times the live
-  keys, or when the strategy does not know what the chain's deltas hold (a chain it
-  restored rather than wrote), is the chain replaced by a new FULL blob (seq 0). So a restore
-  replays at most 8 deltas and at most 1.5 times the live rows. A state that became empty
-  is dropped (no blob at all);
+  :data:`~spark_ckpt.state.snapshot.chain_rules.MAX_DELTA_ROWS_RATIO` times the state's
+  current number of keys, the chain's deltas and the new changes are *folded* into one DELTA
+  (seq 1) after the chain's FULL blob: the current value of every key changed since that
+  FULL blob. Its size follows the keys changed since the FULL blob, not the state (a hot set
+  of keys updated over and over folds into a delta of the hot set), so a large state with
+  few changing keys never rewrites its FULL blob. Only when the folded delta would exceed
+  :data:`~spark_ckpt.state.snapshot.chain_rules.MAX_DELTA_ROWS_RATIO` times the live keys,
+  or when the strategy does not know what the chain's deltas hold (a chain it restored
+  rather than wrote), is the chain replaced by a new FULL blob (seq 0). So a restore replays
+  at most 8 deltas and at most 1.5 times the live rows. A state that became empty is dropped
+  (no blob at all);
 * after a restore at another parallelism there is no base chain of exactly this subtask's
   key groups, so the first snapshot is full.
 
@@ -34,23 +36,21 @@ snapshot *n* are kept until a checkpoint ``>= n`` completes; snapshots taken whi
 ones are pending (max concurrent checkpoints > 1) and snapshots after an abort contain every
 change since the base, so nothing is lost whatever the order of completions and aborts.
 
-What changed is recorded by the backend on every mutation into a :class:`StateChanges` (the
-change log) per keyed state, so a snapshot reads only what changed, deduplicated with Arrow
-kernels, not the whole state. Blob schemas: :mod:`spark_ckpt.state.descriptor`.
+What changed is recorded by the backend on every mutation into a
+:class:`~spark_ckpt.state.snapshot.changes.StateChanges` (the change log) per keyed state, so
+a snapshot reads only what changed, deduplicated with Arrow kernels, not the whole state.
+Blob tables: :mod:`spark_ckpt.state.snapshot.tables`; blob schemas:
+:mod:`spark_ckpt.state.descriptor`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from spark_ckpt.errors import CorruptCheckpointError, StateError
+from spark_ckpt.errors import StateError
 from spark_ckpt.protocol.state_handles import (
     BlobKind,
     BlobRef,
@@ -59,308 +59,28 @@ from spark_ckpt.protocol.state_handles import (
     TaskSnapshot,
     TaskStateHandle,
 )
-from spark_ckpt.state.descriptor import (
-    KEYED_BLOB_KINDS,
-    StateDescriptor,
-    keyed_blob_schema,
-    operator_blob_schema,
-    to_column,
-)
+from spark_ckpt.state.descriptor import KEYED_BLOB_KINDS, operator_blob_schema
 from spark_ckpt.state.keygroup import KeyGroupRange
 from spark_ckpt.state.operator_state import OperatorListState
-
-#: A chain holding this many deltas is replaced by a FULL blob at the next change.
-MAX_CHAIN_DELTAS: Final = 8
-#: A chain whose delta rows (with the new delta) exceed this fraction of the key group's
-#: live keys is replaced by a FULL blob.
-MAX_DELTA_ROWS_RATIO: Final = 0.5
-
-#: Column names of a change log (and, with ``deleted``, of a DELTA blob).
-LOG_COLUMNS: Final = ("key_group", "key", "value")
-
-
-def _last_occurrences(keys: pa.Array) -> npt.NDArray[np.int64]:
-    """Positions of the last occurrence of each distinct key of *keys*, ascending."""
-    if len(keys) == 0:
-        return np.empty(0, dtype=np.int64)
-    codes = keys.dictionary_encode().indices.to_numpy()
-    last = np.full(int(codes.max()) + 1, -1, dtype=np.int64)
-    np.maximum.at(last, codes, np.arange(len(codes), dtype=np.int64))
-    return np.sort(last)
-
-
-def log_table(key_groups: npt.NDArray[np.integer], keys: pa.Array, values: pa.Array) -> pa.Table:
-    """A vectorized change as a change log records it (columns :data:`LOG_COLUMNS`)."""
-    return pa.table([pa.array(key_groups, type=pa.int32()), keys, values], names=list(LOG_COLUMNS))
-
-
-class StateChanges:
-    """What changed in one keyed state during an interval (between two snapshots, or
-    several such intervals merged), which is what an incremental snapshot writes.
-
-    Two kinds of records, because the two APIs mutate differently:
-
-    * the vectorized API (``put_values`` / ``clear_values``) appends its input, as Arrow
-      columns ``key_group, key, value`` (a null value: the key was cleared), to a *log* in
-      call order — O(1) per call, no per-row Python. The last logged value of a key is its
-      value at the end of the interval unless the per-record API changed it afterwards;
-    * the per-record API records the key in ``keys`` (per key group): the value is read
-      from the state when the snapshot is taken (values of list and map state are mutable
-      objects, so they cannot be captured earlier).
-
-    A delta therefore reads the log (last occurrence per key wins), then overrides it with
-    the current value of every per-record key. The log is compacted (deduplicated) when it
-    outgrows ``2 *`` the state's live keys, so memory stays proportional to the state.
-    Compacting keeps the meaning, so it happens in place and once: every later reader of the
-    same changes (the snapshot's delta, the changelog's segment, the merge at a completion)
-    finds the log compacted."""
-
-    __slots__ = ("compact", "distinct", "keys", "log", "log_rows")
-
-    def __init__(self) -> None:
-        self.log: list[pa.Table] = []
-        self.log_rows = 0
-        #: at least this many distinct keys are in the log (its rows when last compacted)
-        self.distinct = 0
-        #: the log is one table with one row per key
-        self.compact = True
-        self.keys: dict[int, set[Any]] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.log_rows or self.keys)
-
-    def append_log(
-        self,
-        key_groups: npt.NDArray[np.integer],
-        keys: pa.Array,
-        values: pa.Array,
-        live_rows: int,
-    ) -> None:
-        """Record a vectorized change of *keys* to *values* (a null value clears its key);
-        *live_rows* is the state's current number of keys (it bounds the log)."""
-        self.append_table(log_table(key_groups, keys, values), live_rows)
-
-    def append_table(self, table: pa.Table, live_rows: int) -> None:
-        """Record a vectorized change as a :func:`log_table`."""
-        self.log.append(table)
-        self.log_rows += table.num_rows
-        self.compact = False
-        if self.log_rows > 65_536 + 2 * live_rows and len(self.log) > 1:
-            self.compacted_log()
-
-    def touch(self, key_group: int, key: Any) -> None:
-        """Record a per-record change of *key* (its value is read at snapshot time)."""
-        keys = self.keys.get(key_group)
-        if keys is None:
-            keys = self.keys[key_group] = set()
-        keys.add(key)
-
-    def compacted_log(self) -> pa.Table:
-        """The log with one row per key: its last occurrence (the log is replaced by it)."""
-        if self.compact and len(self.log) == 1:
-            return self.log[0]
-        table = pa.concat_tables(self.log).combine_chunks() if len(self.log) > 1 else self.log[0]
-        positions = _last_occurrences(table.column("key").combine_chunks())
-        if len(positions) != table.num_rows:
-            table = table.take(pa.array(positions))
-        self.log = [table]
-        self.log_rows = self.distinct = table.num_rows
-        self.compact = True
-        return table
-
-    def compacted(self) -> StateChanges:
-        """These changes with the log deduplicated (one row per key) when it holds several
-        tables: compacted in place (see the class docstring), so it is this object."""
-        if len(self.log) > 1:
-            self.compacted_log()
-        return self
-
-    def bounded(self) -> StateChanges:
-        """These changes, compacted when the log holds more than twice as many rows as it
-        has distinct keys at least (plus a margin): merging changes again and again
-        (:meth:`then`) then costs time in proportion to what is merged, and memory in
-        proportion to the keys changed."""
-        if self.log_rows > 65_536 + 2 * self.distinct and len(self.log) > 1:
-            self.compacted_log()
-        return self
-
-    def then(self, later: StateChanges) -> StateChanges:
-        """These changes followed by *later* ones (neither is modified)."""
-        merged = StateChanges()
-        merged.log = [*self.log, *later.log]
-        merged.log_rows = self.log_rows + later.log_rows
-        merged.distinct = max(self.distinct, later.distinct)
-        merged.compact = (not self.log and later.compact) or (not later.log and self.compact)
-        for source in (self.keys, later.keys):
-            for kg, keys in source.items():
-                merged.keys.setdefault(kg, set()).update(keys)
-        return merged
-
-
-class TrackedState(Protocol):
-    """What a snapshot reads of one keyed state (the backend's storage implements it): its
-    descriptor, its entries per key group, and the changes since the last snapshot, which
-    the strategy takes (replaces by a fresh :class:`StateChanges`) when it snapshots."""
-
-    @property
-    def descriptor(self) -> StateDescriptor: ...
-
-    @property
-    def groups(self) -> dict[int, dict[Any, Any]]: ...
-
-    changes: StateChanges
-    #: the changes since the last changelog segment (:meth:`SnapshotStrategy.changed_blobs`)
-    segment: StateChanges
-
-    def count(self) -> int:
-        """Number of keys with an entry."""
-        ...
-
-
-def start_segment(keyed: Mapping[str, TrackedState]) -> None:
-    """Start a new changelog segment of the *keyed* states: forget their segment changes."""
-    for state in keyed.values():
-        state.segment = StateChanges()
+from spark_ckpt.state.snapshot.chain_rules import (
+    MAX_CHAIN_DELTAS,
+    MAX_DELTA_ROWS_RATIO,
+    appendable,
+    checked_chain,
+)
+from spark_ckpt.state.snapshot.changes import (
+    LOG_COLUMNS,
+    StateChanges,
+    TrackedState,
+    start_segment,
+)
+from spark_ckpt.state.snapshot.tables import delta_table, full_table, full_table_from_changes
 
 
 def _take_changes(state: TrackedState) -> StateChanges:
     taken = state.changes
     state.changes = StateChanges()
     return taken
-
-
-def _kg_column(groups: list[int], sizes: list[int]) -> pa.Array:
-    return pa.array(np.repeat(np.asarray(groups, dtype=np.int32), sizes), type=pa.int32())
-
-
-def full_table(state: TrackedState, key_type: pa.DataType, max_parallelism: int) -> pa.Table:
-    """FULL blob of *state*: every key, sorted by key group."""
-    desc = state.descriptor
-    groups = [kg for kg in sorted(state.groups) if state.groups[kg]]
-    keys: list[Any] = []
-    values: list[Any] = []
-    sizes: list[int] = []
-    for kg in groups:
-        group = state.groups[kg]
-        keys.extend(group)
-        values.extend(group.values())
-        sizes.append(len(group))
-    schema = keyed_blob_schema(desc, key_type, max_parallelism, delta=False)
-    return pa.table(
-        [
-            _kg_column(groups, sizes),
-            pa.array(keys, type=key_type),
-            pa.array(to_column(desc.kind, values), type=desc.column_type),
-        ],
-        schema=schema,
-    )
-
-
-def full_table_from_changes(
-    state: TrackedState,
-    changes: StateChanges,
-    live: int,
-    key_type: pa.DataType,
-    max_parallelism: int,
-) -> pa.Table | None:
-    """The FULL blob of *state* (as :func:`full_table` gives it, rows of a key group in
-    another order) taken from *changes* when they hold every key the state holds: only
-    vectorized changes (no per-record key, whose value would have to be read), and as many
-    distinct keys with a value as the state has. The last logged value of such a key is its
-    current value, and each of them is in the state, so these are all of its entries. None
-    otherwise. When every key changed since the last checkpoint (a running count over a
-    small key space) this avoids a walk over every entry in Python; the log is compacted in
-    place, as :func:`delta_table` compacts it."""
-    if changes.keys or not changes.log or changes.log_rows < live:
-        return None
-    logged = changes.compacted_log()
-    if logged.num_rows != live or logged.column("value").null_count:
-        return None
-    schema = keyed_blob_schema(state.descriptor, key_type, max_parallelism, delta=False)
-    order = pc.sort_indices(logged.column("key_group"))  # stable: sorted by key group
-    try:
-        return pa.Table.from_arrays(logged.take(order).columns, names=schema.names).cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        return None
-
-
-def delta_table(
-    state: TrackedState, changes: StateChanges, key_type: pa.DataType, max_parallelism: int
-) -> pa.Table:
-    """DELTA blob of *changes* (see :class:`StateChanges`), sorted by key group: the current
-    value of every changed key, or a tombstone (``deleted``, null value) for keys no longer
-    present."""
-    desc = state.descriptor
-    schema = keyed_blob_schema(desc, key_type, max_parallelism, delta=True)
-    parts: list[pa.Table] = []
-    touched = [k for keys in changes.keys.values() for k in keys]
-    if changes.log:
-        logged = changes.compacted_log()
-        if touched:  # the per-record API changed these later: read below
-            stale = pc.is_in(logged.column("key"), value_set=pa.array(touched, key_type))
-            logged = logged.filter(pc.invert(stale))
-        value = logged.column("value")
-        parts.append(pa.Table.from_arrays([*logged.columns, value.is_null()], schema=schema))
-    if touched:
-        groups = sorted(changes.keys)
-        keys: list[Any] = []
-        values: list[Any] = []
-        sizes: list[int] = []
-        member: list[bool] = []
-        for kg in groups:
-            segment = changes.keys[kg]  # an unmodified set iterates in the same order twice
-            group = state.groups.get(kg, {})
-            keys.extend(segment)
-            values.extend(map(group.get, segment))
-            member.extend(map(group.__contains__, segment))
-            sizes.append(len(segment))
-        parts.append(
-            pa.table(
-                [
-                    _kg_column(groups, sizes),
-                    pa.array(keys, type=key_type),
-                    pa.array(to_column(desc.kind, values), type=desc.column_type),
-                    pa.array(np.logical_not(np.asarray(member, dtype=np.bool_))),
-                ],
-                schema=schema,
-            )
-        )
-    table = pa.concat_tables(parts).combine_chunks() if len(parts) > 1 else parts[0]
-    kgs = table.column("key_group").to_numpy()
-    if len(kgs) > 1 and bool(np.any(kgs[1:] < kgs[:-1])):
-        order = np.argsort(kgs.astype(np.int16), kind="stable")
-        table = table.take(pa.array(order))
-    return table
-
-
-def checked_chain(refs: Sequence[BlobRef]) -> tuple[BlobRef, ...]:
-    """The refs of one chain (one state of one subtask) in seq order; CorruptCheckpointError
-    unless they are one FULL blob (seq 0) followed by DELTAs with seq 1, 2, ... without
-    gaps, all covering the same key groups."""
-    chain = sorted(set(refs), key=lambda r: r.seq)
-    first = chain[0]
-    for expected_seq, ref in enumerate(chain):
-        expected_kind = BlobKind.KEYED_FULL if expected_seq == 0 else BlobKind.KEYED_DELTA
-        if (
-            ref.seq != expected_seq
-            or ref.kind is not expected_kind
-            or (ref.subtask, ref.key_group_start, ref.key_group_end)
-            != (first.subtask, first.key_group_start, first.key_group_end)
-        ):
-            raise CorruptCheckpointError(
-                f"state {first.state_name!r} of subtask {first.subtask}: chain "
-                f"{[(r.kind.value, r.seq, r.key_group_start, r.key_group_end) for r in chain]} "
-                "is not one full blob followed by consecutive deltas of the same key groups"
-            )
-    return tuple(chain)
-
-
-def _appendable(chain: tuple[BlobRef, ...], new_delta_rows: int, live_rows: int) -> bool:
-    """Whether a delta of *new_delta_rows* may extend *chain* (see the module docstring)."""
-    if len(chain) - 1 >= MAX_CHAIN_DELTAS:
-        return False
-    delta_rows = sum(r.rows for r in chain[1:]) + new_delta_rows
-    return delta_rows <= MAX_DELTA_ROWS_RATIO * live_rows
 
 
 class ImageHistory:
@@ -528,7 +248,7 @@ class SnapshotStrategy:
         blob; None when the state needs a FULL blob (see the module docstring)."""
         if len(chain) - 1 < MAX_CHAIN_DELTAS:
             delta = delta_table(state, changed, self.key_type, self.max_parallelism)
-            if _appendable(chain, delta.num_rows, live):
+            if appendable(chain, delta.num_rows, live):
                 return self._blob(BlobKind.KEYED_DELTA, name, delta, len(chain))
         earlier = self._since_full.get(name)
         if earlier is None or len(chain) == 1:
