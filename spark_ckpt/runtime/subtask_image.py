@@ -10,7 +10,7 @@ on a micro-batch boundary: after a micro-batch a subtask has no alignment state 
 channel, no buffered row, no snapshot in progress), so its image is only
 
 * its operators' keyed and operator state, as the blobs of a full snapshot
-  (:meth:`~spark_ckpt.state.backend.KeyedStateBackend.full_blobs`), one table each;
+  (:meth:`~spark_ckpt.state.snapshot.strategy.SnapshotStrategy.full_blobs`), one table each;
 * the sink transactions it sealed and whose commit it has not seen yet;
 * its sink's open transaction: the files staged since the last barrier
   (:class:`~spark_ckpt.sinks.two_phase_commit.DetachableWriter`).
@@ -72,11 +72,13 @@ def export_image(
     _check_aligned(task)
     backends = [task.backends[op.uid] for op in task.operators]
     if changes:
-        blobs = [blob for b in backends for blob in b.changed_blobs(task.last_snapshot_id)]
+        blobs = [
+            blob for b in backends for blob in b.snapshots.changed_blobs(task.last_snapshot_id)
+        ]
     else:
-        taken = [backend.full_image_taken(task.last_snapshot_id) for backend in backends]
+        taken = [b.snapshots.full_image_taken(task.last_snapshot_id) for b in backends]
         rebase_from = max(taken, default=task.last_snapshot_id + 1)
-        blobs = [blob for b in backends for blob in b.full_blobs()]
+        blobs = [blob for b in backends for blob in b.snapshots.full_blobs()]
     staged: tuple[str, ...] = ()
     if writer is not None:
         staged = writer.detach(task.sink_uid, task.task_id.subtask)
@@ -90,13 +92,13 @@ def export_folded_image(task: OperatorTask, writer: DetachableWriter | None) -> 
     """A :data:`DELTA` image of what changed since the last :data:`FULL` image *task*
     exported (the changelog's delta segments since, folded into one: a changelog can link
     it straight to that full image), or None, with nothing touched, when the task cannot
-    fold (:meth:`~spark_ckpt.state.backend.KeyedStateBackend.folded_blobs`): the caller
+    fold (:meth:`~spark_ckpt.state.snapshot.strategy.SnapshotStrategy.folded_blobs`): the caller
     must export a full image then. Otherwise as :func:`export_image`."""
     _check_aligned(task)
     backends = [task.backends[op.uid] for op in task.operators]
     blobs: list[StateBlob] = []
     for backend in backends:
-        folded = backend.folded_blobs(task.last_snapshot_id)
+        folded = backend.snapshots.folded_blobs(task.last_snapshot_id)
         if folded is None:  # earlier backends started their next segment: harmless, the
             return None  # caller exports a full image, which starts every segment anew
         blobs.extend(folded)
@@ -196,7 +198,7 @@ def import_images(
             for image in images[1:]
             for deltas in [_keyed_deltas(image, uid)]
         ]
-        backend.loaded_image_chain(segments, image_tag, rebase_from)
+        backend.snapshots.loaded_image_chain(segments, image_tag, rebase_from)
     _adopt_newest(task, writer, images[newest], detach=False)
 
 
@@ -224,7 +226,7 @@ def catch_up(
         tag = int(image.meta.get("last_snapshot", 0))
         for backend in task.backends.values():
             apply_segment(backend, blobs)
-            backend.segment_applied(tag, folds=bool(image.meta.get(FOLD)))
+            backend.snapshots.segment_done(tag, folds=bool(image.meta.get(FOLD)))
     _adopt_newest(task, writer, images[-1], detach=True)
 
 

@@ -88,7 +88,7 @@ def restore_backend(
     states)."""
     if backend.holds_state():
         raise StateError("restore needs a fresh backend: this one already holds state")
-    if backend.has_snapshot_history:
+    if backend.snapshots.has_history:
         raise StateError("restore needs a fresh backend: this one has taken snapshots")
     mine = [r for r in refs if r.operator_uid == backend.operator_uid]
     keyed_names, operator_names = backend.registered_states()
@@ -146,7 +146,7 @@ def restore_backend(
         and (found[0][0].key_group_start, found[0][0].key_group_end) == (own.start, own.end)
         and all(d == current.get(name) for d in stored_as.get(name, ()))
     }
-    backend.adopt_restored(max((r.checkpoint_id for r in mine), default=0), base)
+    backend.snapshots.adopt_restored(max((r.checkpoint_id for r in mine), default=0), base)
 
 
 def apply_segment(backend: KeyedStateBackend, blobs: Sequence[tuple[BlobRef, pa.Table]]) -> None:
@@ -160,7 +160,7 @@ def apply_segment(backend: KeyedStateBackend, blobs: Sequence[tuple[BlobRef, pa.
             continue
         if ref.kind is BlobKind.KEYED_DELTA:
             stored = _apply_blob(backend, ref, table)
-            backend.record_changes(stored.name, table)
+            backend.tables[stored.name].log_delta(table)
         elif ref.kind is BlobKind.OPERATOR:
             element_type = table.schema.field("value").type
             backend.restored_operator_state(ref.state_name, element_type).update(

@@ -152,8 +152,12 @@ class SnapshotStrategy:
     """Snapshots of the states of subtask *task_id*, which owns the key groups
     *key_group_range* of *max_parallelism* (see the module docstring), and what they build
     on: the base chains, the pending snapshots and their changes. It holds no state itself:
-    every call receives the backend's keyed states (by name). Same threading contract as the
-    backend: every call comes from the task thread."""
+    it reads the backend's *keyed* and *operator* states (by name: the mappings the backend
+    registers them into, so a state registered later is snapshotted too) and takes their
+    changes. Held by the backend
+    (:attr:`KeyedStateBackend.snapshots <spark_ckpt.state.backend.KeyedStateBackend.snapshots>`),
+    used by the task. Same threading contract as the backend: every call comes from the
+    task thread."""
 
     def __init__(
         self,
@@ -161,11 +165,15 @@ class SnapshotStrategy:
         key_type: pa.DataType,
         key_group_range: KeyGroupRange,
         max_parallelism: int,
+        keyed: Mapping[str, TrackedState],
+        operator: Mapping[str, OperatorListState],
     ) -> None:
         self.task_id = task_id
         self.key_type = key_type
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
+        self._keyed = keyed
+        self._operator = operator
         self._base: dict[str, tuple[BlobRef, ...]] = {}
         self._base_id = 0
         self._last_snapshot_id = 0
@@ -195,11 +203,9 @@ class SnapshotStrategy:
     def snapshot(
         self,
         checkpoint_id: int,
-        keyed: Mapping[str, TrackedState],
-        operator: Mapping[str, OperatorListState],
         full: bool = False,
     ) -> TaskSnapshot:
-        """Synchronous phase of checkpoint *checkpoint_id* over the *keyed* and *operator*
+        """Synchronous phase of checkpoint *checkpoint_id* over the keyed and operator
         states: a consistent, immutable copy (later updates do not affect it). Incremental
         unless *full*. Takes the keyed states' changes. Ids must increase from snapshot to
         snapshot."""
@@ -209,6 +215,7 @@ class SnapshotStrategy:
             )
         new_blobs: list[StateBlob] = []
         reused: list[BlobRef] = []
+        keyed, operator = self._keyed, self._operator
         for name in sorted(keyed):
             state = keyed[name]
             changed = self._changes_since_base(name, state)
@@ -258,13 +265,13 @@ class SnapshotStrategy:
             return None
         return self._blob(BlobKind.KEYED_DELTA, name, folded, 1)
 
-    def full_blobs(
-        self, keyed: Mapping[str, TrackedState], operator: Mapping[str, OperatorListState]
-    ) -> list[StateBlob]:
+    def full_blobs(self) -> list[StateBlob]:
         """The whole state as the blobs of a full snapshot (a FULL blob per keyed state, empty
         ones included, and an OPERATOR blob per operator state), without taking a snapshot:
         neither the changes nor the snapshot history are touched. What a subtask's image
-        holds (:mod:`spark_ckpt.runtime.subtask_image`)."""
+        holds (:mod:`spark_ckpt.runtime.subtask_image`); a fresh backend loads them back with
+        :func:`~spark_ckpt.state.state_restore.restore_backend`."""
+        keyed, operator = self._keyed, self._operator
         blobs = [
             self._blob(
                 BlobKind.KEYED_FULL,
@@ -276,18 +283,14 @@ class SnapshotStrategy:
         ]
         return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
 
-    def changed_blobs(
-        self,
-        keyed: Mapping[str, TrackedState],
-        operator: Mapping[str, OperatorListState],
-        tag: int,
-    ) -> list[StateBlob]:
+    def changed_blobs(self, tag: int) -> list[StateBlob]:
         """What changed since the previous changelog segment (or the restore), whatever
         snapshots were taken meanwhile: a DELTA blob per keyed state that changed (``seq`` 1:
         the caller orders a chain) and an OPERATOR blob per operator state (always whole).
         A subtask's changelog segment (:mod:`spark_ckpt.runtime.subtask_image`), whose
         micro-batch's newest snapshot is *tag*; starts the next segment (the snapshot history
         is not touched)."""
+        keyed, operator = self._keyed, self._operator
         blobs = [
             self._blob(
                 BlobKind.KEYED_DELTA,
@@ -298,15 +301,10 @@ class SnapshotStrategy:
             for name in sorted(keyed)
             if keyed[name].segment
         ]
-        self.segment_done(keyed, tag)
+        self.segment_done(tag)
         return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
 
-    def folded_blobs(
-        self,
-        keyed: Mapping[str, TrackedState],
-        operator: Mapping[str, OperatorListState],
-        tag: int,
-    ) -> list[StateBlob] | None:
+    def folded_blobs(self, tag: int) -> list[StateBlob] | None:
         """What changed since the changelog's last full image, as :meth:`changed_blobs` gives
         it for one segment: the changelog's delta segments since that image folded into one
         (the current value of every key changed since, or its tombstone), so the changelog
@@ -316,6 +314,7 @@ class SnapshotStrategy:
         then. Starts the next segment."""
         if self._image_history is None:
             return None
+        keyed, operator = self._keyed, self._operator
         earlier = self._image_history.since_image()
         folded: dict[str, StateChanges] = {}
         blobs: list[StateBlob] = []
@@ -334,16 +333,16 @@ class SnapshotStrategy:
         start_segment(keyed)
         return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
 
-    def full_image_taken(self, keyed: Mapping[str, TrackedState], last_snapshot_id: int) -> int:
+    def full_image_taken(self, last_snapshot_id: int) -> int:
         """The whole state was just exported as a full image of the changelog, after
         snapshot *last_snapshot_id*: the next segment starts here, and folds start from
         here. Returns the oldest checkpoint whose snapshot holds the image's state:
         *last_snapshot_id* if this strategy took it and nothing changed since, else the
         next one."""
         unchanged = self._snapshotted == last_snapshot_id and not any(
-            state.changes for state in keyed.values()
+            state.changes for state in self._keyed.values()
         )
-        start_segment(keyed)
+        start_segment(self._keyed)
         rebase_from = last_snapshot_id if unchanged else last_snapshot_id + 1
         self._image_history = ImageHistory(last_snapshot_id, rebase_from)
         return rebase_from
@@ -371,46 +370,54 @@ class SnapshotStrategy:
             history.add(tag, changes, folds=folds)
         self._image_history = history
 
-    def segment_done(
-        self, keyed: Mapping[str, TrackedState], tag: int, *, folds: bool = False
-    ) -> None:
+    def segment_done(self, tag: int, *, folds: bool = False) -> None:
         """The keyed states' changes since the previous segment form a segment of the
         changelog, whose micro-batch's newest snapshot is *tag* (a segment this task
         published, or one another process published and this task just applied; *folds*:
         one that holds every change since the full image); the next segment starts."""
         if self._image_history is not None:
-            changes = {name: state.segment for name, state in keyed.items()}
+            changes = {name: state.segment for name, state in self._keyed.items()}
             self._image_history.add(tag, changes, folds=folds)
-        start_segment(keyed)
+        start_segment(self._keyed)
 
-    def can_rebase(self, checkpoint_id: int) -> bool:
-        """Whether :meth:`rebase` onto completed checkpoint *checkpoint_id* is possible:
-        what changed since its snapshot is known from the changelog's segments
-        (:meth:`ImageHistory.since`)."""
+    def can_rebase(self, checkpoint_id: int, refs: Sequence[BlobRef]) -> bool:
+        """Whether :meth:`rebase` onto completed checkpoint *checkpoint_id*, whose blobs of
+        this backend are *refs*, is possible: its keyed blobs cover exactly this subtask's
+        key groups, and what changed since its snapshot is known from the changelog's
+        segments (:meth:`ImageHistory.since`)."""
         history = self._image_history
-        return history is not None and history.since(checkpoint_id) is not None
+        kgr = self.key_group_range
+        return (
+            history is not None
+            and history.since(checkpoint_id) is not None
+            and all(
+                (r.key_group_start, r.key_group_end) == (kgr.start, kgr.end)
+                for r in refs
+                if r.kind in KEYED_BLOB_KINDS
+            )
+        )
 
-    def rebase(
-        self,
-        checkpoint_id: int,
-        base: Mapping[str, tuple[BlobRef, ...]],
-        keyed: Mapping[str, TrackedState],
-    ) -> None:
-        """Build the next snapshots on completed checkpoint *checkpoint_id*, whose chains
-        of this subtask's key groups are *base* (by state name), although this strategy did
-        not snapshot it (another process ran the subtask meanwhile; subtasks on the
-        executors): the changes since it come from the changelog's segments since its
+    def rebase(self, checkpoint_id: int, refs: Sequence[BlobRef]) -> None:
+        """Build the next snapshots on completed checkpoint *checkpoint_id*, whose blobs of
+        this backend are *refs*, although this strategy did not snapshot it (another
+        process ran the subtask meanwhile; subtasks on the executors): its chains become
+        the base, and the changes since it come from the changelog's segments since its
         snapshot (:meth:`ImageHistory.since`), plus the current segment. The pending
         snapshots are forgotten. StateError unless :meth:`can_rebase`."""
         history = self._image_history
         since = None if history is None else history.since(checkpoint_id)
-        if history is None or since is None:
+        if history is None or since is None or not self.can_rebase(checkpoint_id, refs):
             raise StateError(
-                f"cannot rebase onto checkpoint {checkpoint_id}: what changed since it is not "
-                "known here"
+                f"subtask {self.task_id}: cannot rebase onto checkpoint {checkpoint_id}: its "
+                "blobs do not cover exactly this subtask's key groups, or what changed since "
+                "it is not known here"
             )
-        chains = {name: checked_chain(refs) for name, refs in base.items()}
-        for name, state in keyed.items():
+        grouped: dict[str, list[BlobRef]] = {}
+        for ref in refs:
+            if ref.kind in KEYED_BLOB_KINDS:
+                grouped.setdefault(ref.state_name, []).append(ref)
+        chains = {name: checked_chain(c) for name, c in grouped.items()}
+        for name, state in self._keyed.items():
             earlier = since.get(name)
             changes = state.segment if earlier is None else earlier.then(state.segment)
             state.changes = StateChanges().then(changes).compacted()  # not the segment's
@@ -503,12 +510,10 @@ class SnapshotStrategy:
                 since = since.then(changes)
         return since.bounded()
 
-    def notify_checkpoint_aborted(
-        self, checkpoint_id: int, keyed: Mapping[str, TrackedState]
-    ) -> None:
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         """Checkpoint *checkpoint_id* was aborted: its changes go to the next snapshot (they
         stay part of every later delta until a later checkpoint completes), merged into the
-        next pending snapshot's or, if none, into the *keyed* states' current changes.
+        next pending snapshot's or, if none, into the keyed states' current changes.
         Unknown ids are ignored (idempotent)."""
         for i, pending in enumerate(self._pending):
             if pending.checkpoint_id != checkpoint_id:
@@ -521,7 +526,7 @@ class SnapshotStrategy:
                     target[name] = earlier if later is None else earlier.then(later)
             else:
                 for name, earlier in pending.changes.items():
-                    state = keyed[name]
+                    state = self._keyed[name]
                     state.changes = earlier.then(state.changes)
             return
 
@@ -540,9 +545,8 @@ class SnapshotStrategy:
         self,
         checkpoint_id: int,
         base: Mapping[str, tuple[BlobRef, ...]],
-        keyed: Mapping[str, TrackedState],
     ) -> None:
-        """The *keyed* states were just restored from checkpoint *checkpoint_id* (0: none):
+        """The keyed states were just restored from checkpoint *checkpoint_id* (0: none):
         *base* (chains covering exactly this subtask's key groups, by state name) is the
         base of the next incremental snapshot, the next snapshot id must exceed
         *checkpoint_id*, and the states' changes so far are dropped."""
@@ -552,6 +556,6 @@ class SnapshotStrategy:
         self._image_history = None
         # what a restored chain's deltas hold is not known here: a long one gets a FULL blob
         self._since_full = {name: StateChanges() for name, chain in base.items() if len(chain) == 1}
-        for state in keyed.values():
+        for state in self._keyed.values():
             _take_changes(state)
-        start_segment(keyed)
+        start_segment(self._keyed)
