@@ -63,6 +63,7 @@ from spark_ckpt.runtime.carried_transactions import (
     sealed_table,
 )
 from spark_ckpt.runtime.failure import CheckpointFailureReason
+from spark_ckpt.runtime.image_history import ImageHistory
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM, output_checkpoint
 from spark_ckpt.sinks.two_phase_commit import (
@@ -192,6 +193,10 @@ class OperatorTask:
         #: subtasks on the executors: where the subtask found its state since its previous
         #: checkpoint, reported with the next acknowledgement (None: not reported)
         self.cache: CacheMetrics | None = None
+        #: subtasks on the executors: per operator uid, what the changelog's segments
+        #: changed since its last full image (:mod:`spark_ckpt.runtime.subtask_image` keeps
+        #: it; absent: not known, as after a restore), which :meth:`rebase` builds on
+        self.image_histories: dict[str, ImageHistory] = {}
 
     @property
     def sink_uid(self) -> str:
@@ -210,6 +215,7 @@ class OperatorTask:
         if checkpoint is None:
             return
         self.last_snapshot_id = checkpoint.checkpoint_id
+        self.image_histories.clear()  # the restored state is no image's
         # the first checkpoint after a restore a user asked for (savepoint, older checkpoint)
         # is full: the new lineage never builds on the restored chains
         incremental = RESTORED_FROM not in checkpoint.properties
@@ -456,10 +462,14 @@ class OperatorTask:
             return False
         cid = checkpoint.checkpoint_id
         refs = {uid: [b for b in mine[0].blobs if b.operator_uid == uid] for uid in self.backends}
-        if not all(b.snapshots.can_rebase(cid, refs[uid]) for uid, b in self.backends.items()):
+        histories = self.image_histories
+        if not all(
+            uid in histories and b.snapshots.can_rebase(cid, refs[uid], histories[uid])
+            for uid, b in self.backends.items()
+        ):
             return False
         for uid, backend in self.backends.items():
-            backend.snapshots.rebase(cid, refs[uid])
+            backend.snapshots.rebase(cid, refs[uid], histories[uid])
         return True
 
     def notify_aborted(self, checkpoint_id: int, reason: str) -> None:

@@ -152,8 +152,8 @@ class TrackedState(Protocol):
     def groups(self) -> dict[int, dict[Any, Any]]: ...
 
     changes: StateChanges
-    #: the changes since the last changelog segment (:meth:`SnapshotStrategy.changed_blobs
-    #: <spark_ckpt.state.snapshot.strategy.SnapshotStrategy.changed_blobs>`)
+    #: the changes since the last changelog segment (subtasks on the executors:
+    #: :mod:`spark_ckpt.runtime.image_history` reads it and starts the next one)
     segment: StateChanges
 
     def count(self) -> int:

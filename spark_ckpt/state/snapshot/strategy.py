@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -69,7 +70,6 @@ from spark_ckpt.state.snapshot.chain_rules import (
     checked_chain,
 )
 from spark_ckpt.state.snapshot.changes import (
-    LOG_COLUMNS,
     StateChanges,
     TrackedState,
     start_segment,
@@ -83,60 +83,17 @@ def _take_changes(state: TrackedState) -> StateChanges:
     return taken
 
 
-class ImageHistory:
-    """What the changelog's segments changed since its last full image, segment by segment,
-    each tagged with the newest snapshot taken by the end of its micro-batch (subtasks on
-    the executors, :mod:`spark_ckpt.runtime.subtask_image`). It answers two questions: what
-    changed since the full image (a fold of the changelog), and what changed since
-    checkpoint *C* (a rebase onto *C*). Because the source aligns, a micro-batch's snapshot
-    is taken after all of its data rows: the changes of the segment in which *C* was
-    snapshotted precede *C*, those of every later segment follow it."""
+class ChangeHistory(Protocol):
+    """What changed since a checkpoint's snapshot, as known from elsewhere than the
+    strategy's own snapshots: from the changelog of a subtask on the executors, which other
+    processes may have run meanwhile
+    (:class:`~spark_ckpt.runtime.image_history.ImageHistory`)."""
 
-    def __init__(self, image_tag: int, rebase_from: int) -> None:
-        #: the newest snapshot taken by the full image's micro-batch
-        self.image_tag = image_tag
-        #: the oldest checkpoint whose snapshot holds everything the full image holds
-        self.rebase_from = rebase_from
-        # (tag, whether a fold, changes by state name), oldest first
-        self._segments: list[tuple[int, bool, dict[str, StateChanges]]] = []
-
-    def add(self, tag: int, changes: Mapping[str, StateChanges], *, folds: bool = False) -> None:
-        """A segment after the previous ones, its micro-batch's newest snapshot *tag*;
-        *folds*: it holds every change since the full image (a fold), and replaces them."""
-        if folds:
-            self._segments = []
-        kept = {name: c.compacted() if folds else c for name, c in changes.items() if c}
-        self._segments.append((tag, folds, kept))
-
-    def since_image(self) -> dict[str, StateChanges]:
-        """Per state, every change since the full image."""
-        return self._union(self._segments)
-
-    def since(self, checkpoint_id: int) -> dict[str, StateChanges] | None:
-        """Per state, a superset of the changes since checkpoint *checkpoint_id*'s snapshot,
-        or None when they are not known here (it was taken before the full image, or after
-        the last segment)."""
-        if checkpoint_id < self.rebase_from:
-            return None
-        if self.image_tag >= checkpoint_id:  # taken in the full image's micro-batch
-            return self._union(self._segments)
-        for i, (tag, folds, _) in enumerate(self._segments):
-            if tag >= checkpoint_id:  # the segment in which it was taken
-                # a fold also holds the changes of the segments it replaced, some of which
-                # may follow the snapshot: it stays in
-                return self._union(self._segments[i if folds else i + 1 :])
-        return None
-
-    @staticmethod
-    def _union(
-        segments: Sequence[tuple[int, bool, dict[str, StateChanges]]],
-    ) -> dict[str, StateChanges]:
-        out: dict[str, StateChanges] = {}
-        for _, _, changes in segments:
-            for name, c in changes.items():
-                earlier = out.get(name)
-                out[name] = c if earlier is None else earlier.then(c)
-        return {name: StateChanges().then(c).compacted() for name, c in out.items()}
+    def since(self, checkpoint_id: int) -> Mapping[str, StateChanges] | None:
+        """Per keyed state name, a superset of the changes from checkpoint
+        *checkpoint_id*'s snapshot to the end of the last segment (the current segment's
+        changes are on the states); None when they are not known."""
+        ...
 
 
 @dataclass
@@ -181,9 +138,6 @@ class SnapshotStrategy:
         # per state: the changes the base chain's deltas hold (the keys changed since the
         # chain's FULL blob), known only for chains this strategy wrote since that blob
         self._since_full: dict[str, StateChanges] = {}
-        # what the changelog's segments changed since its last full image (None: unknown,
-        # the state was loaded, not exported whole, since)
-        self._image_history: ImageHistory | None = None
         self._snapshotted = 0  # the last snapshot this strategy took itself
 
     @property
@@ -215,7 +169,7 @@ class SnapshotStrategy:
             )
         new_blobs: list[StateBlob] = []
         reused: list[BlobRef] = []
-        keyed, operator = self._keyed, self._operator
+        keyed = self._keyed
         for name in sorted(keyed):
             state = keyed[name]
             changed = self._changes_since_base(name, state)
@@ -235,7 +189,7 @@ class SnapshotStrategy:
                 if table is None:
                     table = full_table(state, self.key_type, self.max_parallelism)
                 new_blobs.append(self._blob(BlobKind.KEYED_FULL, name, table, 0))
-        new_blobs += [self._operator_blob(name, operator[name]) for name in sorted(operator)]
+        new_blobs += self.operator_blobs()
         changes = {n: _take_changes(s) for n, s in keyed.items() if s.changes}
         self._pending.append(_PendingSnapshot(checkpoint_id, changes))
         self._last_snapshot_id = checkpoint_id
@@ -271,7 +225,7 @@ class SnapshotStrategy:
         neither the changes nor the snapshot history are touched. What a subtask's image
         holds (:mod:`spark_ckpt.runtime.subtask_image`); a fresh backend loads them back with
         :func:`~spark_ckpt.state.state_restore.restore_backend`."""
-        keyed, operator = self._keyed, self._operator
+        keyed = self._keyed
         blobs = [
             self._blob(
                 BlobKind.KEYED_FULL,
@@ -281,132 +235,50 @@ class SnapshotStrategy:
             )
             for name in sorted(keyed)
         ]
-        return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
+        return blobs + self.operator_blobs()
 
-    def changed_blobs(self, tag: int) -> list[StateBlob]:
-        """What changed since the previous changelog segment (or the restore), whatever
-        snapshots were taken meanwhile: a DELTA blob per keyed state that changed (``seq`` 1:
-        the caller orders a chain) and an OPERATOR blob per operator state (always whole).
-        A subtask's changelog segment (:mod:`spark_ckpt.runtime.subtask_image`), whose
-        micro-batch's newest snapshot is *tag*; starts the next segment (the snapshot history
-        is not touched)."""
-        keyed, operator = self._keyed, self._operator
-        blobs = [
-            self._blob(
-                BlobKind.KEYED_DELTA,
-                name,
-                delta_table(keyed[name], keyed[name].segment, self.key_type, self.max_parallelism),
-                1,
-            )
-            for name in sorted(keyed)
-            if keyed[name].segment
-        ]
-        self.segment_done(tag)
-        return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
+    def delta_blob(self, name: str, changes: StateChanges) -> StateBlob:
+        """The DELTA blob (``seq`` 1: the caller orders a chain) of keyed state *name* for
+        *changes* of it: the current value of every changed key, or its tombstone. Costs
+        O(keys changed); neither the changes nor the snapshot history are touched. What a
+        subtask's changelog segment holds (:mod:`spark_ckpt.runtime.image_history`)."""
+        state = self._keyed[name]
+        table = delta_table(state, changes, self.key_type, self.max_parallelism)
+        return self._blob(BlobKind.KEYED_DELTA, name, table, 1)
 
-    def folded_blobs(self, tag: int) -> list[StateBlob] | None:
-        """What changed since the changelog's last full image, as :meth:`changed_blobs` gives
-        it for one segment: the changelog's delta segments since that image folded into one
-        (the current value of every key changed since, or its tombstone), so the changelog
-        can drop them. None, and nothing touched, when what those segments hold is not
-        known here (the state was loaded since the last full image) or a folded delta would
-        exceed :data:`MAX_DELTA_ROWS_RATIO` times its state's keys: export a full image
-        then. Starts the next segment."""
-        if self._image_history is None:
-            return None
-        keyed, operator = self._keyed, self._operator
-        earlier = self._image_history.since_image()
-        folded: dict[str, StateChanges] = {}
-        blobs: list[StateBlob] = []
-        for name in sorted(keyed):
-            state = keyed[name]
-            before = earlier.get(name)
-            since = state.segment if before is None else before.then(state.segment)
-            if not since:
-                continue
-            table = delta_table(state, since, self.key_type, self.max_parallelism)
-            if table.num_rows > MAX_DELTA_ROWS_RATIO * state.count():
-                return None
-            folded[name] = since
-            blobs.append(self._blob(BlobKind.KEYED_DELTA, name, table, 1))
-        self._image_history.add(tag, folded, folds=True)
-        start_segment(keyed)
-        return blobs + [self._operator_blob(name, operator[name]) for name in sorted(operator)]
+    def operator_blobs(self) -> list[StateBlob]:
+        """An OPERATOR blob per operator state (always whole), by name."""
+        return [self._operator_blob(name, self._operator[name]) for name in sorted(self._operator)]
 
-    def full_image_taken(self, last_snapshot_id: int) -> int:
-        """The whole state was just exported as a full image of the changelog, after
-        snapshot *last_snapshot_id*: the next segment starts here, and folds start from
-        here. Returns the oldest checkpoint whose snapshot holds the image's state:
-        *last_snapshot_id* if this strategy took it and nothing changed since, else the
-        next one."""
-        unchanged = self._snapshotted == last_snapshot_id and not any(
+    def unchanged_since(self, checkpoint_id: int) -> bool:
+        """Whether the states are exactly what snapshot *checkpoint_id* copied: it is the
+        last snapshot this strategy took itself, and no keyed state changed since."""
+        return self._snapshotted == checkpoint_id and not any(
             state.changes for state in self._keyed.values()
         )
-        start_segment(self._keyed)
-        rebase_from = last_snapshot_id if unchanged else last_snapshot_id + 1
-        self._image_history = ImageHistory(last_snapshot_id, rebase_from)
-        return rebase_from
 
-    def loaded_image_chain(
-        self,
-        segments: Sequence[tuple[int, bool, Mapping[str, Sequence[pa.Table]]]],
-        image_tag: int,
-        rebase_from: int,
-    ) -> None:
-        """The state was just loaded from a changelog chain: a full image taken after
-        snapshot *image_tag*, whose state checkpoint *rebase_from* and later ones hold (what
-        :meth:`full_image_taken` returned), then delta images, each with its tag, whether
-        it is a fold, and its keyed DELTA tables by state name (*segments*, oldest first):
-        what the chain's segments changed is known, so folds and :meth:`rebase` work from
-        here."""
-        history = ImageHistory(image_tag, rebase_from)
-        for tag, folds, deltas in segments:
-            changes: dict[str, StateChanges] = {}
-            for name, tables in deltas.items():
-                c = changes[name] = StateChanges()
-                for table in tables:
-                    log = table.select(list(LOG_COLUMNS))  # as the log holds it: nullable
-                    c.append_table(pa.table(log.columns, names=list(LOG_COLUMNS)), 0)
-            history.add(tag, changes, folds=folds)
-        self._image_history = history
-
-    def segment_done(self, tag: int, *, folds: bool = False) -> None:
-        """The keyed states' changes since the previous segment form a segment of the
-        changelog, whose micro-batch's newest snapshot is *tag* (a segment this task
-        published, or one another process published and this task just applied; *folds*:
-        one that holds every change since the full image); the next segment starts."""
-        if self._image_history is not None:
-            changes = {name: state.segment for name, state in self._keyed.items()}
-            self._image_history.add(tag, changes, folds=folds)
-        start_segment(self._keyed)
-
-    def can_rebase(self, checkpoint_id: int, refs: Sequence[BlobRef]) -> bool:
+    def can_rebase(
+        self, checkpoint_id: int, refs: Sequence[BlobRef], history: ChangeHistory
+    ) -> bool:
         """Whether :meth:`rebase` onto completed checkpoint *checkpoint_id*, whose blobs of
         this backend are *refs*, is possible: its keyed blobs cover exactly this subtask's
-        key groups, and what changed since its snapshot is known from the changelog's
-        segments (:meth:`ImageHistory.since`)."""
-        history = self._image_history
+        key groups, and *history* knows what changed since its snapshot."""
         kgr = self.key_group_range
-        return (
-            history is not None
-            and history.since(checkpoint_id) is not None
-            and all(
-                (r.key_group_start, r.key_group_end) == (kgr.start, kgr.end)
-                for r in refs
-                if r.kind in KEYED_BLOB_KINDS
-            )
+        return history.since(checkpoint_id) is not None and all(
+            (r.key_group_start, r.key_group_end) == (kgr.start, kgr.end)
+            for r in refs
+            if r.kind in KEYED_BLOB_KINDS
         )
 
-    def rebase(self, checkpoint_id: int, refs: Sequence[BlobRef]) -> None:
+    def rebase(self, checkpoint_id: int, refs: Sequence[BlobRef], history: ChangeHistory) -> None:
         """Build the next snapshots on completed checkpoint *checkpoint_id*, whose blobs of
         this backend are *refs*, although this strategy did not snapshot it (another
         process ran the subtask meanwhile; subtasks on the executors): its chains become
-        the base, and the changes since it come from the changelog's segments since its
-        snapshot (:meth:`ImageHistory.since`), plus the current segment. The pending
-        snapshots are forgotten. StateError unless :meth:`can_rebase`."""
-        history = self._image_history
-        since = None if history is None else history.since(checkpoint_id)
-        if history is None or since is None or not self.can_rebase(checkpoint_id, refs):
+        the base, and the changes since it are what *history* says changed since its
+        snapshot, plus the keyed states' current segment. The pending snapshots are
+        forgotten. StateError unless :meth:`can_rebase`."""
+        since = history.since(checkpoint_id)
+        if since is None or not self.can_rebase(checkpoint_id, refs, history):
             raise StateError(
                 f"subtask {self.task_id}: cannot rebase onto checkpoint {checkpoint_id}: its "
                 "blobs do not cover exactly this subtask's key groups, or what changed since "
@@ -425,7 +297,7 @@ class SnapshotStrategy:
         self._base_id = checkpoint_id
         self._pending = []
         # what a chain's deltas hold: nothing, or (a superset) what changed since its FULL
-        # blob's snapshot, when the changelog's segments tell
+        # blob's snapshot, when the history tells
         self._since_full = {}
         for name, c in chains.items():
             if len(c) == 1:
@@ -553,7 +425,6 @@ class SnapshotStrategy:
         self._base = dict(base)
         self._base_id = checkpoint_id
         self._last_snapshot_id = checkpoint_id
-        self._image_history = None
         # what a restored chain's deltas hold is not known here: a long one gets a FULL blob
         self._since_full = {name: StateChanges() for name, chain in base.items() if len(chain) == 1}
         for state in self._keyed.values():
