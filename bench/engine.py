@@ -336,11 +336,11 @@ def _snapshot_and_write(
 ) -> tuple[TaskStateHandle, float, float]:
     """(handle, snapshot seconds, write seconds); the checkpoint is then notified complete."""
     t0 = time.perf_counter()
-    snap = backend.snapshot(cid, full=full)
+    snap = backend.snapshots.snapshot(cid, full=full)
     t1 = time.perf_counter()
     handle = store.write_task_state(cid, snap)
     t2 = time.perf_counter()
-    backend.notify_checkpoint_complete(cid, handle)
+    backend.snapshots.notify_checkpoint_complete(cid, handle)
     return handle, t1 - t0, t2 - t1
 
 
@@ -414,7 +414,7 @@ def bench_delta(s: Settings, log: Callable[[str], None]) -> dict[str, Any]:
             if i:
                 _churn(backend, s.delta_state_keys, s.churn, rng)
             cid = lease.first_id + i
-            snap = backend.snapshot(cid)
+            snap = backend.snapshots.snapshot(cid)
             t0 = time.perf_counter()
             handle = store.write_task_state(cid, snap)
             t1 = time.perf_counter()
@@ -429,7 +429,7 @@ def bench_delta(s: Settings, log: Callable[[str], None]) -> dict[str, Any]:
             t2 = time.perf_counter()
             store.commit(lease, checkpoint)
             t3 = time.perf_counter()
-            backend.notify_checkpoint_complete(cid, handle)
+            backend.snapshots.notify_checkpoint_complete(cid, handle)
             if i:
                 writes.append(t1 - t0)
                 commits.append(t3 - t2)

@@ -2,11 +2,11 @@
 keys and values back into FULL blobs at any parallelism and max parallelism.
 
 A keyed state of one operator is stored as one chain per writing subtask (a FULL blob, then
-DELTA blobs, see :mod:`spark_ckpt.state.snapshot`). :func:`merge_chain` folds one chain into
-the rows a restore would load (last write of each key wins, tombstones drop it), vectorized
-with Arrow kernels: the blobs are concatenated in ``seq`` order, the last position of each key
-is found with one ``group_by``, and the deleted rows are filtered out. The chains of one state
-cover disjoint key groups, so the state is the concatenation of its merged chains.
+DELTA blobs, see :mod:`spark_ckpt.state.snapshot.chain_rules`). :func:`merge_chain` folds one
+chain into the rows a restore would load (last write of each key wins, tombstones drop it),
+vectorized with Arrow kernels: the blobs are concatenated in ``seq`` order, the last position
+of each key is found with one ``group_by``, and the deleted rows are filtered out. The chains
+of one state cover disjoint key groups, so the state is the concatenation of its merged chains.
 
 The result of a merge (and what :func:`full_blobs` takes) is a *state table*: columns ``key``
 (the key type, not null) and ``value`` (the state's column type: the value for value state, a

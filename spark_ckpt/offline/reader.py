@@ -51,7 +51,7 @@ from spark_ckpt.state.descriptor import (
     StateDescriptor,
     StateKind,
 )
-from spark_ckpt.state.snapshot import checked_chain
+from spark_ckpt.state.snapshot.chain_rules import checked_chain
 
 
 class ReadableStore(Protocol):

@@ -10,7 +10,7 @@ on a micro-batch boundary: after a micro-batch a subtask has no alignment state 
 channel, no buffered row, no snapshot in progress), so its image is only
 
 * its operators' keyed and operator state, as the blobs of a full snapshot
-  (:meth:`~spark_ckpt.state.backend.KeyedStateBackend.full_blobs`), one table each;
+  (:meth:`~spark_ckpt.state.snapshot.strategy.SnapshotStrategy.full_blobs`), one table each;
 * the sink transactions it sealed and whose commit it has not seen yet;
 * its sink's open transaction: the files staged since the last barrier
   (:class:`~spark_ckpt.sinks.two_phase_commit.DetachableWriter`).
@@ -20,7 +20,8 @@ worker between micro-batches (:class:`~spark_ckpt.spark.executors.subtask_functi
 keeps its base. Either can build on the latest completed checkpoint instead
 (:meth:`~spark_ckpt.runtime.task.OperatorTask.rebase`): what changed since is known from the
 changelog's segments, each tagged with the newest snapshot at its end (the image metadata's
-``last_snapshot``; :class:`~spark_ckpt.state.snapshot.ImageHistory`).
+``last_snapshot``; :class:`~spark_ckpt.runtime.image_history.ImageHistory`, kept per operator
+in :attr:`OperatorTask.image_histories <spark_ckpt.runtime.task.OperatorTask.image_histories>`).
 
 The image's metadata is JSON-compatible (``version`` :data:`IMAGE_VERSION`); nothing in it
 is pickled.
@@ -37,6 +38,13 @@ import pyarrow.compute as pc
 
 from spark_ckpt.errors import ProtocolError, StateError
 from spark_ckpt.protocol.state_handles import BlobKind, BlobRef, CacheMetrics, StateBlob
+from spark_ckpt.runtime.image_history import (
+    ImageHistory,
+    changed_blobs,
+    folded_blobs,
+    full_image_taken,
+    segment_done,
+)
 from spark_ckpt.runtime.task import OperatorTask
 from spark_ckpt.sinks.two_phase_commit import DetachableWriter, Transaction
 from spark_ckpt.state.state_restore import apply_segment, restore_backend
@@ -70,13 +78,16 @@ def export_image(
     it). :class:`ProtocolError` if the task is still aligning (the source did not align the
     micro-batch)."""
     _check_aligned(task)
-    backends = [task.backends[op.uid] for op in task.operators]
+    tag = task.last_snapshot_id
+    backends = [(op.uid, task.backends[op.uid]) for op in task.operators]
     if changes:
-        blobs = [blob for b in backends for blob in b.changed_blobs(task.last_snapshot_id)]
+        histories = task.image_histories
+        blobs = [blob for uid, b in backends for blob in changed_blobs(b, histories.get(uid), tag)]
     else:
-        taken = [backend.full_image_taken(task.last_snapshot_id) for backend in backends]
-        rebase_from = max(taken, default=task.last_snapshot_id + 1)
-        blobs = [blob for b in backends for blob in b.full_blobs()]
+        taken = {uid: full_image_taken(b, tag) for uid, b in backends}
+        task.image_histories.update(taken)
+        rebase_from = max((h.rebase_from for h in taken.values()), default=tag + 1)
+        blobs = [blob for _, b in backends for blob in b.snapshots.full_blobs()]
     staged: tuple[str, ...] = ()
     if writer is not None:
         staged = writer.detach(task.sink_uid, task.task_id.subtask)
@@ -90,13 +101,13 @@ def export_folded_image(task: OperatorTask, writer: DetachableWriter | None) -> 
     """A :data:`DELTA` image of what changed since the last :data:`FULL` image *task*
     exported (the changelog's delta segments since, folded into one: a changelog can link
     it straight to that full image), or None, with nothing touched, when the task cannot
-    fold (:meth:`~spark_ckpt.state.backend.KeyedStateBackend.folded_blobs`): the caller
-    must export a full image then. Otherwise as :func:`export_image`."""
+    fold (:func:`~spark_ckpt.runtime.image_history.folded_blobs`): the caller must export a
+    full image then. Otherwise as :func:`export_image`."""
     _check_aligned(task)
-    backends = [task.backends[op.uid] for op in task.operators]
     blobs: list[StateBlob] = []
-    for backend in backends:
-        folded = backend.folded_blobs(task.last_snapshot_id)
+    for op in task.operators:
+        backend = task.backends[op.uid]
+        folded = folded_blobs(backend, task.image_histories.get(op.uid), task.last_snapshot_id)
         if folded is None:  # earlier backends started their next segment: harmless, the
             return None  # caller exports a full image, which starts every segment anew
         blobs.extend(folded)
@@ -190,13 +201,13 @@ def import_images(
     first = images[0].meta
     image_tag = int(first.get("last_snapshot", 0))
     rebase_from = int(first.get("rebase_from", image_tag + 1))
-    for uid, backend in task.backends.items():
+    for uid in task.backends:
         segments = [
             (int(image.meta.get("last_snapshot", 0)), bool(image.meta.get(FOLD)), deltas)
             for image in images[1:]
             for deltas in [_keyed_deltas(image, uid)]
         ]
-        backend.loaded_image_chain(segments, image_tag, rebase_from)
+        task.image_histories[uid] = ImageHistory.loaded(image_tag, rebase_from, segments)
     _adopt_newest(task, writer, images[newest], detach=False)
 
 
@@ -222,9 +233,11 @@ def catch_up(
                 f"the image holds state of operators {unknown} the chain does not have"
             )
         tag = int(image.meta.get("last_snapshot", 0))
-        for backend in task.backends.values():
+        for uid, backend in task.backends.items():
             apply_segment(backend, blobs)
-            backend.segment_applied(tag, folds=bool(image.meta.get(FOLD)))
+            segment_done(
+                backend, task.image_histories.get(uid), tag, folds=bool(image.meta.get(FOLD))
+            )
     _adopt_newest(task, writer, images[-1], detach=True)
 
 

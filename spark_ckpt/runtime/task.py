@@ -63,6 +63,7 @@ from spark_ckpt.runtime.carried_transactions import (
     sealed_table,
 )
 from spark_ckpt.runtime.failure import CheckpointFailureReason
+from spark_ckpt.runtime.image_history import ImageHistory
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM, output_checkpoint
 from spark_ckpt.sinks.two_phase_commit import (
@@ -192,6 +193,10 @@ class OperatorTask:
         #: subtasks on the executors: where the subtask found its state since its previous
         #: checkpoint, reported with the next acknowledgement (None: not reported)
         self.cache: CacheMetrics | None = None
+        #: subtasks on the executors: per operator uid, what the changelog's segments
+        #: changed since its last full image (:mod:`spark_ckpt.runtime.subtask_image` keeps
+        #: it; absent: not known, as after a restore), which :meth:`rebase` builds on
+        self.image_histories: dict[str, ImageHistory] = {}
 
     @property
     def sink_uid(self) -> str:
@@ -210,6 +215,7 @@ class OperatorTask:
         if checkpoint is None:
             return
         self.last_snapshot_id = checkpoint.checkpoint_id
+        self.image_histories.clear()  # the restored state is no image's
         # the first checkpoint after a restore a user asked for (savepoint, older checkpoint)
         # is full: the new lineage never builds on the restored chains
         incremental = RESTORED_FROM not in checkpoint.properties
@@ -274,7 +280,7 @@ class OperatorTask:
             elif isinstance(step, Abort):
                 self._in_progress.pop(step.checkpoint_id, None)
                 for backend in self.backends.values():
-                    backend.notify_checkpoint_aborted(step.checkpoint_id)
+                    backend.snapshots.notify_checkpoint_aborted(step.checkpoint_id)
                 if step.reason is not AbortReason.COORDINATOR:
                     # tell the coordinator at once (Flink's decline on subsumption), instead of
                     # leaving the checkpoint pending until it times out
@@ -313,8 +319,9 @@ class OperatorTask:
         full = step.barrier.is_savepoint
         # the oldest checkpoint whose blobs this and later snapshots may reuse: bases only
         # move forward (0: a backend without a base yet, which may adopt any completed one)
-        base = min(self.backends[op.uid].base_checkpoint_id for op in self.operators)
-        snaps = [self.backends[op.uid].snapshot(cid, full=full) for op in self.operators]
+        strategies = [self.backends[op.uid].snapshots for op in self.operators]
+        base = min(s.base_checkpoint_id for s in strategies)
+        snaps = [s.snapshot(cid, full=full) for s in strategies]
         self.last_snapshot_id = cid
         if self.sink is not None:
             with self.tracer.span(Phase.SINK_PRE_COMMIT):
@@ -400,7 +407,7 @@ class OperatorTask:
         if handle is not None:
             for uid, backend in self.backends.items():
                 mine = tuple(b for b in handle.blobs if b.operator_uid == uid)
-                backend.notify_checkpoint_complete(
+                backend.snapshots.notify_checkpoint_complete(
                     checkpoint_id, TaskStateHandle(backend.task_id, mine)
                 )
 
@@ -438,16 +445,16 @@ class OperatorTask:
         with self._acked_lock:
             self._acked.clear()
         for backend in self.backends.values():
-            backend.forget_snapshot_history(last_snapshot_id)
+            backend.snapshots.forget_history(last_snapshot_id)
         self.last_snapshot_id = max(self.last_snapshot_id, last_snapshot_id)
 
     def rebase(self, checkpoint: CompletedCheckpoint) -> bool:
         """After :meth:`forget_snapshot_history` (another process ran this subtask and
         snapshotted meanwhile): build the next snapshots on *checkpoint*, a completed
         checkpoint (not a savepoint) this subtask's history snapshotted, instead of taking a
-        full one (:meth:`KeyedStateBackend.rebase
-        <spark_ckpt.state.backend.KeyedStateBackend.rebase>`). All operators or none: False,
-        and nothing changed, when one cannot."""
+        full one (:meth:`SnapshotStrategy.rebase
+        <spark_ckpt.state.snapshot.strategy.SnapshotStrategy.rebase>`). All operators or none:
+        False, and nothing changed, when one cannot."""
         if checkpoint.is_savepoint or checkpoint.checkpoint_id > self.last_snapshot_id:
             return False
         mine = [t for t in checkpoint.tasks if t.task == self.task_id]
@@ -455,10 +462,14 @@ class OperatorTask:
             return False
         cid = checkpoint.checkpoint_id
         refs = {uid: [b for b in mine[0].blobs if b.operator_uid == uid] for uid in self.backends}
-        if not all(b.can_rebase(cid, refs[uid]) for uid, b in self.backends.items()):
+        histories = self.image_histories
+        if not all(
+            uid in histories and b.snapshots.can_rebase(cid, refs[uid], histories[uid])
+            for uid, b in self.backends.items()
+        ):
             return False
         for uid, backend in self.backends.items():
-            backend.rebase(cid, refs[uid])
+            backend.snapshots.rebase(cid, refs[uid], histories[uid])
         return True
 
     def notify_aborted(self, checkpoint_id: int, reason: str) -> None:

@@ -13,18 +13,21 @@ and those are immutable. Operators do not see the backend: they receive a
 Representation. Each keyed state (:class:`KeyedStateTable`) keeps, per key group, a Python
 ``dict`` from key to value (keys and values as the Python objects Arrow's ``to_pylist``
 yields; lists for list state, dicts for map state). The per-record API is a dict access; the
-vectorized API (:meth:`KeyedStateBackend.get_values` / :meth:`~KeyedStateBackend.put_values`)
-hashes a whole Arrow key array at once (:mod:`spark_ckpt.state.keygroup`), radix-sorts it by
-key group and does one C-level ``map(dict.get)`` / ``dict.update`` per key group — no per-row
-Python loop (except for the rare null values that clear keys). Every mutation is also
-recorded for the next incremental snapshot
-(:class:`~spark_ckpt.state.snapshot.StateChanges`): the vectorized API appends its Arrow input
-to a change log (O(1) per call), the per-record API records the key.
+vectorized API (:meth:`KeyedStateBackend.get_values` /
+:meth:`~KeyedStateBackend.put_values`) hashes a whole Arrow key array at once
+(:mod:`spark_ckpt.state.keygroup`), radix-sorts it by key group and does one C-level
+``map(dict.get)`` / ``dict.update`` per key group — no per-row Python loop (except for the
+rare null values that clear keys). Every mutation is also recorded for the next incremental
+snapshot (:class:`~spark_ckpt.state.snapshot.changes.StateChanges`): the vectorized API
+appends its Arrow input to a change log (O(1) per call), the per-record API records the key.
 
-Snapshots are delegated to the backend's :class:`~spark_ckpt.state.snapshot.SnapshotStrategy`
-(full and incremental, see :mod:`spark_ckpt.state.snapshot`); a fresh backend is loaded from a
-checkpoint by :func:`spark_ckpt.state.state_restore.restore_backend` (any parallelism).
-Descriptors and blob schemas: :mod:`spark_ckpt.state.descriptor`.
+Snapshots are the job of the backend's snapshot strategy,
+:attr:`KeyedStateBackend.snapshots` (a
+:class:`~spark_ckpt.state.snapshot.strategy.SnapshotStrategy` over the backend's states: full
+and incremental snapshots, checkpoint notifications, the incremental base), which the task
+calls directly; a fresh backend is loaded from a checkpoint by
+:func:`spark_ckpt.state.state_restore.restore_backend` (any parallelism). Descriptors and
+blob schemas: :mod:`spark_ckpt.state.descriptor`.
 
 Restored state and schema evolution. A state loaded by a restore under a descriptor no
 operator registered yet is *unclaimed* (:meth:`KeyedStateBackend.unclaimed_states`). The first
@@ -38,26 +41,19 @@ is an error.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from spark_ckpt.errors import StateError
-from spark_ckpt.protocol.state_handles import (
-    BlobRef,
-    StateBlob,
-    TaskId,
-    TaskSnapshot,
-    TaskStateHandle,
-)
+from spark_ckpt.protocol.state_handles import TaskId
 from spark_ckpt.state.descriptor import (
     CONVERSION_ERRORS,
-    KEYED_BLOB_KINDS,
     ListStateDescriptor,
     MapStateDescriptor,
     StateDescriptor,
@@ -83,11 +79,8 @@ from spark_ckpt.state.schema_evolution import (
     plan_migration,
     state_label,
 )
-from spark_ckpt.state.snapshot import (
-    LOG_COLUMNS,
-    SnapshotStrategy,
-    full_table,
-)
+from spark_ckpt.state.snapshot.strategy import SnapshotStrategy
+from spark_ckpt.state.snapshot.tables import full_table
 from spark_ckpt.state.views import ArrayLike, ListState, MapState, ValueState
 
 
@@ -120,7 +113,7 @@ class KeyedStateBackend:
     """Keyed and operator state of subtask *subtask* of operator *operator_uid*, owning the
     key groups *key_group_range* (inclusive ends) of *max_parallelism*. See the module
     docstring for the representation and the threading contract; snapshots are taken by its
-    :class:`~spark_ckpt.state.snapshot.SnapshotStrategy`, restores made by
+    strategy (:attr:`snapshots`), restores made by
     :func:`~spark_ckpt.state.state_restore.restore_backend`. Held by the task; operators get a
     :class:`~spark_ckpt.state.context.StateContext` on it.
 
@@ -169,7 +162,16 @@ class KeyedStateBackend:
         self._current_group = -1
         self._has_current = False
         self._route_cache: _Routing | None = None
-        self._snapshots = SnapshotStrategy(self.task_id, key_type, key_group_range, max_parallelism)
+        #: the snapshots of this backend's states (full and incremental), the checkpoint
+        #: notifications and the incremental base: the task's business, not the operators'
+        self.snapshots: Final = SnapshotStrategy(
+            self.task_id,
+            key_type,
+            key_group_range,
+            max_parallelism,
+            self._states,
+            self._operator_states,
+        )
 
     @classmethod
     def for_subtask(
@@ -348,6 +350,12 @@ class KeyedStateBackend:
     def operator_state_types(self) -> dict[str, pa.DataType]:
         """Element type of every operator list state, by name."""
         return {n: s.element_type for n, s in self._operator_states.items()}
+
+    @property
+    def tables(self) -> Mapping[str, KeyedStateTable]:
+        """The storage of every keyed state, registered or restored, by name (live: a state
+        registered later appears in it)."""
+        return self._states
 
     def descriptors(self) -> list[StateDescriptor]:
         """Every keyed state, registered or restored, by name."""
@@ -542,131 +550,3 @@ class KeyedStateBackend:
     def holds_state(self) -> bool:
         """Whether any keyed state has an entry or any operator state an element."""
         return bool(self.value_count()) or any(op.get() for op in self._operator_states.values())
-
-    # -- snapshots (see spark_ckpt.state.snapshot) -------------------------------------------
-    def snapshot(self, checkpoint_id: int, full: bool = False) -> TaskSnapshot:
-        """Synchronous phase of checkpoint *checkpoint_id*: a consistent, immutable copy of
-        the state (later updates do not affect it). Incremental unless *full* (see
-        :mod:`spark_ckpt.state.snapshot`). Ids must increase from snapshot to snapshot."""
-        return self._snapshots.snapshot(
-            checkpoint_id, self._states, self._operator_states, full=full
-        )
-
-    def full_blobs(self) -> list[StateBlob]:
-        """The whole state as the blobs of a full snapshot, without taking one (no change
-        or snapshot history is touched): what a subtask's image holds; a fresh backend loads
-        them back with :func:`~spark_ckpt.state.state_restore.restore_backend`."""
-        return self._snapshots.full_blobs(self._states, self._operator_states)
-
-    def changed_blobs(self, tag: int) -> list[StateBlob]:
-        """What changed since the previous changelog segment or the restore, whatever
-        snapshots were taken meanwhile; starts the next segment
-        (:meth:`SnapshotStrategy.changed_blobs
-        <spark_ckpt.state.snapshot.SnapshotStrategy.changed_blobs>`)."""
-        return self._snapshots.changed_blobs(self._states, self._operator_states, tag)
-
-    def folded_blobs(self, tag: int) -> list[StateBlob] | None:
-        """What changed since the changelog's last full image, folded into one segment, or
-        None when it cannot be (:meth:`SnapshotStrategy.folded_blobs
-        <spark_ckpt.state.snapshot.SnapshotStrategy.folded_blobs>`)."""
-        return self._snapshots.folded_blobs(self._states, self._operator_states, tag)
-
-    def forget_snapshot_history(self, last_snapshot_id: int) -> None:
-        """No base, no pending snapshot: the next snapshot is full, and its id must exceed
-        *last_snapshot_id* (:meth:`SnapshotStrategy.forget_history
-        <spark_ckpt.state.snapshot.SnapshotStrategy.forget_history>`)."""
-        self._snapshots.forget_history(last_snapshot_id)
-
-    def record_changes(self, name: str, delta: pa.Table) -> None:
-        """Record the rows of a DELTA blob of keyed state *name* (columns ``key_group, key,
-        value, deleted``; a deleted row has a null value), just applied to it, as changes
-        (:func:`~spark_ckpt.state.state_restore.apply_segment`)."""
-        state = self._states.get(name)
-        if state is None:
-            raise StateError(f"no keyed state {name!r} to record changes of")
-        state.log_table(pa.table(delta.columns[:3], names=list(LOG_COLUMNS)))
-
-    def full_image_taken(self, last_snapshot_id: int) -> int:
-        """A full image of the state was just exported, after snapshot *last_snapshot_id*:
-        the next changelog segment starts here; returns the oldest checkpoint whose snapshot
-        holds the image's state (:meth:`SnapshotStrategy.full_image_taken
-        <spark_ckpt.state.snapshot.SnapshotStrategy.full_image_taken>`)."""
-        return self._snapshots.full_image_taken(self._states, last_snapshot_id)
-
-    def loaded_image_chain(
-        self,
-        segments: Sequence[tuple[int, bool, Mapping[str, Sequence[pa.Table]]]],
-        image_tag: int,
-        rebase_from: int,
-    ) -> None:
-        """The state was just loaded from a changelog chain (:meth:`SnapshotStrategy.
-        loaded_image_chain <spark_ckpt.state.snapshot.SnapshotStrategy.loaded_image_chain>`)."""
-        self._snapshots.loaded_image_chain(segments, image_tag, rebase_from)
-
-    def segment_applied(self, tag: int, *, folds: bool = False) -> None:
-        """A changelog segment another process published was just applied
-        (:func:`~spark_ckpt.state.state_restore.apply_segment`): it is a segment of this task's
-        history, not part of its next one (:meth:`SnapshotStrategy.segment_done
-        <spark_ckpt.state.snapshot.SnapshotStrategy.segment_done>`)."""
-        self._snapshots.segment_done(self._states, tag, folds=folds)
-
-    def can_rebase(self, checkpoint_id: int, refs: Sequence[BlobRef]) -> bool:
-        """Whether :meth:`rebase` onto completed checkpoint *checkpoint_id*, whose blobs of
-        this backend are *refs*, is possible: its keyed blobs cover exactly this subtask's
-        key groups, and what changed since it is known (:meth:`SnapshotStrategy.can_rebase
-        <spark_ckpt.state.snapshot.SnapshotStrategy.can_rebase>`)."""
-        kgr = self.key_group_range
-        return self._snapshots.can_rebase(checkpoint_id) and all(
-            (r.key_group_start, r.key_group_end) == (kgr.start, kgr.end)
-            for r in refs
-            if r.kind in KEYED_BLOB_KINDS
-        )
-
-    def rebase(self, checkpoint_id: int, refs: Sequence[BlobRef]) -> None:
-        """Build the next snapshots on completed checkpoint *checkpoint_id*, whose blobs of
-        this backend are *refs* (:meth:`SnapshotStrategy.rebase
-        <spark_ckpt.state.snapshot.SnapshotStrategy.rebase>`). StateError unless
-        :meth:`can_rebase`."""
-        if not self.can_rebase(checkpoint_id, refs):
-            raise StateError(f"{self}: cannot rebase onto checkpoint {checkpoint_id}")
-        chains: dict[str, list[BlobRef]] = {}
-        for ref in refs:
-            if ref.kind in KEYED_BLOB_KINDS:
-                chains.setdefault(ref.state_name, []).append(ref)
-        self._snapshots.rebase(
-            checkpoint_id, {n: tuple(c) for n, c in chains.items()}, self._states
-        )
-
-    def pending_snapshots(self) -> list[int]:
-        """Ids of snapshots neither completed nor aborted, oldest first."""
-        return self._snapshots.pending_snapshots()
-
-    @property
-    def base_checkpoint_id(self) -> int:
-        """The checkpoint the next incremental snapshot builds on (0: none)."""
-        return self._snapshots.base_checkpoint_id
-
-    @property
-    def has_snapshot_history(self) -> bool:
-        """Whether this backend took a snapshot or was restored (a restore needs neither)."""
-        return self._snapshots.has_history
-
-    def notify_checkpoint_complete(self, checkpoint_id: int, handle: TaskStateHandle) -> None:
-        """Checkpoint *checkpoint_id* completed, and *handle* is what the store wrote for this
-        backend's snapshot of it: its chains become the base of the next incremental
-        snapshot, and the changes up to that snapshot are forgotten. Notifications of
-        checkpoints older than the base are ignored (idempotent)."""
-        self._snapshots.notify_checkpoint_complete(checkpoint_id, handle)
-
-    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        """Checkpoint *checkpoint_id* was aborted: its changes go to the next snapshot (they
-        stay part of every later delta until a later checkpoint completes). Unknown ids are
-        ignored (idempotent)."""
-        self._snapshots.notify_checkpoint_aborted(checkpoint_id, self._states)
-
-    def adopt_restored(self, checkpoint_id: int, base: Mapping[str, tuple[BlobRef, ...]]) -> None:
-        """This backend was just loaded from checkpoint *checkpoint_id*
-        (:func:`spark_ckpt.state.state_restore.restore_backend`): *base* — the restored chains
-        covering exactly its key groups, by state name — is the base of the next incremental
-        snapshot."""
-        self._snapshots.adopt_restored(checkpoint_id, base, self._states)

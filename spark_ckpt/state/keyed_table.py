@@ -11,14 +11,14 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from spark_ckpt.state.descriptor import StateDescriptor
-from spark_ckpt.state.snapshot import StateChanges, log_table
+from spark_ckpt.state.snapshot.changes import LOG_COLUMNS, StateChanges, log_table
 
 
 @dataclass
 class KeyedStateTable:
     """Storage of one keyed state: per key group, key -> value, the changes since the last
     snapshot and those since the last changelog segment (implements
-    :class:`~spark_ckpt.state.snapshot.TrackedState`)."""
+    :class:`~spark_ckpt.state.snapshot.changes.TrackedState`)."""
 
     descriptor: StateDescriptor
     groups: dict[int, dict[Any, Any]] = field(default_factory=dict)
@@ -41,6 +41,12 @@ class KeyedStateTable:
         live = self.count()
         self.changes.append_table(table, live)
         self.segment.append_table(table, live)
+
+    def log_delta(self, delta: pa.Table) -> None:
+        """Record the rows of a DELTA blob of this state (columns ``key_group, key, value,
+        deleted``; a deleted row has a null value), just applied to it, as a vectorized
+        change."""
+        self.log_table(pa.table(delta.columns[:3], names=list(LOG_COLUMNS)))
 
     def touch_one(self, key_group: int, key: Any) -> None:
         """Record a per-record change of *key*."""

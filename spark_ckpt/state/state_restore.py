@@ -7,7 +7,7 @@ chains (one FULL blob, then its DELTAs) of every old subtask whose range overlap
 keeps the rows of the key groups it owns. Operator list state is concatenated in old-subtask
 order and dealt round-robin (:mod:`spark_ckpt.state.operator_state`). A restored chain covering
 exactly the backend's range becomes the base of its next incremental snapshot
-(:mod:`spark_ckpt.state.snapshot`); after a rescale the next snapshot is full.
+(:mod:`spark_ckpt.state.snapshot.strategy`); after a rescale the next snapshot is full.
 
 State schema evolution (:mod:`spark_ckpt.state.schema_evolution`). Tasks open their operators
 before restoring them, and ``open`` registers the operator's descriptors, so the restore
@@ -55,7 +55,7 @@ from spark_ckpt.state.schema_evolution import (
     plan_migration,
     state_label,
 )
-from spark_ckpt.state.snapshot import checked_chain
+from spark_ckpt.state.snapshot.chain_rules import checked_chain
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def restore_backend(
     states)."""
     if backend.holds_state():
         raise StateError("restore needs a fresh backend: this one already holds state")
-    if backend.has_snapshot_history:
+    if backend.snapshots.has_history:
         raise StateError("restore needs a fresh backend: this one has taken snapshots")
     mine = [r for r in refs if r.operator_uid == backend.operator_uid]
     keyed_names, operator_names = backend.registered_states()
@@ -146,7 +146,7 @@ def restore_backend(
         and (found[0][0].key_group_start, found[0][0].key_group_end) == (own.start, own.end)
         and all(d == current.get(name) for d in stored_as.get(name, ()))
     }
-    backend.adopt_restored(max((r.checkpoint_id for r in mine), default=0), base)
+    backend.snapshots.adopt_restored(max((r.checkpoint_id for r in mine), default=0), base)
 
 
 def apply_segment(backend: KeyedStateBackend, blobs: Sequence[tuple[BlobRef, pa.Table]]) -> None:
@@ -160,7 +160,7 @@ def apply_segment(backend: KeyedStateBackend, blobs: Sequence[tuple[BlobRef, pa.
             continue
         if ref.kind is BlobKind.KEYED_DELTA:
             stored = _apply_blob(backend, ref, table)
-            backend.record_changes(stored.name, table)
+            backend.tables[stored.name].log_delta(table)
         elif ref.kind is BlobKind.OPERATOR:
             element_type = table.schema.field("value").type
             backend.restored_operator_state(ref.state_name, element_type).update(

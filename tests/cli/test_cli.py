@@ -87,7 +87,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cid = lease.first_id + n
         handles = []
         for b in backends:
-            snap = b.snapshot(cid, full=True)
+            snap = b.snapshots.snapshot(cid, full=True)
             offsets = (SourceOffset("source", 0, 100 * (n + 1)), SourceOffset("source", 1, 7))
             snap = type(snap)(snap.task, snap.new_blobs, snap.reused, offsets)
             handles.append(store.write_task_state(cid, snap))
@@ -106,7 +106,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
         store.commit(lease, cp)
         for b, h in zip(backends, handles, strict=True):
-            b.notify_checkpoint_complete(cid, h)
+            b.snapshots.notify_checkpoint_complete(cid, h)
     export_savepoint(store, cp, str(base / "savepoints"), pipeline="counts", max_parallelism=128)
     return base / "root"
 

@@ -30,13 +30,13 @@ ATTRS = MapStateDescriptor("attrs", pa.string(), pa.int64())
 
 def _checkpoint(store: DeltaCheckpointStore, backends: list[KeyedStateBackend], cid: int) -> None:
     lease = store.acquire()
-    handles = [store.write_task_state(cid, b.snapshot(cid)) for b in backends]
+    handles = [store.write_task_state(cid, b.snapshots.snapshot(cid)) for b in backends]
     store.commit(
         lease,
         CompletedCheckpoint(cid, SnapshotType.CHECKPOINT, tuple(handles), CheckpointStats(0, 1)),
     )
     for b, h in zip(backends, handles, strict=True):
-        b.notify_checkpoint_complete(cid, h)
+        b.snapshots.notify_checkpoint_complete(cid, h)
 
 
 @pytest.fixture(scope="module")

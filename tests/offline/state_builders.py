@@ -136,7 +136,7 @@ def run_incremental(
         oracle.offsets = {(o.source, o.channel): o.offset for o in offsets}
         handles: list[TaskStateHandle] = []
         for b in backends:
-            snap = b.snapshot(cid)
+            snap = b.snapshots.snapshot(cid)
             snap = type(snap)(snap.task, snap.new_blobs, snap.reused, offsets)
             handles.append(store.write_task_state(cid, snap))
         checkpoint = CompletedCheckpoint(
@@ -147,7 +147,7 @@ def run_incremental(
         )
         store.commit(lease, checkpoint)
         for b, h in zip(backends, handles, strict=True):
-            b.notify_checkpoint_complete(cid, h)
+            b.snapshots.notify_checkpoint_complete(cid, h)
         out.append((checkpoint, copy.deepcopy(oracle)))
     return out
 

@@ -175,7 +175,11 @@ def run(
         else:
             task = new_task(store, sink, acks, chain)
             import_images(task, sink.writer, [log[j] for j in links])
-        if rebase and acks and not any(b.base_checkpoint_id for b in task.backends.values()):
+        if (
+            rebase
+            and acks
+            and not any(b.snapshots.base_checkpoint_id for b in task.backends.values())
+        ):
             task.rebase(completed(acks[-1]))
         seen = len(acks)
         task.process(table)

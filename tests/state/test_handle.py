@@ -27,8 +27,10 @@ from spark_ckpt.testing.simulation import RECORD_SCHEMA, STREAM_SCHEMA, barrier_
 COUNT = ValueStateDescriptor("count", pa.int64())
 SEEN = ListStateDescriptor("seen", pa.string())
 
-#: Backend methods that belong to the task, never to an operator.
+#: What of the backend (and of its snapshot strategy) belongs to the task, never to an operator.
 TASK_ONLY = (
+    "snapshots",
+    "tables",
     "snapshot",
     "restore",
     "notify_checkpoint_complete",
@@ -47,7 +49,7 @@ def test_handle_exposes_state_access_but_not_snapshot_or_restore() -> None:
     for name in TASK_ONLY:
         assert not hasattr(handle, name), name
     with pytest.raises(AttributeError):  # no attributes can be added either
-        handle.snapshot = backend.snapshot  # type: ignore[attr-defined]
+        handle.snapshot = backend.snapshots.snapshot  # type: ignore[attr-defined]
 
     handle.put_values(COUNT, pa.array([1, 2, 3]), pa.array([10, 20, 30]))
     assert handle.get_values(COUNT, pa.array([3, 1, 4])).to_pylist() == [30, 10, None]

@@ -22,12 +22,12 @@ def test_the_next_snapshot_after_a_restore_without_base_is_full(incremental_base
     old = KeyedStateBackend.for_subtask("op", 0, 1, pa.int64(), 128)
     keys = pa.array(range(50), pa.int64())
     old.put_values(COUNT, keys, keys)
-    handle = store.write_task_state(1, old.snapshot(1))
+    handle = store.write_task_state(1, old.snapshots.snapshot(1))
     new = KeyedStateBackend.for_subtask("op", 0, 1, pa.int64(), 128)
     new.value_state(COUNT)
     restore_backend(new, handle.blobs, store.read_blob, incremental_base=incremental_base)
     new.put_values(COUNT, pa.array([7], pa.int64()), pa.array([70], pa.int64()))
-    snap = new.snapshot(2)
+    snap = new.snapshots.snapshot(2)
     kinds = {b.kind for b in snap.new_blobs}
     if incremental_base:
         assert kinds == {BlobKind.KEYED_DELTA} and snap.reused

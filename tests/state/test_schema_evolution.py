@@ -83,7 +83,7 @@ def checkpoint(
     b = fresh()
     register(b, old)
     write(b, old, values)
-    handle = store.write_task_state(1, b.snapshot(1))
+    handle = store.write_task_state(1, b.snapshots.snapshot(1))
     return store, handle.blobs
 
 
@@ -271,7 +271,7 @@ def test_compatible_change_restores_migrated_values(
     assert b.descriptors() == [new]
     assert b.to_table(new).schema.field("value").type == new.column_type
     # the next checkpoint holds the new type, and restores as is
-    snap = b.snapshot(2)
+    snap = b.snapshots.snapshot(2)
     kinds = {(x.kind, x.table.schema.field("value").type) for x in snap.new_blobs}
     if eager:  # migrated at restore: a new chain starts
         assert kinds == {(BlobKind.KEYED_FULL, new.column_type)}
@@ -288,7 +288,7 @@ def test_widened_value_state_works_with_the_vectorized_api() -> None:
     got = b.get_values(new, keys)
     assert got.type == pa.int64() and got.to_pylist() == list(KEYS)
     b.put_values(new, keys, pa.array([k + 2**40 for k in KEYS], pa.int64()))
-    handle = store.write_task_state(2, b.snapshot(2))
+    handle = store.write_task_state(2, b.snapshots.snapshot(2))
     assert read(restore(new, store, handle.blobs, eager=True), new) == {k: k + 2**40 for k in KEYS}
 
 
@@ -300,7 +300,7 @@ def test_chain_across_a_lazy_migration_restores_in_both_orders() -> None:
     store, refs = checkpoint(old, {k: k for k in KEYS})
     b = restore(new, store, refs, eager=False)
     b.put_values(new, pa.array([1, 2]), pa.array([2**40, 2**41]))
-    snap = b.snapshot(2)
+    snap = b.snapshots.snapshot(2)
     assert [x.kind for x in snap.new_blobs] == [BlobKind.KEYED_DELTA]
     handle = store.write_task_state(2, snap)
     oracle = {k: k for k in KEYS} | {1: 2**40, 2: 2**41}
@@ -334,7 +334,7 @@ def test_added_state_starts_empty_and_removed_state_is_dropped(
     write(b, kept, {k: k for k in KEYS})
     write(b, removed, {k: ["x"] for k in KEYS})
     b.operator_list_state("old_offsets", pa.int64()).add_all([1, 2])
-    refs = store.write_task_state(1, b.snapshot(1)).blobs
+    refs = store.write_task_state(1, b.snapshots.snapshot(1)).blobs
 
     new = fresh()
     register(new, kept)
@@ -348,7 +348,7 @@ def test_added_state_starts_empty_and_removed_state_is_dropped(
     logged = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
     assert "state 'removed' of operator 'counter'" in logged and "dropped" in logged
     assert "'old_offsets'" in logged
-    snap = new.snapshot(2)
+    snap = new.snapshots.snapshot(2)
     assert {x.state_name for x in snap.new_blobs} | {x.state_name for x in snap.reused} == {"kept"}
 
 
@@ -371,7 +371,7 @@ def test_operator_list_state_elements_widen(eager: bool) -> None:
     store = InMemoryCheckpointStore()
     b = fresh()
     b.operator_list_state("offsets", pa.int32()).add_all([3, 1, 2])
-    refs = store.write_task_state(1, b.snapshot(1)).blobs
+    refs = store.write_task_state(1, b.snapshots.snapshot(1)).blobs
     r = fresh()
     if eager:
         r.operator_list_state("offsets", pa.int64())

@@ -34,7 +34,7 @@ from spark_ckpt.state.keygroup import (
     key_groups,
     range_for_subtask,
 )
-from spark_ckpt.state.snapshot import MAX_CHAIN_DELTAS
+from spark_ckpt.state.snapshot.chain_rules import MAX_CHAIN_DELTAS
 from spark_ckpt.state.state_restore import restore_backend, restore_backends
 from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
@@ -54,14 +54,14 @@ def complete(
     store: InMemoryCheckpointStore, b: KeyedStateBackend, snap: TaskSnapshot, cid: int
 ) -> TaskStateHandle:
     handle = store.write_task_state(cid, snap)
-    b.notify_checkpoint_complete(cid, handle)
+    b.snapshots.notify_checkpoint_complete(cid, handle)
     return handle
 
 
 def checkpoint(
     store: InMemoryCheckpointStore, b: KeyedStateBackend, cid: int, full: bool = False
 ) -> TaskStateHandle:
-    return complete(store, b, b.snapshot(cid, full=full), cid)
+    return complete(store, b, b.snapshots.snapshot(cid, full=full), cid)
 
 
 def table_dict(t: pa.Table, kind: str = "value") -> dict[Any, Any]:
@@ -216,11 +216,11 @@ def test_misuse_raises_state_error() -> None:
         KeyedStateBackend("op", 0, pa.float64(), KeyGroupRange(0, 127))
     with pytest.raises(StateError):
         KeyedStateBackend("op", 1, pa.int64(), KeyGroupRange(0, 63), parallelism=2)
-    b.snapshot(5)
+    b.snapshots.snapshot(5)
     with pytest.raises(StateError):
-        b.snapshot(5)
+        b.snapshots.snapshot(5)
     with pytest.raises(StateError):
-        b.notify_checkpoint_complete(4, TaskStateHandle(b.task_id))
+        b.snapshots.notify_checkpoint_complete(4, TaskStateHandle(b.task_id))
 
 
 # -- snapshots -----------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def test_blob_schemas_carry_metadata() -> None:
         b.list_state(EVENTS).add("e")
         b.map_state(ATTRS).put("a", 1)
     b.operator_list_state("offsets", pa.int64()).add(7)
-    snap = b.snapshot(1)
+    snap = b.snapshots.snapshot(1)
     kinds = {(x.kind, x.state_name) for x in snap.new_blobs}
     assert kinds == {
         (BlobKind.KEYED_FULL, "count"),
@@ -260,7 +260,7 @@ def test_blob_schemas_carry_metadata() -> None:
     assert by_name["count"].table.schema.metadata[META_STATE_KIND] == b"value"
     complete(store, b, snap, 1)
     b.put_values(COUNT, pa.array([0]), pa.array([None], pa.int64()))
-    delta = [x for x in b.snapshot(2).new_blobs if x.kind is BlobKind.KEYED_DELTA]
+    delta = [x for x in b.snapshots.snapshot(2).new_blobs if x.kind is BlobKind.KEYED_DELTA]
     assert len(delta) == 1
     assert delta[0].table.schema.names == ["key_group", "key", "value", "deleted"]
     kg0 = int(key_group_indices(pa.array([0], pa.int64()), 4)[0])
@@ -279,7 +279,7 @@ def test_snapshot_isolation() -> None:
         b.list_state(EVENTS).add_all(["a", "b"])
         b.map_state(ATTRS).put("x", k)
     expected = contents([b])
-    snap = b.snapshot(1)
+    snap = b.snapshots.snapshot(1)
     tables_before = [x.table.to_pylist() for x in snap.new_blobs]
     # mutate in every way, including the in-place paths of list and map state
     b.put_values(COUNT, pa.array(range(50, 150)), pa.array([0] * 100))
@@ -312,7 +312,7 @@ def test_incremental_snapshot_writes_only_changed_keys() -> None:
         model[k] = -1
     for k in deletes:
         model.pop(k)
-    snap = b.snapshot(2)
+    snap = b.snapshots.snapshot(2)
     written = sum(x.table.num_rows for x in snap.new_blobs)
     assert written == 1000 and written <= 0.05 * full_rows
     assert all(x.kind is BlobKind.KEYED_DELTA and x.seq == 1 for x in snap.new_blobs)
@@ -321,7 +321,7 @@ def test_incremental_snapshot_writes_only_changed_keys() -> None:
     handle = complete(store, b, snap, 2)
     assert table_dict(restored(store, handle.blobs)[0].to_table(COUNT)) == model
     # unchanged key groups are reused: a snapshot without changes writes nothing keyed
-    quiet = b.snapshot(3)
+    quiet = b.snapshots.snapshot(3)
     assert quiet.new_blobs == () and set(quiet.reused) == set(handle.blobs)
 
 
@@ -446,16 +446,16 @@ def test_a_full_blob_of_a_state_whose_every_key_changed_comes_from_its_change_lo
     """Every key changed since the last checkpoint: the FULL blob is the compacted log
     sorted by key group, the same rows :func:`full_table` reads from the entries; a key
     left unchanged, or changed through the per-record API, takes the entries' way."""
-    from spark_ckpt.state import snapshot as snapshot_module
+    from spark_ckpt.state.snapshot import strategy as strategy_module
 
     walked: list[int] = []
-    full_table = snapshot_module.full_table
+    full_table = strategy_module.full_table
 
     def counting_full_table(*args: Any) -> pa.Table:
         walked.append(1)
         return full_table(*args)
 
-    monkeypatch.setattr(snapshot_module, "full_table", counting_full_table)
+    monkeypatch.setattr(strategy_module, "full_table", counting_full_table)
     store = InMemoryCheckpointStore()
     b = backend(max_p=16)
     keys = pa.array(range(50), pa.int64())
@@ -506,13 +506,13 @@ def assert_every_checkpoint_restores(b: KeyedStateBackend, model: Model, steps: 
     for step in steps:
         if step == "snap" or (step == "complete" and not pending):
             cid += 1
-            pending.append((cid, b.snapshot(cid), copy.deepcopy(model)))
+            pending.append((cid, b.snapshots.snapshot(cid), copy.deepcopy(model)))
         if step == "complete":
             c, snap, expected = pending.pop((cid * 5) % len(pending))
             verified.append((complete(store, b, snap, c), expected))
         elif step == "abort" and pending:
             c, _, _ = pending.pop(0)
-            b.notify_checkpoint_aborted(c)
+            b.snapshots.notify_checkpoint_aborted(c)
         elif isinstance(step, tuple):
             apply(step, b, model)
     cid += 1
@@ -527,7 +527,7 @@ def test_full_snapshot_writes_only_full_blobs() -> None:
     b.put_values(COUNT, pa.array(range(1000)), pa.array(range(1000)))
     checkpoint(store, b, 1)
     b.put_values(COUNT, pa.array([1]), pa.array([5]))
-    snap = b.snapshot(2, full=True)
+    snap = b.snapshots.snapshot(2, full=True)
     assert snap.reused == ()
     assert {x.kind for x in snap.new_blobs} == {BlobKind.KEYED_FULL}
     assert sum(x.table.num_rows for x in snap.new_blobs) == 1000
@@ -546,26 +546,26 @@ def test_aborted_and_concurrent_checkpoints_lose_nothing() -> None:
             model[k] = value
 
     change([1, 2], 2)
-    s2 = b.snapshot(2)
+    s2 = b.snapshots.snapshot(2)
     model_2 = dict(model)
     change([3], 3)
-    s3 = b.snapshot(3)  # taken while 2 is pending
+    s3 = b.snapshots.snapshot(3)  # taken while 2 is pending
     model_3 = dict(model)
     change([4], 4)
-    b.notify_checkpoint_aborted(2)
-    s4 = b.snapshot(4)
+    b.snapshots.notify_checkpoint_aborted(2)
+    s4 = b.snapshots.snapshot(4)
     model_4 = dict(model)
     h3 = complete(store, b, s3, 3)  # 3 completes before 4, after 2 aborted
     change([5], 5)
     h4 = complete(store, b, s4, 4)
     h2 = store.write_task_state(2, s2)
-    b.notify_checkpoint_complete(2, h2)  # stale notification: ignored
-    b.notify_checkpoint_aborted(99)  # unknown: ignored
-    s6 = b.snapshot(6)
+    b.snapshots.notify_checkpoint_complete(2, h2)  # stale notification: ignored
+    b.snapshots.notify_checkpoint_aborted(99)  # unknown: ignored
+    s6 = b.snapshots.snapshot(6)
     h6 = complete(store, b, s6, 6)
     for handle, expected in ((h2, model_2), (h3, model_3), (h4, model_4), (h6, model)):
         assert table_dict(restored(store, handle.blobs, max_p=4)[0].to_table(COUNT)) == expected
-    assert b.pending_snapshots() == [] and b.base_checkpoint_id == 6
+    assert b.snapshots.pending_snapshots() == [] and b.snapshots.base_checkpoint_id == 6
 
 
 def test_corruption_and_broken_chains_are_detected() -> None:
@@ -623,7 +623,7 @@ def test_restored_state_continues_incremental_chains() -> None:
     [r] = restored(store, h1.blobs, max_p=8)
     r.put_values(COUNT, pa.array([5]), pa.array([-5]))
     model[5] = -5
-    snap = r.snapshot(2)
+    snap = r.snapshots.snapshot(2)
     assert [(x.kind, x.seq) for x in snap.new_blobs] == [(BlobKind.KEYED_DELTA, 1)]
     h2 = complete(store, r, snap, 2)
     assert table_dict(restored(store, h2.blobs, max_p=8)[0].to_table(COUNT)) == model
@@ -717,14 +717,14 @@ def test_interleaved_snapshots_completions_and_aborts(steps: list[Any]) -> None:
     for step in steps:
         if step == "snap":
             cid += 1
-            pending.append((cid, b.snapshot(cid), copy.deepcopy(model)))
+            pending.append((cid, b.snapshots.snapshot(cid), copy.deepcopy(model)))
         elif step == "complete" and pending:
             i = (cid * 7) % len(pending)  # complete some pending snapshot, not always the oldest
             c, snap, expected = pending.pop(i)
             verified.append((complete(store, b, snap, c), expected))
         elif step == "abort" and pending:
             c, _, _ = pending.pop(0)
-            b.notify_checkpoint_aborted(c)
+            b.snapshots.notify_checkpoint_aborted(c)
         elif isinstance(step, tuple):
             apply(step, b, model)
     cid += 1

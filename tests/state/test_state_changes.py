@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_ckpt.state import snapshot
-from spark_ckpt.state.snapshot import StateChanges, log_table
+from spark_ckpt.state.snapshot import changes as changes_module
+from spark_ckpt.state.snapshot.changes import StateChanges, log_table
 
 Change = tuple[int, int | None]  # key, value (None: cleared)
 
@@ -86,13 +86,13 @@ def test_the_log_says_what_a_fold_over_the_changes_says(program: list[tuple[Any,
 
 def test_a_compaction_is_paid_once(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    real = snapshot._last_occurrences
+    real = changes_module._last_occurrences
 
     def counting(keys: pa.Array) -> Any:
         calls.append(len(keys))
         return real(keys)
 
-    monkeypatch.setattr(snapshot, "_last_occurrences", counting)
+    monkeypatch.setattr(changes_module, "_last_occurrences", counting)
     changes = StateChanges()
     changes.append_table(table([(1, 1), (2, 2)]), 100)
     changes.append_table(table([(1, 3)]), 100)

@@ -12,7 +12,7 @@ straight to it (a chain of two), naming the segments it replaced. A fold costs w
 since the full segment, not the state: a large state whose updates keep to a set of keys
 never writes itself whole again (the full segment is rewritten only when the subtask cannot
 fold: it was rebuilt since, or the fold would hold half its keys,
-:meth:`~spark_ckpt.state.snapshot.SnapshotStrategy.folded_blobs`).
+:func:`~spark_ckpt.runtime.image_history.folded_blobs`).
 
 The subtask's task stays alive in the Python worker that ran it
 (:class:`~spark_ckpt.spark.executors.subtask_function.LiveSubtasks`). A worker whose task stands at

@@ -290,7 +290,7 @@ class SubtaskFunction:
         rebased onto."""
         from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 
-        if task.sink is None or any(b.base_checkpoint_id for b in task.backends.values()):
+        if task.sink is None or any(b.snapshots.base_checkpoint_id for b in task.backends.values()):
             return
         committed = task.sink.committer.committed_checkpoint()
         if not committed or committed > task.last_snapshot_id:
