@@ -35,11 +35,8 @@ A **removed struct field is refused**: accepting it would silently drop stored d
 renamed field (removed + added) would lose its values without notice. Remove a field by
 migrating the state explicitly (a new state name), not by editing the type in place.
 
-At the descriptor level (:func:`descriptor_migration`) the state kind (value, list, map)
-must not change, and map keys must keep their type (they identify entries). The keyed
-state's *key type* must be identical too (:func:`check_key_type`).
-
-Pure: pyarrow only.
+At the descriptor level (:func:`descriptor_migration`) the state kind (value, list, map) and
+map key types must not change, nor the keyed state's *key type* (:func:`check_key_type`).
 """
 
 from __future__ import annotations

@@ -4,41 +4,6 @@ Parsed where they are given — the user's process (the pipeline API validates b
 ``load()``, so errors are :class:`~spark_ckpt.errors.ConfigError` naming the option) and again
 inside Spark's source runner. Keys are case-insensitive (Spark lower-cases them).
 
-option                      meaning
-==========================  =========================================================
-``pipeline`` (required)     name of the pipeline: one checkpoint store, one coordinator
-``store``                   pipeline root (checkpoint store, mailbox); default
-                            ``./spark-ckpt-data/<pipeline>`` made absolute
-``source``                  ``generator`` (default), ``delta``, ``kafka`` or ``files``
-``maxRowsPerTrigger``       read limit per micro-batch, shared equally by the channels
-``barrierPlacement``        ``read`` (default: at the end of the micro-batch that takes the
-                            trigger) or ``head`` (at each channel's produced head, so a
-                            channel with a deeper backlog reaches it later); see
-                            :class:`~spark_ckpt.sources.stream_offset.BarrierPlacement`
-generator: ``seed``, ``channels``, ``rate``, ``backlog``, ``keys``, ``skew``
-delta: ``path``, ``channels``, ``startingVersion``
-kafka: ``kafka.bootstrap.servers``, ``subscribe``/``subscribePattern``/``assign``,
-``startingOffsets``, ``maxOffsetsPerTrigger``, ``failOnDataLoss``, ``includeHeaders``,
-``kafka.*``, ``partitionDiscoveryIntervalMs`` (see
-:mod:`spark_ckpt.sources.kafka_options` and :mod:`spark_ckpt.kafka.kafka_source`)
-files: ``path``, ``format``, ``schema``, ``header``, ``channels``, ``maxFilesPerTrigger``,
-``cleanSource``, ``sourceArchiveDir``, ``badRecordsPath`` (see
-:mod:`spark_ckpt.sources.files.files_options`)
-``run``                     set by :meth:`Pipeline.run <spark_ckpt.pipeline.pipeline.Pipeline.run>`
-                            for each attempt (see :mod:`spark_ckpt.coordination.runs`); not for
-                            users
-``route.key``,              set by the pipeline when its subtasks run on the executors:
-``route.parallelism``,      the source's rows leave ``read()`` routed to the subtasks
-``route.maxParallelism``,   (:mod:`spark_ckpt.spark.executors.routing`); not for users
-``route.partitions``
-``components``              ``module:name`` of the job's
-                            :class:`~spark_ckpt.runtime.components.Components`, set by the
-                            pipeline from the job's ``components``
-``checkpoint.*``, ``execution.checkpointing.*``, ``restart-strategy*``, ``state.*``,
-``savepoint.*``             checkpoint configuration
-(:class:`~spark_ckpt.runtime.config.CheckpointConfig`)
-==========================  =========================================================
-=======
 The user's options — ``pipeline`` (required), ``store`` (default
 ``./spark-ckpt-data/<pipeline>``, made absolute), ``source`` (``generator``, ``delta``,
 ``kafka`` or ``files``), ``maxRowsPerTrigger``, ``barrierPlacement``

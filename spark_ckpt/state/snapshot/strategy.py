@@ -36,11 +36,8 @@ snapshot *n* are kept until a checkpoint ``>= n`` completes; snapshots taken whi
 ones are pending (max concurrent checkpoints > 1) and snapshots after an abort contain every
 change since the base, so nothing is lost whatever the order of completions and aborts.
 
-What changed is recorded by the backend on every mutation into a
-:class:`~spark_ckpt.state.snapshot.changes.StateChanges` (the change log) per keyed state, so
-a snapshot reads only what changed, deduplicated with Arrow kernels, not the whole state.
-Blob tables: :mod:`spark_ckpt.state.snapshot.tables`; blob schemas:
-:mod:`spark_ckpt.state.descriptor`.
+Cost: O(keys changed since the base), read from the change log the backend keeps per keyed
+state (:class:`~spark_ckpt.state.snapshot.changes.StateChanges`), never the whole state.
 """
 
 from __future__ import annotations
