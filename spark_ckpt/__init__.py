@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "RunningCount": "spark_ckpt.runtime.operator",
     "RestartStrategies": "spark_ckpt.runtime.restart",
     "RestoreSettings": "spark_ckpt.runtime.restore_settings",
+    "WatermarkStrategy": "spark_ckpt.runtime.event_time",
     "connect_session": "spark_ckpt.spark.session.builders",
     "local_session": "spark_ckpt.spark.session.builders",
     "StateContext": "spark_ckpt.state.context",
@@ -96,6 +97,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from spark_ckpt.pipeline.supervisor import RunResult
     from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
     from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode, minutes, seconds
+    from spark_ckpt.runtime.event_time import WatermarkStrategy
     from spark_ckpt.runtime.operator import KeyedOperator, RecordOperator, RunningCount
     from spark_ckpt.runtime.restart import RestartStrategies
     from spark_ckpt.runtime.restore_settings import RestoreSettings

@@ -57,6 +57,27 @@ def figure_cells(s: CheckpointStats) -> dict[str, Any]:
     }
 
 
+def time_cells(s: CheckpointStats) -> dict[str, Any]:
+    """Event time at a checkpoint (a pipeline that keeps it): the pipeline's watermark and the
+    rows that arrived late and were dropped since the previous checkpoint."""
+    return {
+        "watermark": when(s.watermark_ms),
+        "late_rows": s.late_rows,
+        "dropped_rows": s.dropped_rows,
+    }
+
+
+def _subtask_time_cells(cp: CompletedCheckpoint, task: str) -> dict[str, Any]:
+    time = cp.stats.task_time.get(task)
+    if time is None:
+        return {}
+    return {
+        "watermark": when(time.watermark_ms),
+        "late_rows": time.late_rows,
+        "dropped_rows": time.dropped_rows,
+    }
+
+
 def _cache_cells(cp: CompletedCheckpoint, task: str) -> dict[str, int]:
     """Where a subtask on the executors found its state since its previous checkpoint
     (nothing for subtasks in the driver)."""
@@ -71,13 +92,15 @@ def _cache_cells(cp: CompletedCheckpoint, task: str) -> dict[str, int]:
     }
 
 
-def checkpoint_row(cp: CompletedCheckpoint) -> dict[str, Any]:
+def checkpoint_row(cp: CompletedCheckpoint, *, timed: bool = False) -> dict[str, Any]:
+    """A retained checkpoint's table row; *timed*: with the event-time cells."""
     s = cp.stats
     return {
         "id": cp.checkpoint_id,
         "type": cp.snapshot_type.value,
         "completed": when(s.completed_ms),
         **figure_cells(s),
+        **(time_cells(s) if timed else {}),
         "restored_from": cp.properties.get("restored_from", ""),
     }
 
@@ -97,6 +120,14 @@ def checkpoint_json(cp: CompletedCheckpoint) -> dict[str, Any]:
         "start_delay_ms": s.max_start_delay_ms,
         "offsets": {f"{k[0]}/{k[1]}": v for k, v in sorted(cp.offsets().items())},
         "properties": dict(cp.properties),
+    } | (_time_json(s) if s.task_time else {})
+
+
+def _time_json(s: CheckpointStats) -> dict[str, Any]:
+    return {
+        "watermark_ms": s.watermark_ms,
+        "late_rows": s.late_rows,
+        "dropped_rows": s.dropped_rows,
     }
 
 
@@ -106,7 +137,8 @@ def checkpoints_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json_lines([checkpoint_json(c) for c in cps]))
     else:
-        print(render([checkpoint_row(c) for c in cps]))
+        timed = any(c.stats.task_time for c in cps)
+        print(render([checkpoint_row(c, timed=timed) for c in cps]))
     return 0
 
 
@@ -119,13 +151,18 @@ def checkpoints_show(args: argparse.Namespace) -> int:
                 "task": str(t.task),
                 **cp.stats.task_metrics.get(str(t.task), _NO_METRICS).to_dict(),
                 **_cache_cells(cp, str(t.task)),
+                **(
+                    cp.stats.task_time[str(t.task)].to_dict()
+                    if str(t.task) in cp.stats.task_time
+                    else {}
+                ),
             }
             for t in cp.tasks
         ]
         detail["blobs"] = [b.to_dict() for b in cp.blobs()]
         print(json_lines([detail]))
         return 0
-    print(render([checkpoint_row(cp)]))
+    print(render([checkpoint_row(cp, timed=bool(cp.stats.task_time))]))
     print("\nproperties")
     print(render([{"key": k, "value": v} for k, v in sorted(cp.properties.items())]))
     print("\nsubtasks")
@@ -142,6 +179,7 @@ def checkpoints_show(args: argparse.Namespace) -> int:
                 "state": size(t.state_bytes()),
                 "channel_state": size(t.channel_state_bytes()),
                 **_cache_cells(cp, str(t.task)),
+                **_subtask_time_cells(cp, str(t.task)),
             }
         )
     print(render(rows))
@@ -336,7 +374,8 @@ def history_status(record: CheckpointRecord) -> str:
     return "aborted" if is_aborted(record.failure) else "failed"
 
 
-def history_row(record: CheckpointRecord) -> dict[str, Any]:
+def history_row(record: CheckpointRecord, *, timed: bool = False) -> dict[str, Any]:
+    """A record's row of ``stats``; *timed*: with the event-time cells."""
     s = record.figures
     return {
         "id": record.checkpoint_id,
@@ -344,6 +383,7 @@ def history_row(record: CheckpointRecord) -> dict[str, Any]:
         "type": record.snapshot_type.value,
         "ended": when(s.completed_ms),
         **figure_cells(s),
+        **(time_cells(s) if timed else {}),
         "reason": record.reason,
     }
 
@@ -371,7 +411,7 @@ def history_json(record: CheckpointRecord) -> dict[str, Any]:
         "message": record.failure.message if record.failure is not None else "",
         "properties": dict(record.properties),
         "task_metrics": {k: m.to_dict() for k, m in sorted(s.task_metrics.items())},
-    }
+    } | (_time_json(s) if s.task_time else {})
 
 
 def stats(args: argparse.Namespace) -> int:
@@ -393,7 +433,8 @@ def stats(args: argparse.Namespace) -> int:
             f"{savepoints} savepoints, {len(failures) - aborted} failed, {aborted} aborted "
             f"({len(c.checkpoints())} retained for restores)"
         )
-        print(render([history_row(r) for r in records]))
+        timed = any(r.figures.task_time for r in records)
+        print(render([history_row(r, timed=timed) for r in records]))
         if failures:
             print("\nwhy they failed")
             print(

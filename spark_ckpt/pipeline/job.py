@@ -17,6 +17,7 @@ from typing import Any, TypedDict, Unpack
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.components import load_components
+from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.operator import KeyedOperator
 
 
@@ -44,6 +45,7 @@ class JobOptions(TypedDict, total=False):
     placement: Placement | str
     transform: Callable[[Any], Any] | None
     components: str | None
+    watermark: WatermarkStrategy | None
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,9 @@ class JobSpec:
     subtasks run (:class:`Placement`). *components*: ``module:name`` of a
     :class:`~spark_ckpt.runtime.components.Components` object whose hooks hand the job's
     processes their store, sink committer, source and operators (default: the pipeline's
-    own; :mod:`spark_ckpt.runtime.components`)."""
+    own; :mod:`spark_ckpt.runtime.components`). *watermark*: event time, from a column of
+    the rows the first operator receives
+    (:class:`~spark_ckpt.runtime.event_time.WatermarkStrategy`; ``docs/time.md``)."""
 
     source: Source
     operators: tuple[KeyedOperator, ...]
@@ -74,6 +78,7 @@ class JobSpec:
     #: the query with it; see :mod:`spark_ckpt.pipeline.transform`)
     transform: Callable[[Any], Any] | None = None
     components: str | None = None
+    watermark: WatermarkStrategy | None = None
 
     @staticmethod
     def of(
@@ -117,6 +122,15 @@ class JobSpec:
         out = output if "://" in output else os.path.abspath(output)
         components = options.get("components", JobSpec.components) or None
         load_components(components)  # a ConfigError names it before anything runs
+        watermark = options.get("watermark", JobSpec.watermark)
+        if watermark is not None and not isinstance(watermark, WatermarkStrategy):
+            raise ConfigError(
+                "watermark", watermark, "a WatermarkStrategy (e.g. forBoundedOutOfOrderness)"
+            )
+        if watermark is not None and any(k.lower().startswith("watermark.") for k in source):
+            raise ConfigError(
+                "watermark", watermark, "one strategy: the source options name one already"
+            )
         return JobSpec(
             dict(source),
             ops,
@@ -127,4 +141,5 @@ class JobSpec:
             where,
             options.get("transform", JobSpec.transform),
             components,
+            watermark,
         )

@@ -49,7 +49,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
+
+import pyarrow as pa
 
 from spark_ckpt.client.pipeline_client import PipelineClient
 from spark_ckpt.coordination.heartbeats import mark_starting
@@ -68,6 +70,7 @@ from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
 from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK
 from spark_ckpt.sources.kafka_options import PINNED
+from spark_ckpt.spark.datasource.channel_sources import open_channel_source, user_schema
 from spark_ckpt.spark.datasource.source_options import (
     COMPONENTS,
     SourceOptions,
@@ -213,6 +216,8 @@ class Pipeline:
         Runs(self.root).prune(on_ended=partial(remove_run, self.root))
         run_id = new_run_id()
         opts = self.source_options(**job.source)
+        if job.watermark is not None:
+            opts.update(job.watermark.to_options())
         opts["run"] = run_id
         parsed = SourceOptions.parse(opts)
         channels, names = _channels(parsed)
@@ -235,6 +240,7 @@ class Pipeline:
             pipelined=job.pipelined,
             tracer=job.tracer,
             components=job.components,
+            watermark=parsed.watermark,
         )
         function: RunFunction
         if job.placement is Placement.EXECUTORS:
@@ -243,7 +249,13 @@ class Pipeline:
             # the source's read() hands the rows on routed to the subtasks
             key = job.operators[0].key_column
             partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions") or 200)
-            router = Router(key, job.parallelism, self.config.max_parallelism, partitions)
+            router = Router(
+                key,
+                job.parallelism,
+                self.config.max_parallelism,
+                partitions,
+                None if parsed.watermark is None else parsed.watermark.column,
+            )
             if job.transform is None:  # read() routes; else the transformed rows are routed
                 opts.update(router.options())
         else:
@@ -256,8 +268,12 @@ class Pipeline:
         df = self.spark.readStream.format("ckpt-source").options(**opts).load()
         if job.transform is not None:
             df = apply_transform(job.transform, df, job.operators[0].key_column)
-            if job.placement is Placement.EXECUTORS:
-                df = df.mapInArrow(RouteBatches(router), ROUTED_DDL)
+        if parsed.watermark is not None:  # before the query starts: the rows' schema
+            parsed.watermark.check_schema(
+                user_schema(parsed) if job.transform is None else arrow_schema(df.schema)
+            )
+        if job.transform is not None and job.placement is Placement.EXECUTORS:
+            df = df.mapInArrow(RouteBatches(router), ROUTED_DDL)
         return PreparedRun(run_id, df, function, RunFiles(self.root, run_id))
 
     def start(
@@ -388,11 +404,16 @@ class Pipeline:
             return supervisor.run(interrupts.requested)
 
 
+def arrow_schema(struct: Any) -> pa.Schema:
+    """A Spark ``StructType`` as the Arrow schema its rows arrive in."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(struct, timezone="UTC")
+
+
 def _channels(options: SourceOptions) -> tuple[int, list[str] | None]:
     """The number of channels of the source the options name and, for a source that names
     them (Kafka partitions, discovered now), their names."""
-    from spark_ckpt.spark.datasource.channel_sources import open_channel_source
-
     source = open_channel_source(options)
     try:
         names: list[str] | None = getattr(source, "channel_names", None)

@@ -1,8 +1,11 @@
-"""Checkpoint barriers and cancel markers, and their two encodings.
+"""Checkpoint barriers, cancel markers and channel progress, and their two encodings.
 
 A barrier for checkpoint *n* travels in-band on every channel: everything a channel emitted
 before its barrier *n* belongs to checkpoint *n*, everything after it does not. A cancel
 marker tells downstream tasks that checkpoint *n* was aborted, so they stop aligning on it.
+A progress row (:class:`ChannelProgress`) follows a channel's data rows of a micro-batch when
+the pipeline keeps event time: the micro-batch's processing time, whether the channel is
+idle, and the largest event time among the rows since the channel's previous control row.
 
 Two encodings, both explicit and stable:
 
@@ -10,9 +13,10 @@ Two encodings, both explicit and stable:
   checkpoint store and for logs;
 * row columns (:data:`BARRIER_FIELDS`), for barrier rows that sit between data rows in a
   stream. ``_ckpt_kind`` is a ``tinyint`` code (:attr:`RecordKind.code`: 0 data, 1 barrier,
-  2 cancel; a number rather than a string because every row carries it, and a string column
-  costs Spark a string copy per row twice on the way to Arrow). A data row has
-  ``_ckpt_kind == 0`` and nulls in the other barrier columns.
+  2 cancel, 3 progress; a number rather than a string because every row carries it, and a
+  string column costs Spark a string copy per row twice on the way to Arrow). A data row has
+  ``_ckpt_kind == 0`` and nulls in the other barrier columns; a control row has a
+  ``_ckpt_checkpoint_id`` (0 for progress, which belongs to no checkpoint).
 
 Offsets: ``_ckpt_offset`` of a data row is its 0-based position in its channel's log. A
 barrier row's offset is the number of data rows of that channel before it, i.e. the offset
@@ -49,10 +53,12 @@ class RecordKind(StrEnum):
     DATA = "data"
     BARRIER = "barrier"
     CANCEL = "cancel"
+    PROGRESS = "progress"
 
     @property
     def code(self) -> int:
-        """The ``_ckpt_kind`` column value: 0 data, 1 barrier, 2 cancel (declaration order)."""
+        """The ``_ckpt_kind`` column value: 0 data, 1 barrier, 2 cancel, 3 progress
+        (declaration order)."""
         return _KINDS.index(self)
 
     @staticmethod
@@ -60,7 +66,9 @@ class RecordKind(StrEnum):
         """Inverse of :attr:`code`; :class:`ProtocolError` for anything else."""
         if type(code) is int and 0 <= code < len(_KINDS):
             return _KINDS[code]
-        raise ProtocolError(f"unknown _ckpt_kind {code!r} (0 data, 1 barrier, 2 cancel)")
+        raise ProtocolError(
+            f"unknown _ckpt_kind {code!r} (0 data, 1 barrier, 2 cancel, 3 progress)"
+        )
 
 
 _KINDS: tuple[RecordKind, ...] = tuple(RecordKind)
@@ -125,7 +133,36 @@ class CancelCheckpointMarker:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-Event = CheckpointBarrier | CancelCheckpointMarker
+@dataclass(frozen=True)
+class ChannelProgress:
+    """A channel's progress at a point of its log, sent in-band after its data rows of a
+    micro-batch (and before any barrier there): *batch_ms*, the micro-batch's processing time
+    (the source runner's clock when it planned the batch, recorded in the offsets, so a
+    replayed batch carries the same); *idle*, whether the source found the channel idle;
+    *max_event_time_us*, the largest event time (microseconds since the epoch) of the
+    channel's data rows since its previous control row (None: no such row, or not known yet:
+    it is filled in where the event-time column exists, after any transformation)."""
+
+    batch_ms: int
+    idle: bool = False
+    max_event_time_us: int | None = None
+
+    def options_json(self) -> str:
+        return json.dumps({"idle": self.idle, "max": self.max_event_time_us}, sort_keys=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": RecordKind.PROGRESS.value,
+            "batch_ms": self.batch_ms,
+            "idle": self.idle,
+            "max_event_time_us": self.max_event_time_us,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+Event = CheckpointBarrier | CancelCheckpointMarker | ChannelProgress
 
 
 def decode_event(data: str | dict[str, Any]) -> Event:
@@ -143,6 +180,11 @@ def decode_event(data: str | dict[str, Any]) -> Event:
             )
         if kind == RecordKind.CANCEL.value:
             return CancelCheckpointMarker(checkpoint_id=int(d["checkpoint_id"]))
+        if kind == RecordKind.PROGRESS.value:
+            top = d.get("max_event_time_us")
+            return ChannelProgress(
+                int(d["batch_ms"]), bool(d.get("idle", False)), None if top is None else int(top)
+            )
     except ProtocolError:
         raise
     except (KeyError, TypeError, ValueError) as e:
@@ -181,6 +223,15 @@ BARRIER_DDL = (
 
 def barrier_row_values(event: Event, channel: int, offset: int) -> dict[str, Any]:
     """The barrier-column values of the row that carries *event* on *channel* at *offset*."""
+    if isinstance(event, ChannelProgress):
+        return {
+            CHANNEL: channel,
+            OFFSET: offset,
+            KIND: RecordKind.PROGRESS.code,
+            CHECKPOINT_ID: 0,
+            BARRIER_TS: event.batch_ms * 1000,
+            BARRIER_OPTIONS: event.options_json(),
+        }
     if isinstance(event, CheckpointBarrier):
         return {
             CHANNEL: channel,
@@ -222,6 +273,11 @@ def event_from_row(row: dict[str, Any]) -> Event | None:
         ts_ms = (aware - _EPOCH) // _ONE_MS
     try:
         opts = json.loads(row.get(BARRIER_OPTIONS) or "{}")
+        if kind is RecordKind.PROGRESS:
+            top = opts.get("max")
+            return ChannelProgress(
+                ts_ms, bool(opts.get("idle", False)), None if top is None else int(top)
+            )
         return CheckpointBarrier(
             checkpoint_id=int(cid),
             timestamp_ms=ts_ms,
@@ -229,5 +285,5 @@ def event_from_row(row: dict[str, Any]) -> Event | None:
             unaligned=bool(opts.get("unaligned", False)),
             final=bool(opts.get("final", False)),
         )
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AttributeError) as e:
         raise ProtocolError(f"bad {BARRIER_OPTIONS}: {row.get(BARRIER_OPTIONS)!r}") from e

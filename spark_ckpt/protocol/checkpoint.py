@@ -22,6 +22,7 @@ from spark_ckpt.protocol.state_handles import (
     SourceOffset,
     TaskId,
     TaskStateHandle,
+    TimeMetrics,
 )
 
 #: Operator uid prefix of a task's own state (channel state, sink transactions), kept apart
@@ -54,6 +55,25 @@ class CheckpointStats:
     task_metrics: Mapping[str, CheckpointMetrics] = field(default_factory=dict)
     #: subtasks on the executors: where each found its state since its previous checkpoint
     task_cache: Mapping[str, CacheMetrics] = field(default_factory=dict)
+    #: a pipeline that keeps event time: each subtask's watermark and late rows
+    task_time: Mapping[str, TimeMetrics] = field(default_factory=dict)
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """The pipeline's watermark at the checkpoint: the lowest of its subtasks' (None:
+        no event time, or no watermark yet)."""
+        marks = [m.watermark_ms for m in self.task_time.values()]
+        if not marks or any(m is None for m in marks):
+            return None
+        return min(m for m in marks if m is not None)
+
+    @property
+    def late_rows(self) -> int:
+        return sum(m.late_rows for m in self.task_time.values())
+
+    @property
+    def dropped_rows(self) -> int:
+        return sum(m.dropped_rows for m in self.task_time.values())
 
     @property
     def end_to_end_ms(self) -> int:
@@ -68,17 +88,25 @@ class CheckpointStats:
         return max((m.start_delay_ms for m in self.task_metrics.values()), default=0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "trigger_ms": self.trigger_ms,
-            "completed_ms": self.completed_ms,
-            "state_bytes": self.state_bytes,
-            "bytes_written": self.bytes_written,
-            "channel_state_bytes": self.channel_state_bytes,
-            "task_metrics": {k: v.to_dict() for k, v in sorted(self.task_metrics.items())},
-        } | (  # only when there is any: the metadata of driver-side runs stays as it was
-            {"task_cache": {k: v.to_dict() for k, v in sorted(self.task_cache.items())}}
-            if self.task_cache
-            else {}
+        return (
+            {
+                "trigger_ms": self.trigger_ms,
+                "completed_ms": self.completed_ms,
+                "state_bytes": self.state_bytes,
+                "bytes_written": self.bytes_written,
+                "channel_state_bytes": self.channel_state_bytes,
+                "task_metrics": {k: v.to_dict() for k, v in sorted(self.task_metrics.items())},
+            }
+            | (  # only when there is any: the metadata of driver-side runs stays as it was
+                {"task_cache": {k: v.to_dict() for k, v in sorted(self.task_cache.items())}}
+                if self.task_cache
+                else {}
+            )
+            | (
+                {"task_time": {k: v.to_dict() for k, v in sorted(self.task_time.items())}}
+                if self.task_time
+                else {}
+            )
         )
 
     @staticmethod
@@ -93,6 +121,7 @@ class CheckpointStats:
                 k: CheckpointMetrics.from_dict(v) for k, v in d.get("task_metrics", {}).items()
             },
             task_cache={k: CacheMetrics.from_dict(v) for k, v in d.get("task_cache", {}).items()},
+            task_time={k: TimeMetrics.from_dict(v) for k, v in d.get("task_time", {}).items()},
         )
 
 

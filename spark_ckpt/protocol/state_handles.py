@@ -300,6 +300,39 @@ class CacheMetrics:
 
 
 @dataclass(frozen=True)
+class TimeMetrics:
+    """A subtask's event time at a checkpoint (a pipeline that keeps event time): its
+    watermark and processing time as the snapshot saw them (ms since the epoch; None: no
+    watermark yet), and the rows since its previous checkpoint that arrived *late* (event
+    time at or below the watermark) and that it *dropped* (late beyond the allowed
+    lateness)."""
+
+    watermark_ms: int | None = None
+    processing_ms: int = 0
+    late_rows: int = 0
+    dropped_rows: int = 0
+
+    def add(self, *, late: int, dropped: int) -> TimeMetrics:
+        """These metrics with *late* and *dropped* more rows."""
+        return replace(
+            self, late_rows=self.late_rows + late, dropped_rows=self.dropped_rows + dropped
+        )
+
+    def to_dict(self) -> dict[str, int | None]:
+        return dict(self.__dict__)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> TimeMetrics:
+        watermark = d.get("watermark_ms")
+        return TimeMetrics(
+            None if watermark is None else int(watermark),
+            int(d.get("processing_ms", 0)),
+            int(d.get("late_rows", 0)),
+            int(d.get("dropped_rows", 0)),
+        )
+
+
+@dataclass(frozen=True)
 class AcknowledgeCheckpoint:
     """Task → coordinator: *task* finished its part of checkpoint *checkpoint_id*.
 
@@ -323,6 +356,8 @@ class AcknowledgeCheckpoint:
     #: :mod:`spark_ckpt.runtime.carried_transactions`). None: a task without a sink, or an
     #: older version.
     sealed: tuple[str, ...] | None = None
+    #: a pipeline that keeps event time: the subtask's watermark and late rows (None: none)
+    time: TimeMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -337,6 +372,8 @@ class AcknowledgeCheckpoint:
             d["cache"] = self.cache.to_dict()
         if self.sealed is not None:
             d["sealed"] = list(self.sealed)
+        if self.time is not None:
+            d["time"] = self.time.to_dict()
         return d
 
     @staticmethod
@@ -351,6 +388,7 @@ class AcknowledgeCheckpoint:
             base_checkpoint_id=None if base is None else int(base),
             cache=None if cache is None else CacheMetrics.from_dict(cache),
             sealed=None if d.get("sealed") is None else tuple(str(t) for t in d["sealed"]),
+            time=None if d.get("time") is None else TimeMetrics.from_dict(d["time"]),
         )
 
 

@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 import pyarrow as pa
 
 from spark_ckpt.errors import ConfigError, ProtocolError
-from spark_ckpt.protocol.barrier import CancelCheckpointMarker
+from spark_ckpt.protocol.barrier import CancelCheckpointMarker, ChannelProgress
 from spark_ckpt.protocol.clock import Clock
 from spark_ckpt.runtime.alignment.admission import InputAdmission
 from spark_ckpt.runtime.alignment.aligner_state import AlignerState
@@ -64,6 +64,7 @@ from spark_ckpt.runtime.alignment.steps import (
     Abort,
     AbortReason,
     Complete,
+    Progress,
     Records,
     Snapshot,
     Step,
@@ -77,6 +78,7 @@ __all__ = [
     "AlignmentMode",
     "BarrierAligner",
     "Complete",
+    "Progress",
     "Records",
     "Snapshot",
     "Step",
@@ -271,6 +273,9 @@ class BarrierAligner:
 
     def _on_control(self, item: ControlRow) -> None:
         event = item.event
+        if isinstance(event, ChannelProgress):  # in channel order, never aligned on
+            self._output.emit(Progress(item.channel, item.offset, event))
+            return
         n = event.checkpoint_id
         if isinstance(event, CancelCheckpointMarker):
             message = f"cancel marker on channel {item.channel}"

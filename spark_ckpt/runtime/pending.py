@@ -110,6 +110,7 @@ class PendingCheckpoint:
             task_cache={
                 str(t): a.cache for t, a in sorted(self.acks.items()) if a.cache is not None
             },
+            task_time={str(t): a.time for t, a in sorted(self.acks.items()) if a.time is not None},
         )
         return CompletedCheckpoint(
             checkpoint_id=cid,

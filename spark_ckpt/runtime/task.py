@@ -9,7 +9,11 @@ The task turns the aligner's steps into work:
 * ``Complete`` → asynchronous phase: state, channel state (unaligned) and the sealed
   transactions are written to the checkpoint store, then the acknowledgement is sent;
 * ``Abort`` → the snapshot in progress is dropped. Its sealed transaction stays pending and is
-  committed with the next completed checkpoint (nothing is lost).
+  committed with the next completed checkpoint (nothing is lost);
+* ``Progress`` → a channel's event time, for the task's watermark valve
+  (:mod:`spark_ckpt.runtime.event_time`), which moves at the end of each input batch (a
+  micro-batch) and before each snapshot. Rows late beyond the allowed lateness are dropped
+  before the operators and counted; the valve's state is part of the task's checkpoint.
 
 ``notify_complete(n)`` makes *n* the base of the next incremental snapshot and forgets the
 sealed transactions the sink reports committed (the job's global committer commits them; see
@@ -45,6 +49,7 @@ from spark_ckpt.protocol.state_handles import (
     TaskId,
     TaskSnapshot,
     TaskStateHandle,
+    TimeMetrics,
 )
 from spark_ckpt.protocol.trace import NOOP_TRACER, Phase, Tracer
 from spark_ckpt.runtime.aligner import (
@@ -53,6 +58,7 @@ from spark_ckpt.runtime.aligner import (
     AlignmentMode,
     BarrierAligner,
     Complete,
+    Progress,
     Records,
     Snapshot,
     Step,
@@ -62,6 +68,7 @@ from spark_ckpt.runtime.carried_transactions import (
     CarriedTransactions,
     sealed_table,
 )
+from spark_ckpt.runtime.event_time import WatermarkStrategy, WatermarkValve
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.image_history import ImageHistory
 from spark_ckpt.runtime.operator import KeyedOperator
@@ -86,6 +93,8 @@ CHAIN_VERTEX = "chain"
 #: The task of a ``ckpt-source``: its coordinator triggers it, and its channel positions are
 #: acknowledged under this vertex.
 SOURCE_TASK: Final = TaskId("source", 0)
+#: The task's own state of its watermark valve (one blob per subtask and checkpoint).
+EVENT_TIME: Final = "_event_time"
 
 
 Response = AcknowledgeCheckpoint | DeclineCheckpoint
@@ -110,6 +119,8 @@ class _SnapshotInProgress:
     step: Snapshot
     sync_ms: int
     base_checkpoint_id: int  # the oldest base the snapshots build on (0: none yet)
+    event_time: pa.Table | None = None  # the watermark valve's state at the snapshot
+    time: TimeMetrics | None = None
 
 
 class OperatorTask:
@@ -143,6 +154,7 @@ class OperatorTask:
         source_vertex: str | None = None,
         run_async: Callable[[Callable[[], None]], None] | None = None,
         tracer: Tracer = NOOP_TRACER,
+        watermark: WatermarkStrategy | None = None,
     ) -> None:
         """*source_vertex*: when the task reads source channels directly (the foreachBatch
         aligner), its acknowledgements also carry the source positions — each channel's
@@ -150,7 +162,9 @@ class OperatorTask:
 
         *sink*: the task stages its output through the sink's writer (in the task's process)
         and only reads the committer's committed checkpoint (:meth:`notify_complete`); it
-        never commits — the job's global committer does."""
+        never commits — the job's global committer does.
+
+        *watermark*: the pipeline keeps event time (see the module docstring)."""
         if not operators:
             raise SparkCkptError("an operator task needs at least one operator")
         self.task_id = task_id
@@ -197,6 +211,11 @@ class OperatorTask:
         #: changed since its last full image (:mod:`spark_ckpt.runtime.subtask_image` keeps
         #: it; absent: not known, as after a restore), which :meth:`rebase` builds on
         self.image_histories: dict[str, ImageHistory] = {}
+        #: event time: the pipeline's strategy, the task's valve, and what it counted since
+        #: its previous checkpoint (None: the pipeline keeps no event time)
+        self.watermark = watermark
+        self.valve = None if watermark is None else WatermarkValve(channels, watermark.bound_us)
+        self.time: TimeMetrics | None = None if watermark is None else TimeMetrics()
 
     @property
     def sink_uid(self) -> str:
@@ -226,6 +245,10 @@ class OperatorTask:
                 self.store.read_blob,
                 incremental_base=incremental,
             )
+        if self.valve is not None:
+            refs = [r for r in checkpoint.task_blobs() if r.state_name == EVENT_TIME]
+            self.valve.restore(self.store.read_blobs(refs) if refs else [])
+            self._note_time()
         channel_refs = sorted(
             (b for b in checkpoint.task_blobs() if b.kind is BlobKind.CHANNEL),
             key=lambda b: (b.channel, b.subtask),
@@ -243,8 +266,32 @@ class OperatorTask:
 
     # -- input -------------------------------------------------------------------------------
     def process(self, batch: pa.Table | pa.RecordBatch) -> None:
-        """Feed one input batch (data and barrier rows of any of the task's channels)."""
+        """Feed one input batch (data and control rows of any of the task's channels: a
+        micro-batch); then the watermark moves (event time)."""
         self._run(self.aligner.process(batch))
+        self._advance_time()
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """The task's watermark (ms since the epoch; None: no event time, or none yet)."""
+        if self.valve is None or self.valve.watermark_us is None:
+            return None
+        return self.valve.watermark_us // 1000
+
+    def _advance_time(self) -> None:
+        if self.valve is not None:
+            self.valve.advance()
+            self._note_time()
+
+    def _note_time(self) -> None:
+        if self.valve is not None and self.time is not None:
+            mark = self.valve.watermark_us
+            self.time = TimeMetrics(
+                None if mark is None else mark // 1000,
+                self.valve.processing_ms,
+                self.time.late_rows,
+                self.time.dropped_rows,
+            )
 
     def tick(self) -> None:
         """Let time-based transitions happen (aligned-checkpoint timeout)."""
@@ -277,8 +324,16 @@ class OperatorTask:
             elif isinstance(step, Complete):
                 with self.tracer.span(Phase.SNAPSHOT_ASYNC):
                     self._complete(step)
+            elif isinstance(step, Progress):
+                if self.valve is not None:
+                    self.valve.observe(step.channel, step.progress)
             elif isinstance(step, Abort):
-                self._in_progress.pop(step.checkpoint_id, None)
+                given_up = self._in_progress.pop(step.checkpoint_id, None)
+                if given_up is not None and given_up.time is not None and self.time is not None:
+                    # its late rows are counted with the next checkpoint instead
+                    self.time = self.time.add(
+                        late=given_up.time.late_rows, dropped=given_up.time.dropped_rows
+                    )
                 for backend in self.backends.values():
                     backend.snapshots.notify_checkpoint_aborted(step.checkpoint_id)
                 if step.reason is not AbortReason.COORDINATOR:
@@ -302,6 +357,8 @@ class OperatorTask:
         if table.num_rows == 0:
             return
         self.rows_processed += table.num_rows
+        if self.valve is not None and self.watermark is not None:
+            table = self._drop_late(table, self.valve, self.watermark)
         out: pa.Table | None = table
         for op in self.operators:
             if out is None or out.num_rows == 0:
@@ -312,9 +369,28 @@ class OperatorTask:
             with self.tracer.span(Phase.SINK_WRITE):
                 self.sink.writer.write(self.sink_uid, self.task_id.subtask, out)
 
+    def _drop_late(
+        self, table: pa.Table, valve: WatermarkValve, strategy: WatermarkStrategy
+    ) -> pa.Table:
+        """*table* without its rows late beyond the allowed lateness; counts the late and
+        the dropped rows. Vectorized: one comparison per row."""
+        if valve.watermark_us is None or self.time is None:
+            return table
+        times = table.column(strategy.column)
+        late = valve.late(times)
+        n_late = pc.sum(late).as_py() or 0
+        if not n_late:
+            return table
+        lateness = strategy.allowed_lateness_ms * 1000
+        dropped = late if lateness == 0 else valve.late(times, lateness)
+        n_dropped = pc.sum(dropped).as_py() or 0
+        self.time = self.time.add(late=n_late, dropped=n_dropped)
+        return table.filter(pc.invert(dropped)) if n_dropped else table
+
     # -- checkpointing -------------------------------------------------------------------------
     def _snapshot(self, step: Snapshot) -> None:
         cid = step.checkpoint_id
+        self._advance_time()  # the checkpoint holds the event time of everything before it
         start = self.clock.now_ms()
         full = step.barrier.is_savepoint
         # the oldest checkpoint whose blobs this and later snapshots may reuse: bases only
@@ -328,7 +404,12 @@ class OperatorTask:
                 self._sealed[cid] = self.sink.writer.pre_commit(
                     self.sink_uid, self.task_id.subtask, cid
                 )
-        self._in_progress[cid] = _SnapshotInProgress(snaps, step, self.clock.now_ms() - start, base)
+        time_state = None if self.valve is None else self.valve.to_table()
+        time, self.time = self.time, None if self.time is None else TimeMetrics()
+        self._note_time()
+        self._in_progress[cid] = _SnapshotInProgress(
+            snaps, step, self.clock.now_ms() - start, base, time_state, time
+        )
 
     def _complete(self, step: Complete) -> None:
         cid = step.checkpoint_id
@@ -347,6 +428,10 @@ class OperatorTask:
                 blobs.append(
                     StateBlob(vertex, subtask, BlobKind.CHANNEL, "in_flight", rows, channel=channel)
                 )
+        if progress.event_time is not None:
+            blobs.append(
+                StateBlob(vertex, subtask, BlobKind.OPERATOR, EVENT_TIME, progress.event_time)
+            )
         sealed: tuple[str, ...] | None = None
         if self.sink is not None:
             sealed = tuple(t.to_json() for c, t in sorted(self._sealed.items()) if c <= cid)
@@ -385,7 +470,14 @@ class OperatorTask:
             )
             self.respond(
                 AcknowledgeCheckpoint(
-                    cid, self.task_id, handle, metrics, progress.base_checkpoint_id, cache, sealed
+                    cid,
+                    self.task_id,
+                    handle,
+                    metrics,
+                    progress.base_checkpoint_id,
+                    cache,
+                    sealed,
+                    progress.time,
                 )
             )
 

@@ -149,7 +149,8 @@ def split_at_barriers(table: pa.Table, stage: Callable[[pa.Table], str]) -> list
     """Executor side: cut *table* (``ckpt-source`` rows of any channels, channel order kept)
     into runs of data rows between barriers; stage each run with *stage* (it receives the
     user columns and returns the staged file's JSON) and report the events per channel, in
-    order. Cancel markers are ignored. One filter per channel; no loop over data rows."""
+    order. Cancel markers and progress rows are ignored. One filter per channel; no loop over
+    data rows."""
     events: list[SinkEvent] = []
     if table.num_rows == 0:
         return events

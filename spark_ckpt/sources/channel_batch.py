@@ -1,5 +1,6 @@
 """The rows ``ckpt-source`` emits for one channel of one micro-batch: the channel's data rows
-with the barrier columns added and barrier rows inserted at their positions.
+with the barrier columns added, barrier rows inserted at their positions and, when the
+pipeline keeps event time, the channel's progress row after its data rows.
 
 A barrier row carries nulls in the user columns, so in the stream schema every user column is
 nullable (:func:`stream_schema`). Built with Arrow slices and concatenation: no Python loop
@@ -23,8 +24,10 @@ from spark_ckpt.protocol.barrier import (
     CHECKPOINT_ID,
     KIND,
     OFFSET,
+    ChannelProgress,
     CheckpointBarrier,
     RecordKind,
+    barrier_row_values,
 )
 
 
@@ -93,6 +96,16 @@ def barrier_rows(
     )
 
 
+def progress_row(
+    schema: pa.Schema, channel: int, offset: int, progress: ChannelProgress
+) -> pa.Table:
+    """The row that carries *progress* of *channel* at *offset* (its next data row)."""
+    values = barrier_row_values(progress, channel, offset)
+    user = [pa.nulls(1, f.type) for f in schema if not f.name.startswith("_ckpt_")]
+    control = [pa.array([values[f.name]], f.type) for f in BARRIER_FIELDS]
+    return pa.Table.from_arrays(user + control, schema=schema)
+
+
 def channel_rows(
     user: pa.Table,
     schema: pa.Schema,
@@ -103,12 +116,14 @@ def channel_rows(
     *,
     positions: pa.Array | None = None,
     end: int | None = None,
+    progress: ChannelProgress | None = None,
 ) -> pa.Table:
     """Data rows ``[start, start + user.num_rows)`` of *channel* with each barrier inserted
-    before the data row at its position (at the end when the position is the end). A
-    source whose positions have gaps (Kafka offsets: transaction markers, compaction) gives
-    each row's *positions* (increasing, in ``[start, end)``) and the range's *end*: a barrier
-    then goes before the first row at or after its position."""
+    before the data row at its position (at the end when the position is the end), and
+    *progress* after the last data row, before the barriers at the end. A source whose
+    positions have gaps (Kafka offsets: transaction markers, compaction) gives each row's
+    *positions* (increasing, in ``[start, end)``) and the range's *end*: a barrier then goes
+    before the first row at or after its position."""
     if positions is None:
         end = start + user.num_rows
         index = np.arange(user.num_rows + 1, dtype=np.int64)  # row i is at start + i
@@ -119,7 +134,7 @@ def channel_rows(
         at = np.append(np.asarray(positions.cast(pa.int64())), end)
         index = np.arange(at.size, dtype=np.int64)
     data = data_rows(user, schema, channel, start, positions)
-    if not marks:
+    if not marks and progress is None:
         return data
     pieces: list[pa.Table] = []
     cursor, row = start, 0
@@ -131,8 +146,13 @@ def channel_rows(
         upto = int(index[np.searchsorted(at, pos, side="left")])
         if upto > row:
             pieces.append(data.slice(row, upto - row))
+        if progress is not None and upto == data.num_rows:
+            pieces.append(progress_row(schema, channel, end, progress))
+            progress = None
         pieces.append(barrier_rows(schema, channel, marks[i : i + 1], channels))
         cursor, row = pos, upto
     if row < data.num_rows:
         pieces.append(data.slice(row, data.num_rows - row))
+    if progress is not None:
+        pieces.append(progress_row(schema, channel, end, progress))
     return pa.concat_tables(pieces)

@@ -23,11 +23,17 @@ channel and becomes unaligned (the rows in flight stay in the replayable channel
 state by reference). Savepoints and final checkpoints always wait. The process, step by
 step: ``docs/architecture.md``, *One checkpoint, step by step*, 1 and 2.
 
+Event time: when the pipeline keeps it, every end offset also records the micro-batch's
+processing time (``batch_ms``, the source runner's clock when it planned the batch) and the
+channels the source found idle (``idle``), and the batch emits a progress row after each
+channel's data rows (:class:`~spark_ckpt.protocol.barrier.ChannelProgress`); a batch may then
+carry no row at all, only the progress of the time that passed (a *tick*).
+
 Replay guarantee: the micro-batch ``(start, end]`` emits on channel *c* the data rows
-``[start.positions[c], end.positions[c])`` and every barrier with
-``start.emitted[c] < id <= end.emitted[c]``, each before the data row at its position. This is
-a pure function of the two offsets, so a batch Spark replays from its offset log emits
-identical rows and barriers.
+``[start.positions[c], end.positions[c])``, then its progress (when ``end.batch_ms`` is set)
+and every barrier with ``start.emitted[c] < id <= end.emitted[c]``, each before the data row
+at its position. This is a pure function of the two offsets, so a batch Spark replays from its
+offset log emits identical rows, progress and barriers.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from enum import Enum
 from typing import Any
 
 from spark_ckpt.errors import ProtocolError
-from spark_ckpt.protocol.barrier import CheckpointBarrier, SnapshotType
+from spark_ckpt.protocol.barrier import ChannelProgress, CheckpointBarrier, SnapshotType
 
 FORMAT_VERSION = 1
 
@@ -95,13 +101,15 @@ class PlacedBarrier:
 
 @dataclass(frozen=True)
 class ChannelSlice:
-    """What one micro-batch emits on one channel: data rows ``[start, end)`` and barriers
-    ``(position, barrier)`` in position order (a barrier at *p* goes before data row *p*)."""
+    """What one micro-batch emits on one channel: data rows ``[start, end)``, its progress
+    after them (None: the pipeline keeps no event time) and barriers ``(position, barrier)`` in
+    position order (a barrier at *p* goes before data row *p*)."""
 
     channel: int
     start: int
     end: int
     barriers: tuple[tuple[int, CheckpointBarrier], ...] = ()
+    progress: ChannelProgress | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,10 @@ class StreamOffset:
     positions: tuple[int, ...]
     emitted: tuple[int, ...]
     barriers: tuple[PlacedBarrier, ...] = ()
+    #: event time (see the module docstring): the batch's processing time (0: not kept) and
+    #: the channels found idle when it was planned
+    batch_ms: int = 0
+    idle: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.positions) != len(self.emitted):
@@ -132,12 +144,16 @@ class StreamOffset:
         return max([b.checkpoint_id for b in self.barriers] + list(self.emitted), default=0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "v": FORMAT_VERSION,
             "positions": list(self.positions),
             "emitted": list(self.emitted),
             "barriers": [b.to_dict() for b in self.barriers],
         }
+        if self.batch_ms:  # only with event time: other offsets stay as they were
+            d["time"] = self.batch_ms
+            d["idle"] = list(self.idle)
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -151,6 +167,8 @@ class StreamOffset:
                 tuple(int(p) for p in d["positions"]),
                 tuple(int(e) for e in d["emitted"]),
                 tuple(PlacedBarrier.from_dict(b) for b in d.get("barriers", ())),
+                int(d.get("time", 0)),
+                tuple(int(c) for c in d.get("idle", ())),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ProtocolError(f"not a ckpt-source offset: {d!r}") from e
@@ -232,6 +250,11 @@ class StreamOffset:
             <= {b.checkpoint_id for b in start.barriers}
         )
 
+    def at_time(self, batch_ms: int, idle: Sequence[int]) -> StreamOffset:
+        """This offset as the end of a micro-batch planned at *batch_ms* with the channels
+        *idle* found idle (event time; see the module docstring)."""
+        return replace(self, batch_ms=batch_ms, idle=tuple(sorted(set(idle))))
+
     def plan(self, end: StreamOffset) -> list[ChannelSlice]:
         """The micro-batch from this offset (exclusive) to *end* (inclusive), per channel."""
         if end.channels != self.channels:
@@ -245,9 +268,14 @@ class StreamOffset:
                 for b in end.barriers
                 if self.emitted[c] < b.checkpoint_id <= end.emitted[c]
             )
+            progress = ChannelProgress(end.batch_ms, c in end.idle) if end.batch_ms else None
             slices.append(
                 ChannelSlice(
-                    c, self.positions[c], end.positions[c], tuple((p, b) for p, _, b in marks)
+                    c,
+                    self.positions[c],
+                    end.positions[c],
+                    tuple((p, b) for p, _, b in marks),
+                    progress,
                 )
             )
         return slices

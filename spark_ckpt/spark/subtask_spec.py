@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.components import load_components
+from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.storage.checkpoint_store import WorkerStorage
 
@@ -23,7 +24,7 @@ class AlignerSpec:
     that runs them, on the batch's thread and the snapshot worker's thread; it must be
     picklable and cheap. Default: no tracing. *components*: ``module:name`` of the job's
     :class:`~spark_ckpt.runtime.components.Components` (the checkpoint store the subtasks
-    use passes its ``store`` hook), or None."""
+    use passes its ``store`` hook), or None. *watermark*: the pipeline keeps event time."""
 
     root: str
     pipeline: str
@@ -37,6 +38,7 @@ class AlignerSpec:
     pipelined: bool = True
     tracer: Tracer = NOOP_TRACER
     components: str | None = None
+    watermark: WatermarkStrategy | None = None
 
     def store(self) -> WorkerStorage:
         """The checkpoint store of the subtasks, in the calling process."""

@@ -79,8 +79,26 @@ def test_bad_events_are_protocol_errors(bad: object) -> None:
 def test_bad_rows_are_protocol_errors() -> None:
     with pytest.raises(ProtocolError):
         event_from_row({"_ckpt_kind": 1, "_ckpt_checkpoint_id": None})
-    for unknown in (3, -1, "barrier", None, True):
+    for unknown in (4, -1, "barrier", None, True):
         with pytest.raises(ProtocolError):
             event_from_row({"_ckpt_kind": unknown, "_ckpt_checkpoint_id": 3})
     with pytest.raises(ProtocolError):
         event_from_row({"_ckpt_kind": 1, "_ckpt_checkpoint_id": 3, "_ckpt_barrier_options": "{"})
+
+
+def test_progress_rows_round_trip() -> None:
+    """A progress row (event time) decodes to what it encoded, as JSON too; it belongs to no
+    checkpoint (id 0) and its options are explicit JSON."""
+    from spark_ckpt.protocol.barrier import ChannelProgress, barrier_row_values, decode_event
+
+    for progress in (
+        ChannelProgress(1_700_000_000_123),
+        ChannelProgress(5, idle=True),
+        ChannelProgress(7, max_event_time_us=1_700_000_000_123_456),
+    ):
+        row = barrier_row_values(progress, channel=2, offset=40)
+        assert row["_ckpt_kind"] == 3 and row["_ckpt_checkpoint_id"] == 0
+        assert event_from_row(row) == progress
+        assert decode_event(progress.to_json()) == progress
+    with pytest.raises(ProtocolError):
+        event_from_row({"_ckpt_kind": 3, "_ckpt_checkpoint_id": 0, "_ckpt_barrier_options": "[]"})

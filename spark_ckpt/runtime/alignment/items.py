@@ -18,6 +18,7 @@ from spark_ckpt.protocol.barrier import (
     KIND,
     OFFSET,
     CancelCheckpointMarker,
+    ChannelProgress,
     CheckpointBarrier,
     RecordKind,
     event_from_row,
@@ -31,12 +32,12 @@ CONTROL_ONLY_COLUMNS: tuple[str, ...] = (KIND, CHECKPOINT_ID, BARRIER_TS, BARRIE
 
 @dataclass(frozen=True)
 class ControlRow:
-    """A decoded barrier or cancel row of *channel* (``offset``: its ``_ckpt_offset``, i.e. the
-    offset of the channel's next data row)."""
+    """A decoded barrier, cancel or progress row of *channel* (``offset``: its
+    ``_ckpt_offset``, i.e. the offset of the channel's next data row)."""
 
     channel: int
     offset: int
-    event: CheckpointBarrier | CancelCheckpointMarker
+    event: CheckpointBarrier | CancelCheckpointMarker | ChannelProgress
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from enum import StrEnum
 
 import pyarrow as pa
 
-from spark_ckpt.protocol.barrier import CheckpointBarrier
+from spark_ckpt.protocol.barrier import ChannelProgress, CheckpointBarrier
 
-__all__ = ["Abort", "AbortReason", "Complete", "Records", "Snapshot", "Step"]
+__all__ = ["Abort", "AbortReason", "Complete", "Progress", "Records", "Snapshot", "Step"]
 
 
 class AbortReason(StrEnum):
@@ -74,4 +74,14 @@ class Abort:
     message: str = ""
 
 
-Step = Records | Snapshot | Complete | Abort
+@dataclass(frozen=True)
+class Progress:
+    """Channel *channel*'s progress (event time, idleness, processing time) as of *offset*,
+    after its records before it: the task's watermark valve takes it."""
+
+    channel: int
+    offset: int
+    progress: ChannelProgress
+
+
+Step = Records | Snapshot | Complete | Abort | Progress

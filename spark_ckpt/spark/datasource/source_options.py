@@ -47,6 +47,8 @@ from spark_ckpt.runtime.config import (
     CheckpointingMode,
     parse_option,
 )
+from spark_ckpt.runtime.event_time import OPTIONS as WATERMARK_OPTIONS
+from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.sources.files.files_options import OPTION_KEYS as FILES_OPTION_KEYS
 from spark_ckpt.sources.files.files_options import FilesSpec
 from spark_ckpt.sources.generator import GeneratorSpec
@@ -67,11 +69,13 @@ SOURCE_KINDS: Final = ("generator", "delta", "kafka", "files")
 #: The option naming the job's components (:mod:`spark_ckpt.runtime.components`).
 COMPONENTS: Final = "components"
 _ROUTE_KEYS: Final = frozenset(k.lower() for k in ROUTE_OPTIONS)
+_WATERMARK_KEYS: Final = frozenset(k.lower() for k in WATERMARK_OPTIONS)
 _OWN_KEYS: Final = (
     frozenset(
         {"pipeline", "store", "source", "maxrowspertrigger", "barrierplacement", "run", COMPONENTS}
     )
     | _ROUTE_KEYS
+    | _WATERMARK_KEYS
 )
 _DELTA_KEYS: Final = frozenset({"path", "channels", "startingversion"})
 _GENERATOR_KEYS: Final = frozenset(k.lower() for k in GeneratorSpec.OPTION_KEYS)
@@ -171,6 +175,8 @@ class SourceOptions:
     router: Router | None = None
     #: ``module:name`` of the job's components, or None (see :attr:`components`)
     components_name: str | None = None
+    #: the pipeline keeps event time (``watermark.*``): the batches carry progress rows
+    watermark: WatermarkStrategy | None = None
 
     @property
     def components(self) -> Components:
@@ -253,6 +259,9 @@ class SourceOptions:
             FilesSpec.from_options(files)  # errors name the option, before anything runs
         if source == "delta" and "path" not in delta:
             raise ConfigError("path", None, "the path of the Delta table to tail (source=delta)")
+        watermark = WatermarkStrategy.from_options(
+            {k: v for k, v in opts.items() if k in _WATERMARK_KEYS}
+        )
         return SourceOptions(
             pipeline=pipeline,
             root=root if "://" in root else os.path.abspath(root),
@@ -267,8 +276,9 @@ class SourceOptions:
             discovery_interval_ms=discovery_ms,
             raw=opts,
             run_id=opts.get("run") or None,
-            router=_router(opts),
+            router=_router(opts, watermark),
             components_name=_components(opts),
+            watermark=watermark,
         )
 
 
@@ -279,8 +289,10 @@ def _components(opts: Mapping[str, str]) -> str | None:
     return name
 
 
-def _router(opts: Mapping[str, str]) -> Router | None:
-    """The ``route.*`` options (lower-cased keys) as a router; all or none."""
+def _router(opts: Mapping[str, str], watermark: WatermarkStrategy | None) -> Router | None:
+    """The ``route.*`` options (lower-cased keys) as a router; all or none. With event time,
+    it fills in the channels' progress from the event-time column (the rows it routes are
+    the source's: the pipeline routes after a transformation itself)."""
     given = {k: opts[k.lower()] for k in ROUTE_OPTIONS if k.lower() in opts}
     if not given:
         return None
@@ -304,6 +316,7 @@ def _router(opts: Mapping[str, str]) -> Router | None:
         numbers[ROUTE_PARALLELISM],
         numbers[ROUTE_MAX_PARALLELISM],
         numbers[ROUTE_PARTITIONS],
+        None if watermark is None else watermark.column,
     )
 
 

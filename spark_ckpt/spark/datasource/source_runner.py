@@ -36,7 +36,7 @@ from spark_ckpt.coordination.global_committer import sink_from_spec
 from spark_ckpt.coordination.host import HOST_RETAIN_EVERY_MS, CoordinatorHost
 from spark_ckpt.coordination.host_thread import HostThread, exit_quietly_if_channel_closed
 from spark_ckpt.errors import CheckpointError, ProtocolError
-from spark_ckpt.protocol.barrier import CheckpointBarrier
+from spark_ckpt.protocol.barrier import ChannelProgress, CheckpointBarrier
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.request_decider import CheckpointRequest, RequestStatus
 from spark_ckpt.runtime.task import SOURCE_TASK
@@ -99,6 +99,12 @@ class ChannelPartition(InputPartition):  # type: ignore[misc]
     schema: pa.Schema
     channels: int
     router: Router | None = None  # the executor path: rows leave routed to the subtasks
+    progress: ChannelProgress | None = None  # event time: the channel's progress row
+
+
+#: Event time: without new rows, the source still plans a micro-batch (a *tick*, progress
+#: only) this often, so that idleness and processing time move on.
+TICK_MS = 1000
 
 
 class SourceRunner:
@@ -122,6 +128,7 @@ class SourceRunner:
         self._next_discovery = 0.0  # monotonic: when to look for new channels next
         self._restarting = False  # new channels found: the run ends with a final checkpoint
         self._notified = 0  # the last completed checkpoint the source was told of
+        self._active_ms: list[int] = []  # event time: per channel, when it last had rows
 
     # -- lazily opened, in the source runner ---------------------------------------------------
     @property
@@ -229,8 +236,32 @@ class SourceRunner:
             self.host.call(lambda host: host.finish_drain())
         if target is not None:
             offset = self._available_now(offset, heads, target)
-        end = alignment.next(offset, heads, max_rows, self._clock.now_ms())
-        return start if end.is_idle_after(begin) else end.to_dict()
+        now = self._clock.now_ms()
+        end = alignment.next(offset, heads, max_rows, now)
+        if self.options.watermark is None:
+            return start if end.is_idle_after(begin) else end.to_dict()
+        idle = self._idle_channels(begin, end, heads, now)
+        if end.is_idle_after(begin) and (target is not None or now - begin.batch_ms < TICK_MS):
+            # no row, no barrier, and no tick due (Trigger.AvailableNow never ticks: it ends
+            # when the offset stops moving)
+            return start
+        return end.at_time(now, idle).to_dict()
+
+    def _idle_channels(
+        self, begin: StreamOffset, end: StreamOffset, heads: Sequence[int], now: int
+    ) -> list[int]:
+        """Event time: the channels that have had no new row for the strategy's idleness
+        timeout as of *now* (none without one). A channel is active while the batch reads
+        rows of it or it has rows not read yet."""
+        timeout = None if self.options.watermark is None else self.options.watermark.idleness_ms
+        if timeout is None:
+            return []
+        if len(self._active_ms) != end.channels:
+            self._active_ms = [now] * end.channels
+        for c in range(end.channels):
+            if end.positions[c] > begin.positions[c] or heads[c] > end.positions[c]:
+                self._active_ms[c] = now
+        return [c for c in range(end.channels) if now - self._active_ms[c] >= timeout]
 
     def _discover(self) -> None:
         """Every ``partitionDiscoveryIntervalMs``, for a source that discovers channels
@@ -339,6 +370,7 @@ class SourceRunner:
                 self.schema,
                 len(slices),
                 self.options.router,
+                s.progress,
             )
             for s in slices
         ]
@@ -374,6 +406,7 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         partition.channels,
         positions=positions,
         end=partition.plan.end,
+        progress=partition.progress,
     )
     if partition.router is None:
         yield from table.to_batches()

@@ -56,6 +56,7 @@ from spark_ckpt.protocol.clock import Clock, SystemClock
 from spark_ckpt.protocol.state_handles import AcknowledgeCheckpoint, DeclineCheckpoint, TaskId
 from spark_ckpt.protocol.trace import NOOP_TRACER, Phase, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
+from spark_ckpt.runtime.event_time import WatermarkStrategy, fill_progress
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
 from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK, OperatorTask, Response
@@ -90,8 +91,13 @@ class BatchAligner:
         restore_from: CompletedCheckpoint | None = None,
         run_id: str | None = None,
         tracer: Tracer = NOOP_TRACER,
+        watermark: WatermarkStrategy | None = None,
     ) -> None:
-        """*run_id*: acknowledgements go to the run's mailbox box and abort notifications
+        """*watermark*: the pipeline keeps event time; the batches' progress rows get the
+        largest event time of each channel's rows here, before they are split among the
+        subtasks (:func:`~spark_ckpt.runtime.event_time.fill_progress`).
+
+        *run_id*: acknowledgements go to the run's mailbox box and abort notifications
         are read from the run's files (see :mod:`spark_ckpt.coordination.runs`). *tracer* receives
         spans around routing, completion handling and polls, mailbox posts, and (through
         the tasks) the operators, the sink and the snapshot phases
@@ -133,9 +139,11 @@ class BatchAligner:
                 source_vertex=SOURCE_TASK.vertex,
                 run_async=None if self.worker is None else self.worker.submit,
                 tracer=tracer,
+                watermark=watermark,
             )
             for s in range(parallelism)
         ]
+        self.watermark = watermark
         latest = restore_from
         self.restored_from: CompletedCheckpoint | None = latest
         for t in self.tasks:
@@ -170,6 +178,8 @@ class BatchAligner:
             self._notify_completed()
         if table.num_rows:
             with self.tracer.span(Phase.ROUTE):
+                if self.watermark is not None:
+                    table, _ = fill_progress(table, self.watermark.column)
                 parts = self._route(table)
             for task, part in zip(self.tasks, parts, strict=True):
                 if part.num_rows:

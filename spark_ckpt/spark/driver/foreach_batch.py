@@ -77,6 +77,7 @@ def _aligner(
         restore_from=restored,
         run_id=spec.run_id,
         tracer=spec.tracer,
+        watermark=spec.watermark,
     )
 
 

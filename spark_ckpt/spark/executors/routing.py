@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from spark_ckpt.protocol.barrier import CHANNEL, CHECKPOINT_ID, OFFSET
 from spark_ckpt.protocol.state_handles import encode_table
+from spark_ckpt.runtime.event_time import fill_progress
 from spark_ckpt.state.keygroup import subtasks_for_keys
 
 #: The routed rows' columns: the shuffle's group key, the subtask, and its payload.
@@ -99,6 +100,8 @@ class Router:
     max_parallelism: int
     #: the partitions of the subtasks' stage (``spark.sql.shuffle.partitions``)
     partitions: int
+    #: event time: the column whose largest value per channel the progress rows carry
+    event_time_column: str | None = None
 
     @cached_property
     def groups(self) -> tuple[int, ...]:
@@ -115,8 +118,12 @@ class Router:
         }
 
     def route(self, table: pa.Table) -> pa.RecordBatch:
-        """*table*'s rows (source rows, data and control) as routed rows: per subtask that
-        gets any, its data rows (by key group) and every control row, as one payload."""
+        """*table*'s rows (source rows, data and control, a channel's of a micro-batch) as
+        routed rows: per subtask that gets any, its data rows (by key group) and every
+        control row, as one payload. With event time, the progress rows first get the
+        largest event time of the rows before them (every subtask receives every one)."""
+        if self.event_time_column is not None:
+            table, _ = fill_progress(table, self.event_time_column)
         control = pc.is_valid(table.column(CHECKPOINT_ID)).to_numpy(zero_copy_only=False)
         owner = np.full(table.num_rows, -1, dtype=np.int64)
         data = np.flatnonzero(~control)

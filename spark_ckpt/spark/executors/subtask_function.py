@@ -242,6 +242,7 @@ class SubtaskFunction:
             source_vertex=SOURCE_TASK.vertex,
             run_async=SNAPSHOTS.run_async(self._key(subtask)),
             tracer=self.spec.tracer,
+            watermark=self.spec.watermark,
         )
         if fence is None:
             files = RunFiles(self.spec.root, self.spec.run_id)

@@ -1,0 +1,221 @@
+"""Event time on real Spark: a pipeline with a watermark strategy drops the rows that arrive
+late, counts them in its checkpoint statistics, and keeps its watermark through a restore.
+
+The oracle is a plain loop over the input, independent of the engine: the micro-batches are
+read back from Spark's own offset log (which rows of which channel each batch read); the
+generator's rows are made again from its spec and the transform's event time computed in
+Python; then the documented rule — a row is late when its event time is at or below the
+watermark its previous micro-batches left, the watermark being the lowest over the channels
+of their largest event time less the bound, never decreasing — finds the late rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import polars as pl
+import pyarrow.compute as pc
+import pytest
+from conftest import running_count_rows
+
+from spark_ckpt import (
+    CheckpointConfig,
+    Pipeline,
+    RestoreSettings,
+    RunningCount,
+    list_savepoints,
+)
+from spark_ckpt.errors import ConfigError
+from spark_ckpt.runtime.event_time import WatermarkStrategy
+from spark_ckpt.sources.generator import GeneratorSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.spark
+
+SEED, CHANNELS, KEYS, PER_BATCH = 5, 2, 30, 300
+#: each row's event time is the generator's less (amount % 50) tenths of a second: disorder
+#: of up to 4.9 s against a bound of 1 s
+JITTER_US, BOUND = 100_000, "1s"
+
+
+def transform(df):  # type: ignore[no-untyped-def]
+    from pyspark.sql import functions as F
+
+    jitter = (F.col("amount") % 50) * JITTER_US
+    return df.withColumn("ts", F.timestamp_micros(F.unix_micros("event_ts") - jitter))
+
+
+def source(backlog: int) -> dict[str, object]:
+    return {
+        "source": "generator",
+        "seed": SEED,
+        "channels": CHANNELS,
+        "rate": 0,
+        "backlog": backlog,
+        "keys": KEYS,
+        "maxRowsPerTrigger": PER_BATCH * CHANNELS,
+    }
+
+
+Slices = list[list[tuple[int, int]]]
+
+
+def batches(root: str) -> list[Slices]:
+    """Per run, in run order, each micro-batch's rows per channel ``[start, end)``, from
+    Spark's offset logs (a run starts where the previous one ended: these tests restore from
+    the last checkpoint or savepoint of the run before)."""
+    runs = sorted(Path(root, "_spark").iterdir(), key=lambda p: p.stat().st_mtime)
+    out: list[Slices] = []
+    begin = [0] * CHANNELS
+    for directory in runs:
+        logged = sorted((directory / "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
+        run: Slices = []
+        for f in logged:
+            end = json.loads(f.read_text().splitlines()[2])["positions"]
+            run.append(list(zip(begin, end, strict=True)))
+            begin = end
+        out.append(run)
+    return out
+
+
+def oracle(runs: list[tuple[int, Slices]], bound_us: int) -> tuple[int, Counter[int]]:
+    """The late rows and the rows per key a running count sees, by the documented rule, over
+    runs of the generator with their backlogs (its event times depend on the backlog)."""
+    top: dict[int, int] = {}
+    watermark: int | None = None
+    late, kept = 0, Counter[int]()
+    for backlog, batch in ((b, batch) for b, run in runs for batch in run):
+        spec = GeneratorSpec(SEED, CHANNELS, 0.0, backlog, KEYS)
+        seen: dict[int, int] = {}
+        for channel, (start, end) in enumerate(batch):
+            rows = spec.rows(channel, start, end)
+            times = pc.subtract(
+                pc.cast(rows.column("event_ts"), "int64"),
+                pc.multiply(pc.remainder(rows.column("amount"), 50), JITTER_US),
+            ).to_pylist()
+            for key, ts in zip(rows.column("user_id").to_pylist(), times, strict=True):
+                if watermark is not None and ts <= watermark:
+                    late += 1
+                else:
+                    kept[key] += 1
+            if times:
+                seen[channel] = max(times)
+        for channel, t in seen.items():
+            top[channel] = max(top.get(channel, t), t)
+        if len(top) == CHANNELS:
+            candidate = min(top.values()) - bound_us
+            watermark = candidate if watermark is None else max(watermark, candidate)
+    return late, kept
+
+
+def late_rows(p: Pipeline) -> int:
+    return sum(r.stats.late_rows for r in p.client.history() if r.stats is not None)
+
+
+def output(path: Path) -> Counter[tuple[int, int]]:
+    return Counter(pl.read_delta(str(path)).select("user_id", "count").iter_rows())
+
+
+@pytest.mark.parametrize("placement", ["executors", "driver"])
+def test_late_rows_are_dropped_and_counted_exactly(
+    spark: SparkSession, tmp_path: Path, placement: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = CheckpointConfig.from_options({"checkpoint.interval": "300ms"})
+    p = Pipeline(spark, "late", config=config, root=str(tmp_path / "root"))
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND)
+    out = tmp_path / "out"
+    backlog = 1500
+    result = p.run(
+        source(backlog),
+        RunningCount("counter", "user_id"),
+        output=str(out),
+        available_now=True,
+        transform=transform,
+        placement=placement,
+        watermark=strategy,
+    )
+    assert result.restarts == 0 and not result.failures
+    [run] = batches(p.root)
+    expected_late, kept = oracle([(backlog, run)], strategy.bound_us)
+    assert expected_late > 0  # the test means something
+    assert late_rows(p) == expected_late
+    assert output(out) == running_count_rows(kept)
+    last = p.client.latest()
+    assert last is not None and last.stats.watermark_ms is not None
+    # spark-ckpt stats shows the watermark and the late rows of every checkpoint
+    from spark_ckpt.cli import main
+
+    assert main(["stats", "--root", p.root, "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sum(r.get("late_rows", 0) for r in records) == expected_late
+    assert main(["stats", "--root", p.root]) == 0
+    table = capsys.readouterr().out
+    assert "watermark" in table and "late_rows" in table
+
+
+def test_a_restore_resumes_the_watermark(spark: SparkSession, tmp_path: Path) -> None:
+    """A savepoint at 600 rows per channel, then the pipeline restored from it at another
+    parallelism (2 → 3): the first batches after the restore are judged against the
+    watermark the savepoint recorded, not against none."""
+    config = CheckpointConfig.from_options(
+        {"checkpoint.interval": "300ms", "savepoint.dir": str(tmp_path / "sp")}
+    )
+    p = Pipeline(spark, "resume", config=config, root=str(tmp_path / "root"))
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND)
+    out = tmp_path / "out"
+    run = p.start(
+        source(600),
+        RunningCount("counter", "user_id"),
+        output=str(out),
+        transform=transform,
+        watermark=strategy,
+        trigger_s=0.3,
+    )
+    try:
+        final = run.stop(savepoint=True, drain=True, timeout_s=240)
+    finally:
+        if run.query.isActive:
+            run.query.stop()
+    assert final is not None and final.is_savepoint
+    saved_watermark = final.stats.watermark_ms
+    assert saved_watermark is not None
+    [sp] = [
+        s
+        for s in list_savepoints(str(tmp_path / "sp"))
+        if s.checkpoint.checkpoint_id == final.checkpoint_id
+    ]
+    p.run(
+        source(1200),
+        RunningCount("counter", "user_id"),
+        output=str(out),
+        available_now=True,
+        transform=transform,
+        watermark=strategy,
+        parallelism=3,
+        restore=RestoreSettings.savepoint(sp.path),
+    )
+    first, second = batches(p.root)
+    expected_late, kept = oracle([(600, first), (1200, second)], strategy.bound_us)
+    assert late_rows(p) == expected_late
+    assert output(out) == running_count_rows(kept)
+
+
+def test_a_bad_event_time_column_is_refused_before_anything_runs(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    p = Pipeline(spark, "bad", root=str(tmp_path / "root"))
+    for column, message in (("nope", "an event-time column"), ("amount", "a timestamp column")):
+        with pytest.raises(ConfigError, match=message):
+            p.run(
+                source(10),
+                RunningCount("counter", "user_id"),
+                output=str(tmp_path / "out"),
+                available_now=True,
+                watermark=WatermarkStrategy.for_monotonous_timestamps(column),
+            )
+    assert not (tmp_path / "out").exists()
