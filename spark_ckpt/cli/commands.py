@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from spark_ckpt.cli.table import Row, json_lines, render, size, when
 from spark_ckpt.errors import CheckpointError, CheckpointNotFoundError, ConfigError
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.state_handles import CheckpointMetrics
+from spark_ckpt.protocol.state_handles import CheckpointMetrics, TimeMetrics
 
 if TYPE_CHECKING:
     from spark_ckpt.client.pipeline_client import PipelineClient
@@ -57,25 +57,25 @@ def figure_cells(s: CheckpointStats) -> dict[str, Any]:
     }
 
 
-def time_cells(s: CheckpointStats) -> dict[str, Any]:
-    """Event time at a checkpoint (a pipeline that keeps it): the pipeline's watermark and the
-    rows that arrived late and were dropped since the previous checkpoint."""
+def time_cells(s: CheckpointStats | TimeMetrics) -> dict[str, Any]:
+    """Time at a checkpoint (a pipeline that keeps it), of the pipeline or one subtask: the
+    watermark, and since the previous checkpoint the rows that arrived late and were dropped
+    and the timers registered and fired."""
+    return {"watermark": when(s.watermark_ms)} | _time_counts(s)
+
+
+def _time_counts(s: CheckpointStats | TimeMetrics) -> dict[str, int]:
     return {
-        "watermark": when(s.watermark_ms),
         "late_rows": s.late_rows,
         "dropped_rows": s.dropped_rows,
+        "timers_registered": s.timers_registered,
+        "timers_fired": s.timers_fired,
     }
 
 
 def _subtask_time_cells(cp: CompletedCheckpoint, task: str) -> dict[str, Any]:
     time = cp.stats.task_time.get(task)
-    if time is None:
-        return {}
-    return {
-        "watermark": when(time.watermark_ms),
-        "late_rows": time.late_rows,
-        "dropped_rows": time.dropped_rows,
-    }
+    return {} if time is None else time_cells(time)
 
 
 def _cache_cells(cp: CompletedCheckpoint, task: str) -> dict[str, int]:
@@ -124,11 +124,7 @@ def checkpoint_json(cp: CompletedCheckpoint) -> dict[str, Any]:
 
 
 def _time_json(s: CheckpointStats) -> dict[str, Any]:
-    return {
-        "watermark_ms": s.watermark_ms,
-        "late_rows": s.late_rows,
-        "dropped_rows": s.dropped_rows,
-    }
+    return {"watermark_ms": s.watermark_ms} | _time_counts(s)
 
 
 # -- checkpoints ------------------------------------------------------------------------------

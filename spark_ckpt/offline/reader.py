@@ -11,6 +11,7 @@
     counts = reader.keyed("counter", "count")              # pa.Table: key, value
     counts.to_pandas()                                     # pandas, polars.from_arrow(...), ...
     reader.source_offsets()                                # pa.Table: source, channel, offset
+    reader.timers("counter")                               # pa.Table: key, timestamp, domain
 
 :meth:`StateReader.keyed` returns exactly the keyed state a restore at parallelism 1 would load
 (:func:`~spark_ckpt.state.state_restore.restore_backend`): every chain of the state (one FULL blob
@@ -52,6 +53,7 @@ from spark_ckpt.state.descriptor import (
     StateKind,
 )
 from spark_ckpt.state.snapshot.chain_rules import checked_chain
+from spark_ckpt.state.timers import TimeDomain, timer_rows
 
 
 class ReadableStore(Protocol):
@@ -331,6 +333,17 @@ class StateReader:
         else:
             table = schema.empty_table()
         return table if with_key_group else table.drop_columns(["key_group"])
+
+    def timers(self, uid: str) -> pa.Table:
+        """The timers of operator *uid* (:mod:`spark_ckpt.state.timers`): columns ``key``,
+        ``timestamp`` (ms since the epoch) and ``domain`` (``event`` or ``processing``),
+        ordered by domain, then timestamp and key; empty when it has none. They are the
+        keyed states ``_event_timers`` and ``_processing_timers``, which :meth:`keyed`
+        reads too (per key, a list of timestamps)."""
+        names = set(self.keyed_state_names(uid))
+        return timer_rows(
+            {d: self.keyed(uid, d.state_name) for d in TimeDomain if d.state_name in names}
+        )
 
     def operator_state(self, uid: str, state_name: str) -> pa.Table:
         """Operator list state *state_name* of *uid*: columns ``subtask`` and ``value``, the

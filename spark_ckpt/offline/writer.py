@@ -70,6 +70,7 @@ from spark_ckpt.state.keygroup import (
     check_max_parallelism,
     check_parallelism,
 )
+from spark_ckpt.state.timers import TimeDomain, timer_states
 
 #: What :meth:`SavepointWriter.with_keyed_state` takes as the state's kind.
 KindLike: TypeAlias = "StateDescriptor | StateKind | str | None"
@@ -303,6 +304,29 @@ class SavepointWriter:
             op.parallelism = parallelism
         op.key_type = resolved
         op.keyed[state_name] = _KeyedState(descriptor, lambda: normalized, normalized)
+        return self
+
+    def with_timers(
+        self, uid: str, table: Any, *, key_type: pa.DataType | None = None
+    ) -> SavepointWriter:
+        """Set the timers of operator *uid* to *table* (an Arrow table, a pandas DataFrame or
+        a dict of columns): ``key``, ``timestamp`` (ms since the epoch, or an Arrow
+        timestamp) and ``domain`` (``event`` or ``processing``), as
+        :meth:`StateReader.timers` returns them; a timer listed twice is kept once. Replaces
+        the operator's timers of both domains (an empty table removes them). The job's
+        operator must handle timers (``on_timers``) in a pipeline that keeps time for them
+        to fire after the restore. *key_type*: as :meth:`with_keyed_state`."""
+        rows = as_table(table, f"the timers of operator {uid!r}")
+        states = timer_states(rows)
+        op = self._operators.get(uid)
+        for domain in TimeDomain:
+            state = states.get(domain)
+            if state is not None:
+                self.with_keyed_state(
+                    uid, domain.state_name, state, domain.descriptor, key_type=key_type
+                )
+            elif op is not None and domain.state_name in op.keyed:
+                self.remove_state(uid, domain.state_name)
         return self
 
     def map_values(

@@ -57,6 +57,7 @@ from spark_ckpt.client.pipeline_client import PipelineClient
 from spark_ckpt.coordination.heartbeats import mark_starting
 from spark_ckpt.coordination.runs import RunFiles, Runs, RunState, new_run_id
 from spark_ckpt.coordination.topology import SinkSpec, Topology, write_topology
+from spark_ckpt.errors import ConfigError
 from spark_ckpt.pipeline.interrupts import Interrupts
 from spark_ckpt.pipeline.job import JobOptions, JobSpec, Operators, Placement, Source
 from spark_ckpt.pipeline.pipeline_run import PipelineRun, RunFunction
@@ -227,6 +228,15 @@ class Pipeline:
             opts[COMPONENTS] = job.components
         components = load_components(job.components)
         operators = tuple(components.operator(op, self.root) for op in job.operators)
+        timed = [op.uid for op in job.operators if op.handles_timers]
+        if timed and parsed.watermark is None:  # before anything runs
+            raise ConfigError(
+                "watermark",
+                None,
+                f"a WatermarkStrategy: operators {timed} handle timers, which need a pipeline "
+                "that keeps time (WatermarkStrategy.for_bounded_out_of_orderness(column, "
+                "bound), or WatermarkStrategy.no_watermarks() for processing time only)",
+            )
         spec = AlignerSpec(
             root=self.root,
             pipeline=self.name,

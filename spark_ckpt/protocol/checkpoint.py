@@ -55,7 +55,7 @@ class CheckpointStats:
     task_metrics: Mapping[str, CheckpointMetrics] = field(default_factory=dict)
     #: subtasks on the executors: where each found its state since its previous checkpoint
     task_cache: Mapping[str, CacheMetrics] = field(default_factory=dict)
-    #: a pipeline that keeps event time: each subtask's watermark and late rows
+    #: a pipeline that keeps time: each subtask's watermark, late rows and timers
     task_time: Mapping[str, TimeMetrics] = field(default_factory=dict)
 
     @property
@@ -74,6 +74,14 @@ class CheckpointStats:
     @property
     def dropped_rows(self) -> int:
         return sum(m.dropped_rows for m in self.task_time.values())
+
+    @property
+    def timers_registered(self) -> int:
+        return sum(m.timers_registered for m in self.task_time.values())
+
+    @property
+    def timers_fired(self) -> int:
+        return sum(m.timers_fired for m in self.task_time.values())
 
     @property
     def end_to_end_ms(self) -> int:

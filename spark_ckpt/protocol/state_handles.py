@@ -301,22 +301,39 @@ class CacheMetrics:
 
 @dataclass(frozen=True)
 class TimeMetrics:
-    """A subtask's event time at a checkpoint (a pipeline that keeps event time): its
-    watermark and processing time as the snapshot saw them (ms since the epoch; None: no
-    watermark yet), and the rows since its previous checkpoint that arrived *late* (event
-    time at or below the watermark) and that it *dropped* (late beyond the allowed
-    lateness)."""
+    """A subtask's time at a checkpoint (a pipeline that keeps time): its watermark and
+    processing time as the snapshot saw them (ms since the epoch; None: no watermark yet),
+    and since its previous checkpoint: the rows that arrived *late* (event time at or below
+    the watermark), those it *dropped* (late beyond the allowed lateness), and the timers
+    its operators registered and that fired."""
 
     watermark_ms: int | None = None
     processing_ms: int = 0
     late_rows: int = 0
     dropped_rows: int = 0
+    timers_registered: int = 0
+    timers_fired: int = 0
 
-    def add(self, *, late: int, dropped: int) -> TimeMetrics:
-        """These metrics with *late* and *dropped* more rows."""
+    def add(
+        self,
+        *,
+        late: int = 0,
+        dropped: int = 0,
+        timers_registered: int = 0,
+        timers_fired: int = 0,
+    ) -> TimeMetrics:
+        """These metrics with more rows and timers counted."""
         return replace(
-            self, late_rows=self.late_rows + late, dropped_rows=self.dropped_rows + dropped
+            self,
+            late_rows=self.late_rows + late,
+            dropped_rows=self.dropped_rows + dropped,
+            timers_registered=self.timers_registered + timers_registered,
+            timers_fired=self.timers_fired + timers_fired,
         )
+
+    def at(self, watermark_ms: int | None, processing_ms: int) -> TimeMetrics:
+        """These counts, at *watermark_ms* and *processing_ms*."""
+        return replace(self, watermark_ms=watermark_ms, processing_ms=processing_ms)
 
     def to_dict(self) -> dict[str, int | None]:
         return dict(self.__dict__)
@@ -329,6 +346,8 @@ class TimeMetrics:
             int(d.get("processing_ms", 0)),
             int(d.get("late_rows", 0)),
             int(d.get("dropped_rows", 0)),
+            int(d.get("timers_registered", 0)),
+            int(d.get("timers_fired", 0)),
         )
 
 

@@ -75,7 +75,9 @@ class WatermarkStrategy:
     (Flink's ``WatermarkStrategy``; Spark's ``withWatermark``):
 
     * *column*: the event-time column of the rows the first operator receives (a source
-      column, or one the ``transform`` computes); an Arrow timestamp;
+      column, or one the ``transform`` computes); an Arrow timestamp. None
+      (:meth:`no_watermarks`): the pipeline keeps processing time only — no watermark, no
+      late rows, processing-time timers;
     * *out_of_orderness_ms*: the bound — a channel's watermark is the largest event time seen
       on it less this (``forBoundedOutOfOrderness``);
     * *idleness_ms*: a channel that has had no new row for this long is left out of the
@@ -88,13 +90,13 @@ class WatermarkStrategy:
     Build it with :meth:`for_bounded_out_of_orderness` or :meth:`for_monotonous_timestamps`,
     then :meth:`with_idleness` / :meth:`with_allowed_lateness`. Frozen and picklable."""
 
-    column: str
+    column: str | None
     out_of_orderness_ms: int = 0
     idleness_ms: int | None = None
     allowed_lateness_ms: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.column, str) or not self.column:
+        if self.column is not None and (not isinstance(self.column, str) or not self.column):
             raise ConfigError(COLUMN_OPTION, self.column, "the name of the event-time column")
         for option, value in (
             (BOUND_OPTION, self.out_of_orderness_ms),
@@ -110,6 +112,17 @@ class WatermarkStrategy:
     def for_bounded_out_of_orderness(column: str, bound: Duration) -> WatermarkStrategy:
         """The watermark trails the largest event time seen on each channel by *bound*."""
         return WatermarkStrategy(column, _ms(BOUND_OPTION, bound))
+
+    @staticmethod
+    def no_watermarks() -> WatermarkStrategy:
+        """Processing time only (Flink's ``noWatermarks``): micro-batches carry their
+        processing time for processing-time timers; nothing is late."""
+        return WatermarkStrategy(None)
+
+    @property
+    def event_time(self) -> bool:
+        """Whether the pipeline keeps event time (a column), not only processing time."""
+        return self.column is not None
 
     @staticmethod
     def for_monotonous_timestamps(column: str) -> WatermarkStrategy:
@@ -131,7 +144,7 @@ class WatermarkStrategy:
     def to_options(self) -> dict[str, str]:
         """The ``ckpt-source`` options that carry this strategy (:meth:`from_options`)."""
         options = {
-            COLUMN_OPTION: self.column,
+            COLUMN_OPTION: self.column or "",
             BOUND_OPTION: str(self.out_of_orderness_ms),
             LATENESS_OPTION: str(self.allowed_lateness_ms),
         }
@@ -151,7 +164,7 @@ class WatermarkStrategy:
                 raise ConfigError(stray[0], lower[stray[0].lower()], f"{COLUMN_OPTION} too")
             return None
         strategy = WatermarkStrategy(
-            column, _ms(BOUND_OPTION, lower.get(BOUND_OPTION.lower(), "0"))
+            column.strip() or None, _ms(BOUND_OPTION, lower.get(BOUND_OPTION.lower(), "0"))
         )
         idle = lower.get(IDLENESS_OPTION.lower())
         if idle is not None:
@@ -163,7 +176,10 @@ class WatermarkStrategy:
 
     def check_schema(self, schema: pa.Schema) -> None:
         """:class:`ConfigError` unless *schema* (what the first operator receives) has the
-        event-time column as an Arrow timestamp: before anything runs."""
+        event-time column as an Arrow timestamp: before anything runs (processing time only:
+        nothing to check)."""
+        if self.column is None:
+            return
         index = schema.get_field_index(self.column)
         if index < 0:
             raise ConfigError(

@@ -65,6 +65,24 @@ class KeyedOperator(ABC):
         foreachBatch process with the query, without notice. The state is no longer
         accessible; what a checkpoint holds is already written."""
 
+    def on_timers(self, timers: pa.Table, state: StateContext) -> pa.Table | None:
+        """Timers of this operator that fired (see :mod:`spark_ckpt.state.timers`): a table of
+        the key column (named as :attr:`key_column`), ``timestamp`` (ms since the epoch) and
+        ``domain`` (``"event"`` or ``"processing"``), ordered by timestamp, all in the
+        subtask's key groups; returns output rows, or None. Called by the task at the end of
+        a micro-batch, once the watermark (or the batch's processing time) passed them, and
+        before a checkpoint's snapshot; timers it registers at or below that time fire in
+        the same round. The default ignores them."""
+        return None
+
+    @property
+    def handles_timers(self) -> bool:
+        """Whether the operator overrides :meth:`on_timers` (or ``on_timer``): it then needs a
+        pipeline that keeps time."""
+        own = type(self).on_timers is not KeyedOperator.on_timers
+        per_record = getattr(type(self), "on_timer", None)
+        return own or (per_record is not None and per_record is not RecordOperator.on_timer)
+
     @property
     def output_schema(self) -> pa.Schema | None:
         """Schema of the output, when known up front (sinks create tables with it)."""
@@ -84,6 +102,25 @@ class RecordOperator(KeyedOperator):
         for row in batch.to_pylist():
             state.set_current_key(row[self.key_column])
             out.extend(self.process_record(row, state))
+        return self._rows(out)
+
+    def on_timer(
+        self, key: Any, timestamp: int, domain: str, state: StateContext
+    ) -> Iterable[dict[str, Any]]:
+        """A timer of *key* (also *state*'s current key) fired at *timestamp* (ms since the
+        epoch) in *domain* (``"event"`` or ``"processing"``); yield the output rows. The
+        default yields nothing."""
+        return ()
+
+    def on_timers(self, timers: pa.Table, state: StateContext) -> pa.Table | None:
+        out: list[dict[str, Any]] = []
+        for timer in timers.to_pylist():
+            key = timer[self.key_column]
+            state.set_current_key(key)
+            out.extend(self.on_timer(key, timer["timestamp"], timer["domain"], state))
+        return self._rows(out)
+
+    def _rows(self, out: list[dict[str, Any]]) -> pa.Table | None:
         schema = self.output_schema
         if schema is None:
             return pa.Table.from_pylist(out) if out else None

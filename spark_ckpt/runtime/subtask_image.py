@@ -14,7 +14,8 @@ channel, no buffered row, no snapshot in progress), so its image is only
 * the sink transactions it sealed and whose commit it has not seen yet;
 * its sink's open transaction: the files staged since the last barrier
   (:class:`~spark_ckpt.sinks.two_phase_commit.DetachableWriter`);
-* with event time, its watermark valve and the late rows it counted (metadata).
+* with time, its watermark valve and what it counted (metadata); its operators' timers are
+  keyed state.
 
 A subtask built fresh from an image has no incremental base; one kept alive in its Python
 worker between micro-batches (:class:`~spark_ckpt.spark.executors.subtask_function.LiveSubtasks`)
@@ -43,7 +44,6 @@ from spark_ckpt.protocol.state_handles import (
     BlobRef,
     CacheMetrics,
     StateBlob,
-    TimeMetrics,
 )
 from spark_ckpt.runtime.image_history import (
     ImageHistory,
@@ -162,9 +162,8 @@ def _image(
         "cache": None if task.cache is None else task.cache.to_dict(),
         "last_snapshot": task.last_snapshot_id,
     }
-    if task.valve is not None:
-        meta["event_time"] = task.valve.state_dict()
-        meta["time"] = None if task.time is None else task.time.to_dict()
+    if task.time is not None:
+        meta.update(task.time.image_meta())
     return SubtaskImage(tables, meta)
 
 
@@ -313,16 +312,15 @@ def _adopt_newest(
     task: OperatorTask, writer: DetachableWriter | None, image: SubtaskImage, *, detach: bool
 ) -> None:
     """What *task* takes whole from the newest image: sealed transactions, cache metrics,
-    the watermark valve and late-row counts, the snapshot history's end, the open
+    the watermark valve and time counts, the snapshot history's end, the open
     transaction (*detach*: dropping the one *writer* holds for the task)."""
     meta = image.meta
     task.adopt_sealed([Transaction.from_json(t) for t in meta["sealed"]], replace=True)
     cache = meta.get("cache")
     task.cache = None if cache is None else CacheMetrics.from_dict(cache)
-    if task.valve is not None and meta.get("event_time") is not None:
-        task.valve.load_state_dict(meta["event_time"])
-        time = meta.get("time")
-        task.time = TimeMetrics() if time is None else TimeMetrics.from_dict(time)
+    if task.time is not None:
+        task.time.load_image_meta(meta)
+        task.time.state_replaced()  # the keyed state, timers included, is the images'
     last = int(meta.get("last_snapshot", 0))
     if detach and last > task.last_snapshot_id:
         task.forget_snapshot_history(last)

@@ -10,10 +10,12 @@ The task turns the aligner's steps into work:
   transactions are written to the checkpoint store, then the acknowledgement is sent;
 * ``Abort`` → the snapshot in progress is dropped. Its sealed transaction stays pending and is
   committed with the next completed checkpoint (nothing is lost);
-* ``Progress`` → a channel's event time, for the task's watermark valve
-  (:mod:`spark_ckpt.runtime.event_time`), which moves at the end of each input batch (a
-  micro-batch) and before each snapshot. Rows late beyond the allowed lateness are dropped
-  before the operators and counted; the valve's state is part of the task's checkpoint.
+* ``Progress`` → a channel's event time and the micro-batch's processing time, for the
+  task's time (:mod:`spark_ckpt.runtime.task_time`), which moves at the end of each input
+  batch (a micro-batch) and before each snapshot; then the operators' timers that are due
+  fire (``on_timers``), their output going down the chain like a batch's. Rows late beyond
+  the allowed lateness are dropped before the operators and counted; the watermark valve's
+  state is part of the task's checkpoint, the timers part of the operators' keyed state.
 
 ``notify_complete(n)`` makes *n* the base of the next incremental snapshot and forgets the
 sealed transactions the sink reports committed (the job's global committer commits them; see
@@ -68,11 +70,12 @@ from spark_ckpt.runtime.carried_transactions import (
     CarriedTransactions,
     sealed_table,
 )
-from spark_ckpt.runtime.event_time import WatermarkStrategy, WatermarkValve
+from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.image_history import ImageHistory
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM, output_checkpoint
+from spark_ckpt.runtime.task_time import TaskTime
 from spark_ckpt.sinks.two_phase_commit import (
     SinkCommitter,
     Transaction,
@@ -95,6 +98,9 @@ CHAIN_VERTEX = "chain"
 SOURCE_TASK: Final = TaskId("source", 0)
 #: The task's own state of its watermark valve (one blob per subtask and checkpoint).
 EVENT_TIME: Final = "_event_time"
+#: Rounds of timers fired at one point in time (timers that fire may register more that are
+#: due at once); what is left fires at the next point, which keeps a replay identical.
+MAX_TIMER_ROUNDS: Final = 64
 
 
 Response = AcknowledgeCheckpoint | DeclineCheckpoint
@@ -178,6 +184,10 @@ class OperatorTask:
         self.clock = clock
         self.tracer = tracer
         self.aligner = BarrierAligner(channels, mode, clock, aligned_timeout_ms=aligned_timeout_ms)
+        #: the pipeline's watermark strategy, and the task's time under it (None: the pipeline
+        #: keeps no time): watermark, processing time, counts, the operators' timers
+        self.watermark = watermark
+        self.time = None if watermark is None else TaskTime(watermark, channels)
         self.backends: dict[str, KeyedStateBackend] = {}
         self._handles: dict[str, StateContext] = {}  # what the operators see of their backends
         for op in self.operators:
@@ -189,7 +199,10 @@ class OperatorTask:
                 max_parallelism,
                 parallelism=parallelism,
             )
-            handle = StateContext(backend)
+            timers = None
+            if self.time is not None and op.handles_timers:
+                timers = self.time.add_timers(op.uid, backend)
+            handle = StateContext(backend, timers, self.time)
             op.open(handle)
             self.backends[op.uid] = backend
             self._handles[op.uid] = handle
@@ -211,11 +224,6 @@ class OperatorTask:
         #: changed since its last full image (:mod:`spark_ckpt.runtime.subtask_image` keeps
         #: it; absent: not known, as after a restore), which :meth:`rebase` builds on
         self.image_histories: dict[str, ImageHistory] = {}
-        #: event time: the pipeline's strategy, the task's valve, and what it counted since
-        #: its previous checkpoint (None: the pipeline keeps no event time)
-        self.watermark = watermark
-        self.valve = None if watermark is None else WatermarkValve(channels, watermark.bound_us)
-        self.time: TimeMetrics | None = None if watermark is None else TimeMetrics()
 
     @property
     def sink_uid(self) -> str:
@@ -245,10 +253,9 @@ class OperatorTask:
                 self.store.read_blob,
                 incremental_base=incremental,
             )
-        if self.valve is not None:
+        if self.time is not None:
             refs = [r for r in checkpoint.task_blobs() if r.state_name == EVENT_TIME]
-            self.valve.restore(self.store.read_blobs(refs) if refs else [])
-            self._note_time()
+            self.time.restore(self.store.read_blobs(refs) if refs else [])
         channel_refs = sorted(
             (b for b in checkpoint.task_blobs() if b.kind is BlobKind.CHANNEL),
             key=lambda b: (b.channel, b.subtask),
@@ -267,31 +274,37 @@ class OperatorTask:
     # -- input -------------------------------------------------------------------------------
     def process(self, batch: pa.Table | pa.RecordBatch) -> None:
         """Feed one input batch (data and control rows of any of the task's channels: a
-        micro-batch); then the watermark moves (event time)."""
+        micro-batch); then time moves and the timers due fire."""
+        if self.time is not None:
+            self.time.begin(batch)
         self._run(self.aligner.process(batch))
         self._advance_time()
 
     @property
     def watermark_ms(self) -> int | None:
         """The task's watermark (ms since the epoch; None: no event time, or none yet)."""
-        if self.valve is None or self.valve.watermark_us is None:
-            return None
-        return self.valve.watermark_us // 1000
+        return None if self.time is None else self.time.watermark_ms
 
     def _advance_time(self) -> None:
-        if self.valve is not None:
-            self.valve.advance()
-            self._note_time()
-
-    def _note_time(self) -> None:
-        if self.valve is not None and self.time is not None:
-            mark = self.valve.watermark_us
-            self.time = TimeMetrics(
-                None if mark is None else mark // 1000,
-                self.valve.processing_ms,
-                self.time.late_rows,
-                self.time.dropped_rows,
-            )
+        """Time moves by the progress observed so far; every timer due fires, in chain
+        order (an operator's timer output reaches the operators after it, which may have
+        timers due in turn)."""
+        time = self.time
+        if time is None:
+            return
+        time.advance()
+        for position, op in enumerate(self.operators):
+            if op.uid not in time.timers:
+                continue
+            handle = self._handles[op.uid]
+            for _ in range(MAX_TIMER_ROUNDS):
+                fired = time.due(op.uid, op.key_column)
+                if not fired:
+                    break
+                for timers in fired:
+                    with self.tracer.span(Phase.OPERATOR):
+                        out = op.on_timers(timers, handle)
+                    self._emit(out, position + 1)
 
     def tick(self) -> None:
         """Let time-based transitions happen (aligned-checkpoint timeout)."""
@@ -325,15 +338,12 @@ class OperatorTask:
                 with self.tracer.span(Phase.SNAPSHOT_ASYNC):
                     self._complete(step)
             elif isinstance(step, Progress):
-                if self.valve is not None:
-                    self.valve.observe(step.channel, step.progress)
+                if self.time is not None:
+                    self.time.observe(step.channel, step.progress)
             elif isinstance(step, Abort):
                 given_up = self._in_progress.pop(step.checkpoint_id, None)
                 if given_up is not None and given_up.time is not None and self.time is not None:
-                    # its late rows are counted with the next checkpoint instead
-                    self.time = self.time.add(
-                        late=given_up.time.late_rows, dropped=given_up.time.dropped_rows
-                    )
+                    self.time.give_back(given_up.time)  # counted with the next checkpoint
                 for backend in self.backends.values():
                     backend.snapshots.notify_checkpoint_aborted(step.checkpoint_id)
                 if step.reason is not AbortReason.COORDINATOR:
@@ -357,10 +367,15 @@ class OperatorTask:
         if table.num_rows == 0:
             return
         self.rows_processed += table.num_rows
-        if self.valve is not None and self.watermark is not None:
-            table = self._drop_late(table, self.valve, self.watermark)
-        out: pa.Table | None = table
-        for op in self.operators:
+        if self.time is not None:
+            table = self.time.drop_late(table)
+        self._emit(table, 0)
+
+    def _emit(self, rows: pa.Table | None, start: int) -> None:
+        """*rows* through the operators from position *start* of the chain on, then into
+        the sink's open transaction."""
+        out = rows
+        for op in self.operators[start:]:
             if out is None or out.num_rows == 0:
                 return
             with self.tracer.span(Phase.OPERATOR):
@@ -368,24 +383,6 @@ class OperatorTask:
         if out is not None and out.num_rows and self.sink is not None:
             with self.tracer.span(Phase.SINK_WRITE):
                 self.sink.writer.write(self.sink_uid, self.task_id.subtask, out)
-
-    def _drop_late(
-        self, table: pa.Table, valve: WatermarkValve, strategy: WatermarkStrategy
-    ) -> pa.Table:
-        """*table* without its rows late beyond the allowed lateness; counts the late and
-        the dropped rows. Vectorized: one comparison per row."""
-        if valve.watermark_us is None or self.time is None:
-            return table
-        times = table.column(strategy.column)
-        late = valve.late(times)
-        n_late = pc.sum(late).as_py() or 0
-        if not n_late:
-            return table
-        lateness = strategy.allowed_lateness_ms * 1000
-        dropped = late if lateness == 0 else valve.late(times, lateness)
-        n_dropped = pc.sum(dropped).as_py() or 0
-        self.time = self.time.add(late=n_late, dropped=n_dropped)
-        return table.filter(pc.invert(dropped)) if n_dropped else table
 
     # -- checkpointing -------------------------------------------------------------------------
     def _snapshot(self, step: Snapshot) -> None:
@@ -404,9 +401,7 @@ class OperatorTask:
                 self._sealed[cid] = self.sink.writer.pre_commit(
                     self.sink_uid, self.task_id.subtask, cid
                 )
-        time_state = None if self.valve is None else self.valve.to_table()
-        time, self.time = self.time, None if self.time is None else TimeMetrics()
-        self._note_time()
+        time_state, time = (None, None) if self.time is None else self.time.snapshot()
         self._in_progress[cid] = _SnapshotInProgress(
             snaps, step, self.clock.now_ms() - start, base, time_state, time
         )

@@ -11,10 +11,11 @@ business.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
+from spark_ckpt.errors import StateError
 from spark_ckpt.state.descriptor import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -22,10 +23,37 @@ from spark_ckpt.state.descriptor import (
     ValueStateDescriptor,
 )
 from spark_ckpt.state.operator_state import OperatorListState
+from spark_ckpt.state.timers import TimeDomain, TimerService
 from spark_ckpt.state.views import ArrayLike, ListState, MapState, ValueState
 
 if TYPE_CHECKING:
     from spark_ckpt.state.backend import KeyedStateBackend
+
+
+class TimeView(Protocol):
+    """The subtask's time, as the task that runs the operator knows it."""
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """The subtask's watermark (ms since the epoch; None: none yet)."""
+        ...
+
+    @property
+    def processing_ms(self) -> int:
+        """The processing time of the micro-batch being processed (ms since the epoch)."""
+        ...
+
+    @property
+    def event_time(self) -> bool:
+        """Whether the pipeline keeps event time (not processing time only)."""
+        ...
+
+
+#: Why a timer call fails in a pipeline that keeps no time.
+NO_TIME = (
+    "timers need a pipeline that keeps time: give it watermark=WatermarkStrategy... "
+    "(WatermarkStrategy.no_watermarks() for processing-time timers only)"
+)
 
 
 class StateContext:
@@ -39,15 +67,27 @@ class StateContext:
       the views act on the key set by :meth:`set_current_key`;
     * vectorized access to value state: :meth:`get_values`, :meth:`put_values`, and
       :meth:`clear_values` for any keyed state — whole Arrow key arrays, no per-row Python;
-    * operator (non-keyed) list state: :meth:`operator_list_state`.
+    * operator (non-keyed) list state: :meth:`operator_list_state`;
+    * time, in a pipeline that keeps it: :attr:`current_watermark`,
+      :attr:`current_processing_time`, and timers per key — vectorized
+      (:meth:`register_event_time_timers` and the like, arrays of keys and timestamps) or for
+      the current key (:meth:`register_event_time_timer` and the like). Fired timers reach
+      the operator's ``on_timers`` (:mod:`spark_ckpt.state.timers`).
 
     All keys must belong to the subtask's key groups (the task routes them so);
     :class:`~spark_ckpt.errors.StateError` otherwise."""
 
-    __slots__ = ("_backend",)
+    __slots__ = ("_backend", "_time", "_timers")
 
-    def __init__(self, backend: KeyedStateBackend) -> None:
+    def __init__(
+        self,
+        backend: KeyedStateBackend,
+        timers: TimerService | None = None,
+        time: TimeView | None = None,
+    ) -> None:
         self._backend = backend
+        self._timers = timers
+        self._time = time
 
     def __repr__(self) -> str:
         return f"StateContext({self._backend!r})"
@@ -97,3 +137,66 @@ class StateContext:
     def operator_list_state(self, name: str, element_type: pa.DataType) -> OperatorListState:
         """Operator list state *name* of the subtask (registered on first use)."""
         return self._backend.operator_list_state(name, element_type)
+
+    # -- time ----------------------------------------------------------------------------------
+    def _service(self, domain: TimeDomain) -> TimerService:
+        if self._time is None:
+            raise StateError(NO_TIME)
+        if self._timers is None:
+            raise StateError(
+                "this operator has no timers: override on_timers (or on_timer, for a "
+                "RecordOperator) to receive the timers it registers"
+            )
+        if domain is TimeDomain.EVENT and not self._time.event_time:
+            raise StateError(
+                "event-time timers need an event-time column: give the pipeline "
+                "WatermarkStrategy.for_bounded_out_of_orderness(column, bound) (its strategy "
+                "has none: no_watermarks)"
+            )
+        return self._timers
+
+    @property
+    def current_watermark(self) -> int | None:
+        """The subtask's watermark in ms since the epoch (None: none yet, or no event time)."""
+        return None if self._time is None else self._time.watermark_ms
+
+    @property
+    def current_processing_time(self) -> int:
+        """The processing time of the micro-batch being processed, in ms since the epoch (the
+        same when the batch is replayed); 0 in a pipeline that keeps no time."""
+        return 0 if self._time is None else self._time.processing_ms
+
+    def register_event_time_timers(self, keys: ArrayLike, timestamps: ArrayLike) -> None:
+        """A timer per (key, timestamp): fires once the watermark reaches the timestamp
+        (milliseconds, or Arrow timestamps). Registering one twice keeps one."""
+        self._service(TimeDomain.EVENT).register(TimeDomain.EVENT, keys, timestamps)
+
+    def delete_event_time_timers(self, keys: ArrayLike, timestamps: ArrayLike) -> None:
+        """Delete the event-time timer of each (key, timestamp), if registered."""
+        self._service(TimeDomain.EVENT).delete(TimeDomain.EVENT, keys, timestamps)
+
+    def register_processing_time_timers(self, keys: ArrayLike, timestamps: ArrayLike) -> None:
+        """A timer per (key, timestamp): fires with the first micro-batch whose processing
+        time reaches the timestamp (within a trigger interval, rows or not)."""
+        service = self._service(TimeDomain.PROCESSING)
+        service.register(TimeDomain.PROCESSING, keys, timestamps)
+
+    def delete_processing_time_timers(self, keys: ArrayLike, timestamps: ArrayLike) -> None:
+        """Delete the processing-time timer of each (key, timestamp), if registered."""
+        self._service(TimeDomain.PROCESSING).delete(TimeDomain.PROCESSING, keys, timestamps)
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        """An event-time timer of the current key (:meth:`set_current_key`)."""
+        self.register_event_time_timers([self.current_key], [timestamp])
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        """Delete the current key's event-time timer at *timestamp*."""
+        self.delete_event_time_timers([self.current_key], [timestamp])
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        """A processing-time timer of the current key."""
+        self.register_processing_time_timers([self.current_key], [timestamp])
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        """Delete the current key's processing-time timer at *timestamp*."""
+        self.delete_processing_time_timers([self.current_key], [timestamp])

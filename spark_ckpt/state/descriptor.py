@@ -46,6 +46,12 @@ META_BLOB_KIND: Final = b"spark_ckpt.blob_kind"
 
 #: Blob kinds of keyed state (a chain is one FULL blob followed by DELTA blobs).
 KEYED_BLOB_KINDS: Final = (BlobKind.KEYED_FULL, BlobKind.KEYED_DELTA)
+#: The keyed states that hold an operator's timers (:mod:`spark_ckpt.state.timers`): the
+#: engine registers them, so they do not count as the operator's own registrations when a
+#: restore decides which stored states it keeps.
+EVENT_TIMERS: Final = "_event_timers"
+PROCESSING_TIMERS: Final = "_processing_timers"
+TIMER_STATES: Final = frozenset({EVENT_TIMERS, PROCESSING_TIMERS})
 
 #: Exceptions Arrow (or Python) raises when a value does not convert to an Arrow type.
 CONVERSION_ERRORS: Final = (

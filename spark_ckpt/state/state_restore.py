@@ -18,9 +18,10 @@ matches the checkpoint's states against the states *registered* on the backend:
   operator, the state and the field; its next snapshot is full (no chain mixes types);
 * a registered state with nothing stored starts empty;
 * a stored state no registration claims is dropped (logged at INFO) — when the operator
-  registered anything at all. A backend on which nothing is registered (an operator that
-  registers lazily, or a restore for inspection/rescaling) adopts every stored state under
-  its stored descriptor, *unclaimed*; a later registration claims it, migrating it then
+  registered anything at all (its timers, which the task registers, do not count). A
+  backend on which nothing is registered (an operator that registers lazily, or a restore
+  for inspection/rescaling) adopts every stored state under its stored descriptor,
+  *unclaimed*; a later registration claims it, migrating it then
   (:meth:`~spark_ckpt.state.backend.KeyedStateBackend.register`).
 """
 
@@ -43,6 +44,7 @@ from spark_ckpt.state.descriptor import (
     META_MAX_PARALLELISM,
     META_STATE_KIND,
     META_STATE_NAME,
+    TIMER_STATES,
     StateDescriptor,
     StateKind,
     descriptor_from_column,
@@ -92,7 +94,7 @@ def restore_backend(
         raise StateError("restore needs a fresh backend: this one has taken snapshots")
     mine = [r for r in refs if r.operator_uid == backend.operator_uid]
     keyed_names, operator_names = backend.registered_states()
-    declared = bool(keyed_names or operator_names)
+    declared = bool(set(keyed_names) - TIMER_STATES or operator_names)  # the operator's own
     dropped: set[str] = set()
     chains: dict[tuple[str, int, int, int], list[BlobRef]] = {}
     operator: dict[str, list[BlobRef]] = {}

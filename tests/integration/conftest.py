@@ -18,6 +18,7 @@ import json
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -113,6 +114,34 @@ def delta_txn_versions(path: Path) -> list[tuple[str, int]]:
                 txn = json.loads(line).get("txn")
                 if txn:
                     out.append((str(txn["appId"]), int(txn["version"])))
+    return out
+
+
+@dataclass(frozen=True)
+class LoggedBatch:
+    """One micro-batch as Spark's offset log recorded it: per channel its rows
+    ``[start, end)``, and its processing time (ms; 0 when the source kept no time)."""
+
+    slices: list[tuple[int, int]]
+    batch_ms: int
+
+
+def logged_batches(root: str, channels: int) -> list[list[LoggedBatch]]:
+    """Per run of the pipeline at *root*, in run order, its micro-batches from Spark's
+    offset logs (a run starts where the previous one ended: tests that use this restore from
+    the last checkpoint or savepoint of the run before)."""
+    runs = sorted(Path(root, "_spark").iterdir(), key=lambda p: p.stat().st_mtime)
+    out: list[list[LoggedBatch]] = []
+    begin = [0] * channels
+    for directory in runs:
+        logged = sorted((directory / "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
+        run: list[LoggedBatch] = []
+        for f in logged:
+            offset = json.loads(f.read_text().splitlines()[2])
+            end = offset["positions"]
+            run.append(LoggedBatch(list(zip(begin, end, strict=True)), int(offset.get("time", 0))))
+            begin = end
+        out.append(run)
     return out
 
 

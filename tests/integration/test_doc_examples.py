@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import generated_keys, output_rows, read_delta, running_count_rows
+from conftest import (
+    generated_keys,
+    logged_batches,
+    output_rows,
+    read_delta,
+    running_count_rows,
+)
 
 from spark_ckpt.sources.generator import GeneratorSpec
 
@@ -91,6 +97,8 @@ def test_examples_run_as_written(
         _check_readme(ns, spark, lake)
     elif document == "docs/upgrades.md":
         _check_upgrades(ns, tmp_path)
+    elif document == "docs/time.md":
+        _check_time(ns, tmp_path)
 
 
 def _check_readme(ns: dict[str, Any], spark: SparkSession, lake: Path) -> None:
@@ -184,3 +192,37 @@ def _check_upgrades(ns: dict[str, Any], base: Path) -> None:
     got = Counter(zip(out["user_id"].to_pylist(), out["count"].to_pylist(), strict=True))
     assert got == expected
     assert {1, 2, 3} & {key for key, _ in got}  # the seeded keys are in the input
+
+
+def _check_time(ns: dict[str, Any], base: Path) -> None:
+    """The silent users are those a plain loop over the micro-batches Spark logged finds:
+    after each batch the watermark is the lowest over the channels of their latest event
+    time less 1 s, and a user is silent once it passes their latest event time + 5 s."""
+    from spark_ckpt import StateReader
+
+    silent = ns["silent"]
+    spec = GeneratorSpec.from_options(
+        {"channels": "2", "rate": "50", "backlog": "1000", "keys": "2000"}
+    )
+    top: dict[int, int] = {}
+    last: dict[int, int] = {}
+    expected: dict[int, int] = {}
+    for batch in (b for run in logged_batches(silent.root, 2) for b in run):
+        for channel, (start, end) in enumerate(batch.slices):
+            rows = spec.rows(channel, start, end)
+            ms = [t // 1000 for t in rows.column("event_ts").cast("int64").to_pylist()]
+            for user, t in zip(rows.column("user_id").to_pylist(), ms, strict=True):
+                last[user] = max(last.get(user, t), t)
+                top[channel] = max(top.get(channel, t), t)
+        if len(top) == 2:
+            watermark = min(top.values()) - 1000
+            for user in [u for u, t in last.items() if t + 5000 <= watermark]:
+                expected[user] = last.pop(user)
+    out = read_delta(base / "lake" / "silent_users")
+    got = dict(zip(out["user_id"].to_pylist(), out["silent_since"].to_pylist(), strict=True))
+    assert got == expected and len(got) == out.num_rows > 0
+    assert sorted(ns["pending"].column("key").to_pylist()) == sorted(last)
+    moved = StateReader.open(str(base / "backups" / "silent-a-minute-later")).timers("silent")
+    assert sorted(moved.column("timestamp").to_pylist()) == sorted(
+        t + 65_000 for t in last.values()
+    )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 import pyarrow.compute as pc
 import pytest
-from conftest import running_count_rows
+from conftest import logged_batches, running_count_rows
 
 from spark_ckpt import (
     CheckpointConfig,
@@ -66,21 +66,8 @@ Slices = list[list[tuple[int, int]]]
 
 
 def batches(root: str) -> list[Slices]:
-    """Per run, in run order, each micro-batch's rows per channel ``[start, end)``, from
-    Spark's offset logs (a run starts where the previous one ended: these tests restore from
-    the last checkpoint or savepoint of the run before)."""
-    runs = sorted(Path(root, "_spark").iterdir(), key=lambda p: p.stat().st_mtime)
-    out: list[Slices] = []
-    begin = [0] * CHANNELS
-    for directory in runs:
-        logged = sorted((directory / "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
-        run: Slices = []
-        for f in logged:
-            end = json.loads(f.read_text().splitlines()[2])["positions"]
-            run.append(list(zip(begin, end, strict=True)))
-            begin = end
-        out.append(run)
-    return out
+    """Per run, in run order, each micro-batch's rows per channel ``[start, end)``."""
+    return [[b.slices for b in run] for run in logged_batches(root, CHANNELS)]
 
 
 def oracle(runs: list[tuple[int, Slices]], bound_us: int) -> tuple[int, Counter[int]]:

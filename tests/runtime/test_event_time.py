@@ -291,7 +291,7 @@ def test_a_task_drops_rows_late_beyond_the_allowed_lateness_and_counts_them() ->
         restored, _, _ = make_task(strategy, store, subtask, parallelism=3)
         restored.restore(cp)
         assert restored.watermark_ms == us(15) // 1000
-        assert restored.valve is not None and restored.valve.channel_maxima() == {
+        assert restored.time is not None and restored.time.valve.channel_maxima() == {
             0: us(20),
             1: us(30),
         }

@@ -178,7 +178,7 @@ class BatchAligner:
             self._notify_completed()
         if table.num_rows:
             with self.tracer.span(Phase.ROUTE):
-                if self.watermark is not None:
+                if self.watermark is not None and self.watermark.column is not None:
                     table, _ = fill_progress(table, self.watermark.column)
                 parts = self._route(table)
             for task, part in zip(self.tasks, parts, strict=True):

@@ -1,0 +1,199 @@
+"""A subtask's time: its watermark valve, the processing time of its micro-batches, what it
+counted since its previous checkpoint, and its operators' timers.
+
+The task (:mod:`spark_ckpt.runtime.task`) holds one :class:`TaskTime` when the pipeline keeps
+time (a :class:`~spark_ckpt.runtime.event_time.WatermarkStrategy`, with an event-time column
+or :meth:`~spark_ckpt.runtime.event_time.WatermarkStrategy.no_watermarks`) and calls it
+
+* with each channel's progress as it arrives (:meth:`TaskTime.observe`);
+* on each batch of rows, before the operators (:meth:`TaskTime.drop_late`);
+* at the end of each micro-batch and before each snapshot: :meth:`TaskTime.advance`, then
+  :meth:`TaskTime.due` per operator until no timer is due (the task hands them to the
+  operator's ``on_timers``);
+* at a snapshot (:meth:`TaskTime.snapshot`) and a restore (:meth:`TaskTime.restore`).
+
+Both times move only with the progress rows of the replayable source positions, so a
+replayed micro-batch fires the same timers in the same order (``docs/time.md``). The timers
+themselves are keyed state of each operator's backend (:mod:`spark_ckpt.state.timers`); this
+class only decides when they are due. Single-threaded, as the task. Pure: pyarrow only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_ckpt.protocol.barrier import BARRIER_TS, KIND, ChannelProgress, RecordKind
+from spark_ckpt.protocol.state_handles import TimeMetrics
+from spark_ckpt.runtime.event_time import WatermarkStrategy, WatermarkValve
+from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.timers import TimeDomain, TimerService
+
+#: The columns of a table of fired timers besides the key (named as the operator's key).
+TIMESTAMP: Final = "timestamp"
+DOMAIN: Final = "domain"
+
+
+class TaskTime:
+    """The time of one subtask over its *channels* under *strategy* (see the module
+    docstring). Implements :class:`~spark_ckpt.state.context.TimeView` for the operators'
+    state contexts."""
+
+    def __init__(self, strategy: WatermarkStrategy, channels: Iterable[int]) -> None:
+        self.strategy = strategy
+        self.valve = WatermarkValve(channels, strategy.bound_us)
+        #: what the subtask counted since its previous checkpoint
+        self.metrics = TimeMetrics()
+        #: per operator uid: its timers (operators that handle timers only)
+        self.timers: dict[str, TimerService] = {}
+        #: the processing time of the micro-batch being processed (0: not known)
+        self._batch_ms = 0
+
+    # -- the operators' view -------------------------------------------------------------------
+    @property
+    def event_time(self) -> bool:
+        """Whether the pipeline keeps event time (not processing time only)."""
+        return self.strategy.event_time
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """The subtask's watermark, ms since the epoch (None: none yet, or no event time)."""
+        mark = self.valve.watermark_us
+        return None if mark is None else mark // 1000
+
+    @property
+    def processing_ms(self) -> int:
+        """The processing time of the micro-batch being processed (or the newest one), ms
+        since the epoch (0: none yet)."""
+        return max(self.valve.processing_ms, self._batch_ms)
+
+    def add_timers(self, uid: str, backend: KeyedStateBackend) -> TimerService:
+        """The timers of operator *uid*, kept in *backend* (call before a restore, where the
+        operator registers its state)."""
+        service = self.timers[uid] = TimerService(backend)
+        return service
+
+    # -- input ---------------------------------------------------------------------------------
+    def begin(self, batch: pa.Table | pa.RecordBatch) -> None:
+        """A micro-batch's input arrives: its processing time (its progress rows') is the
+        operators' :attr:`processing_ms` while they process its rows. O(rows), vectorized."""
+        if not batch.num_rows:
+            return
+        progress = pc.equal(batch.column(KIND), RecordKind.PROGRESS.code)
+        stamps = batch.column(BARRIER_TS).filter(progress)
+        top = pc.max(pc.cast(stamps, pa.int64())).as_py()
+        if top is not None:
+            self._batch_ms = max(self._batch_ms, top // 1000)
+
+    def observe(self, channel: int, progress: ChannelProgress) -> None:
+        """Channel *channel*'s progress arrived; the next :meth:`advance` applies it."""
+        self.valve.observe(channel, progress)
+
+    def drop_late(self, table: pa.Table) -> pa.Table:
+        """*table* without its rows late beyond the allowed lateness; counts the late rows
+        (event time at or below the watermark) and the dropped ones. Vectorized: one
+        comparison per row; nothing without an event-time column or a watermark."""
+        column = self.strategy.column
+        if column is None or self.valve.watermark_us is None:
+            return table
+        times = table.column(column)
+        late = self.valve.late(times)
+        n_late = pc.sum(late).as_py() or 0
+        if not n_late:
+            return table
+        lateness = self.strategy.allowed_lateness_ms * 1000
+        dropped = late if lateness == 0 else self.valve.late(times, lateness)
+        n_dropped = pc.sum(dropped).as_py() or 0
+        self.metrics = self.metrics.add(late=n_late, dropped=n_dropped)
+        return table.filter(pc.invert(dropped)) if n_dropped else table
+
+    def advance(self) -> None:
+        """Apply the progress observed since the last call (the end of a micro-batch, or a
+        snapshot): the watermark and the processing time move. O(channels)."""
+        self.valve.advance()
+
+    def due(self, uid: str, key_column: str) -> list[pa.Table]:
+        """The timers of operator *uid* due now, taken out of its state: event-time ones at or
+        below the watermark, then processing-time ones at or below the processing time, each
+        a table of *key_column*, :data:`TIMESTAMP` (int64 ms) and :data:`DOMAIN`, ordered by
+        (timestamp, key). Empty when none is due. O(timers due + keys touched)."""
+        service = self.timers.get(uid)
+        if service is None:
+            return []
+        fired: list[pa.Table] = []
+        mark = self.watermark_ms
+        if mark is not None and self.event_time:
+            fired.append(_named(service.pop_due(TimeDomain.EVENT, mark), key_column, "event"))
+        if self.processing_ms:
+            due = service.pop_due(TimeDomain.PROCESSING, self.processing_ms)
+            fired.append(_named(due, key_column, "processing"))
+        return [t for t in fired if t.num_rows]
+
+    def state_replaced(self) -> None:
+        """The operators' state changed behind the timers (a restore, a loaded image, a
+        changelog applied)."""
+        for service in self.timers.values():
+            service.forget_index()
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def snapshot(self) -> tuple[pa.Table, TimeMetrics]:
+        """At a snapshot (after :meth:`advance`): the valve's state for the checkpoint, and
+        the metrics since the previous one (the counts start again)."""
+        registered = fired = 0
+        for service in self.timers.values():
+            r, f = service.take_counts()
+            registered, fired = registered + r, fired + f
+        metrics = self.metrics.add(timers_registered=registered, timers_fired=fired)
+        self.metrics = TimeMetrics()
+        return self.valve.to_table(), self._stamped(metrics)
+
+    def give_back(self, metrics: TimeMetrics) -> None:
+        """A snapshot was aborted: its counts go with the next checkpoint instead."""
+        self.metrics = self.metrics.add(
+            late=metrics.late_rows,
+            dropped=metrics.dropped_rows,
+            timers_registered=metrics.timers_registered,
+            timers_fired=metrics.timers_fired,
+        )
+
+    def current(self) -> TimeMetrics:
+        """The metrics so far, with the current watermark and processing time."""
+        return self._stamped(self.metrics)
+
+    def _stamped(self, metrics: TimeMetrics) -> TimeMetrics:
+        return metrics.at(self.watermark_ms, self.processing_ms)
+
+    def restore(self, tables: Iterable[pa.Table]) -> None:
+        """Resume the valve from the states of every subtask of a checkpoint (at any
+        parallelism; :meth:`WatermarkValve.restore`); the timers come with the state."""
+        self.valve.restore(tables)
+        self.state_replaced()
+
+    # -- images between micro-batches ----------------------------------------------------------
+    def image_meta(self) -> dict[str, Any]:
+        """The valve and the counts as JSON-compatible values, for a subtask's image:
+        ``event_time`` (the valve's) and ``time`` (the counts)."""
+        return {"event_time": self.valve.state_dict(), "time": self.metrics.to_dict()}
+
+    def load_image_meta(self, meta: Mapping[str, Any]) -> None:
+        """Take the valve and the counts from an image's metadata (:meth:`image_meta`'s);
+        the timers come with the state. An image without them leaves them be."""
+        if meta.get("event_time") is None:
+            return
+        self.valve.load_state_dict(meta["event_time"])
+        metrics = meta.get("time")
+        self.metrics = TimeMetrics() if metrics is None else TimeMetrics.from_dict(metrics)
+        self.state_replaced()
+
+
+def _named(due: pa.Table, key_column: str, domain: str) -> pa.Table:
+    return pa.table(
+        {
+            key_column: due.column("key"),
+            TIMESTAMP: due.column("ts"),
+            DOMAIN: pa.array([domain] * due.num_rows, pa.string()),
+        }
+    )
