@@ -56,6 +56,8 @@ _EXPORTS: dict[str, str] = {
     "ListStateDescriptor": "spark_ckpt.state.descriptor",
     "MapStateDescriptor": "spark_ckpt.state.descriptor",
     "ValueStateDescriptor": "spark_ckpt.state.descriptor",
+    "StateTtlConfig": "spark_ckpt.state.descriptor",
+    "TtlUpdate": "spark_ckpt.state.descriptor",
 }
 
 #: Names this package exported before 0.2 that now live elsewhere (or were renamed): they
@@ -106,6 +108,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from spark_ckpt.state.descriptor import (
         ListStateDescriptor,
         MapStateDescriptor,
+        StateTtlConfig,
+        TtlUpdate,
         ValueStateDescriptor,
     )
 

@@ -59,8 +59,8 @@ def figure_cells(s: CheckpointStats) -> dict[str, Any]:
 
 def time_cells(s: CheckpointStats | TimeMetrics) -> dict[str, Any]:
     """Time at a checkpoint (a pipeline that keeps it), of the pipeline or one subtask: the
-    watermark, and since the previous checkpoint the rows that arrived late and were dropped
-    and the timers registered and fired."""
+    watermark, and since the previous checkpoint the rows that arrived late and were dropped,
+    the timers registered and fired, and the entries of states with a TTL that expired."""
     return {"watermark": when(s.watermark_ms)} | _time_counts(s)
 
 
@@ -70,6 +70,7 @@ def _time_counts(s: CheckpointStats | TimeMetrics) -> dict[str, int]:
         "dropped_rows": s.dropped_rows,
         "timers_registered": s.timers_registered,
         "timers_fired": s.timers_fired,
+        "ttl_expired": s.ttl_expired,
     }
 
 

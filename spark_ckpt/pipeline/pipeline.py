@@ -70,6 +70,7 @@ from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
 from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK
+from spark_ckpt.runtime.task_time import time_needed
 from spark_ckpt.sources.kafka_options import PINNED
 from spark_ckpt.spark.datasource.channel_sources import open_channel_source, user_schema
 from spark_ckpt.spark.datasource.source_options import (
@@ -228,15 +229,17 @@ class Pipeline:
             opts[COMPONENTS] = job.components
         components = load_components(job.components)
         operators = tuple(components.operator(op, self.root) for op in job.operators)
-        timed = [op.uid for op in job.operators if op.handles_timers]
-        if timed and parsed.watermark is None:  # before anything runs
-            raise ConfigError(
-                "watermark",
-                None,
-                f"a WatermarkStrategy: operators {timed} handle timers, which need a pipeline "
-                "that keeps time (WatermarkStrategy.for_bounded_out_of_orderness(column, "
-                "bound), or WatermarkStrategy.no_watermarks() for processing time only)",
-            )
+        if parsed.watermark is None:  # before anything runs
+            needs = {op.uid: why for op in job.operators if (why := time_needed(op))}
+            if needs:
+                reasons = "; ".join(f"operator {uid!r} {why}" for uid, why in needs.items())
+                raise ConfigError(
+                    "watermark",
+                    None,
+                    f"a WatermarkStrategy: {reasons}, which needs a pipeline that keeps time "
+                    "(WatermarkStrategy.for_bounded_out_of_orderness(column, bound), or "
+                    "WatermarkStrategy.no_watermarks() for processing time only)",
+                )
         spec = AlignerSpec(
             root=self.root,
             pipeline=self.name,

@@ -84,6 +84,10 @@ class CheckpointStats:
         return sum(m.timers_fired for m in self.task_time.values())
 
     @property
+    def ttl_expired(self) -> int:
+        return sum(m.ttl_expired for m in self.task_time.values())
+
+    @property
     def end_to_end_ms(self) -> int:
         return self.completed_ms - self.trigger_ms
 

@@ -304,8 +304,9 @@ class TimeMetrics:
     """A subtask's time at a checkpoint (a pipeline that keeps time): its watermark and
     processing time as the snapshot saw them (ms since the epoch; None: no watermark yet),
     and since its previous checkpoint: the rows that arrived *late* (event time at or below
-    the watermark), those it *dropped* (late beyond the allowed lateness), and the timers
-    its operators registered and that fired."""
+    the watermark), those it *dropped* (late beyond the allowed lateness), the timers
+    its operators registered and that fired, and the entries of states with a TTL that
+    expired."""
 
     watermark_ms: int | None = None
     processing_ms: int = 0
@@ -313,6 +314,7 @@ class TimeMetrics:
     dropped_rows: int = 0
     timers_registered: int = 0
     timers_fired: int = 0
+    ttl_expired: int = 0
 
     def add(
         self,
@@ -321,14 +323,16 @@ class TimeMetrics:
         dropped: int = 0,
         timers_registered: int = 0,
         timers_fired: int = 0,
+        ttl_expired: int = 0,
     ) -> TimeMetrics:
-        """These metrics with more rows and timers counted."""
+        """These metrics with more rows, timers and expired entries counted."""
         return replace(
             self,
             late_rows=self.late_rows + late,
             dropped_rows=self.dropped_rows + dropped,
             timers_registered=self.timers_registered + timers_registered,
             timers_fired=self.timers_fired + timers_fired,
+            ttl_expired=self.ttl_expired + ttl_expired,
         )
 
     def at(self, watermark_ms: int | None, processing_ms: int) -> TimeMetrics:
@@ -348,6 +352,7 @@ class TimeMetrics:
             int(d.get("dropped_rows", 0)),
             int(d.get("timers_registered", 0)),
             int(d.get("timers_fired", 0)),
+            int(d.get("ttl_expired", 0)),
         )
 
 

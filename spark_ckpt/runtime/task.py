@@ -199,10 +199,12 @@ class OperatorTask:
                 max_parallelism,
                 parallelism=parallelism,
             )
-            timers = None
-            if self.time is not None and op.handles_timers:
-                timers = self.time.add_timers(op.uid, backend)
-            handle = StateContext(backend, timers, self.time)
+            timers = ttl = None
+            if self.time is not None:
+                ttl = self.time.add_ttl(op.uid, backend)
+                if op.handles_timers:
+                    timers = self.time.add_timers(op.uid, backend)
+            handle = StateContext(backend, timers, self.time, ttl)
             op.open(handle)
             self.backends[op.uid] = backend
             self._handles[op.uid] = handle

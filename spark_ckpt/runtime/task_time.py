@@ -20,6 +20,8 @@ class only decides when they are due. Single-threaded, as the task. Pure: pyarro
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -29,8 +31,11 @@ import pyarrow.compute as pc
 from spark_ckpt.protocol.barrier import BARRIER_TS, KIND, ChannelProgress, RecordKind
 from spark_ckpt.protocol.state_handles import TimeMetrics
 from spark_ckpt.runtime.event_time import WatermarkStrategy, WatermarkValve
+from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.timers import TimeDomain, TimerService
+from spark_ckpt.state.ttl import TtlStates
 
 #: The columns of a table of fired timers besides the key (named as the operator's key).
 TIMESTAMP: Final = "timestamp"
@@ -49,6 +54,8 @@ class TaskTime:
         self.metrics = TimeMetrics()
         #: per operator uid: its timers (operators that handle timers only)
         self.timers: dict[str, TimerService] = {}
+        #: per operator uid: its states with a TTL
+        self.ttl: dict[str, TtlStates] = {}
         #: the processing time of the micro-batch being processed (0: not known)
         self._batch_ms = 0
 
@@ -75,6 +82,12 @@ class TaskTime:
         operator registers its state)."""
         service = self.timers[uid] = TimerService(backend)
         return service
+
+    def add_ttl(self, uid: str, backend: KeyedStateBackend) -> TtlStates:
+        """The states with a TTL of operator *uid*, kept in *backend*, expiring by this
+        subtask's processing time."""
+        states = self.ttl[uid] = TtlStates(backend, lambda: self.processing_ms)
+        return states
 
     # -- input ---------------------------------------------------------------------------------
     def begin(self, batch: pa.Table | pa.RecordBatch) -> None:
@@ -112,8 +125,13 @@ class TaskTime:
 
     def advance(self) -> None:
         """Apply the progress observed since the last call (the end of a micro-batch, or a
-        snapshot): the watermark and the processing time move. O(channels)."""
+        snapshot): the watermark and the processing time move, and the entries of states
+        with a TTL that expired by then are purged (O(channels + entries due))."""
         self.valve.advance()
+        if self.processing_ms:
+            for states in self.ttl.values():
+                states.purge()
+                states.compact()
 
     def due(self, uid: str, key_column: str) -> list[pa.Table]:
         """The timers of operator *uid* due now, taken out of its state: event-time ones at or
@@ -137,6 +155,8 @@ class TaskTime:
         changelog applied)."""
         for service in self.timers.values():
             service.forget_index()
+        for states in self.ttl.values():
+            states.forget_index()
 
     # -- checkpoints -----------------------------------------------------------------------------
     def snapshot(self) -> tuple[pa.Table, TimeMetrics]:
@@ -146,7 +166,10 @@ class TaskTime:
         for service in self.timers.values():
             r, f = service.take_counts()
             registered, fired = registered + r, fired + f
-        metrics = self.metrics.add(timers_registered=registered, timers_fired=fired)
+        expired = sum(states.take_expired() for states in self.ttl.values())
+        metrics = self.metrics.add(
+            timers_registered=registered, timers_fired=fired, ttl_expired=expired
+        )
         self.metrics = TimeMetrics()
         return self.valve.to_table(), self._stamped(metrics)
 
@@ -157,6 +180,7 @@ class TaskTime:
             dropped=metrics.dropped_rows,
             timers_registered=metrics.timers_registered,
             timers_fired=metrics.timers_fired,
+            ttl_expired=metrics.ttl_expired,
         )
 
     def current(self) -> TimeMetrics:
@@ -197,3 +221,38 @@ def _named(due: pa.Table, key_column: str, domain: str) -> pa.Table:
             DOMAIN: pa.array([domain] * due.num_rows, pa.string()),
         }
     )
+
+
+def time_needed(operator: KeyedOperator) -> str | None:
+    """Why *operator* needs a pipeline that keeps time (None: it does not): it handles
+    timers, or its ``open`` registers a state with a TTL. Found before anything runs, by
+    opening a copy of it over an empty backend (an operator that cannot be copied, or whose
+    ``open`` fails there, is left to its real ``open``)."""
+    if operator.handles_timers:
+        return "handles timers"
+    try:
+        probe = copy.deepcopy(operator)
+    except Exception:  # a user's object: leave the check to the real open
+        return None
+    backend = KeyedStateBackend.for_subtask(probe.uid, 0, 1, probe.key_type, 1)
+    ttl = TtlStates(backend, lambda: 0)
+    try:
+        probe.open(StateContext(backend, None, _NO_TIME, ttl))
+    except Exception:  # a user's hook: its real open reports what is wrong
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            probe.close()
+    names = ttl.names()
+    return f"has states with a TTL ({', '.join(names)})" if names else None
+
+
+class _NoTime:
+    """A time that never moves: for :func:`time_needed`'s probe."""
+
+    watermark_ms: int | None = None
+    processing_ms: int = 0
+    event_time: bool = True
+
+
+_NO_TIME: Final = _NoTime()

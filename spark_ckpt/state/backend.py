@@ -208,6 +208,8 @@ class KeyedStateBackend:
             descriptor, ValueStateDescriptor | ListStateDescriptor | MapStateDescriptor
         ):
             raise StateError(f"not a state descriptor: {descriptor!r}")
+        if descriptor.ttl is not None:  # the context stores it under its storage descriptor
+            raise StateError(f"state {descriptor.name!r} has a TTL: use it through StateContext")
         name = descriptor.name
         state = self._states.get(name)
         if state is None:
@@ -504,6 +506,41 @@ class KeyedStateBackend:
             routing.array,
             pa.nulls(len(routing.array), state.descriptor.column_type),
         )
+
+    def get_entries(self, descriptor: StateDescriptor, keys: ArrayLike) -> list[Any]:
+        """The stored entry of each key of any keyed state (the Python value: a list for list
+        state, a dict for map state; None where it has none), aligned with *keys*. The
+        objects are the stored ones: replace them with :meth:`put_entries`, never mutate
+        them. O(keys), per key in Python."""
+        state = self.register(descriptor)
+        routing = self._route(keys)
+        found: list[Any] = [None] * len(routing.array)
+        for kg, begin, end in routing.segments():
+            group = state.groups.get(kg)
+            if group:
+                for i in range(begin, end):
+                    found[routing.order[i]] = group.get(routing.sorted_keys[i])
+        return found
+
+    def put_entries(self, descriptor: StateDescriptor, keys: ArrayLike, entries: list[Any]) -> None:
+        """Replace the entry of each key of any keyed state (the Python values
+        :meth:`get_entries` returns; None, an empty list or an empty map clears it), keys
+        unique. O(keys), per key in Python."""
+        state = self.register(descriptor)
+        routing = self._route(keys)
+        if len(entries) != len(routing.array):
+            raise StateError(f"{len(routing.array)} keys but {len(entries)} entries")
+        kept = [e if e else None for e in entries]
+        for kg, begin, end in routing.segments():
+            group = state.group(kg)
+            for i in range(begin, end):
+                entry, key = kept[routing.order[i]], routing.sorted_keys[i]
+                if entry is None:
+                    group.pop(key, None)
+                else:
+                    group[key] = entry
+        values = pa.array(to_column(state.descriptor.kind, kept), state.descriptor.column_type)
+        state.log(routing.key_groups, routing.array, values)
 
     def _value_array(self, descriptor: ValueStateDescriptor, values: ArrayLike) -> pa.Array:
         try:

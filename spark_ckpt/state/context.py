@@ -24,6 +24,7 @@ from spark_ckpt.state.descriptor import (
 )
 from spark_ckpt.state.operator_state import OperatorListState
 from spark_ckpt.state.timers import TimeDomain, TimerService
+from spark_ckpt.state.ttl import TtlStates
 from spark_ckpt.state.views import ArrayLike, ListState, MapState, ValueState
 
 if TYPE_CHECKING:
@@ -72,22 +73,28 @@ class StateContext:
       :attr:`current_processing_time`, and timers per key — vectorized
       (:meth:`register_event_time_timers` and the like, arrays of keys and timestamps) or for
       the current key (:meth:`register_event_time_timer` and the like). Fired timers reach
-      the operator's ``on_timers`` (:mod:`spark_ckpt.state.timers`).
+      the operator's ``on_timers`` (:mod:`spark_ckpt.state.timers`); states whose
+      descriptor has a ``ttl`` expire (:mod:`spark_ckpt.state.ttl`), with the same views.
 
     All keys must belong to the subtask's key groups (the task routes them so);
     :class:`~spark_ckpt.errors.StateError` otherwise."""
 
-    __slots__ = ("_backend", "_time", "_timers")
+    __slots__ = ("_backend", "_time", "_timers", "_ttl")
 
     def __init__(
         self,
         backend: KeyedStateBackend,
         timers: TimerService | None = None,
         time: TimeView | None = None,
+        ttl: TtlStates | None = None,
     ) -> None:
+        """*timers*: the operator's timers (it handles them); *time*: the subtask's time (the
+        pipeline keeps it); *ttl*: the operator's states with a TTL (a pipeline that keeps
+        time)."""
         self._backend = backend
         self._timers = timers
         self._time = time
+        self._ttl = ttl
 
     def __repr__(self) -> str:
         return f"StateContext({self._backend!r})"
@@ -95,15 +102,30 @@ class StateContext:
     # -- registration, per-record views ------------------------------------------------------
     def value_state(self, descriptor: ValueStateDescriptor) -> ValueState:
         """The per-record view of value state *descriptor* (registered on first use)."""
+        if descriptor.ttl is not None:
+            return self._expiring(descriptor).value_state(descriptor)
         return self._backend.value_state(descriptor)
 
     def list_state(self, descriptor: ListStateDescriptor) -> ListState:
         """The per-record view of list state *descriptor* (registered on first use)."""
+        if descriptor.ttl is not None:
+            return self._expiring(descriptor).list_state(descriptor)
         return self._backend.list_state(descriptor)
 
     def map_state(self, descriptor: MapStateDescriptor) -> MapState:
         """The per-record view of map state *descriptor* (registered on first use)."""
+        if descriptor.ttl is not None:
+            return self._expiring(descriptor).map_state(descriptor)
         return self._backend.map_state(descriptor)
+
+    def _expiring(self, descriptor: StateDescriptor) -> TtlStates:
+        if self._ttl is None:
+            raise StateError(
+                f"state {descriptor.name!r} has a TTL, which needs a pipeline that keeps "
+                "time: give it watermark=WatermarkStrategy... (WatermarkStrategy."
+                "no_watermarks() for processing time only)"
+            )
+        return self._ttl
 
     # -- current key ---------------------------------------------------------------------------
     def set_current_key(self, key: Any) -> None:
@@ -119,18 +141,27 @@ class StateContext:
     # -- vectorized access ---------------------------------------------------------------------
     def get_values(self, descriptor: ValueStateDescriptor, keys: ArrayLike) -> pa.Array:
         """The value of each key (null where it has none), aligned with *keys*, as an array
-        of ``descriptor.value_type``. Keys may repeat."""
+        of ``descriptor.value_type``. Keys may repeat. With a TTL, an expired value is null
+        (and purged)."""
+        if descriptor.ttl is not None:
+            return self._expiring(descriptor).get_values(descriptor, keys)
         return self._backend.get_values(descriptor, keys)
 
     def put_values(
         self, descriptor: ValueStateDescriptor, keys: ArrayLike, values: ArrayLike
     ) -> None:
         """Set the value of each key; a null value clears the key. If a key repeats, its
-        last occurrence wins. Nothing changes if any key is invalid."""
+        last occurrence wins. Nothing changes if any key is invalid. With a TTL, the values
+        are updated now."""
+        if descriptor.ttl is not None:
+            self._expiring(descriptor).put_values(descriptor, keys, values)
+            return
         self._backend.put_values(descriptor, keys, values)
 
     def clear_values(self, descriptor: StateDescriptor, keys: ArrayLike) -> None:
         """Remove the entries of *keys* from keyed state *descriptor* (any kind)."""
+        if descriptor.ttl is not None:
+            descriptor = self._expiring(descriptor).storage(descriptor)
         self._backend.clear_values(descriptor, keys)
 
     # -- operator state ------------------------------------------------------------------------

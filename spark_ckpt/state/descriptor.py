@@ -19,6 +19,12 @@ state kind and the types, under the ``META_*`` keys below):
 Stored values are the Python objects Arrow's ``to_pylist`` yields (lists for list state,
 dicts for map state); :func:`python_value`, :func:`to_column` and :func:`from_column` convert
 between them and Arrow.
+
+**State TTL** (:class:`StateTtlConfig`, ``ttl=`` on a descriptor). A state with a TTL is
+stored under its *storage descriptor* (:func:`ttl_storage`): each value, list element or map
+value wrapped as ``struct<value: T, _ttl_updated_ms: int64>``, the time of its last update.
+The backend, snapshots, restores and the offline tools see only the storage descriptor; the
+operator's views unwrap it (:mod:`spark_ckpt.state.ttl`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any, ClassVar, Final, TypeAlias
 
@@ -84,17 +91,79 @@ def check_state_name(name: object) -> None:
         raise StateError(f"state name must be a non-empty string, got {name!r}")
 
 
+class TtlUpdate(StrEnum):
+    """What refreshes an entry's time to live (Flink's ``StateTtlConfig.UpdateType``)."""
+
+    #: writes only (Flink's default; Spark's TTL)
+    ON_CREATE_AND_WRITE = "OnCreateAndWrite"
+    #: reads refresh it too
+    ON_READ_AND_WRITE = "OnReadAndWrite"
+
+
+#: The field of a stored TTL value that holds its last update (ms since the epoch).
+TTL_UPDATED: Final = "_ttl_updated_ms"
+
+
+@dataclass(frozen=True)
+class StateTtlConfig:
+    """A state's time to live (Flink's ``StateTtlConfig``; Spark's ``TTLConfig``): an entry
+    (a value, a list element, a map entry) last updated at *t* expires once the processing
+    time reaches ``t + ttl_ms``; expired entries are never returned
+    (``NeverReturnExpired``). *update*: what refreshes *t*. Build it with :meth:`of`."""
+
+    ttl_ms: int
+    update: TtlUpdate = TtlUpdate.ON_CREATE_AND_WRITE
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ttl_ms, bool) or not isinstance(self.ttl_ms, int) or self.ttl_ms <= 0:
+            raise StateError(f"a state TTL is a positive number of ms, got {self.ttl_ms!r}")
+        if not isinstance(self.update, TtlUpdate):
+            raise StateError(f"a state TTL's update is a TtlUpdate, got {self.update!r}")
+
+    @staticmethod
+    def of(ttl: int | timedelta) -> StateTtlConfig:
+        """A TTL of *ttl* (ms, or a ``timedelta``), refreshed by writes."""
+        if isinstance(ttl, timedelta):
+            ttl = ttl // timedelta(milliseconds=1)
+        return StateTtlConfig(ttl)
+
+    def refreshed_on_read(self) -> StateTtlConfig:
+        """This TTL, refreshed by reads too (``OnReadAndWrite``)."""
+        return StateTtlConfig(self.ttl_ms, TtlUpdate.ON_READ_AND_WRITE)
+
+
+def ttl_wrapped(value_type: pa.DataType) -> pa.DataType:
+    """How a TTL state stores a value of *value_type*: with the time of its last update."""
+    return pa.struct([pa.field("value", value_type), pa.field(TTL_UPDATED, pa.int64())])
+
+
+def is_ttl_wrapped(value_type: pa.DataType) -> bool:
+    """Whether *value_type* is a TTL state's stored value (:func:`ttl_wrapped`)."""
+    return bool(
+        pa.types.is_struct(value_type)
+        and value_type.num_fields == 2
+        and value_type.field(1).name == TTL_UPDATED
+    )
+
+
+def _check_ttl(ttl: object) -> None:
+    if ttl is not None and not isinstance(ttl, StateTtlConfig):
+        raise StateError(f"ttl must be a StateTtlConfig, got {ttl!r}")
+
+
 @dataclass(frozen=True)
 class ValueStateDescriptor:
-    """One value of type *value_type* per key."""
+    """One value of type *value_type* per key; *ttl*: its time to live."""
 
     name: str
     value_type: pa.DataType
+    ttl: StateTtlConfig | None = None
     kind: ClassVar[StateKind] = StateKind.VALUE
 
     def __post_init__(self) -> None:
         check_state_name(self.name)
         check_arrow_type("value_type", self.value_type)
+        _check_ttl(self.ttl)
 
     @property
     def column_type(self) -> pa.DataType:
@@ -104,15 +173,18 @@ class ValueStateDescriptor:
 
 @dataclass(frozen=True)
 class ListStateDescriptor:
-    """A list of non-null elements of type *element_type* per key."""
+    """A list of non-null elements of type *element_type* per key; *ttl*: each element's
+    time to live."""
 
     name: str
     element_type: pa.DataType
+    ttl: StateTtlConfig | None = None
     kind: ClassVar[StateKind] = StateKind.LIST
 
     def __post_init__(self) -> None:
         check_state_name(self.name)
         check_arrow_type("element_type", self.element_type)
+        _check_ttl(self.ttl)
 
     @property
     def column_type(self) -> pa.DataType:
@@ -121,11 +193,13 @@ class ListStateDescriptor:
 
 @dataclass(frozen=True)
 class MapStateDescriptor:
-    """A map from non-null *map_key_type* (a primitive type) to *map_value_type* per key."""
+    """A map from non-null *map_key_type* (a primitive type) to *map_value_type* per key;
+    *ttl*: each entry's time to live."""
 
     name: str
     map_key_type: pa.DataType
     map_value_type: pa.DataType
+    ttl: StateTtlConfig | None = None
     kind: ClassVar[StateKind] = StateKind.MAP
 
     def __post_init__(self) -> None:
@@ -134,6 +208,7 @@ class MapStateDescriptor:
         check_arrow_type("map_value_type", self.map_value_type)
         if pa.types.is_nested(self.map_key_type):
             raise StateError(f"map key type must be primitive, got {self.map_key_type}")
+        _check_ttl(self.ttl)
 
     @property
     def column_type(self) -> pa.DataType:
@@ -141,6 +216,30 @@ class MapStateDescriptor:
 
 
 StateDescriptor: TypeAlias = ValueStateDescriptor | ListStateDescriptor | MapStateDescriptor
+
+
+def ttl_storage(descriptor: StateDescriptor) -> StateDescriptor:
+    """The descriptor a state with a TTL is stored under (see the module docstring): the
+    same name and kind, no TTL, each value wrapped by :func:`ttl_wrapped`. A descriptor
+    without a TTL is its own."""
+    if descriptor.ttl is None:
+        return descriptor
+    if isinstance(descriptor, ValueStateDescriptor):
+        return ValueStateDescriptor(descriptor.name, ttl_wrapped(descriptor.value_type))
+    if isinstance(descriptor, ListStateDescriptor):
+        return ListStateDescriptor(descriptor.name, ttl_wrapped(descriptor.element_type))
+    return MapStateDescriptor(
+        descriptor.name, descriptor.map_key_type, ttl_wrapped(descriptor.map_value_type)
+    )
+
+
+def stores_ttl(descriptor: StateDescriptor) -> bool:
+    """Whether *descriptor* (as stored) holds a TTL state's wrapped values."""
+    if isinstance(descriptor, ValueStateDescriptor):
+        return is_ttl_wrapped(descriptor.value_type)
+    if isinstance(descriptor, ListStateDescriptor):
+        return is_ttl_wrapped(descriptor.element_type)
+    return is_ttl_wrapped(descriptor.map_value_type)
 
 
 def descriptor_from_column(name: str, kind: StateKind, column_type: pa.DataType) -> StateDescriptor:

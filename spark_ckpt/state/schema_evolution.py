@@ -51,7 +51,9 @@ import pyarrow.compute as pc
 from spark_ckpt.errors import StateError
 from spark_ckpt.state.descriptor import (
     CONVERSION_ERRORS,
+    TTL_UPDATED,
     StateDescriptor,
+    stores_ttl,
 )
 
 #: A column as Arrow hands it out: one array or a chunked array.
@@ -167,8 +169,26 @@ def descriptor_migration(
             f"{label}: changed from {stored.kind.value} state to {target.kind.value} state: "
             "incompatible"
         )
+    if stores_ttl(stored) != stores_ttl(target):
+        raise StateError(_ttl_change(label, added=stores_ttl(target)))
     return plan_migration(
         stored.column_type, target.column_type, state=target.name, operator_uid=operator_uid
+    )
+
+
+def _ttl_change(label: str, *, added: bool) -> str:
+    """Why a state cannot gain or lose its TTL at a restore (as in Flink)."""
+    if added:
+        return (
+            f"{label}: its descriptor has a TTL but the restored state was written without "
+            "one, so its entries have no time of last update: register the TTL state under "
+            "a new name, or give the entries a time offline (StateReader.keyed, then "
+            "SavepointWriter.with_keyed_state with each value as a struct of 'value' and "
+            f"'{TTL_UPDATED}', ms since the epoch)"
+        )
+    return (
+        f"{label}: the restored state was written with a TTL but its descriptor has none: "
+        "keep the TTL (its duration may change), or register the state under a new name"
     )
 
 

@@ -222,6 +222,13 @@ def _check_time(ns: dict[str, Any], base: Path) -> None:
     got = dict(zip(out["user_id"].to_pylist(), out["silent_since"].to_pylist(), strict=True))
     assert got == expected and len(got) == out.num_rows > 0
     assert sorted(ns["pending"].column("key").to_pylist()) == sorted(last)
+    # first sightings: within the hour, every user of the backlog once
+    spec = GeneratorSpec.from_options(
+        {"channels": "2", "rate": "0", "backlog": "500", "keys": "100"}
+    )
+    users = Counter(u for c in range(2) for u in spec.rows(c, 0, 500)["user_id"].to_pylist())
+    sightings = read_delta(base / "lake" / "first_sightings")["user_id"].to_pylist()
+    assert Counter(sightings) == Counter(set(users))
     moved = StateReader.open(str(base / "backups" / "silent-a-minute-later")).timers("silent")
     assert sorted(moved.column("timestamp").to_pylist()) == sorted(
         t + 65_000 for t in last.values()

@@ -311,6 +311,6 @@ def test_timers_without_a_time_keeping_pipeline_are_refused_before_anything_runs
     spark: SparkSession, tmp_path: Path
 ) -> None:
     p = Pipeline(spark, "untimed", root=str(tmp_path / "root"))
-    with pytest.raises(ConfigError, match="handle timers"):
+    with pytest.raises(ConfigError, match="handles timers"):
         p.run(source(10), SessionEnds(), output=str(tmp_path / "out"), available_now=True)
     assert not (tmp_path / "out").exists()
