@@ -50,6 +50,10 @@ _EXPORTS: dict[str, str] = {
     "RestartStrategies": "spark_ckpt.runtime.restart",
     "RestoreSettings": "spark_ckpt.runtime.restore_settings",
     "WatermarkStrategy": "spark_ckpt.runtime.event_time",
+    "Accumulator": "spark_ckpt.runtime.windows",
+    "Agg": "spark_ckpt.runtime.windows",
+    "WindowAggregate": "spark_ckpt.runtime.windows",
+    "Windows": "spark_ckpt.runtime.windows",
     "connect_session": "spark_ckpt.spark.session.builders",
     "local_session": "spark_ckpt.spark.session.builders",
     "StateContext": "spark_ckpt.state.context",
@@ -57,7 +61,6 @@ _EXPORTS: dict[str, str] = {
     "MapStateDescriptor": "spark_ckpt.state.descriptor",
     "ValueStateDescriptor": "spark_ckpt.state.descriptor",
     "StateTtlConfig": "spark_ckpt.state.descriptor",
-    "TtlUpdate": "spark_ckpt.state.descriptor",
 }
 
 #: Names this package exported before 0.2 that now live elsewhere (or were renamed): they
@@ -103,13 +106,13 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from spark_ckpt.runtime.operator import KeyedOperator, RecordOperator, RunningCount
     from spark_ckpt.runtime.restart import RestartStrategies
     from spark_ckpt.runtime.restore_settings import RestoreSettings
+    from spark_ckpt.runtime.windows import Accumulator, Agg, WindowAggregate, Windows
     from spark_ckpt.spark.session.builders import connect_session, local_session
     from spark_ckpt.state.context import StateContext
     from spark_ckpt.state.descriptor import (
         ListStateDescriptor,
         MapStateDescriptor,
         StateTtlConfig,
-        TtlUpdate,
         ValueStateDescriptor,
     )
 

@@ -66,6 +66,16 @@ class TaskTime:
         return self.strategy.event_time
 
     @property
+    def event_time_column(self) -> str | None:
+        """The event-time column of the rows the first operator receives."""
+        return self.strategy.column
+
+    @property
+    def allowed_lateness_ms(self) -> int:
+        """Rows this far behind the watermark still reach the operators."""
+        return self.strategy.allowed_lateness_ms
+
+    @property
     def watermark_ms(self) -> int | None:
         """The subtask's watermark, ms since the epoch (None: none yet, or no event time)."""
         mark = self.valve.watermark_us
@@ -253,6 +263,8 @@ class _NoTime:
     watermark_ms: int | None = None
     processing_ms: int = 0
     event_time: bool = True
+    event_time_column: str | None = None
+    allowed_lateness_ms: int = 0
 
 
 _NO_TIME: Final = _NoTime()

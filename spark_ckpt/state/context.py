@@ -49,6 +49,16 @@ class TimeView(Protocol):
         """Whether the pipeline keeps event time (not processing time only)."""
         ...
 
+    @property
+    def event_time_column(self) -> str | None:
+        """The pipeline's event-time column (None: processing time only)."""
+        ...
+
+    @property
+    def allowed_lateness_ms(self) -> int:
+        """How far behind the watermark a row may arrive and still be processed (ms)."""
+        ...
+
 
 #: Why a timer call fails in a pipeline that keeps no time.
 NO_TIME = (
@@ -127,6 +137,15 @@ class StateContext:
             )
         return self._ttl
 
+    def stored_descriptor(self, name: str) -> StateDescriptor | None:
+        """The descriptor keyed state *name* is held under — registered, or as restored
+        when nothing registered it yet (None: no such state). For operators whose state
+        types follow their input, which a restore may have to read before any input."""
+        for descriptor in self._backend.descriptors():
+            if descriptor.name == name:
+                return descriptor
+        return None
+
     # -- current key ---------------------------------------------------------------------------
     def set_current_key(self, key: Any) -> None:
         """Make *key* the key the per-record views act on; StateError if it is null, not of
@@ -190,6 +209,17 @@ class StateContext:
     def current_watermark(self) -> int | None:
         """The subtask's watermark in ms since the epoch (None: none yet, or no event time)."""
         return None if self._time is None else self._time.watermark_ms
+
+    @property
+    def event_time_column(self) -> str | None:
+        """The pipeline's event-time column (None: no event time)."""
+        return None if self._time is None else self._time.event_time_column
+
+    @property
+    def allowed_lateness_ms(self) -> int:
+        """The pipeline's allowed lateness (ms): rows this far behind the watermark still
+        reach the operators."""
+        return 0 if self._time is None else self._time.allowed_lateness_ms
 
     @property
     def current_processing_time(self) -> int:

@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
 import pytest
 from conftest import (
     generated_keys,
@@ -229,6 +230,42 @@ def _check_time(ns: dict[str, Any], base: Path) -> None:
     users = Counter(u for c in range(2) for u in spec.rows(c, 0, 500)["user_id"].to_pylist())
     sightings = read_delta(base / "lake" / "first_sightings")["user_id"].to_pylist()
     assert Counter(sightings) == Counter(set(users))
+    # windows: pandas' 5 s counts, sums and means of every window the final watermark passed
+    per_user = ns["per_user"]
+    spec = GeneratorSpec.from_options(
+        {"channels": "2", "rate": "50", "backlog": "1000", "keys": "20"}
+    )
+    ends = [b.slices for run in logged_batches(per_user.root, 2) for b in run][-1]
+    frame = pd.concat(
+        spec.rows(c, 0, end).select(["user_id", "amount", "event_ts"]).to_pandas()
+        for c, (_, end) in enumerate(ends)
+    )
+    frame["ms"] = frame.event_ts.astype("int64") // 1000
+    # the final watermark: the lowest channel's last event time less the 1 s bound
+    tops = [
+        spec.rows(c, end - 1, end)["event_ts"].cast("int64")[0].as_py()
+        for c, (_, end) in enumerate(ends)
+    ]
+    mark = min(tops) // 1000 - 1000
+    frame["start"] = frame.ms - frame.ms % 5000
+    grouped = frame.groupby(["user_id", "start"]).amount.agg(["count", "sum", "mean"])
+    expected = sorted(
+        (k, s, int(r["count"]), int(r["sum"]), round(float(r["mean"]), 6))
+        for (k, s), r in grouped.iterrows()
+        if s + 5000 - 1 <= mark
+    )
+    windows = read_delta(base / "lake" / "clicks_per_5s").to_pylist()
+    got = sorted(
+        (
+            r["user_id"],
+            int(r["window_start"].timestamp()) * 1000,
+            r["count"],
+            r["sum_amount"],
+            round(r["mean_amount"], 6),
+        )
+        for r in windows
+    )
+    assert got == expected and len(got) > 0
     moved = StateReader.open(str(base / "backups" / "silent-a-minute-later")).timers("silent")
     assert sorted(moved.column("timestamp").to_pylist()) == sorted(
         t + 65_000 for t in last.values()

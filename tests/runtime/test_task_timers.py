@@ -10,47 +10,22 @@ the watermark the previous batches left are late (dropped: no allowed lateness).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from timed_jobs import CHANNELS, Batch, Job, batch_ms, run, watermarks
 
-from spark_ckpt.protocol.barrier import (
-    KIND,
-    ChannelProgress,
-    CheckpointBarrier,
-    RecordKind,
-    SnapshotType,
-)
-from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.protocol.clock import ManualClock
-from spark_ckpt.protocol.state_handles import AcknowledgeCheckpoint, TaskId
-from spark_ckpt.runtime.event_time import WatermarkStrategy, fill_progress
+from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.operator import KeyedOperator, RecordOperator
-from spark_ckpt.runtime.subtask_image import (
-    SubtaskImage,
-    catch_up,
-    export_image,
-    import_images,
-)
-from spark_ckpt.runtime.task import OperatorTask, commit_checkpoint, recover_sink
-from spark_ckpt.sinks.memory_sink import MemorySink
-from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
 from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.descriptor import ValueStateDescriptor
-from spark_ckpt.state.keygroup import subtasks_for_keys
-from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
-USER = pa.schema([("k", pa.int64()), ("ts", pa.timestamp("ms", tz="UTC"))])
-SCHEMA = stream_schema(USER)
 OUT = pa.schema([("k", pa.int64()), ("timestamp", pa.int64()), ("domain", pa.string())])
-MAX_PARALLELISM = 16
 BOUND_MS = 3000
 GAP_MS = 5000  # a key is silent once the watermark passes its last event time + GAP_MS
 FOLLOW_UP_MS = 1500  # a processing-time timer this long after a key is first seen
-CHANNELS = (0, 1)
+STRATEGY = WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND_MS)
 
 
 class Silence(KeyedOperator):
@@ -93,170 +68,27 @@ class Silence(KeyedOperator):
         return timers.cast(OUT)
 
 
-@dataclass
-class Batch:
-    """One micro-batch: per channel its (key, event time in ms) rows and whether the source
-    found it idle."""
-
-    rows: dict[int, list[tuple[int, int]]]
-    idle: dict[int, bool]
-    checkpoint: bool
-
-
-@dataclass
-class Job:
-    """Operator tasks fed micro-batches as the executors' routing does, with a checkpoint
-    store and a memory sink that survive :meth:`crash`."""
-
-    parallelism: int
-    store: InMemoryCheckpointStore = field(default_factory=InMemoryCheckpointStore)
-    sink: MemorySink = field(default_factory=MemorySink)
-    tasks: list[OperatorTask] = field(default_factory=list)
-    acks: list[AcknowledgeCheckpoint] = field(default_factory=list)
-    positions: dict[int, int] = field(default_factory=lambda: dict.fromkeys(CHANNELS, 0))
-    completed: CompletedCheckpoint | None = None
-    #: the batch each completed checkpoint ended
-    batch_of: dict[int, int] = field(default_factory=dict)
-    #: subtasks as on the executors: rebuilt before every micro-batch from their last
-    #: ``"image"``, or from their ``"changelog"`` of images, or two ``"workers"`` taking turns,
-    #: each catching up on the other's changes (None: kept alive)
-    rebuild: str | None = None
-    chains: dict[int, list[SubtaskImage]] = field(default_factory=dict)
-    #: "workers": per subtask, the idle worker's task and how many images it has seen
-    idle: dict[int, tuple[OperatorTask, int]] = field(default_factory=dict)
-    operator: type[KeyedOperator] = Silence
-
-    def _task(self, subtask: int) -> OperatorTask:
-        return OperatorTask(
-            TaskId("chain", subtask),
-            channels=list(CHANNELS),
-            operators=[self.operator()],
-            parallelism=self.parallelism,
-            max_parallelism=MAX_PARALLELISM,
-            store=self.store,
-            respond=self.acks.append,  # type: ignore[arg-type]
-            clock=ManualClock(0),
-            sink=self.sink,
-            watermark=WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND_MS),
-        )
-
-    def start(self, parallelism: int) -> None:
-        self.parallelism = parallelism
-        self.acks.clear()
-        self.chains.clear()
-        self.tasks = [self._task(s) for s in range(parallelism)]
-        recover_sink(self.sink.committer, self.completed, self.store)
-        for task in self.tasks:
-            task.restore(self.completed)
-        self.idle.clear()
-        if self.rebuild == "workers":
-            for s in range(parallelism):
-                other = self._task(s)
-                other.restore(self.completed)
-                self.idle[s] = (other, 0)
-
-    def crash(self) -> int:
-        """Lose the tasks and open transactions; returns the batch to replay from."""
-        self.sink.crash()
-        self.tasks = []
-        cp = self.completed
-        return 0 if cp is None else self.batch_of[cp.checkpoint_id] + 1
-
-    def feed(self, index: int, batch: Batch, positions: dict[int, int]) -> None:
-        cid = index + 1
-        pieces = []
-        for channel in CHANNELS:
-            rows = batch.rows.get(channel, [])
-            user = pa.table(
-                {
-                    "k": pa.array([k for k, _ in rows], pa.int64()),
-                    "ts": pa.array([t for _, t in rows], USER.field("ts").type),
-                },
-                schema=USER,
-            )
-            start = positions[channel]
-            end = start + len(rows)
-            marks = [(end, CheckpointBarrier(cid, cid))] if batch.checkpoint else []
-            progress = ChannelProgress(1000 * (index + 1), batch.idle.get(channel, False))
-            pieces.append(channel_rows(user, SCHEMA, channel, start, marks, progress=progress))
-            positions[channel] = end
-        table, _ = fill_progress(pa.concat_tables(pieces), "ts")
-        control = pc.not_equal(table.column(KIND), RecordKind.DATA.code).to_numpy(
-            zero_copy_only=False
-        )
-        keys = pc.fill_null(table.column("k"), 0)
-        owner = subtasks_for_keys(keys, MAX_PARALLELISM, self.parallelism).to_numpy()
-        for s, task in enumerate(self.tasks):
-            task.process(table.filter(pa.array(control | (owner == s))))
-        if batch.checkpoint:
-            self._complete(cid, index)
-        if self.rebuild is not None:
-            self.tasks = [self._rebuilt(s, task) for s, task in enumerate(self.tasks)]
-
-    def _rebuilt(self, subtask: int, task: OperatorTask) -> OperatorTask:
-        """*task* exported as an image and loaded into a fresh task (another process)."""
-        chain = self.chains.setdefault(subtask, [])
-        if self.rebuild == "workers":  # the other worker takes the next micro-batch
-            chain.append(export_image(task, self.sink.writer, changes=True))
-            other, seen = self.idle[subtask]
-            self.idle[subtask] = (task, len(chain))
-            self.sink.writer.detach(other.sink_uid, subtask)
-            catch_up(other, self.sink.writer, chain[seen:])
-            return other
-        if self.rebuild == "image":
-            chain[:] = [export_image(task, self.sink.writer)]
-        else:
-            chain.append(export_image(task, self.sink.writer, changes=bool(chain)))
-        fresh = self._task(subtask)
-        import_images(fresh, self.sink.writer, chain)
-        return fresh
-
-    def _complete(self, cid: int, index: int) -> None:
-        mine = [a for a in self.acks if a.checkpoint_id == cid]
-        assert len(mine) == len(self.tasks)
-        cp = CompletedCheckpoint(
-            cid, SnapshotType.CHECKPOINT, tuple(a.state for a in mine), CheckpointStats(cid, cid)
-        )
-        self.store.commit(self.store.acquire(), cp)
-        commit_checkpoint(self.sink.committer, cp, self.store)
-        for task in self.tasks:
-            task.notify_complete(cid)
-        self.completed = cp
-        self.batch_of[cid] = index
-
-    def output(self) -> list[tuple[int, int, str]]:
-        out = self.sink.committer.output()
-        return [] if out is None else sorted(tuple(r.values()) for r in out.to_pylist())
-
-
 def oracle(batches: list[Batch]) -> list[tuple[int, int, str]]:
     """The timers a plain loop fires over *batches* (see the module docstring)."""
-    top: dict[int, int] = {}
-    idle: dict[int, bool] = {}
-    watermark: int | None = None
+    marks = watermarks(batches, BOUND_MS)
     last: dict[int, int] = {}
     seen: set[int] = set()
     follow_ups: list[tuple[int, int]] = []
     fired: list[tuple[int, int, str]] = []
     for index, batch in enumerate(batches):
-        now = 1000 * (index + 1)
-        for channel, rows in batch.rows.items():
+        now = batch_ms(index)
+        before = marks[index - 1] if index else None
+        for rows in batch.rows.values():
             for k, t in rows:
-                if watermark is not None and t <= watermark:
+                if before is not None and t <= before:
                     continue  # late: dropped
                 last[k] = max(last.get(k, t), t)
                 if k not in seen:
                     seen.add(k)
                     follow_ups.append((k, now + FOLLOW_UP_MS))
-                top[channel] = max(top.get(channel, t), t)
-        for channel in CHANNELS:
-            idle[channel] = batch.idle.get(channel, False)
-        active = [c for c in CHANNELS if not idle[c]]
-        if active and all(c in top for c in active):
-            candidate = min(top[c] for c in active) - BOUND_MS
-            watermark = candidate if watermark is None else max(watermark, candidate)
-        if watermark is not None:
-            for k in [k for k, t in last.items() if t + GAP_MS <= watermark]:
+        mark = marks[index]
+        if mark is not None:
+            for k in [k for k, t in last.items() if t + GAP_MS <= mark]:
                 fired.append((k, last.pop(k) + GAP_MS, "event"))
         for k, at in [f for f in follow_ups if f[1] <= now]:
             fired.append((k, at, "processing"))
@@ -312,22 +144,8 @@ def test_timers_fire_once_through_crashes_and_rescales(
     output holds every timer the oracle fires, once — subtasks kept alive, or rebuilt every
     micro-batch from their images as on the executors."""
     batches, crash, parallelism, new_parallelism = case
-    job = Job(parallelism, rebuild=rebuild)
-    job.start(parallelism)
-    positions = dict.fromkeys(CHANNELS, 0)
-    history: list[dict[int, int]] = []
-    index = 0
-    crashed = False
-    while index < len(batches):
-        history.append(dict(positions))
-        job.feed(index, batches[index], positions)
-        if crash is not None and index == crash and not crashed:
-            crashed = True
-            index = job.crash()
-            positions = dict(history[index]) if index < len(history) else positions
-            job.start(new_parallelism)
-            continue
-        index += 1
+    job = Job(Silence, STRATEGY, parallelism, rebuild=rebuild)
+    run(job, batches, crash, new_parallelism)
     assert job.output() == oracle(batches)
 
 
@@ -358,7 +176,7 @@ class Reminder(RecordOperator):
 def test_processing_time_timers_fire_with_batches_that_carry_no_rows() -> None:
     """Per-record timers: batches 2 and 3 carry only progress (the source's ticks while no
     rows arrive); the timer set at 1 s + 2 s fires with batch 3 (processing time 3 s)."""
-    job = Job(1, operator=Reminder)
+    job = Job(Reminder, STRATEGY, 1)
     job.start(1)
     positions = dict.fromkeys(CHANNELS, 0)
     job.feed(0, Batch({0: [(4, 100), (4, 200)], 1: [(5, 100)]}, {}, False), positions)

@@ -1,0 +1,259 @@
+"""The window operator: per key, event-time windows of rows aggregated as they arrive, each
+emitted once, when the watermark passes its end plus the allowed lateness (Flink's
+``WindowOperator`` with an ``AggregateFunction`` and the event-time trigger, in append mode;
+Spark's ``groupBy(window(...)).agg(...)`` with a watermark in append mode).
+
+Built on the pieces under it, as Flink builds windows on keyed state and timers:
+
+* **State**: one keyed value state, ``windows``: per key, the list of its open windows, each
+  ``start``, ``end`` and the accumulator columns (:mod:`.aggregates`). Its types follow the
+  input's; a restore reads them from the stored state.
+* **Timers**: an event-time timer per open window at ``end - 1 + allowed lateness``, the
+  last event time the window may still take rows for (a row is dropped before the operators
+  once it is that far behind the watermark). Session windows that merge move their timers.
+* **Per batch** (vectorized: pyarrow kernels and numpy, a Python call per key only inside
+  the state backend): assign windows (:mod:`.assigners`), reduce the batch per (key,
+  window), merge with the keys' open windows (session windows: merge those that touch),
+  register the new windows' timers, store the lists back.
+* **Firing**: the timers that fire name their keys; every window of those keys whose
+  ``end - 1 + lateness`` the watermark reached is emitted and leaves the state.
+
+Output: the key column, ``window_start`` and ``window_end`` (timestamps, ms, UTC), then one
+column per aggregate. Exactly once like any operator output: it goes through the sink's
+two-phase commit with the checkpoint whose snapshot follows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_ckpt.errors import ConfigError, StateError
+from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.runtime.windows.aggregates import Accumulator, Aggregate
+from spark_ckpt.runtime.windows.assigners import Int64s, WindowAssigner, merged_groups
+from spark_ckpt.state.context import StateContext
+from spark_ckpt.state.descriptor import ValueStateDescriptor
+
+#: The keyed state that holds a key's open windows.
+WINDOWS: Final = "windows"
+_KEY: Final = "key"
+_START: Final = "start"
+_END: Final = "end"
+_WINDOW_TIME: Final = pa.timestamp("ms", tz="UTC")
+
+
+class WindowAggregate(KeyedOperator):
+    """Per *key_column*, the *aggregates* of the rows of each window *windows* assigns
+    (see the module docstring). *time_column*: the event-time column (default: the
+    pipeline's watermark column). Needs a pipeline with an event-time watermark strategy."""
+
+    def __init__(
+        self,
+        uid: str,
+        key_column: str,
+        windows: WindowAssigner,
+        aggregates: Sequence[Aggregate],
+        *,
+        key_type: pa.DataType | None = None,
+        time_column: str | None = None,
+    ) -> None:
+        super().__init__(uid, key_column, key_type or pa.int64())
+        if not aggregates:
+            raise ConfigError("aggregates", aggregates, "one or more aggregates")
+        names = [a.name for a in aggregates]
+        reserved = {key_column, "window_start", "window_end"}
+        if len(set(names)) != len(names) or reserved & set(names):
+            raise ConfigError("aggregates", names, f"distinct names other than {sorted(reserved)}")
+        self.windows = windows
+        self.aggregates = tuple(aggregates)
+        self.time_column = time_column
+        self._descriptor: ValueStateDescriptor | None = None
+        self._descriptor_for: pa.Schema | None = None
+
+    def open(self, state: StateContext) -> None:
+        self._descriptor = None
+        self._descriptor_for = None
+
+    def on_timers(self, timers: pa.Table, state: StateContext) -> pa.Table | None:
+        # declared so the task gives the operator timers (WindowAggregate handles its own)
+        return self._fire(timers, state)
+
+    # -- the state's types -------------------------------------------------------------------------
+    def _state_for(self, rows: pa.Table) -> ValueStateDescriptor:
+        """The state's descriptor for input *rows*: accumulator types as the partial
+        aggregations give them on this schema."""
+        if self._descriptor is not None and self._descriptor_for == rows.schema:
+            return self._descriptor
+        empty = rows.schema.empty_table()
+        fields = [pa.field(_START, pa.int64()), pa.field(_END, pa.int64())]
+        for agg in self.aggregates:
+            for acc in agg.accumulators:
+                probe = pa.table({"g": pa.array([], pa.int64()), "v": acc.values(empty)})
+                reduced = probe.group_by("g").aggregate([("v", acc.partial)])
+                fields.append(pa.field(agg.column(acc), reduced.schema.field(1).type))
+        descriptor = ValueStateDescriptor(WINDOWS, pa.list_(pa.struct(fields)))
+        self._descriptor, self._descriptor_for = descriptor, rows.schema
+        return descriptor
+
+    def _stored(self, state: StateContext) -> ValueStateDescriptor | None:
+        if self._descriptor is not None:
+            return self._descriptor
+        stored = state.stored_descriptor(WINDOWS)
+        if stored is not None and not isinstance(stored, ValueStateDescriptor):
+            raise StateError(f"operator {self.uid!r}: state {WINDOWS!r} is not value state")
+        return stored
+
+    # -- rows --------------------------------------------------------------------------------------
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
+        column = self.time_column or state.event_time_column
+        if column is None:
+            raise StateError(
+                f"window operator {self.uid!r} needs event time: give the pipeline "
+                "WatermarkStrategy.for_bounded_out_of_orderness(column, bound)"
+            )
+        descriptor = self._state_for(batch)
+        batch = batch.filter(pc.is_valid(batch.column(column)))
+        if batch.num_rows == 0:
+            return None
+        times = _millis(batch.column(column))
+        rows, starts, ends = self.windows.assign(times)
+        picked = batch.take(pa.array(rows))
+        parts = {_KEY: picked.column(self.key_column), _START: starts, _END: ends}
+        for agg in self.aggregates:
+            for acc in agg.accumulators:
+                parts[agg.column(acc)] = acc.values(picked)
+        reduce = [(agg.column(acc), acc.partial) for agg, acc in self._accumulators()]
+        partial = _grouped(pa.table(parts), [_KEY, _START, _END], reduce)
+        keys = pc.unique(partial.column(_KEY))
+        held = _explode(keys, state.get_values(descriptor, keys), descriptor)
+        merged = self._merge(pa.concat_tables([held, partial.cast(held.schema)]))
+        lateness = state.allowed_lateness_ms
+        gone = _anti_join(held, merged, [_KEY, _END])
+        new = _anti_join(merged, held, [_KEY, _END])
+        if gone.num_rows:
+            state.delete_event_time_timers(gone.column(_KEY), _fire_times(gone, lateness))
+        if new.num_rows:
+            state.register_event_time_timers(new.column(_KEY), _fire_times(new, lateness))
+        state.put_values(descriptor, keys, _collect(keys, merged, descriptor))
+        return None
+
+    def _accumulators(self) -> list[tuple[Aggregate, Accumulator]]:
+        return [(agg, acc) for agg in self.aggregates for acc in agg.accumulators]
+
+    def _merge(self, windows: pa.Table) -> pa.Table:
+        """Open windows and a batch's partial ones merged: per (key, window), or for session
+        windows per group of windows of a key that touch."""
+        merge = [(agg.column(acc), acc.merge) for agg, acc in self._accumulators()]
+        if not self.windows.merges:
+            return _grouped(windows, [_KEY, _START, _END], merge).cast(windows.schema)
+        ordered = windows.sort_by([(_KEY, "ascending"), (_START, "ascending")])
+        codes = pc.dictionary_encode(ordered.column(_KEY)).combine_chunks().indices
+        group = merged_groups(
+            codes.to_numpy(zero_copy_only=False).astype(np.int64),
+            ordered.column(_START).to_numpy(),
+            ordered.column(_END).to_numpy(),
+        )
+        ordered = ordered.append_column("group", pa.array(group))
+        spans = [(_START, "min"), (_END, "max")]
+        out = _grouped(ordered, [_KEY, "group"], spans + merge).drop_columns(["group"])
+        return out.select(windows.column_names).cast(windows.schema)
+
+    # -- firing ------------------------------------------------------------------------------------
+    def _fire(self, timers: pa.Table, state: StateContext) -> pa.Table | None:
+        event = timers.filter(pc.equal(timers.column("domain"), "event"))
+        descriptor = self._stored(state)
+        watermark = state.current_watermark
+        if event.num_rows == 0 or descriptor is None or watermark is None:
+            return None
+        keys = pc.unique(event.column(self.key_column))
+        held = _explode(keys, state.get_values(descriptor, keys), descriptor)
+        lateness = state.allowed_lateness_ms
+        due = pc.less_equal(_fire_times(held, lateness), watermark)
+        fired, kept = held.filter(due), held.filter(pc.invert(due))
+        state.put_values(descriptor, keys, _collect(keys, kept, descriptor))
+        if kept.num_rows:  # their timers, should a change of the lateness have moved them
+            state.register_event_time_timers(kept.column(_KEY), _fire_times(kept, lateness))
+        if fired.num_rows == 0:
+            return None
+        fired = fired.sort_by([(_END, "ascending"), (_KEY, "ascending")])
+        out = {
+            self.key_column: fired.column(_KEY).cast(self.key_type),
+            "window_start": pc.cast(fired.column(_START), pa.int64()).cast(_WINDOW_TIME),
+            "window_end": pc.cast(fired.column(_END), pa.int64()).cast(_WINDOW_TIME),
+        }
+        for agg in self.aggregates:
+            accumulators = {acc.name: fired.column(agg.column(acc)) for acc in agg.accumulators}
+            out[agg.name] = agg.result(accumulators)
+        return pa.table(out)
+
+
+def _millis(column: pa.ChunkedArray | pa.Array) -> Int64s:
+    """Event times as int64 ms since the epoch (floored)."""
+    if not pa.types.is_timestamp(column.type):
+        raise StateError(f"the event-time column is {column.type}, not a timestamp")
+    micros = pc.cast(pc.cast(column, pa.timestamp("us", tz=column.type.tz)), pa.int64())
+    millis: Int64s = np.floor_divide(micros.to_numpy(), 1000).astype(np.int64)
+    return millis
+
+
+def _fire_times(windows: pa.Table, lateness: int) -> pa.Array:
+    """When each window fires: the watermark passed its last millisecond plus *lateness*."""
+    return pc.add(windows.column(_END), lateness - 1)
+
+
+def _grouped(table: pa.Table, by: list[str], how: list[tuple[str, str]]) -> pa.Table:
+    """*table* grouped by *by*, each column of *how* aggregated, named as before."""
+    out = table.group_by(by, use_threads=False).aggregate(how)
+    columns = {c: out.column(c) for c in by}
+    for c, f in how:
+        columns[c] = out.column(f"{c}_{f}")
+    return pa.table(columns)
+
+
+def _explode(keys: pa.Array, lists: pa.Array, descriptor: ValueStateDescriptor) -> pa.Table:
+    """The open windows of *keys* (their state *lists*) as a table: key, start, end, the
+    accumulator columns."""
+    element = descriptor.value_type.value_type
+    parents = pc.list_parent_indices(lists)
+    flat = pc.list_flatten(lists)
+    columns = {_KEY: keys.take(parents)}
+    for i, f in enumerate(element):
+        columns[f.name] = flat.field(i) if len(flat) else pa.array([], f.type)
+    return pa.table(columns, schema=pa.schema([pa.field(_KEY, keys.type), *element]))
+
+
+def _collect(keys: pa.Array, windows: pa.Table, descriptor: ValueStateDescriptor) -> pa.Array:
+    """Per key of *keys* (unique), the list of its windows in *windows* ordered by start
+    (null: none), as the state's values."""
+    list_type = descriptor.value_type
+    element = list_type.value_type
+    if windows.num_rows == 0:
+        return pa.nulls(len(keys), list_type)
+    ordered = windows.sort_by([(_KEY, "ascending"), (_START, "ascending")])
+    owner = ordered.column(_KEY).combine_chunks()
+    structs = pa.StructArray.from_arrays(
+        [ordered.column(f.name).combine_chunks().cast(f.type) for f in element],
+        fields=list(element),
+    )
+    firsts = np.flatnonzero(
+        np.concatenate([[True], pc.not_equal(owner[1:], owner[:-1]).to_numpy(zero_copy_only=False)])
+    )
+    offsets = np.append(firsts, len(owner)).astype(np.int32)
+    lists = pa.ListArray.from_arrays(pa.array(offsets), structs, type=list_type)
+    position = pc.index_in(keys, value_set=owner.take(pa.array(firsts)))
+    return lists.take(position)
+
+
+def _anti_join(left: pa.Table, right: pa.Table, on: list[str]) -> pa.Table:
+    """The rows of *left* whose *on* columns match no row of *right*."""
+    if left.num_rows == 0 or right.num_rows == 0:
+        return left
+    marks = right.select(on).group_by(on).aggregate([])
+    marks = marks.append_column("_hit", pa.array(np.ones(marks.num_rows, dtype=bool)))
+    joined = left.join(marks, keys=on, join_type="left outer", use_threads=False)
+    return joined.filter(pc.is_null(joined.column("_hit"))).drop_columns(["_hit"])

@@ -1,0 +1,256 @@
+"""Event-time windows in operator tasks: tumbling, sliding and session windows with count,
+sum, min, max, mean and a user's aggregate, each window emitted once when the watermark
+passes its end plus the allowed lateness — through crashes past the last checkpoint,
+restores at another parallelism and subtasks rebuilt from images.
+
+Oracles: a plain loop applying the documented rules (``docs/time.md``) — rows at or below
+the previous batches' watermark less the allowed lateness are dropped, a window takes the
+rows of its span (session windows: of a key, rows less than a gap apart), and fires once the
+watermark reaches its end - 1 + lateness; and, where disorder stays within the bound, pandas'
+per-window aggregates of the input."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections import defaultdict
+
+import pandas as pd
+import pyarrow.compute as pc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from timed_jobs import CHANNELS, Batch, Job, run, value_of, watermarks
+
+from spark_ckpt.errors import ConfigError
+from spark_ckpt.runtime.event_time import WatermarkStrategy
+from spark_ckpt.runtime.windows import (
+    Accumulator,
+    Agg,
+    WindowAggregate,
+    WindowAssigner,
+    Windows,
+)
+
+BOUND_MS = 2000
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+AGGREGATES = (
+    Agg.count(),
+    Agg.sum("v"),
+    Agg.min("v"),
+    Agg.max("v"),
+    Agg.mean("v"),
+    Agg.of(  # a user's: the sum of squares
+        "squares",
+        [Accumulator("q", lambda rows: pc.multiply(rows["v"], rows["v"]), "sum", "sum")],
+        lambda acc: acc["q"],
+    ),
+)
+ASSIGNERS = {
+    "tumbling": Windows.tumbling(3000),
+    "sliding": Windows.sliding(4000, 2000),
+    "session": Windows.session(1500),
+}
+
+Row = tuple[int, int, int, int, int, int, int, float, int]
+
+
+def operator(assigner: WindowAssigner) -> WindowAggregate:
+    return WindowAggregate("windows", "k", assigner, AGGREGATES)
+
+
+def result(key: int, start: int, end: int, values: list[int]) -> Row:
+    return (
+        key,
+        start,
+        end,
+        len(values),
+        sum(values),
+        min(values),
+        max(values),
+        round(sum(values) / len(values), 9),
+        sum(v * v for v in values),
+    )
+
+
+def oracle(batches: list[Batch], name: str, lateness: int) -> list[Row]:
+    """The windows a plain loop emits over *batches* (see the module docstring)."""
+    marks = watermarks(batches, BOUND_MS)
+    open_windows: dict[int, list[list]] = defaultdict(list)  # key -> [[start, end, values]]
+    out: list[Row] = []
+    for index, batch in enumerate(batches):
+        before = marks[index - 1] if index else None
+        for rows in batch.rows.values():
+            for k, t in rows:
+                if before is not None and t <= before - lateness:
+                    continue  # dropped
+                mine = open_windows[k]
+                if name == "tumbling":
+                    spans = [(t - t % 3000, t - t % 3000 + 3000)]
+                elif name == "sliding":
+                    last = t - t % 2000
+                    spans = [(last, last + 4000), (last - 2000, last + 2000)]
+                else:
+                    spans = [(t, t + 1500)]
+                for s, e in spans:
+                    if name != "session":
+                        found = [w for w in mine if w[0] == s]
+                        if found:
+                            found[0][2].append(value_of(t))
+                        else:
+                            mine.append([s, e, [value_of(t)]])
+                        continue
+                    touching = [w for w in mine if w[0] <= e and s <= w[1]]
+                    merged = [
+                        min([s, *(w[0] for w in touching)]),
+                        max([e, *(w[1] for w in touching)]),
+                    ]
+                    values = [value_of(t)] + [v for w in touching for v in w[2]]
+                    for w in touching:
+                        mine.remove(w)
+                    mine.append([merged[0], merged[1], values])
+        mark = marks[index]
+        if mark is None:
+            continue
+        for k, mine in open_windows.items():
+            for w in [w for w in mine if w[1] - 1 + lateness <= mark]:
+                out.append(result(k, w[0], w[1], w[2]))
+                mine.remove(w)
+    return sorted(out)
+
+
+def millis(when: dt.datetime) -> int:
+    return (when - EPOCH) // dt.timedelta(milliseconds=1)
+
+
+def emitted(job: Job) -> list[Row]:
+    table = job.sink.committer.output()
+    if table is None:
+        return []
+    return sorted(
+        (
+            r["k"],
+            millis(r["window_start"]),
+            millis(r["window_end"]),
+            r["count"],
+            r["sum_v"],
+            r["min_v"],
+            r["max_v"],
+            round(r["mean_v"], 9),
+            r["squares"],
+        )
+        for r in table.to_pylist()
+    )
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[list[Batch], int | None, int, int]:
+    n = draw(st.integers(2, 8))
+    batches = []
+    clock = 10_000
+    for _ in range(n):
+        clock += draw(st.integers(0, 3000))
+        rows = {
+            c: draw(
+                st.lists(
+                    st.tuples(st.integers(0, 4), st.integers(clock - 4000, clock + 500)),
+                    max_size=6,
+                )
+            )
+            for c in CHANNELS
+        }
+        idle = {c: not rows[c] and draw(st.booleans()) for c in CHANNELS}
+        batches.append(Batch(rows, idle, draw(st.booleans())))
+    batches[-1].checkpoint = True
+    crash = draw(st.one_of(st.none(), st.integers(0, n - 2)))
+    return batches, crash, draw(st.integers(1, 3)), draw(st.integers(1, 3))
+
+
+@settings(max_examples=150)
+@given(
+    streams(),
+    st.sampled_from(sorted(ASSIGNERS)),
+    st.sampled_from([0, 1000]),
+    st.sampled_from([None, "image", "workers"]),
+)
+def test_windows_are_emitted_once_as_the_loop_says(
+    case: tuple[list[Batch], int | None, int, int], name: str, lateness: int, rebuild: str | None
+) -> None:
+    batches, crash, parallelism, new_parallelism = case
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND_MS)
+    if lateness:
+        strategy = strategy.with_allowed_lateness(lateness)
+    assigner = ASSIGNERS[name]
+    job = Job(lambda: operator(assigner), strategy, parallelism, rebuild=rebuild)
+    run(job, batches, crash, new_parallelism)
+    assert emitted(job) == oracle(batches, name, lateness)
+
+
+def test_within_the_bound_windows_equal_pandas_aggregates() -> None:
+    """Rows at most 2 s out of order against a 2 s bound: nothing is late, and the windows
+    emitted are pandas' tumbling and sliding aggregates of every window that ended."""
+    import random
+
+    rng = random.Random(7)
+    batches = []
+    clock = 10_000
+    for _ in range(30):
+        clock += rng.randrange(200, 900)
+        rows = {
+            c: [(rng.randrange(6), clock - rng.randrange(0, 2000)) for _ in range(8)]
+            for c in CHANNELS
+        }
+        batches.append(Batch(rows, {}, rng.random() < 0.3))
+    batches[-1].checkpoint = True
+    final = watermarks(batches, BOUND_MS)[-1]
+    assert final is not None
+    frame = pd.DataFrame(
+        [(k, t, value_of(t)) for b in batches for rows in b.rows.values() for k, t in rows],
+        columns=["k", "ts", "v"],
+    )
+    for name, size, slide in (("tumbling", 3000, 3000), ("sliding", 4000, 2000)):
+        job = Job(
+            lambda a=ASSIGNERS[name]: operator(a),
+            WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND_MS),
+            2,
+        )
+        run(job, batches, None, 2)
+        pieces = []
+        for back in range(0, size, slide):
+            f = frame.assign(start=frame.ts - frame.ts % slide - back)
+            pieces.append(f)
+        spread = pd.concat(pieces)
+        spread["end"] = spread.start + size
+        spread = spread[(spread.ts >= spread.start) & (spread.ts < spread.end)]
+        grouped = spread.assign(sq=spread.v * spread.v).groupby(["k", "start", "end"])
+        expected = sorted(
+            (
+                k,
+                s,
+                e,
+                int(g.v.count()),
+                int(g.v.sum()),
+                int(g.v.min()),
+                int(g.v.max()),
+                round(float(g.v.mean()), 9),
+                int(g.sq.sum()),
+            )
+            for (k, s, e), g in grouped
+            if e - 1 <= final
+        )
+        got = emitted(job)
+        assert got == expected and len(got) > 20
+        assert not any(math.isnan(r[7]) for r in got)
+
+
+def test_bad_window_settings_are_refused() -> None:
+    with pytest.raises(ConfigError, match="slide"):
+        Windows.sliding(5000, 2000)
+    with pytest.raises(ConfigError, match="size"):
+        Windows.tumbling(0)
+    with pytest.raises(ConfigError, match="aggregates"):
+        WindowAggregate("w", "k", Windows.tumbling(10), [])
+    with pytest.raises(ConfigError, match="distinct names"):
+        WindowAggregate("w", "k", Windows.tumbling(10), [Agg.count(), Agg.count()])
+    with pytest.raises(ConfigError, match="partial"):
+        Accumulator("x", "v", "median", "sum")
