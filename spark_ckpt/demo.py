@@ -1,5 +1,8 @@
 """The main job: generator (or a Delta table, Kafka, files landing in a directory) → keyed
-running count (keyed state) → Delta, exactly-once.
+running count (keyed state) → Delta, exactly-once. With ``--window SIZE`` the operator is an
+event-time tumbling window (count and sum of the generator's rows per user and window, on
+its ``event_ts``, ``--out-of-orderness`` behind); with ``--follow-up DELAY`` a row per user
+DELAY of processing time after the micro-batch it first appears in (processing-time timers).
 
 Runs on the embedded default: local Spark (``local[2]``) and a Delta checkpoint store in a
 local folder. Prints a legend, then one line per completed checkpoint (id, duration, state
@@ -25,14 +28,20 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_ckpt.errors import ConfigError, SparkCkptError
 from spark_ckpt.pipeline.job import Placement
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.config import CheckpointConfig
-from spark_ckpt.runtime.operator import RunningCount
+from spark_ckpt.runtime.config.durations import parse_duration
+from spark_ckpt.runtime.event_time import WatermarkStrategy
+from spark_ckpt.runtime.operator import KeyedOperator, RunningCount
 from spark_ckpt.runtime.restore_settings import RestoreSettings, parse_time
+from spark_ckpt.runtime.windows import Agg, WindowAggregate, Windows
 from spark_ckpt.sources.stream_offset import BarrierPlacement
+from spark_ckpt.state.context import StateContext
+from spark_ckpt.state.descriptor import ValueStateDescriptor
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -278,6 +287,26 @@ def main(argv: Sequence[str] | None = None, *, components: str | None = None) ->
         help="run under Spark Connect: sc://host:port, or local[2] for a local Connect server",
     )
     p.add_argument("--uid", default="counter", help="uid of the running-count operator")
+    time_job = p.add_mutually_exclusive_group()
+    time_job.add_argument(
+        "--window",
+        metavar="SIZE",
+        default=None,
+        help="instead of the running count: per user, count and sum of amount in event-time "
+        "tumbling windows of SIZE (e.g. 2s), each emitted once the watermark passes it",
+    )
+    time_job.add_argument(
+        "--follow-up",
+        metavar="DELAY",
+        default=None,
+        help="instead of the running count: a row per user DELAY (e.g. 500ms) of processing "
+        "time after the micro-batch it first appears in",
+    )
+    p.add_argument(
+        "--out-of-orderness",
+        default="1s",
+        help="with --window: how far the watermark trails the largest event time",
+    )
     p.add_argument("--savepoint-dir", default=None, help="default directory of savepoints")
     restore = p.add_argument_group(
         "restore", "where the first run restores from (default: the latest checkpoint)"
@@ -391,6 +420,57 @@ def parse_user_ids(df: Any) -> Any:
     )
 
 
+class FollowUp(KeyedOperator):
+    """A row per key, *delay_ms* of processing time after the micro-batch the key first
+    appears in: a processing-time timer per key (``key``, ``due`` in ms since the epoch)."""
+
+    SEEN = ValueStateDescriptor("seen", pa.bool_())
+
+    def __init__(self, uid: str, key_column: str, key_type: pa.DataType, delay_ms: int) -> None:
+        super().__init__(uid, key_column, key_type)
+        self.delay_ms = delay_ms
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        return pa.schema([pa.field(self.key_column, self.key_type), pa.field("due", pa.int64())])
+
+    def open(self, state: StateContext) -> None:
+        state.value_state(self.SEEN)
+
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
+        keys = pc.unique(batch.column(self.key_column))
+        new = keys.filter(pc.is_null(state.get_values(self.SEEN, keys)))
+        due = pa.array([state.current_processing_time + self.delay_ms] * len(new), pa.int64())
+        state.register_processing_time_timers(new, due)
+        state.put_values(self.SEEN, new, pa.array([True] * len(new)))
+        return None
+
+    def on_timers(self, timers: pa.Table, state: StateContext) -> pa.Table | None:
+        return pa.table(
+            [timers.column(self.key_column).cast(self.key_type), timers.column("timestamp")],
+            schema=self.output_schema,
+        )
+
+
+def job_operator(
+    args: argparse.Namespace, key: str, key_type: pa.DataType
+) -> tuple[KeyedOperator, WatermarkStrategy | None]:
+    """The job's operator and watermark strategy, as *args* say."""
+    if args.window:
+        if args.input or args.kafka or args.files:
+            raise ConfigError("window", args.window, "the generator's input (its event_ts)")
+        size = parse_duration("window", args.window)
+        bound = parse_duration("out-of-orderness", args.out_of_orderness)
+        windows = WindowAggregate(
+            args.uid, key, Windows.tumbling(size), [Agg.count(), Agg.sum("amount")]
+        )
+        return windows, WatermarkStrategy.for_bounded_out_of_orderness("event_ts", bound)
+    if args.follow_up:
+        delay = parse_duration("follow-up", args.follow_up)
+        return FollowUp(args.uid, key, key_type, delay), WatermarkStrategy.no_watermarks()
+    return RunningCount(args.uid, key, key_type), None
+
+
 def run(
     spark: SparkSession,
     args: argparse.Namespace,
@@ -481,9 +561,11 @@ def run(
         else:
             say(f"stopping... (--seconds {args.seconds:g} reached; final checkpoint)")
 
+    operator, watermark = job_operator(args, key, key_type)
     result = pipeline.run(
         source,
-        RunningCount(args.uid, key, key_type),
+        operator,
+        watermark=watermark,
         output=output,
         parallelism=args.parallelism,
         placement=args.placement,

@@ -38,7 +38,7 @@ settings.load_profile("spark-ckpt")
 def xdist_scope(nodeid: str) -> str:
     """The scheduling scope of test *nodeid*: a shared name for the tests that must not run
     beside each other, the test itself otherwise."""
-    if "test_executor_faults.py" in nodeid:
+    if "test_executor_faults.py" in nodeid or "executor_jvms_are_killed" in nodeid:
         return "local-cluster"
     if "connect" in nodeid.lower():
         return "connect"

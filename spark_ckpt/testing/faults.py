@@ -308,8 +308,8 @@ class FaultySource:
 
 
 class FaultyOperator(KeyedOperator):
-    """*inner* with the ``operator`` fail point before each batch it processes (same uid,
-    key and state: a job restores it like *inner*)."""
+    """*inner* with the ``operator`` fail point before each batch it processes and each round
+    of its timers (same uid, key, state and timers: a job restores it like *inner*)."""
 
     def __init__(self, inner: KeyedOperator, root: str) -> None:
         super().__init__(inner.uid, inner.key_column, inner.key_type)
@@ -326,6 +326,14 @@ class FaultyOperator(KeyedOperator):
     def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         hit(self.root, Fault.OPERATOR, lambda: {"rows": batch.num_rows})
         return self.inner.process_batch(batch, state)
+
+    @property
+    def handles_timers(self) -> bool:
+        return self.inner.handles_timers
+
+    def on_timers(self, timers: pa.Table, state: StateContext) -> pa.Table | None:
+        hit(self.root, Fault.OPERATOR, lambda: {"timers": timers.num_rows})
+        return self.inner.on_timers(timers, state)
 
     def close(self) -> None:
         self.inner.close()

@@ -75,6 +75,11 @@ class DemoArgs:
     #: ``files_archive`` once a checkpoint covers it (``--files-archive``)
     files: Path | None = None
     files_archive: Path | None = None
+    #: event-time tumbling windows of this size instead of the running count (``--window``)
+    window: str | None = None
+    out_of_orderness: str = "1s"
+    #: processing-time follow-ups this long after a user's first row (``--follow-up``)
+    follow_up: str | None = None
     #: further command-line arguments (e.g. ``("--restore-savepoint", path)``)
     extra: tuple[str, ...] = ()
 
@@ -138,6 +143,10 @@ class DemoArgs:
             args += ["--files-archive", str(self.files_archive)]
         if self.remote is not None:
             args += ["--remote", self.remote]
+        if self.window is not None:
+            args += ["--window", self.window, "--out-of-orderness", self.out_of_orderness]
+        if self.follow_up is not None:
+            args += ["--follow-up", self.follow_up]
         if self.savepoint_dir is not None:
             args += ["--savepoint-dir", str(self.savepoint_dir)]
         if self.max_rows_per_trigger is not None:
