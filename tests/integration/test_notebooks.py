@@ -1,9 +1,10 @@
-"""The three notebooks (Databricks source format) run as written: their code cells, in order,
+"""The four notebooks (Databricks source format) run as written: their code cells, in order,
 in one namespace with the test session's ``spark`` and small parameters. Each notebook ends
 with its own checks against simple oracles (every input row counted once, gapless running
 counts, drained savepoint positions, counts from 1 again when state is dropped, an expired
-checkpoint on record, the restored positions); here we also check what they leave behind
-(the plot file)."""
+checkpoint on record, the restored positions, sessions equal to a plain-Python
+sessionization); here we also check what they leave behind (the plot file, the sessions
+table, the savepoint, the open sessions' timers)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,13 @@ def run(path: Path, spark: Any, params: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    "name", ["01_quickstart.py", "02_savepoint_and_upgrade.py", "03_monitoring.py"]
+    "name",
+    [
+        "01_quickstart.py",
+        "02_savepoint_and_upgrade.py",
+        "03_monitoring.py",
+        "04_sessionization.py",
+    ],
 )
 def test_notebooks_are_in_databricks_source_format(name: str) -> None:
     parsed = cells(NOTEBOOKS / name)
@@ -91,3 +98,37 @@ def test_monitoring_notebook(spark: Any, tmp_path: Path) -> None:
     # the stalled first run's checkpoint expired, and is on record
     assert "expired" in {f.reason for f in ns["failures"]}, ns["failures"]
     assert ns["summary"].failures.get("expired", 0) >= 1
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_sessionization_notebook(spark: Any, tmp_path: Path) -> None:
+    ns = run(
+        NOTEBOOKS / "04_sessionization.py",
+        spark,
+        {"BASE": str(tmp_path), "USERS": 5, "MINUTES": 6, "FILES": (3, 3)},
+    )
+    import polars as pl
+
+    sessions = pl.read_delta(str(tmp_path / "sessions"))
+    assert sessions.columns == [
+        "user",
+        "window_start",
+        "window_end",
+        "clicks",
+        "last_click",
+        "checkouts",
+    ]
+    # every click is in one session, emitted or still open; the final run read them all
+    open_clicks = sum(n for _, _, _, n, _ in ns["still_open"])
+    assert sessions["clicks"].sum() + open_clicks == len(ns["clicks"])
+    assert sessions.height == len(ns["expected"]) > len(ns["expected_before"]) > 0
+    assert ns["still_open"] and len(ns["timers"]) == len(ns["still_open"])
+    assert ns["spanning"]
+    assert Path(ns["savepoint_path"]).is_dir() and ns["savepoint"].is_savepoint
+    # the second run restored the savepoint: its restore point is on record, naming it
+    restored = [r for r in ns["p"].client.history() if "restored_from" in r.properties]
+    assert [r.properties["restored_from"] for r in restored] == [
+        f"savepoint {ns['savepoint_path']}"
+    ]
+    assert ns["result"].restored_from == (restored[0].checkpoint_id,)
