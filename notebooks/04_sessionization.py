@@ -295,8 +295,8 @@ print(table.with_columns((pl.col("window_end") - pl.col("window_start")).alias("
 # MAGIC Each checkpoint records the watermark and, since the previous checkpoint, the late rows
 # MAGIC and the timers fired (one per session emitted). The checkpoint that follows the
 # MAGIC savepoint is the restore point (`restored_from` in its properties): the savepoint's state
-# MAGIC brought into the root, before anything ran, so no time figures of its own. From a shell:
-# MAGIC `spark-ckpt stats --root ROOT`.
+# MAGIC brought into the root before anything ran, with the savepoint's watermark and no counts
+# MAGIC of its own. From a shell: `spark-ckpt stats --root ROOT`.
 
 # COMMAND ----------
 
@@ -394,6 +394,8 @@ got = rows(table)
 assert sum(r.stats.late_rows + r.stats.dropped_rows for r in history) == 0  # none late
 assert sum(r.stats.timers_fired for r in history) == len(got)  # a timer per session emitted
 assert savepoint.stats.watermark_ms == mark_before
+[point] = [r for r in history if "restored_from" in r.properties]
+assert point.stats.watermark_ms == mark_before  # the restore resumed the savepoint's watermark
 assert p.client.latest().stats.watermark_ms == mark_end
 landed_before = {  # per channel, the clicks of its files before the savepoint
     ("source", c): sum(len(f) for f in files[c : FILES[0] : CHANNELS]) for c in range(CHANNELS)

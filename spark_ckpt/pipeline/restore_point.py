@@ -31,7 +31,7 @@ from spark_ckpt.errors import CheckpointNotFoundError, RestoreError, StoreError
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.clock import Clock, SystemClock
-from spark_ckpt.protocol.state_handles import BlobKind, BlobRef
+from spark_ckpt.protocol.state_handles import BlobKind, BlobRef, TimeMetrics
 from spark_ckpt.runtime.restore_settings import (
     OUTPUT_AS_OF,
     PIPELINE,
@@ -146,7 +146,12 @@ def prepare_restore(
         PIPELINE: shape.pipeline,
         OUTPUT_AS_OF: str(output_checkpoint(checkpoint)),
     }
-    stats = CheckpointStats(trigger_ms=now, completed_ms=now)
+    # the restore point holds the restored watermarks (its own counts are nothing yet)
+    time = {
+        t: TimeMetrics().at(m.watermark_ms, m.processing_ms)
+        for t, m in checkpoint.stats.task_time.items()
+    }
+    stats = CheckpointStats(trigger_ms=now, completed_ms=now, task_time=time)
     if source is root:
         restored = derive_checkpoint(
             root,

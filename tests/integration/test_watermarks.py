@@ -186,6 +186,9 @@ def test_a_restore_resumes_the_watermark(spark: SparkSession, tmp_path: Path) ->
         parallelism=3,
         restore=RestoreSettings.savepoint(sp.path),
     )
+    # the restore point records the watermark it resumes from
+    [point] = [r for r in p.client.history() if "restored_from" in r.properties]
+    assert point.stats is not None and point.stats.watermark_ms == saved_watermark
     first, second = batches(p.root)
     expected_late, kept = oracle([(600, first), (1200, second)], strategy.bound_us)
     assert late_rows(p) == expected_late
