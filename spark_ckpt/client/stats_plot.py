@@ -1,6 +1,8 @@
 """A picture of a pipeline's checkpoint statistics history over time: duration, state size
 and bytes written, and alignment of every checkpoint and savepoint the history holds
-(savepoints marked), and when checkpoints failed or were aborted.
+(savepoints marked), and when checkpoints failed or were aborted; for a pipeline that keeps
+time, a fourth panel of what each checkpoint counted (late and dropped rows, timers fired,
+TTL-expired entries).
 
 Used by ``spark-ckpt stats --plot FILE.png`` and notebooks. Reads only the pipeline's root
 (the statistics history, through :class:`~spark_ckpt.client.pipeline_client.PipelineClient`), so it
@@ -95,13 +97,16 @@ def checkpoint_stats_figure(records: Sequence[CheckpointRecord], title: str) -> 
 
     from spark_ckpt.client.pipeline_client import is_aborted
 
-    fig: Figure
-    fig, (duration, size, alignment) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     completed = [r for r in records if r.stats is not None]
+    timed = any(r.figures.task_time for r in completed)
+    fig: Figure
+    fig, axes = plt.subplots(4 if timed else 3, 1, figsize=(9, 10.5 if timed else 8), sharex=True)
+    duration, size, alignment = axes[:3]
+    bottom = axes[-1]
     unit, scale = _size_unit(
         max((max(r.figures.state_bytes, r.figures.bytes_written) for r in completed), default=0)
     )
-    heights: dict[str, list[float]] = {"duration": [], "size": [], "alignment": []}
+    heights: dict[str, list[float]] = {"duration": [], "size": [], "alignment": [], "time": []}
     for savepoint, marker, label in ((False, "o", "checkpoint"), (True, "s", "savepoint")):
         group = [r.figures for r in completed if r.is_savepoint == savepoint]
         if not group:
@@ -127,24 +132,50 @@ def checkpoint_stats_figure(records: Sequence[CheckpointRecord], title: str) -> 
                 [_time(f.failed_ms) for f in group_f], durations, "x", color=color, label=label
             )
             heights["duration"] += durations
+    panels = [(duration, "duration"), (size, "size"), (alignment, "alignment")]
+    if timed:
+        _time_panel(axes[3], completed, heights["time"])
+        panels.append((axes[3], "time"))
     duration.set_ylabel("duration (ms)")
     size.set_ylabel(f"size ({unit})")
     alignment.set_ylabel("alignment (ms)")
-    alignment.set_xlabel("ended (UTC)")
-    for ax, name in ((duration, "duration"), (size, "size"), (alignment, "alignment")):
+    bottom.set_xlabel("ended (UTC)")
+    for ax, name in panels:
         _from_zero(ax, heights[name])
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(loc="upper left", fontsize="small")
     locator = mdates.AutoDateLocator(tz=UTC)  # type: ignore[no-untyped-call]
-    alignment.xaxis.set_major_locator(locator)
+    bottom.xaxis.set_major_locator(locator)
     concise = mdates.ConciseDateFormatter(  # type: ignore[no-untyped-call]
         locator, tz=UTC, formats=_TICK_FORMATS, zero_formats=_ZERO_FORMATS
     )
-    alignment.xaxis.set_major_formatter(concise)
+    bottom.xaxis.set_major_formatter(concise)
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+#: The time counts of the fourth panel: (statistic, legend).
+_TIME_COUNTS = (
+    ("late_rows", "late rows"),
+    ("dropped_rows", "dropped rows"),
+    ("timers_fired", "timers fired"),
+    ("ttl_expired", "TTL expired"),
+)
+
+
+def _time_panel(ax: Axes, completed: Sequence[CheckpointRecord], heights: list[float]) -> None:
+    """Per checkpoint of a pipeline that keeps time, what it counted since the previous one:
+    late and dropped rows, timers fired, TTL-expired entries (those that ever moved)."""
+    stats = [r.figures for r in completed if r.figures.task_time]
+    times = [_time(s.completed_ms) for s in stats]
+    for name, label in _TIME_COUNTS:
+        values = [float(getattr(s, name)) for s in stats]
+        if any(values):
+            ax.plot(times, values, ".-", label=label)  # type: ignore[arg-type]
+            heights += values
+    ax.set_ylabel("per checkpoint")
 
 
 def plot_checkpoint_stats(root: str, path: str, *, client: PipelineClient | None = None) -> str:

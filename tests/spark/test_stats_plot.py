@@ -107,3 +107,34 @@ def test_without_matplotlib_the_plot_names_the_extra(
     with pytest.raises(EnvironmentSetupError, match="matplotlib"):
         checkpoint_stats_figure(records(1000), "t")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_pipeline_that_keeps_time_gets_a_panel_of_its_counts() -> None:
+    from spark_ckpt.protocol.state_handles import TimeMetrics
+
+    recs = []
+    for i in range(6):
+        time = {"chain#0": TimeMetrics(T0, T0, late_rows=i, timers_fired=10 * i, ttl_expired=3)}
+        stats = CheckpointStats(T0 + i * 1000, T0 + i * 1000 + 50, 100, 100, task_time=time)
+        recs.append(
+            CheckpointRecord.completed(CompletedCheckpoint(i, SnapshotType.CHECKPOINT, (), stats))
+        )
+    fig = checkpoint_stats_figure(recs, "t")
+    try:
+        fig.canvas.draw()
+        *_, counts = fig.axes
+        assert len(fig.axes) == 4 and counts.get_ylabel() == "per checkpoint"
+        legend = [t.get_text() for t in counts.get_legend().get_texts()]
+        assert legend == ["late rows", "timers fired", "TTL expired"]  # those that moved
+        assert counts.get_ylim()[0] == 0 and counts.get_ylim()[1] >= 50
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    untimed = checkpoint_stats_figure(records(1000), "t")
+    try:
+        assert len(untimed.axes) == 3  # no time: no panel
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(untimed)
