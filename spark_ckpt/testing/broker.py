@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -136,9 +136,11 @@ def produce(
     *,
     partition: int = 0,
     headers: Mapping[str, bytes] | None = None,
+    timestamps: Sequence[int] | None = None,
 ) -> int:
     """Produce (key, value) *records* to *topic*'s *partition*, one per batch, and wait for
-    every delivery; returns how many were produced."""
+    every delivery; returns how many were produced. *timestamps*: each record's create time
+    (ms since the epoch; default: the producer's clock)."""
     p = producer(bootstrap)
     errors: list[Any] = []
 
@@ -148,6 +150,7 @@ def produce(
 
     n = 0
     for key, value in records:
+        extra = {} if timestamps is None else {"timestamp": timestamps[n]}
         p.produce(
             topic,
             value=value,
@@ -155,6 +158,7 @@ def produce(
             partition=partition,
             headers=dict(headers) if headers else None,
             on_delivery=delivered,
+            **extra,
         )
         n += 1
         p.poll(0)
