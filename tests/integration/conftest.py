@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -143,6 +143,26 @@ def logged_batches(root: str, channels: int) -> list[list[LoggedBatch]]:
             begin = end
         out.append(run)
     return out
+
+
+def stop_with_savepoint(run: Any, directory: Path) -> Any:
+    """Stop *run* (a started :class:`~spark_ckpt.pipeline.pipeline_run.PipelineRun`) with a
+    drained savepoint into *directory* (the pipeline's ``savepoint.dir``); returns that
+    :class:`~spark_ckpt.delta.savepoint.Savepoint`. The query is stopped whatever happens."""
+    from spark_ckpt import list_savepoints
+
+    try:
+        final = run.stop(savepoint=True, drain=True, timeout_s=240)
+    finally:
+        if run.query.isActive:
+            run.query.stop()
+    assert final is not None and final.is_savepoint
+    [savepoint] = [
+        s
+        for s in list_savepoints(str(directory))
+        if s.checkpoint.checkpoint_id == final.checkpoint_id
+    ]
+    return savepoint
 
 
 def output_rows(table: pa.Table, key_column: str = "user_id") -> Counter[tuple[int, int]]:

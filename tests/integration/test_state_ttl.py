@@ -15,7 +15,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from conftest import LoggedBatch, logged_batches
+from conftest import LoggedBatch, logged_batches, stop_with_savepoint
 
 from spark_ckpt import (
     CheckpointConfig,
@@ -27,7 +27,6 @@ from spark_ckpt import (
     StateTtlConfig,
     ValueStateDescriptor,
     WatermarkStrategy,
-    list_savepoints,
 )
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.sources.generator import GeneratorSpec
@@ -176,17 +175,7 @@ def test_a_restore_at_another_parallelism_keeps_each_entrys_time(
         trigger_s=0.2,
         parallelism=2,
     )
-    try:
-        final = run.stop(savepoint=True, drain=True, timeout_s=240)
-    finally:
-        if run.query.isActive:
-            run.query.stop()
-    assert final is not None and final.is_savepoint
-    [sp] = [
-        s
-        for s in list_savepoints(str(tmp_path / "sp"))
-        if s.checkpoint.checkpoint_id == final.checkpoint_id
-    ]
+    sp = stop_with_savepoint(run, tmp_path / "sp")
     stored = StateReader.open(sp.path).keyed("dedup", "seen")
     assert stored.num_rows > 0 and "_ttl_updated_ms" in str(stored.schema.field("value").type)
     p.run(

@@ -23,7 +23,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from conftest import LoggedBatch, logged_batches
+from conftest import LoggedBatch, logged_batches, stop_with_savepoint
 
 from spark_ckpt import (
     CheckpointConfig,
@@ -33,7 +33,6 @@ from spark_ckpt import (
     StateContext,
     ValueStateDescriptor,
     WatermarkStrategy,
-    list_savepoints,
 )
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.offline import StateReader
@@ -201,17 +200,7 @@ def test_timers_survive_a_savepoint_and_a_restore_at_another_parallelism(
         trigger_s=0.3,
         parallelism=2,
     )
-    try:
-        final = run.stop(savepoint=True, drain=True, timeout_s=240)
-    finally:
-        if run.query.isActive:
-            run.query.stop()
-    assert final is not None and final.is_savepoint
-    [sp] = [
-        s
-        for s in list_savepoints(str(tmp_path / "sp"))
-        if s.checkpoint.checkpoint_id == final.checkpoint_id
-    ]
+    sp = stop_with_savepoint(run, tmp_path / "sp")
     reader = StateReader.open(sp.path)
     assert "_event_timers" in reader.state_names("sessions")
     pending = reader.keyed("sessions", "_event_timers")

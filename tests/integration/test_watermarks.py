@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING
 import polars as pl
 import pyarrow.compute as pc
 import pytest
-from conftest import logged_batches, running_count_rows
+from conftest import logged_batches, running_count_rows, stop_with_savepoint
 
 from spark_ckpt import (
     CheckpointConfig,
     Pipeline,
     RestoreSettings,
     RunningCount,
-    list_savepoints,
 )
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.runtime.event_time import WatermarkStrategy
@@ -163,19 +162,9 @@ def test_a_restore_resumes_the_watermark(spark: SparkSession, tmp_path: Path) ->
         watermark=strategy,
         trigger_s=0.3,
     )
-    try:
-        final = run.stop(savepoint=True, drain=True, timeout_s=240)
-    finally:
-        if run.query.isActive:
-            run.query.stop()
-    assert final is not None and final.is_savepoint
-    saved_watermark = final.stats.watermark_ms
+    sp = stop_with_savepoint(run, tmp_path / "sp")
+    saved_watermark = sp.checkpoint.stats.watermark_ms
     assert saved_watermark is not None
-    [sp] = [
-        s
-        for s in list_savepoints(str(tmp_path / "sp"))
-        if s.checkpoint.checkpoint_id == final.checkpoint_id
-    ]
     p.run(
         source(1200),
         RunningCount("counter", "user_id"),
