@@ -1,6 +1,7 @@
 """The sink vertex's global committer, on the coordinator's host (Flink's ``GlobalCommitter``):
-it recovers the sink when a coordinator starts, commits every completed checkpoint's sink
-transactions in one step, tells the run's subtasks which checkpoint is committed, and exports
+it recovers the sink (and the late-output table, when the pipeline has one) when a
+coordinator starts, commits every completed checkpoint's sink transactions in one step per
+table, tells the run's subtasks which checkpoint is committed, and exports
 completed savepoints into their directories.
 
 It runs on the host's thread, after the coordinator recorded a completion (see
@@ -70,6 +71,8 @@ class GlobalCommitter:
         self.root = root
         self.store = store
         self.sink: SinkCommitter | None = None
+        #: the table of the rows dropped as late (None: the pipeline names none)
+        self.late: SinkCommitter | None = None
         self.run = run
         self.pipeline = pipeline
         self.max_parallelism = max_parallelism
@@ -78,15 +81,26 @@ class GlobalCommitter:
         #: the sink transactions the acknowledgements carried, for the sink commits
         self._carried = CarriedTransactions()
 
-    def install(self, sink: SinkCommitter | None, restored: CompletedCheckpoint | None) -> None:
-        """A coordinator starts with *sink* (its topology's; ``None``: none): roll the sink
-        back to *restored* and commit its transactions (Flink's recover-and-commit; see
-        :func:`~spark_ckpt.runtime.task.recover_sink`), then publish it as committed.
-        Idempotent."""
+    def install(
+        self,
+        sink: SinkCommitter | None,
+        restored: CompletedCheckpoint | None,
+        *,
+        late: SinkCommitter | None = None,
+    ) -> None:
+        """A coordinator starts with *sink* (its topology's; ``None``: none) and *late* (the
+        late-output table's): roll each back to *restored* and commit its transactions
+        (Flink's recover-and-commit; see :func:`~spark_ckpt.runtime.task.recover_sink`),
+        then publish it as committed. Idempotent."""
         self.sink = sink
+        self.late = late
         if sink is None:
             return
         recover_sink(sink, restored, self.store, staged_before_ms=self.staged_before_ms)
+        if late is not None:
+            recover_sink(
+                late, restored, self.store, staged_before_ms=self.staged_before_ms, legacy=False
+            )
         if restored is not None:
             self._committed.add(restored.checkpoint_id)
             self._publish(restored.checkpoint_id)
@@ -107,6 +121,8 @@ class GlobalCommitter:
         cp = self.store.get(checkpoint_id)
         if self.sink is not None:
             commit_checkpoint(self.sink, cp, self.store, self._carried)
+        if self.late is not None:
+            commit_checkpoint(self.late, cp, self.store, self._carried, legacy=False)
         self._carried.forget_upto(checkpoint_id)
         self._publish(checkpoint_id)
         if cp.is_savepoint:

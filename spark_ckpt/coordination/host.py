@@ -251,7 +251,8 @@ class CoordinatorHost:
             self.run.write_lease(coordinator.epoch)
         latest = self._choose_restore_point()
         coordinator.restored_from(latest)
-        self.committer.install(sink, latest)
+        late = self.sink_factory(topology.late_sink) if topology.late_sink else None
+        self.committer.install(sink, latest, late=late)
         if self.run is not None and self.restore_point is not None:
             self.run.write_restore_point(self.restore_point)
         self.coordinator = coordinator

@@ -42,30 +42,36 @@ class SinkSpec:
 @dataclass(frozen=True)
 class Topology:
     """The tasks that acknowledge checkpoints: subtasks ``0..parallelism-1`` of ``vertex``.
-    ``sink`` is committed by the coordinator when a checkpoint completes."""
+    ``sink`` (and ``late_sink``, the table of the rows dropped as late) is committed by the
+    coordinator when a checkpoint completes."""
 
     vertex: str
     parallelism: int
     sink: SinkSpec | None = None
     run_id: str = ""
+    late_sink: SinkSpec | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "vertex": self.vertex,
             "parallelism": self.parallelism,
             "sink": self.sink.to_dict() if self.sink else None,
             "run_id": self.run_id,
         }
+        if self.late_sink is not None:
+            d["late_sink"] = self.late_sink.to_dict()
+        return d
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Topology:
         try:
-            sink = d.get("sink")
+            sink, late = d.get("sink"), d.get("late_sink")
             return Topology(
                 str(d["vertex"]),
                 int(d["parallelism"]),
                 SinkSpec.from_dict(sink) if sink else None,
                 str(d.get("run_id", "")),
+                SinkSpec.from_dict(late) if late else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ProtocolError(f"malformed topology: {e}") from e

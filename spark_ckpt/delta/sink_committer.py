@@ -26,7 +26,7 @@ from deltalake.transaction import create_table_with_add_actions
 
 from spark_ckpt.delta.boundary import delta_boundary
 from spark_ckpt.delta.followed_table import FollowedTable
-from spark_ckpt.delta.output_schema import check_schema, delta_fields
+from spark_ckpt.delta.output_schema import check_schema, delta_fields, output_table
 from spark_ckpt.delta.sink_rollback import DeltaSinkRollback
 from spark_ckpt.delta.sink_target import DeltaSinkTarget
 from spark_ckpt.delta.staged_file import StagedFile, staged_files
@@ -98,6 +98,27 @@ class DeltaSinkCommitter:
             dt = self._load()
             version = None if dt is None else dt.transaction_version(self.target.app_id)
         return version or 0
+
+    def ensure_table(self, schema: pa.Schema) -> None:
+        """Create the table, empty, with the columns of *schema* (as the writer coerces
+        them), unless it exists: for a sink that may receive nothing for long (a late-output
+        table), so that its commits record the checkpoints it is up to even without files.
+        Idempotent; safe against a concurrent creator."""
+        with _boundary(f"creating {self.target.table_uri}"):
+            if self._load() is not None:
+                return
+            columns = output_table(schema.empty_table()).schema
+            try:
+                create_table_with_add_actions(
+                    self.target.table_uri,
+                    DeltaSchema.from_arrow(columns),
+                    [],
+                    mode="error",
+                    storage_options=self.target.storage_options,
+                )
+            except DeltaError:
+                if self._load() is None:
+                    raise
 
     def committed_files(self) -> set[str]:
         """Paths (relative to the root) of the data files of the current table version."""

@@ -46,6 +46,7 @@ class JobOptions(TypedDict, total=False):
     transform: Callable[[Any], Any] | None
     components: str | None
     watermark: WatermarkStrategy | None
+    late_output: str | None
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,9 @@ class JobSpec:
     processes their store, sink committer, source and operators (default: the pipeline's
     own; :mod:`spark_ckpt.runtime.components`). *watermark*: event time, from a column of
     the rows the first operator receives
-    (:class:`~spark_ckpt.runtime.event_time.WatermarkStrategy`; ``docs/time.md``)."""
+    (:class:`~spark_ckpt.runtime.event_time.WatermarkStrategy`; ``docs/time.md``).
+    *late_output*: a Delta table that receives, exactly once, the rows dropped as late (those
+    rows' own columns; Flink's side output of late data), another table than *output*."""
 
     source: Source
     operators: tuple[KeyedOperator, ...]
@@ -79,6 +82,7 @@ class JobSpec:
     transform: Callable[[Any], Any] | None = None
     components: str | None = None
     watermark: WatermarkStrategy | None = None
+    late_output: str | None = None
 
     @staticmethod
     def of(
@@ -131,6 +135,13 @@ class JobSpec:
             raise ConfigError(
                 "watermark", watermark, "one strategy: the source options name one already"
             )
+        late = options.get("late_output", JobSpec.late_output)
+        if late is not None:
+            if not isinstance(late, str) or not late:
+                raise ConfigError("late_output", late, "the path of a Delta table")
+            late = late if "://" in late else os.path.abspath(late)
+            if late == out:
+                raise ConfigError("late_output", late, "another table than the output")
         return JobSpec(
             dict(source),
             ops,
@@ -142,4 +153,5 @@ class JobSpec:
             options.get("transform", JobSpec.transform),
             components,
             watermark,
+            late,
         )

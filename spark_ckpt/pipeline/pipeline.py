@@ -57,6 +57,8 @@ from spark_ckpt.client.pipeline_client import PipelineClient
 from spark_ckpt.coordination.heartbeats import mark_starting
 from spark_ckpt.coordination.runs import RunFiles, Runs, RunState, new_run_id
 from spark_ckpt.coordination.topology import SinkSpec, Topology, write_topology
+from spark_ckpt.delta.sink_committer import DeltaSinkCommitter
+from spark_ckpt.delta.sink_target import DeltaSinkTarget
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.pipeline.interrupts import Interrupts
 from spark_ckpt.pipeline.job import JobOptions, JobSpec, Operators, Placement, Source
@@ -64,6 +66,7 @@ from spark_ckpt.pipeline.pipeline_run import PipelineRun, RunFunction
 from spark_ckpt.pipeline.restore_point import prepare_restore
 from spark_ckpt.pipeline.supervisor import RunResult, RunSupervisor, StopReason
 from spark_ckpt.pipeline.transform import RouteBatches, apply_transform
+from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.components import load_components
@@ -229,6 +232,15 @@ class Pipeline:
             opts[COMPONENTS] = job.components
         components = load_components(job.components)
         operators = tuple(components.operator(op, self.root) for op in job.operators)
+        if job.late_output is not None and (
+            parsed.watermark is None or not parsed.watermark.column
+        ):
+            raise ConfigError(
+                "late_output",
+                job.late_output,
+                "a pipeline with an event-time watermark (WatermarkStrategy."
+                "for_bounded_out_of_orderness(column, bound)): only it has late rows",
+            )
         if parsed.watermark is None:  # before anything runs
             needs = {op.uid: why for op in job.operators if (why := time_needed(op))}
             if needs:
@@ -254,6 +266,7 @@ class Pipeline:
             tracer=job.tracer,
             components=job.components,
             watermark=parsed.watermark,
+            late_output=job.late_output,
         )
         function: RunFunction
         if job.placement is Placement.EXECUTORS:
@@ -274,7 +287,8 @@ class Pipeline:
         else:
             function = ForeachBatchFunction(spec)
         sink = SinkSpec("delta", job.output, CHAIN_VERTEX)
-        topology = Topology(CHAIN_VERTEX, job.parallelism, sink, run_id)
+        late = None if job.late_output is None else SinkSpec("delta", job.late_output, CHAIN_VERTEX)
+        topology = Topology(CHAIN_VERTEX, job.parallelism, sink, run_id, late)
         write_topology(self.root, topology, run_id)
         mark_starting(self.root, run_id)  # live for requests until its coordinator beats
         self._run_ids.add(run_id)
@@ -282,9 +296,12 @@ class Pipeline:
         if job.transform is not None:
             df = apply_transform(job.transform, df, job.operators[0].key_column)
         if parsed.watermark is not None:  # before the query starts: the rows' schema
-            parsed.watermark.check_schema(
-                user_schema(parsed) if job.transform is None else arrow_schema(df.schema)
-            )
+            rows = user_schema(parsed) if job.transform is None else arrow_schema(df.schema)
+            parsed.watermark.check_schema(rows)
+            if job.late_output is not None:  # its commits then record every checkpoint
+                columns = [f for f in rows if f.name not in BARRIER_COLUMNS]
+                target = DeltaSinkTarget(job.late_output, pipeline=self.name)
+                DeltaSinkCommitter(target).ensure_table(pa.schema(columns))
         if job.transform is not None and job.placement is Placement.EXECUTORS:
             df = df.mapInArrow(RouteBatches(router), ROUTED_DDL)
         return PreparedRun(run_id, df, function, RunFiles(self.root, run_id))

@@ -263,16 +263,19 @@ def wait_committed(
     root: str, pipeline: str, checkpoint: CompletedCheckpoint, timeout_s: float = 60.0
 ) -> None:
     """Wait until the output of *checkpoint* of pipeline *pipeline* under *root* is committed
-    to its sink (the coordinator commits it right after the completion); raises
+    to its sink, and its late rows to the late-output table if the pipeline has one (the
+    coordinator commits them right after the completion); raises
     :class:`~spark_ckpt.errors.CheckpointError` after *timeout_s*. Nothing to wait for without
     a sink."""
     run_id = checkpoint.properties.get(RUN)
     topology = read_topology(root, str(run_id) if run_id else None)
     if topology is None or topology.sink is None:
         return
-    sink = sink_from_spec(topology.sink, pipeline=pipeline)
+    sinks = [sink_from_spec(topology.sink, pipeline=pipeline)]
+    if topology.late_sink is not None:  # the late rows' table commits right after
+        sinks.append(sink_from_spec(topology.late_sink, pipeline=pipeline))
     deadline = time.monotonic() + timeout_s
-    while sink.committed_checkpoint() < checkpoint.checkpoint_id:
+    while min(s.committed_checkpoint() for s in sinks) < checkpoint.checkpoint_id:
         if time.monotonic() > deadline:
             raise CheckpointError(
                 f"output of checkpoint {checkpoint.checkpoint_id} was not committed in time"

@@ -12,7 +12,8 @@ channel, no buffered row, no snapshot in progress), so its image is only
 * its operators' keyed and operator state, as the blobs of a full snapshot
   (:meth:`~spark_ckpt.state.snapshot.strategy.SnapshotStrategy.full_blobs`), one table each;
 * the sink transactions it sealed and whose commit it has not seen yet;
-* its sink's open transaction: the files staged since the last barrier
+* its sink's open transaction: the files staged since the last barrier (and those of its
+  late rows, with a late-output table)
   (:class:`~spark_ckpt.sinks.two_phase_commit.DetachableWriter`);
 * with time, its watermark valve and what it counted (metadata); its operators' timers are
   keyed state.
@@ -159,6 +160,7 @@ def _image(
         "blobs": blobs,
         "sealed": [t.to_json() for t in task.sealed_transactions()],
         "open": list(staged),
+        "open_late": list(_detach_late(task)),
         "cache": None if task.cache is None else task.cache.to_dict(),
         "last_snapshot": task.last_snapshot_id,
     }
@@ -329,3 +331,33 @@ def _adopt_newest(
         if detach:
             writer.detach(task.sink_uid, task.task_id.subtask)
         writer.attach(task.sink_uid, task.task_id.subtask, tuple(meta["open"]))
+    late = _late_writer(task)
+    if late is not None:
+        if detach:
+            late.detach(task.late_uid, task.task_id.subtask)
+        late.attach(task.late_uid, task.task_id.subtask, tuple(meta.get("open_late", ())))
+
+
+def reattach(task: OperatorTask, writer: DetachableWriter | None, image: SubtaskImage) -> None:
+    """Give the open transactions *image* took over (:func:`export_image`) back to the
+    writers of *task*, which lives on in this process."""
+    if writer is not None:
+        writer.attach(task.sink_uid, task.task_id.subtask, tuple(image.meta["open"]))
+    late = _late_writer(task)
+    if late is not None:
+        late.attach(task.late_uid, task.task_id.subtask, tuple(image.meta.get("open_late", ())))
+
+
+def _late_writer(task: OperatorTask) -> DetachableWriter | None:
+    """The writer of *task*'s late rows, when it has one that hands its open files over."""
+    sink = task.late_sink
+    if sink is None:
+        return None
+    writer = sink.writer
+    return writer if isinstance(writer, DetachableWriter) else None
+
+
+def _detach_late(task: OperatorTask) -> tuple[str, ...]:
+    """The files of *task*'s open late-rows transaction, handed over into its image."""
+    late = _late_writer(task)
+    return () if late is None else late.detach(task.late_uid, task.task_id.subtask)

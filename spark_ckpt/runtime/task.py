@@ -161,6 +161,7 @@ class OperatorTask:
         run_async: Callable[[Callable[[], None]], None] | None = None,
         tracer: Tracer = NOOP_TRACER,
         watermark: WatermarkStrategy | None = None,
+        late_sink: TransactionalSink | None = None,
     ) -> None:
         """*source_vertex*: when the task reads source channels directly (the foreachBatch
         aligner), its acknowledgements also carry the source positions — each channel's
@@ -170,7 +171,10 @@ class OperatorTask:
         and only reads the committer's committed checkpoint (:meth:`notify_complete`); it
         never commits — the job's global committer does.
 
-        *watermark*: the pipeline keeps event time (see the module docstring)."""
+        *watermark*: the pipeline keeps event time (see the module docstring).
+
+        *late_sink*: where the rows dropped as late go (Flink's side output), through their
+        own two-phase-commit transaction, sealed and carried like the output's."""
         if not operators:
             raise SparkCkptError("an operator task needs at least one operator")
         self.task_id = task_id
@@ -180,6 +184,7 @@ class OperatorTask:
         self.key_group_range = range_for_subtask(max_parallelism, parallelism, task_id.subtask)
         self.store = store
         self.sink = sink
+        self.late_sink = late_sink
         self.respond = respond
         self.clock = clock
         self.tracer = tracer
@@ -210,7 +215,8 @@ class OperatorTask:
             self._handles[op.uid] = handle
         self._closed = False
         self._in_progress: dict[int, _SnapshotInProgress] = {}
-        self._sealed: dict[int, Transaction] = {}
+        #: per checkpoint id, the transactions this task sealed (the output's, the late rows')
+        self._sealed: dict[int, list[Transaction]] = {}
         self._acked: dict[int, TaskStateHandle] = {}
         self._acked_lock = threading.Lock()  # _acked is written by the asynchronous phase
         self._run_async = run_async or _run_inline
@@ -230,6 +236,12 @@ class OperatorTask:
     @property
     def sink_uid(self) -> str:
         return self.task_id.vertex
+
+    @property
+    def late_uid(self) -> str:
+        """Whose transactions of late rows (distinct from the output's: a transaction is
+        named by uid, subtask and checkpoint)."""
+        return f"{self.task_id.vertex}:late"
 
     @property
     def state_uid(self) -> str:
@@ -370,7 +382,10 @@ class OperatorTask:
             return
         self.rows_processed += table.num_rows
         if self.time is not None:
-            table = self.time.drop_late(table)
+            table, late = self.time.drop_late(table)
+            if late is not None and self.late_sink is not None:
+                with self.tracer.span(Phase.SINK_WRITE):
+                    self.late_sink.writer.write(self.late_uid, self.task_id.subtask, late)
         self._emit(table, 0)
 
     def _emit(self, rows: pa.Table | None, start: int) -> None:
@@ -398,11 +413,14 @@ class OperatorTask:
         base = min(s.base_checkpoint_id for s in strategies)
         snaps = [s.snapshot(cid, full=full) for s in strategies]
         self.last_snapshot_id = cid
-        if self.sink is not None:
+        sinks = [(s, u) for s, u in ((self.sink, self.sink_uid), (self.late_sink, self.late_uid))]
+        if any(s is not None for s, _ in sinks):
             with self.tracer.span(Phase.SINK_PRE_COMMIT):
-                self._sealed[cid] = self.sink.writer.pre_commit(
-                    self.sink_uid, self.task_id.subtask, cid
-                )
+                self._sealed[cid] = [
+                    s.writer.pre_commit(uid, self.task_id.subtask, cid)
+                    for s, uid in sinks
+                    if s is not None
+                ]
         time_state, time = (None, None) if self.time is None else self.time.snapshot()
         self._in_progress[cid] = _SnapshotInProgress(
             snaps, step, self.clock.now_ms() - start, base, time_state, time
@@ -431,7 +449,9 @@ class OperatorTask:
             )
         sealed: tuple[str, ...] | None = None
         if self.sink is not None:
-            sealed = tuple(t.to_json() for c, t in sorted(self._sealed.items()) if c <= cid)
+            sealed = tuple(
+                t.to_json() for c, txns in sorted(self._sealed.items()) if c <= cid for t in txns
+            )
             blobs.append(
                 StateBlob(
                     vertex, subtask, BlobKind.OPERATOR, SINK_TRANSACTIONS, sealed_table(sealed)
@@ -488,6 +508,9 @@ class OperatorTask:
             if sink_committed is None:
                 with self.tracer.span(Phase.COMMITTED_CHECKPOINT):
                     sink_committed = self.sink.committer.committed_checkpoint()
+                    if self.late_sink is not None:  # both commit each checkpoint
+                        late = self.late_sink.committer.committed_checkpoint()
+                        sink_committed = min(sink_committed, late)
             self.forget_committed(min(checkpoint_id, sink_committed))
         with self._acked_lock:
             handle = self._acked.pop(checkpoint_id, None)
@@ -515,7 +538,7 @@ class OperatorTask:
     def sealed_transactions(self) -> list[Transaction]:
         """The sink transactions this task sealed whose commit it has not seen, oldest
         first (they go into every checkpoint it takes until then)."""
-        return [self._sealed[c] for c in sorted(self._sealed)]
+        return [t for c in sorted(self._sealed) for t in self._sealed[c]]
 
     def adopt_sealed(self, txns: Sequence[Transaction], *, replace: bool = False) -> None:
         """Take over sealed transactions of this subtask (from its image,
@@ -524,7 +547,9 @@ class OperatorTask:
         if replace:
             self._sealed.clear()
         for txn in txns:
-            self._sealed[txn.checkpoint_id] = txn
+            mine = self._sealed.setdefault(txn.checkpoint_id, [])
+            if txn not in mine:
+                mine.append(txn)
 
     def forget_snapshot_history(self, last_snapshot_id: int) -> None:
         """Another process ran this subtask and snapshotted checkpoints up to
@@ -597,13 +622,16 @@ def sealed_transactions(
     return sorted(txns.values(), key=lambda t: (t.checkpoint_id, t.subtask))
 
 
-def own_transactions(committer: SinkCommitter, txns: Sequence[Transaction]) -> list[Transaction]:
+def own_transactions(
+    committer: SinkCommitter, txns: Sequence[Transaction], *, legacy: bool = True
+) -> list[Transaction]:
     """The transactions of *txns* that *committer* commits: those sealed for its storage
-    (:attr:`~spark_ckpt.sinks.two_phase_commit.SinkCommitter.sink_id`), and those of older versions,
-    which did not record one. Transactions for another storage (the pipeline's output
-    changed at a restore) stay where they were: the new output starts at the restored
-    positions."""
-    return [t for t in txns if not t.sink or t.sink == committer.sink_id]
+    (:attr:`~spark_ckpt.sinks.two_phase_commit.SinkCommitter.sink_id`), and, with *legacy*
+    (the pipeline's output, not its late-output table), those of older versions, which did
+    not record one. Transactions for another storage (the pipeline's output changed at a
+    restore; the other of output and late rows) stay where they were: a new output starts at
+    the restored positions."""
+    return [t for t in txns if t.sink == committer.sink_id or (legacy and not t.sink)]
 
 
 def commit_checkpoint(
@@ -611,13 +639,16 @@ def commit_checkpoint(
     checkpoint: CompletedCheckpoint,
     store: StateStorage,
     carried: CarriedTransactions | None = None,
+    *,
+    legacy: bool = True,
 ) -> bool:
     """The global committer's step after *checkpoint* completed: commit every transaction it
-    records, at once (*carried*: those the acknowledgements brought, see
-    :func:`sealed_transactions`). Idempotent; returns False when it was already committed."""
+    records for *committer*, at once (*carried*: those the acknowledgements brought, see
+    :func:`sealed_transactions`; *legacy*: see :func:`own_transactions`). Idempotent;
+    returns False when it was already committed."""
     return committer.commit_checkpoint(
         checkpoint.checkpoint_id,
-        own_transactions(committer, sealed_transactions(checkpoint, store, carried)),
+        own_transactions(committer, sealed_transactions(checkpoint, store, carried), legacy=legacy),
     )
 
 
@@ -627,6 +658,7 @@ def recover_sink(
     store: StateStorage,
     *,
     staged_before_ms: int | None = None,
+    legacy: bool = True,
 ) -> list[Transaction]:
     """Flink's recover-and-commit: commit every transaction sealed in the restored (completed)
     checkpoint for this sink's storage, and discard every other staged transaction of the
@@ -654,7 +686,7 @@ def recover_sink(
                 len(withdrawn),
             )
     sealed = sealed_transactions(checkpoint, store) if checkpoint is not None else []
-    txns = own_transactions(committer, sealed)
+    txns = own_transactions(committer, sealed, legacy=legacy)
     if len(txns) < len(sealed):
         log.info(
             "restoring checkpoint %d: %d sink transactions were sealed for another output "

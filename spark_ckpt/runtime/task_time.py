@@ -28,7 +28,13 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_ckpt.protocol.barrier import BARRIER_TS, KIND, ChannelProgress, RecordKind
+from spark_ckpt.protocol.barrier import (
+    BARRIER_COLUMNS,
+    BARRIER_TS,
+    KIND,
+    ChannelProgress,
+    RecordKind,
+)
 from spark_ckpt.protocol.state_handles import TimeMetrics
 from spark_ckpt.runtime.event_time import WatermarkStrategy, WatermarkValve
 from spark_ckpt.runtime.operator import KeyedOperator
@@ -115,23 +121,28 @@ class TaskTime:
         """Channel *channel*'s progress arrived; the next :meth:`advance` applies it."""
         self.valve.observe(channel, progress)
 
-    def drop_late(self, table: pa.Table) -> pa.Table:
-        """*table* without its rows late beyond the allowed lateness; counts the late rows
-        (event time at or below the watermark) and the dropped ones. Vectorized: one
-        comparison per row; nothing without an event-time column or a watermark."""
+    def drop_late(self, table: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+        """*table* without its rows late beyond the allowed lateness, and those rows (their
+        own columns, none of the engine's; None: none); counts the late rows (event time at
+        or below the watermark) and the dropped ones. Vectorized: one comparison per row;
+        nothing without an event-time column or a watermark."""
         column = self.strategy.column
         if column is None or self.valve.watermark_us is None:
-            return table
+            return table, None
         times = table.column(column)
         late = self.valve.late(times)
         n_late = pc.sum(late).as_py() or 0
         if not n_late:
-            return table
+            return table, None
         lateness = self.strategy.allowed_lateness_ms * 1000
         dropped = late if lateness == 0 else self.valve.late(times, lateness)
         n_dropped = pc.sum(dropped).as_py() or 0
         self.metrics = self.metrics.add(late=n_late, dropped=n_dropped)
-        return table.filter(pc.invert(dropped)) if n_dropped else table
+        if not n_dropped:
+            return table, None
+        gone = table.filter(dropped)
+        gone = gone.drop_columns([c for c in gone.column_names if c in BARRIER_COLUMNS])
+        return table.filter(pc.invert(dropped)), gone
 
     def advance(self) -> None:
         """Apply the progress observed since the last call (the end of a micro-batch, or a

@@ -24,7 +24,8 @@ class AlignerSpec:
     that runs them, on the batch's thread and the snapshot worker's thread; it must be
     picklable and cheap. Default: no tracing. *components*: ``module:name`` of the job's
     :class:`~spark_ckpt.runtime.components.Components` (the checkpoint store the subtasks
-    use passes its ``store`` hook), or None. *watermark*: the pipeline keeps event time."""
+    use passes its ``store`` hook), or None. *watermark*: the pipeline keeps event time;
+    *late_output*: the Delta table of the rows dropped as late (None: none)."""
 
     root: str
     pipeline: str
@@ -39,6 +40,7 @@ class AlignerSpec:
     tracer: Tracer = NOOP_TRACER
     components: str | None = None
     watermark: WatermarkStrategy | None = None
+    late_output: str | None = None
 
     def store(self) -> WorkerStorage:
         """The checkpoint store of the subtasks, in the calling process."""

@@ -230,6 +230,12 @@ def _check_time(ns: dict[str, Any], base: Path) -> None:
     users = Counter(u for c in range(2) for u in spec.rows(c, 0, 500)["user_id"].to_pylist())
     sightings = read_delta(base / "lake" / "first_sightings")["user_id"].to_pylist()
     assert Counter(sightings) == Counter(set(users))
+    # the late rows of the late-output example: every one counted is in its table, once
+    late_stats = [r.stats for r in ns["late_clicks"].client.history() if r.stats is not None]
+    late_table = read_delta(base / "lake" / "late_clicks")
+    assert late_table.num_rows == sum(s.late_rows for s in late_stats) > 0
+    on_time = read_delta(base / "lake" / "clicks_on_time")
+    assert on_time.num_rows + late_table.num_rows == 2 * 1000  # every input row, one place
     # windows: pandas' 5 s counts, sums and means of every window the final watermark passed
     per_user = ns["per_user"]
     spec = GeneratorSpec.from_options(

@@ -63,14 +63,18 @@ def run_windows(
         root=str(tmp_path / "root"),
     )
     out = tmp_path / "out"
+    late = tmp_path / "late"
     result = p.run(
         source,
         WindowAggregate("per_key", key, Windows.tumbling(SIZE), [Agg.count()], key_type=key_type),
         output=str(out),
         available_now=True,
         watermark=WatermarkStrategy.for_monotonous_timestamps(column),
+        late_output=str(late),
     )
     assert result.failures == ()
+    # nothing is late: the late-output table exists, empty, its commits up to the last one
+    assert pl.read_delta(str(late)).height == 0
     return out
 
 

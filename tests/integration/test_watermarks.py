@@ -72,9 +72,18 @@ def batches(root: str) -> list[Slices]:
 def oracle(runs: list[tuple[int, Slices]], bound_us: int) -> tuple[int, Counter[int]]:
     """The late rows and the rows per key a running count sees, by the documented rule, over
     runs of the generator with their backlogs (its event times depend on the backlog)."""
+    late, kept = late_and_kept(runs, bound_us)
+    return sum(late.values()), kept
+
+
+def late_and_kept(
+    runs: list[tuple[int, Slices]], bound_us: int
+) -> tuple[Counter[tuple[int, int, int]], Counter[int]]:
+    """The late rows, as (user_id, amount, event time in µs), and the rows per key a running
+    count sees (see :func:`oracle`)."""
     top: dict[int, int] = {}
     watermark: int | None = None
-    late, kept = 0, Counter[int]()
+    late, kept = Counter[tuple[int, int, int]](), Counter[int]()
     for backlog, batch in ((b, batch) for b, run in runs for batch in run):
         spec = GeneratorSpec(SEED, CHANNELS, 0.0, backlog, KEYS)
         seen: dict[int, int] = {}
@@ -84,9 +93,12 @@ def oracle(runs: list[tuple[int, Slices]], bound_us: int) -> tuple[int, Counter[
                 pc.cast(rows.column("event_ts"), "int64"),
                 pc.multiply(pc.remainder(rows.column("amount"), 50), JITTER_US),
             ).to_pylist()
-            for key, ts in zip(rows.column("user_id").to_pylist(), times, strict=True):
+            amounts = rows.column("amount").to_pylist()
+            for key, amount, ts in zip(
+                rows.column("user_id").to_pylist(), amounts, times, strict=True
+            ):
                 if watermark is not None and ts <= watermark:
-                    late += 1
+                    late[(key, amount, ts)] += 1
                 else:
                     kept[key] += 1
             if times:
@@ -114,7 +126,7 @@ def test_late_rows_are_dropped_and_counted_exactly(
     config = CheckpointConfig.from_options({"checkpoint.interval": "300ms"})
     p = Pipeline(spark, "late", config=config, root=str(tmp_path / "root"))
     strategy = WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND)
-    out = tmp_path / "out"
+    out, late_out = tmp_path / "out", tmp_path / "late"
     backlog = 1500
     result = p.run(
         source(backlog),
@@ -124,12 +136,20 @@ def test_late_rows_are_dropped_and_counted_exactly(
         transform=transform,
         placement=placement,
         watermark=strategy,
+        late_output=str(late_out),
     )
     assert result.restarts == 0 and not result.failures
     [run] = batches(p.root)
-    expected_late, kept = oracle([(backlog, run)], strategy.bound_us)
+    late, kept = late_and_kept([(backlog, run)], strategy.bound_us)
+    expected_late = sum(late.values())
     assert expected_late > 0  # the test means something
     assert late_rows(p) == expected_late
+    # the late rows themselves, exactly once, in their own table (their own columns)
+    table = pl.read_delta(str(late_out))
+    assert table.columns == ["user_id", "amount", "event_ts", "ts"]
+    micros = table.select(pl.col("ts").dt.epoch("us")).to_series().to_list()
+    got = Counter(zip(table["user_id"].to_list(), table["amount"].to_list(), micros, strict=True))
+    assert got == late
     assert output(out) == running_count_rows(kept)
     last = p.client.latest()
     assert last is not None and last.stats.watermark_ms is not None
@@ -158,6 +178,7 @@ def test_a_restore_resumes_the_watermark(spark: SparkSession, tmp_path: Path) ->
         source(600),
         RunningCount("counter", "user_id"),
         output=str(out),
+        late_output=str(tmp_path / "late"),
         transform=transform,
         watermark=strategy,
         trigger_s=0.3,
@@ -169,6 +190,7 @@ def test_a_restore_resumes_the_watermark(spark: SparkSession, tmp_path: Path) ->
         source(1200),
         RunningCount("counter", "user_id"),
         output=str(out),
+        late_output=str(tmp_path / "late"),
         available_now=True,
         transform=transform,
         watermark=strategy,
@@ -179,8 +201,14 @@ def test_a_restore_resumes_the_watermark(spark: SparkSession, tmp_path: Path) ->
     [point] = [r for r in p.client.history() if "restored_from" in r.properties]
     assert point.stats is not None and point.stats.watermark_ms == saved_watermark
     first, second = batches(p.root)
-    expected_late, kept = oracle([(600, first), (1200, second)], strategy.bound_us)
-    assert late_rows(p) == expected_late
+    late, kept = late_and_kept([(600, first), (1200, second)], strategy.bound_us)
+    assert late_rows(p) == sum(late.values())
+    table = pl.read_delta(str(tmp_path / "late"))  # across both runs, exactly once
+    micros = table.select(pl.col("ts").dt.epoch("us")).to_series().to_list()
+    assert (
+        Counter(zip(table["user_id"].to_list(), table["amount"].to_list(), micros, strict=True))
+        == late
+    )
     assert output(out) == running_count_rows(kept)
 
 
@@ -197,4 +225,21 @@ def test_a_bad_event_time_column_is_refused_before_anything_runs(
                 available_now=True,
                 watermark=WatermarkStrategy.for_monotonous_timestamps(column),
             )
-    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="only it has late rows"):  # no event time
+        p.run(
+            source(10),
+            RunningCount("counter", "user_id"),
+            output=str(tmp_path / "out"),
+            available_now=True,
+            late_output=str(tmp_path / "late"),
+        )
+    with pytest.raises(ConfigError, match="another table than the output"):
+        p.run(
+            source(10),
+            RunningCount("counter", "user_id"),
+            output=str(tmp_path / "out"),
+            available_now=True,
+            watermark=WatermarkStrategy.for_monotonous_timestamps("event_ts"),
+            late_output=str(tmp_path / "out"),
+        )
+    assert not (tmp_path / "out").exists() and not (tmp_path / "late").exists()

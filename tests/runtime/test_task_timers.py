@@ -10,6 +10,8 @@ the watermark the previous batches left are late (dropped: no allowed lateness).
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import example, given, settings
@@ -18,6 +20,7 @@ from timed_jobs import CHANNELS, Batch, Job, batch_ms, run, watermarks
 
 from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.operator import KeyedOperator, RecordOperator
+from spark_ckpt.sinks.memory_sink import MemorySink
 from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.descriptor import ValueStateDescriptor
 
@@ -25,6 +28,7 @@ OUT = pa.schema([("k", pa.int64()), ("timestamp", pa.int64()), ("domain", pa.str
 BOUND_MS = 3000
 GAP_MS = 5000  # a key is silent once the watermark passes its last event time + GAP_MS
 FOLLOW_UP_MS = 1500  # a processing-time timer this long after a key is first seen
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 STRATEGY = WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND_MS)
 
 
@@ -184,3 +188,41 @@ def test_processing_time_timers_fire_with_batches_that_carry_no_rows() -> None:
     assert job.tasks[0].time is not None and job.tasks[0].time.processing_ms == 2000
     job.feed(2, Batch({}, {}, True), positions)
     assert job.output() == [(4, 2, 3000), (5, 1, 3000)]
+
+
+def late_oracle(batches: list[Batch]) -> list[tuple[int, int]]:
+    """The (key, event time) of every row a plain loop finds late: at or below the watermark
+    the batches before it left."""
+    marks = watermarks(batches, BOUND_MS)
+    late = []
+    for index, batch in enumerate(batches):
+        before = marks[index - 1] if index else None
+        for rows in batch.rows.values():
+            late += [(k, t) for k, t in rows if before is not None and t <= before]
+    return sorted(late)
+
+
+@settings(max_examples=100)
+@given(streams(), st.sampled_from([None, "image", "workers"]))
+def test_late_rows_reach_the_late_output_exactly_once(
+    case: tuple[list[Batch], int | None, int, int], rebuild: str | None
+) -> None:
+    """The rows dropped as late go to their own two-phase-commit sink: through crashes,
+    restores at another parallelism and subtasks rebuilt from images, it holds exactly the
+    late rows of the loop, once each, with their own columns only."""
+    batches, crash, parallelism, new_parallelism = case
+    job = Job(Silence, STRATEGY, parallelism, rebuild=rebuild, late=MemorySink("late"))
+    run(job, batches, crash, new_parallelism)
+    assert job.late is not None
+    out = job.late.committer.output()
+    got = (
+        []
+        if out is None
+        else sorted(
+            (r["k"], (r["ts"] - EPOCH) // dt.timedelta(milliseconds=1)) for r in out.to_pylist()
+        )
+    )
+    assert got == late_oracle(batches)
+    if out is not None:
+        assert out.column_names == ["k", "ts", "v"]
+    assert job.output() == oracle(batches)  # the output is untouched by it

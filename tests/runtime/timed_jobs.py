@@ -84,6 +84,8 @@ class Job:
     chains: dict[int, list[SubtaskImage]] = field(default_factory=dict)
     #: "workers": per subtask, the idle worker's task and how many images it has seen
     idle: dict[int, tuple[OperatorTask, int]] = field(default_factory=dict)
+    #: where the rows dropped as late go (None: nowhere)
+    late: MemorySink | None = None
 
     def _task(self, subtask: int) -> OperatorTask:
         return OperatorTask(
@@ -97,6 +99,7 @@ class Job:
             clock=ManualClock(0),
             sink=self.sink,
             watermark=self.strategy,
+            late_sink=self.late,
         )
 
     def start(self, parallelism: int) -> None:
@@ -105,6 +108,8 @@ class Job:
         self.chains.clear()
         self.tasks = [self._task(s) for s in range(parallelism)]
         recover_sink(self.sink.committer, self.completed, self.store)
+        if self.late is not None:
+            recover_sink(self.late.committer, self.completed, self.store, legacy=False)
         for task in self.tasks:
             task.restore(self.completed)
         self.idle.clear()
@@ -117,6 +122,8 @@ class Job:
     def crash(self) -> int:
         """Lose the tasks and open transactions; returns the batch to replay from."""
         self.sink.crash()
+        if self.late is not None:
+            self.late.crash()
         self.tasks = []
         cp = self.completed
         return 0 if cp is None else self.batch_of[cp.checkpoint_id] + 1
@@ -179,6 +186,8 @@ class Job:
         )
         self.store.commit(self.store.acquire(), cp)
         commit_checkpoint(self.sink.committer, cp, self.store)
+        if self.late is not None:
+            commit_checkpoint(self.late.committer, cp, self.store, legacy=False)
         for task in self.tasks:
             task.notify_complete(cid)
         self.completed = cp

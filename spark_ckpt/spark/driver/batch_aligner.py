@@ -92,10 +92,12 @@ class BatchAligner:
         run_id: str | None = None,
         tracer: Tracer = NOOP_TRACER,
         watermark: WatermarkStrategy | None = None,
+        late_sink: TransactionalSink | None = None,
     ) -> None:
         """*watermark*: the pipeline keeps event time; the batches' progress rows get the
         largest event time of each channel's rows here, before they are split among the
-        subtasks (:func:`~spark_ckpt.runtime.event_time.fill_progress`).
+        subtasks (:func:`~spark_ckpt.runtime.event_time.fill_progress`). *late_sink*: the
+        rows dropped as late go there (see :class:`~spark_ckpt.runtime.task.OperatorTask`).
 
         *run_id*: acknowledgements go to the run's mailbox box and abort notifications
         are read from the run's files (see :mod:`spark_ckpt.coordination.runs`). *tracer* receives
@@ -140,6 +142,7 @@ class BatchAligner:
                 run_async=None if self.worker is None else self.worker.submit,
                 tracer=tracer,
                 watermark=watermark,
+                late_sink=late_sink,
             )
             for s in range(parallelism)
         ]

@@ -78,6 +78,11 @@ def _aligner(
         run_id=spec.run_id,
         tracer=spec.tracer,
         watermark=spec.watermark,
+        late_sink=(
+            None
+            if spec.late_output is None
+            else DeltaSink(spec.late_output, pipeline=spec.pipeline)
+        ),
     )
 
 

@@ -64,6 +64,7 @@ from spark_ckpt.runtime.subtask_image import (
     export_folded_image,
     export_image,
     import_images,
+    reattach,
 )
 from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK, OperatorTask
 from spark_ckpt.spark.executors.changelog import MAX_CHAIN, Segment, SubtaskChangelog
@@ -186,8 +187,7 @@ class SubtaskFunction:
                 token=token,
                 previous=fence,
             )
-        if writer is not None:
-            writer.attach(task.sink_uid, subtask, tuple(image.meta["open"]))
+        reattach(task, writer, image)
         LIVE_SUBTASKS.keep(
             self._key(subtask), LiveSubtask(task, writer, batch_id, token, published)
         )
@@ -223,6 +223,8 @@ class SubtaskFunction:
 
         store = self.spec.store()
         sink = DeltaSink(self.spec.output, pipeline=self.spec.pipeline)
+        late = self.spec.late_output
+        late_sink = None if late is None else DeltaSink(late, pipeline=self.spec.pipeline)
         mailbox = Mailbox(self.spec.root, self.spec.run_id)
 
         def respond(message: AcknowledgeCheckpoint | DeclineCheckpoint) -> None:
@@ -243,6 +245,7 @@ class SubtaskFunction:
             run_async=SNAPSHOTS.run_async(self._key(subtask)),
             tracer=self.spec.tracer,
             watermark=self.spec.watermark,
+            late_sink=late_sink,
         )
         if fence is None:
             files = RunFiles(self.spec.root, self.spec.run_id)
