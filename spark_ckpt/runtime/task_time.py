@@ -20,8 +20,6 @@ class only decides when they are due. Single-threaded, as the task. Pure: pyarro
 
 from __future__ import annotations
 
-import contextlib
-import copy
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -39,7 +37,12 @@ from spark_ckpt.protocol.state_handles import TimeMetrics
 from spark_ckpt.runtime.event_time import WatermarkStrategy, WatermarkValve
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.state.backend import KeyedStateBackend
-from spark_ckpt.state.context import StateContext
+from spark_ckpt.state.descriptor import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
 from spark_ckpt.state.timers import TimeDomain, TimerService
 from spark_ckpt.state.ttl import TtlStates
 
@@ -246,36 +249,37 @@ def _named(due: pa.Table, key_column: str, domain: str) -> pa.Table:
 
 def time_needed(operator: KeyedOperator) -> str | None:
     """Why *operator* needs a pipeline that keeps time (None: it does not): it handles
-    timers, or its ``open`` registers a state with a TTL. Found before anything runs, by
-    opening a copy of it over an empty backend (an operator that cannot be copied, or whose
-    ``open`` fails there, is left to its real ``open``)."""
+    timers, or it holds a state descriptor with a TTL. Found before anything runs and
+    without running any of the operator's code (no ``open``, no ``close``, no copy): from
+    the descriptors it holds in its attributes or its class's, and in the lists, tuples,
+    sets and dicts among them. A descriptor built only inside ``open`` is refused by its
+    real ``open`` (:class:`~spark_ckpt.errors.StateError`). O(attributes)."""
     if operator.handles_timers:
         return "handles timers"
-    try:
-        probe = copy.deepcopy(operator)
-    except Exception:  # a user's object: leave the check to the real open
-        return None
-    backend = KeyedStateBackend.for_subtask(probe.uid, 0, 1, probe.key_type, 1)
-    ttl = TtlStates(backend, lambda: 0)
-    try:
-        probe.open(StateContext(backend, None, _NO_TIME, ttl))
-    except Exception:  # a user's hook: its real open reports what is wrong
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            probe.close()
-    names = ttl.names()
+    names = sorted({d.name for d in _held_descriptors(operator) if d.ttl is not None})
     return f"has states with a TTL ({', '.join(names)})" if names else None
 
 
-class _NoTime:
-    """A time that never moves: for :func:`time_needed`'s probe."""
-
-    watermark_ms: int | None = None
-    processing_ms: int = 0
-    event_time: bool = True
-    event_time_column: str | None = None
-    allowed_lateness_ms: int = 0
+_CONTAINERS: Final = (list, tuple, set, frozenset)
 
 
-_NO_TIME: Final = _NoTime()
+def _held_descriptors(operator: KeyedOperator) -> list[StateDescriptor]:
+    """The state descriptors *operator* holds: its instance's attributes and its classes'
+    (plain values only: no property or other descriptor is called)."""
+    found: list[StateDescriptor] = []
+    pending: list[object] = list(getattr(operator, "__dict__", {}).values())
+    for cls in type(operator).__mro__:
+        pending.extend(vars(cls).values())
+    seen: set[int] = set()
+    while pending:
+        value = pending.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, (ValueStateDescriptor, ListStateDescriptor, MapStateDescriptor)):
+            found.append(value)
+        elif isinstance(value, _CONTAINERS):
+            pending.extend(value)
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+    return found
