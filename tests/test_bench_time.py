@@ -74,6 +74,7 @@ def test_growth_tells_flat_from_linear() -> None:
     assert g["end"] == pytest.approx(950.0)  # t 90..100
     assert g["end_over_mid"] == pytest.approx(1.9)
     assert g["slope_per_min"] == pytest.approx(600.0)  # 10 per second
+    assert g["second_half"] == pytest.approx(750.0)  # t 50..100
     f = growth(flat, "v", duration)
     assert f["end_over_mid"] == pytest.approx(1.0)
     assert f["slope_per_min"] == pytest.approx(0.0)
@@ -83,7 +84,7 @@ def test_growth_tells_flat_from_linear() -> None:
 def test_growth_of_an_empty_or_unknown_series_is_none() -> None:
     g = growth([{"t_s": 1.0, "v": None}], "v", 10.0)
     assert g["mid"] is None and g["end"] is None and g["end_over_mid"] is None
-    assert g["slope_per_min"] is None
+    assert g["slope_per_min"] is None and g["second_half"] is None
 
 
 class FakeMapState:

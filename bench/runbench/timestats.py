@@ -13,7 +13,7 @@ hand-made points.
   it (``ttl_expired`` summed over the run's checkpoints so far).
 * :func:`growth` — whether a series is flat or growing: its mean over the last tenth of the
   run against its mean over the tenth around the middle (``end_over_mid``: ~1 flat, ~2 for
-  a linear growth from zero), and its least-squares slope over the second half.
+  a linear growth from zero), its least-squares slope and its mean over the second half.
 """
 
 from __future__ import annotations
@@ -103,7 +103,9 @@ def growth(series: Sequence[dict[str, Any]], field: str, duration_s: float) -> d
     """Flat or growing (see the module docstring): *field*'s mean over the middle tenth
     (``mid``) and the last tenth (``end``) of a run of *duration_s*, their ratio, and the
     least-squares slope per minute over the second half (``slope_per_min``) with that slope
-    relative to ``end`` (``slope_per_min_of_end``)."""
+    relative to ``end`` (``slope_per_min_of_end``), and the mean over the second half
+    (``second_half``: steadier than ``end`` for a series with spikes, such as the bytes
+    written, where a checkpoint now and then writes a full blob)."""
     mid = _mean_between(series, field, 0.45 * duration_s, 0.55 * duration_s)
     end = _mean_between(series, field, 0.9 * duration_s, float("inf"))
     half = [
@@ -117,6 +119,7 @@ def growth(series: Sequence[dict[str, Any]], field: str, duration_s: float) -> d
     return {
         "mid": mid,
         "end": end,
+        "second_half": statistics.fmean(v for _, v in half) if half else None,
         "end_over_mid": end / mid if end is not None and mid else None,
         "slope_per_min": slope,
         "slope_per_min_of_end": slope / end if slope is not None and end else None,
