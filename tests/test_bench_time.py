@@ -35,17 +35,37 @@ def test_rate_between_counts_from_the_second_checkpoint_of_the_window() -> None:
         point(6, 9.0, timers_fired=1000),  # after the window
     ]
     rate = rate_between(points, T0 + 500, T0 + 5000, "timers_fired")
-    assert rate == {"count": 60, "seconds": 3.5, "per_s": 60 / 3.5, "checkpoints": 4}
+    assert rate == {
+        "count": 60,
+        "seconds": 3.5,
+        "per_s": 60 / 3.5,
+        "checkpoints": 4,
+        "widened": False,
+    }
+
+
+def test_rate_between_widens_to_the_checkpoints_around_a_short_window() -> None:
+    points = [
+        point(1, 0.0, timers_fired=1000),
+        point(2, 2.0, timers_fired=8),  # the one before the window
+        point(3, 6.0, timers_fired=12),  # the only one in it
+        point(4, 12.0, timers_fired=20),  # the first after it
+        point(5, 15.0, timers_fired=1000),
+    ]
+    rate = rate_between(points, T0 + 5000, T0 + 10_000, "timers_fired")
+    assert rate == {"count": 32, "seconds": 10.0, "per_s": 3.2, "checkpoints": 3, "widened": True}
+    assert rate_between(points[3:4], T0 + 5000, T0 + 10_000, "timers_fired") is None
 
 
 def test_rate_between_needs_two_checkpoints_and_a_counter() -> None:
     points = [point(1, 0.0, late_rows=3), point(2, 1.0, late_rows=4)]
-    assert rate_between(points, T0 + 500, T0 + 5000, "late_rows") is None
+    assert rate_between(points[1:], T0, T0 + 5000, "late_rows") is None
     assert rate_between(points, T0, T0 + 5000, "late_rows") == {
         "count": 4,
         "seconds": 1.0,
         "per_s": 4.0,
         "checkpoints": 2,
+        "widened": False,
     }
     with pytest.raises(ValueError, match="not a counter"):
         rate_between(points, T0, T0 + 5000, "state_bytes")

@@ -6,7 +6,8 @@ hand-made points.
 * :func:`rate_between` — a counter of the checkpoint statistics (timers fired, timers
   registered, late rows, ...) per second over the checkpoints of a measured window. Each
   checkpoint counts what happened since the previous one, so the checkpoints ``c0 .. cn``
-  triggered in the window count, from ``c1`` on, what happened between ``c0`` and ``cn``.
+  triggered in the window count, from ``c1`` on, what happened between ``c0`` and ``cn``
+  (a window with fewer than two: from the last checkpoint before it to the first after it).
 * :func:`state_series` — the TTL section's series: per checkpoint its state bytes, the bytes
   it wrote and the keys in the state. Every input row carries a new key, so the keys in the
   state at a checkpoint are the rows read before its barrier less the entries expired up to
@@ -52,12 +53,19 @@ def rate_between(
     points: Sequence[Point], start_ms: float, end_ms: float, counter: str
 ) -> dict[str, Any] | None:
     """*counter* per second over the checkpoints triggered in ``[start_ms, end_ms)`` (see
-    the module docstring); None for fewer than two such checkpoints."""
+    the module docstring). With fewer than two of them (checkpoints further apart than the
+    window: a checkpoint waits for a micro-batch) the span widens to the last checkpoint
+    triggered before the window and the first after it (``widened``); None when there are
+    still fewer than two."""
     if counter not in COUNTERS:
         raise ValueError(f"not a counter: {counter!r} (one of {COUNTERS})")
-    inside = sorted(
-        (p for p in points if start_ms <= p.trigger_ms < end_ms), key=lambda p: p.trigger_ms
-    )
+    ordered = sorted(points, key=lambda p: p.trigger_ms)
+    inside = [p for p in ordered if start_ms <= p.trigger_ms < end_ms]
+    widened = len(inside) < 2
+    if widened:
+        before = [p for p in ordered if p.trigger_ms < start_ms][-1:]
+        after = [p for p in ordered if p.trigger_ms >= end_ms][:1]
+        inside = before + inside + after
     if len(inside) < 2:
         return None
     seconds = (inside[-1].trigger_ms - inside[0].trigger_ms) / 1000
@@ -67,6 +75,7 @@ def rate_between(
         "seconds": seconds,
         "per_s": count / seconds if seconds > 0 else None,
         "checkpoints": len(inside),
+        "widened": widened,
     }
 
 
