@@ -1,8 +1,9 @@
-"""The benches of pipeline runs observed from outside: overhead, scaling, state size and
-recovery (``bench/overhead.py``, ``bench/scaling.py``, ``bench/state_size.py``,
-``bench/recovery.py``; figures and commands in ``bench/README.md``).
+"""The benches of pipeline runs observed from outside: overhead, scaling, state size,
+recovery and time (``bench/overhead.py``, ``bench/scaling.py``, ``bench/state_size.py``,
+``bench/recovery.py``, ``bench/time.py``; figures and commands in ``bench/README.md``).
 
-Each bench runs the keyed running count the way users run a pipeline (``Pipeline.start`` /
+Each bench runs a keyed job (the running count; the time bench its window and dedup
+operators, next to Spark's own) the way users run a pipeline (``Pipeline.start`` /
 ``Pipeline.run``, the subtasks in the driver or on the executors) as a Spark streaming query,
 and instruments nothing inside it: rows/s come from Spark's query progress, the cost of a
 checkpoint from its statistics, memory and CPU from ``/proc``. (The pipeline benchmark,
@@ -19,7 +20,10 @@ Modules:
 * one module per bench, each with its settings, report and command line:
   :mod:`~runbench.overhead` (ABBA runs of separate queries) with :mod:`~runbench.alternating`
   (windows inside one query), :mod:`~runbench.scaling`, :mod:`~runbench.state_size` and
-  :mod:`~runbench.recovery` (which restores the state-size bench's savepoint).
+  :mod:`~runbench.recovery` (which restores the state-size bench's savepoint), and
+  :mod:`~runbench.timebench` (event-time windows, timers, state TTL) with its variants
+  (:mod:`~runbench.time_variants`, :mod:`~runbench.tws`, :mod:`~runbench.dedup`) and its
+  arithmetic (:mod:`~runbench.timestats`).
 
 Shared with the other benches through :mod:`benchcommon` only; nothing here imports
 :mod:`pipelinebench`.

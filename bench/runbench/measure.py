@@ -17,7 +17,7 @@ from typing import Any
 from runbench.procstat import CpuSample, PyGcTimer, RssSampler, cpu_between, jvm_collect
 from runbench.procstat import jvm_gc_ms as read_jvm_gc_ms
 from runbench.steady import ProgressLog, Window
-from runbench.variants import VariantStart, Workload
+from runbench.variants import Started, VariantStart, Workload
 
 #: How often the driver loop polls the query's progress and the pipeline's checkpoints.
 POLL_S = 1.0
@@ -67,10 +67,13 @@ def measure_variant(
     timeout_s: float,
     py_gc: PyGcTimer,
     rss: RssSampler | None = None,
+    extra: Callable[[Started, Window, list[dict[str, Any]]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run variant *name* until ``window(progress)`` returns its measured window, then stop
     it. Before the start: Python and JVM garbage collected (so no run inherits another's
-    garbage). The root is deleted afterwards."""
+    garbage). *extra*: called once the query stopped, with the started variant, the window
+    and every batch's progress; what it returns is added to the result. The root is deleted
+    afterwards."""
     root = tempfile.mkdtemp(prefix=f"spark-ckpt-bench-{name.replace('/', '-')}-")
     try:
         gc.collect()
@@ -101,6 +104,7 @@ def measure_variant(
         started.poll_checkpoints()
         start_ms = found.start_s * 1000
         cps = started.checkpoints_between(start_ms, start_ms + found.seconds * 1000)
+        more = extra(started, found, log.ordered()) if extra is not None else {}
         e2e = sorted(c.stats.end_to_end_ms for c in cps)
         written = sorted(c.stats.bytes_written for c in cps)
         return {
@@ -116,6 +120,7 @@ def measure_variant(
             "rss_mb_start": rss_start,
             "rss_mb_peak": rss_peak,
             "query_wall_s": wall,
+            **more,
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
