@@ -115,8 +115,9 @@ def test_expired_entries_leave_the_state_and_the_output_stays_exact(
     spark: SparkSession, tmp_path: Path, placement: str
 ) -> None:
     """A checkpoint while the entries live holds every key; once they expired, the
-    checkpoints hold none (each as the loop says at the checkpoint's processing time)."""
-    ttl_ms = 8000
+    checkpoints hold none (each as the loop says at the checkpoint's processing time). The
+    TTL is long enough for a loaded machine to take the first checkpoint before it ends."""
+    ttl_ms = 20_000
     config = CheckpointConfig.from_options({"checkpoint.interval": "300ms"})
     p = Pipeline(spark, "dedup", config=config, root=str(tmp_path / "root"))
     out = tmp_path / "out"
