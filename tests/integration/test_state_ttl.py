@@ -6,26 +6,24 @@ output stays exact; a savepoint restored at another parallelism keeps each entry
 
 from __future__ import annotations
 
-import time
+import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import polars as pl
-import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from conftest import LoggedBatch, logged_batches, stop_with_savepoint
+from ttl_jobs import CHANNELS, KEYS, SEED, Dedup, source, users_in, watch_expiry
 
 from spark_ckpt import (
     CheckpointConfig,
-    KeyedOperator,
     Pipeline,
+    PipelineClient,
     RestoreSettings,
-    StateContext,
     StateReader,
-    StateTtlConfig,
-    ValueStateDescriptor,
     WatermarkStrategy,
 )
 from spark_ckpt.errors import ConfigError
@@ -35,41 +33,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 pytestmark = pytest.mark.spark
-
-SEED, CHANNELS, KEYS = 13, 2, 20
-
-
-class Dedup(KeyedOperator):
-    """Emits a user the first time it is seen, and again once its entry expired."""
-
-    def __init__(self, ttl_ms: int) -> None:
-        super().__init__("dedup", "user_id", pa.int64())
-        self.seen = ValueStateDescriptor("seen", pa.bool_(), ttl=StateTtlConfig.of(ttl_ms))
-
-    def open(self, state: StateContext) -> None:
-        state.value_state(self.seen)  # registered up front: a restore keeps it
-
-    @property
-    def output_schema(self) -> pa.Schema:
-        return pa.schema([("user_id", pa.int64()), ("at", pa.int64())])
-
-    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
-        keys = pc.unique(batch.column("user_id"))
-        new = keys.filter(pc.is_null(state.get_values(self.seen, keys)))
-        state.put_values(self.seen, new, pa.array([True] * len(new)))
-        at = pa.array([state.current_processing_time] * len(new), pa.int64())
-        return pa.table([new, at], schema=self.output_schema)
-
-
-def source(backlog: int) -> dict[str, object]:
-    return {
-        "source": "generator",
-        "seed": SEED,
-        "channels": CHANNELS,
-        "rate": 0,
-        "backlog": backlog,
-        "keys": KEYS,
-    }
 
 
 def oracle(runs: list[tuple[int, list[LoggedBatch]]], ttl_ms: int) -> Counter[tuple[int, int]]:
@@ -90,13 +53,6 @@ def oracle(runs: list[tuple[int, list[LoggedBatch]]], ttl_ms: int) -> Counter[tu
     return emitted
 
 
-def keys_held(reader: StateReader) -> int:
-    """The keys of the dedup state a checkpoint holds (an operator without any has none)."""
-    if "dedup" not in reader.uids() or "seen" not in reader.state_names("dedup"):
-        return 0
-    return reader.keyed("dedup", "seen").num_rows
-
-
 def output(path: Path) -> Counter[tuple[int, int]]:
     return Counter(pl.read_delta(str(path)).select("user_id", "at").iter_rows())
 
@@ -110,51 +66,44 @@ def held_at(runs: list[tuple[int, list[LoggedBatch]]], ttl_ms: int, now: int) ->
     return sum(1 for at in seen.values() if at + ttl_ms > now)
 
 
+def check_expiry(root: str, out: Path, ttl_ms: int, held: list[tuple[int, int]]) -> None:
+    """The output and the watched key counts (:func:`ttl_jobs.watch_expiry`) as the loop
+    over the logged micro-batches says: a checkpoint while the entries live holds every key;
+    once they expired, the checkpoints hold none."""
+    [logged] = logged_batches(root, CHANNELS)
+    assert output(out) == oracle([(60, logged)], ttl_ms)
+    assert [k for _, k in held] == [held_at([(60, logged)], ttl_ms, now) for now, _ in held]
+    assert held[0][1] == users_in(60) and held[-1][1] == 0  # the key count fell after expiry
+    stats = [r.stats for r in PipelineClient(root).history() if r.stats is not None]
+    assert sum(s.ttl_expired for s in stats) == users_in(60)
+
+
+#: Long enough for a loaded machine to take its first requested checkpoint before it ends.
+TTL_MS = 20_000
+
+
 @pytest.mark.parametrize("placement", ["executors", "driver"])
 def test_expired_entries_leave_the_state_and_the_output_stays_exact(
     spark: SparkSession, tmp_path: Path, placement: str
 ) -> None:
-    """A checkpoint while the entries live holds every key; once they expired, the
-    checkpoints hold none (each as the loop says at the checkpoint's processing time). The
-    TTL is long enough for a loaded machine to take the first checkpoint before it ends."""
-    ttl_ms = 20_000
-    config = CheckpointConfig.from_options({"checkpoint.interval": "300ms"})
-    p = Pipeline(spark, "dedup", config=config, root=str(tmp_path / "root"))
-    out = tmp_path / "out"
-    spec = GeneratorSpec(SEED, CHANNELS, 0.0, 60, KEYS)
-    users = len({u for c in range(CHANNELS) for u in spec.rows(c, 0, 60)["user_id"].to_pylist()})
-    run = p.start(
-        source(60),
-        Dedup(ttl_ms),
-        output=str(out),
-        watermark=WatermarkStrategy.no_watermarks(),
-        trigger_s=0.2,
-        placement=placement,
+    root = str(tmp_path / "root")
+    held = watch_expiry(root, tmp_path / "out", TTL_MS, placement, spark)
+    check_expiry(root, tmp_path / "out", TTL_MS, held)
+
+
+@pytest.mark.slow
+def test_expired_entries_leave_the_state_under_spark_connect(tmp_path: Path) -> None:
+    """The same job under Spark Connect (its script starts a local Connect server, in its
+    own process), subtasks on the executors."""
+    root, held_json = str(tmp_path / "root"), tmp_path / "held.json"
+    script = Path(__file__).with_name("ttl_jobs.py")
+    args = [root, str(tmp_path / "out"), str(TTL_MS), "executors", str(held_json)]
+    done = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=420
     )
-    held: list[tuple[int, int]] = []  # (processing time, keys) of requested checkpoints
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:  # waits, not timed assertions
-            if (out / "_delta_log").exists() and pl.read_delta(str(out)).height >= users:
-                break
-            time.sleep(0.2)
-        while time.monotonic() < deadline:
-            cp = p.client.checkpoint()
-            [now] = {m.processing_ms for m in cp.stats.task_time.values()}
-            held.append((now, keys_held(StateReader.open(p.root, cp.checkpoint_id))))
-            if held[-1][1] == 0:
-                break
-            time.sleep(1)
-        run.stop(timeout_s=120)
-    finally:
-        if run.query.isActive:
-            run.query.stop()
-    [logged] = logged_batches(p.root, CHANNELS)
-    assert output(out) == oracle([(60, logged)], ttl_ms)
-    assert [k for _, k in held] == [held_at([(60, logged)], ttl_ms, now) for now, _ in held]
-    assert held[0][1] == users and held[-1][1] == 0  # the key count fell after expiry
-    stats = [r.stats for r in p.client.history() if r.stats is not None]
-    assert sum(s.ttl_expired for s in stats) == users
+    assert done.returncode == 0, done.stderr[-4000:]
+    held = [(int(now), int(keys)) for now, keys in json.loads(held_json.read_text())]
+    check_expiry(root, tmp_path / "out", TTL_MS, held)
 
 
 def test_a_restore_at_another_parallelism_keeps_each_entrys_time(
