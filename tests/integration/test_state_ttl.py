@@ -26,7 +26,7 @@ from spark_ckpt import (
     StateReader,
     WatermarkStrategy,
 )
-from spark_ckpt.errors import ConfigError
+from spark_ckpt.errors import ConfigError, SparkCkptError
 from spark_ckpt.sources.generator import GeneratorSpec
 
 if TYPE_CHECKING:
@@ -150,3 +150,33 @@ def test_a_ttl_without_a_time_keeping_pipeline_is_refused_before_anything_runs(
     with pytest.raises(ConfigError, match=r"states with a TTL \(seen\)"):
         p.run(source(10), Dedup(1000), output=str(tmp_path / "out"), available_now=True)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change", ["added", "removed"])
+def test_a_ttl_added_or_removed_at_a_restore_is_one_clear_error(
+    spark: SparkSession, tmp_path: Path, change: str
+) -> None:
+    """A state written without a TTL has no times of last update to restore a TTL from (and
+    one written with a TTL would lose them): the restore fails the run at once, naming the
+    operator and the state, however many restarts the strategy allows; the output keeps
+    only what the first run committed."""
+    before, after = (None, 60_000) if change == "added" else (60_000, None)
+    p = Pipeline(spark, "ttl-change", root=str(tmp_path / "root"))
+    out = tmp_path / "out"
+    time_kept = WatermarkStrategy.no_watermarks()
+    p.run(source(30), Dedup(before), output=str(out), available_now=True, watermark=time_kept)
+    committed = output(out)
+    restarts = CheckpointConfig.from_options(
+        {
+            "restart-strategy": "fixed-delay",
+            "restart-strategy.fixed-delay.attempts": "3",
+            "restart-strategy.fixed-delay.delay": "100ms",
+        }
+    )
+    p = Pipeline(spark, "ttl-change", config=restarts, root=str(tmp_path / "root"))
+    with pytest.raises(SparkCkptError) as failed:
+        p.run(source(60), Dedup(after), output=str(out), available_now=True, watermark=time_kept)
+    message = str(failed.value)
+    assert "state 'seen' of operator 'dedup'" in message, message
+    assert ("written without one" if change == "added" else "written with a TTL") in message
+    assert output(out) == committed

@@ -40,11 +40,13 @@ SEED, CHANNELS, KEYS = 13, 2, 20
 
 
 class Dedup(KeyedOperator):
-    """Emits a user the first time it is seen, and again once its entry expired."""
+    """Emits a user the first time it is seen, and again once its entry expired (*ttl_ms*
+    None: never)."""
 
-    def __init__(self, ttl_ms: int) -> None:
+    def __init__(self, ttl_ms: int | None) -> None:
         super().__init__("dedup", "user_id", pa.int64())
-        self.seen = ValueStateDescriptor("seen", pa.bool_(), ttl=StateTtlConfig.of(ttl_ms))
+        ttl = None if ttl_ms is None else StateTtlConfig.of(ttl_ms)
+        self.seen = ValueStateDescriptor("seen", pa.bool_(), ttl=ttl)
 
     def open(self, state: StateContext) -> None:
         state.value_state(self.seen)  # registered up front: a restore keeps it
