@@ -12,6 +12,8 @@ of their largest event time less the bound, never decreasing — finds the late 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,7 +41,9 @@ pytestmark = pytest.mark.spark
 SEED, CHANNELS, KEYS, PER_BATCH = 5, 2, 30, 300
 #: each row's event time is the generator's less (amount % 50) tenths of a second: disorder
 #: of up to 4.9 s against a bound of 1 s
-JITTER_US, BOUND = 100_000, "1s"
+JITTER_US, BOUND, BOUND_US = 100_000, "1s", 1_000_000
+#: the rows per channel of the late-output runs
+BACKLOG = 1500
 
 
 def transform(df):  # type: ignore[no-untyped-def]
@@ -119,6 +123,21 @@ def output(path: Path) -> Counter[tuple[int, int]]:
     return Counter(pl.read_delta(str(path)).select("user_id", "count").iter_rows())
 
 
+def check_late_output(root: str, out: Path, late_out: Path) -> int:
+    """The late-output table holds exactly the rows the loop finds late (their own columns,
+    each once), the output the running counts of the rest; returns how many were late."""
+    [run] = batches(root)
+    late, kept = late_and_kept([(BACKLOG, run)], BOUND_US)
+    assert sum(late.values()) > 0  # the test means something
+    table = pl.read_delta(str(late_out))
+    assert table.columns == ["user_id", "amount", "event_ts", "ts"]
+    micros = table.select(pl.col("ts").dt.epoch("us")).to_series().to_list()
+    got = Counter(zip(table["user_id"].to_list(), table["amount"].to_list(), micros, strict=True))
+    assert got == late
+    assert output(out) == running_count_rows(kept)
+    return sum(late.values())
+
+
 @pytest.mark.parametrize("placement", ["executors", "driver"])
 def test_late_rows_are_dropped_and_counted_exactly(
     spark: SparkSession, tmp_path: Path, placement: str, capsys: pytest.CaptureFixture[str]
@@ -127,9 +146,8 @@ def test_late_rows_are_dropped_and_counted_exactly(
     p = Pipeline(spark, "late", config=config, root=str(tmp_path / "root"))
     strategy = WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND)
     out, late_out = tmp_path / "out", tmp_path / "late"
-    backlog = 1500
     result = p.run(
-        source(backlog),
+        source(BACKLOG),
         RunningCount("counter", "user_id"),
         output=str(out),
         available_now=True,
@@ -138,19 +156,9 @@ def test_late_rows_are_dropped_and_counted_exactly(
         watermark=strategy,
         late_output=str(late_out),
     )
-    assert result.restarts == 0 and not result.failures
-    [run] = batches(p.root)
-    late, kept = late_and_kept([(backlog, run)], strategy.bound_us)
-    expected_late = sum(late.values())
-    assert expected_late > 0  # the test means something
+    assert result.restarts == 0 and not result.failures and strategy.bound_us == BOUND_US
+    expected_late = check_late_output(p.root, out, late_out)
     assert late_rows(p) == expected_late
-    # the late rows themselves, exactly once, in their own table (their own columns)
-    table = pl.read_delta(str(late_out))
-    assert table.columns == ["user_id", "amount", "event_ts", "ts"]
-    micros = table.select(pl.col("ts").dt.epoch("us")).to_series().to_list()
-    got = Counter(zip(table["user_id"].to_list(), table["amount"].to_list(), micros, strict=True))
-    assert got == late
-    assert output(out) == running_count_rows(kept)
     last = p.client.latest()
     assert last is not None and last.stats.watermark_ms is not None
     # spark-ckpt stats shows the watermark and the late rows of every checkpoint
@@ -162,6 +170,20 @@ def test_late_rows_are_dropped_and_counted_exactly(
     assert main(["stats", "--root", p.root]) == 0
     table = capsys.readouterr().out
     assert "watermark" in table and "late_rows" in table
+
+
+@pytest.mark.slow
+def test_late_rows_go_to_their_table_under_spark_connect(tmp_path: Path) -> None:
+    """The same job under Spark Connect (its script starts a local Connect server in its own
+    process; the subtasks on the executors): the late rows exactly once in their table."""
+    root, out, late_out = tmp_path / "root", tmp_path / "out", tmp_path / "late"
+    script = Path(__file__).with_name("late_connect_job.py")
+    args = [str(root), str(out), str(late_out), "executors"]
+    done = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=420
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    check_late_output(str(root), out, late_out)
 
 
 def test_a_restore_resumes_the_watermark(spark: SparkSession, tmp_path: Path) -> None:
