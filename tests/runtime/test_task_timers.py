@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from timed_jobs import CHANNELS, Batch, Job, batch_ms, run, watermarks
+from timed_jobs import CHANNELS, Batch, Job, batch_ms, run, streams, watermarks
 
 from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.operator import KeyedOperator, RecordOperator
@@ -100,27 +100,7 @@ def oracle(batches: list[Batch]) -> list[tuple[int, int, str]]:
     return sorted(fired)
 
 
-@st.composite
-def streams(draw: st.DrawFn) -> tuple[list[Batch], int | None, int, int]:
-    n = draw(st.integers(2, 9))
-    batches = []
-    clock = 0
-    for _ in range(n):
-        clock += draw(st.integers(0, 4000))
-        rows = {
-            c: draw(
-                st.lists(
-                    st.tuples(st.integers(0, 7), st.integers(clock - 5000, clock + 1000)),
-                    max_size=6,
-                )
-            )
-            for c in CHANNELS
-        }
-        idle = {c: not rows[c] and draw(st.booleans()) for c in CHANNELS}
-        batches.append(Batch(rows, idle, draw(st.booleans())))
-    batches[-1].checkpoint = True  # the end: everything committed
-    crash = draw(st.one_of(st.none(), st.integers(0, n - 2)))
-    return batches, crash, draw(st.integers(1, 3)), draw(st.integers(1, 3))
+STREAMS = streams(batches=9, clock=0, step=4000, keys=7, behind=5000, ahead=1000)
 
 
 # a worker catching up on timers the other registered (its index of them must be rebuilt)
@@ -138,7 +118,7 @@ CATCH_UP = (
 
 
 @settings(max_examples=120)
-@given(streams(), st.sampled_from([None, "image", "changelog", "workers"]))
+@given(STREAMS, st.sampled_from([None, "image", "changelog", "workers"]))
 @example(CATCH_UP, "workers")
 def test_timers_fire_once_through_crashes_and_rescales(
     case: tuple[list[Batch], int | None, int, int], rebuild: str | None
@@ -203,7 +183,7 @@ def late_oracle(batches: list[Batch]) -> list[tuple[int, int]]:
 
 
 @settings(max_examples=100)
-@given(streams(), st.sampled_from([None, "image", "workers"]))
+@given(STREAMS, st.sampled_from([None, "image", "workers"]))
 def test_late_rows_reach_the_late_output_exactly_once(
     case: tuple[list[Batch], int | None, int, int], rebuild: str | None
 ) -> None:

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from timed_jobs import CHANNELS, Batch, Job, run, value_of, watermarks
+from timed_jobs import CHANNELS, Batch, Job, run, streams, value_of, watermarks
 
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.runtime.event_time import WatermarkStrategy
@@ -143,32 +143,12 @@ def emitted(job: Job) -> list[Row]:
     )
 
 
-@st.composite
-def streams(draw: st.DrawFn) -> tuple[list[Batch], int | None, int, int]:
-    n = draw(st.integers(2, 8))
-    batches = []
-    clock = 10_000
-    for _ in range(n):
-        clock += draw(st.integers(0, 3000))
-        rows = {
-            c: draw(
-                st.lists(
-                    st.tuples(st.integers(0, 4), st.integers(clock - 4000, clock + 500)),
-                    max_size=6,
-                )
-            )
-            for c in CHANNELS
-        }
-        idle = {c: not rows[c] and draw(st.booleans()) for c in CHANNELS}
-        batches.append(Batch(rows, idle, draw(st.booleans())))
-    batches[-1].checkpoint = True
-    crash = draw(st.one_of(st.none(), st.integers(0, n - 2)))
-    return batches, crash, draw(st.integers(1, 3)), draw(st.integers(1, 3))
+STREAMS = streams(batches=8, clock=10_000, step=3000, keys=4, behind=4000, ahead=500)
 
 
 @settings(max_examples=150)
 @given(
-    streams(),
+    STREAMS,
     st.sampled_from(sorted(ASSIGNERS)),
     st.sampled_from([0, 1000]),
     st.sampled_from([None, "image", "workers"]),

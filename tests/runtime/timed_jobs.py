@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from hypothesis import strategies as st
 
 from spark_ckpt.protocol.barrier import (
     KIND,
@@ -238,3 +239,38 @@ def watermarks(batches: list[Batch], bound_ms: int) -> list[int | None]:
             mark = candidate if mark is None else max(mark, candidate)
         out.append(mark)
     return out
+
+
+#: A drawn stream: its micro-batches, the batch after which the job crashes (None: never),
+#: the parallelism before and after the crash.
+Stream = tuple[list[Batch], int | None, int, int]
+
+
+def streams(
+    *, batches: int, clock: int, step: int, keys: int, behind: int, ahead: int
+) -> st.SearchStrategy[Stream]:
+    """Random streams for a :class:`Job`: 2 to *batches* micro-batches, the processing clock
+    starting at *clock* and moving 0 to *step* ms per batch; per channel up to 6 rows of keys
+    0 to *keys* at event times from *behind* ms before the clock to *ahead* after it; a
+    channel without rows idle or not; checkpoints at random and at the last batch; a crash
+    after any batch but the last, or none; parallelism 1 to 3 before and after it."""
+
+    @st.composite
+    def draw_stream(draw: st.DrawFn) -> Stream:
+        n = draw(st.integers(2, batches))
+        drawn = []
+        now = clock
+        for _ in range(n):
+            now += draw(st.integers(0, step))
+            times = st.integers(now - behind, now + ahead)
+            rows = {
+                c: draw(st.lists(st.tuples(st.integers(0, keys), times), max_size=6))
+                for c in CHANNELS
+            }
+            idle = {c: not rows[c] and draw(st.booleans()) for c in CHANNELS}
+            drawn.append(Batch(rows, idle, draw(st.booleans())))
+        drawn[-1].checkpoint = True  # the end: everything committed
+        crash = draw(st.one_of(st.none(), st.integers(0, n - 2)))
+        return drawn, crash, draw(st.integers(1, 3)), draw(st.integers(1, 3))
+
+    return draw_stream()
