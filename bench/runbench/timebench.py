@@ -126,6 +126,8 @@ class TimeSettings:
     ttl_keys: int
     ttl_ms: int
     ttl_duration_s: float
+    # -- the windows section's lines (None: all of them)
+    lines: tuple[str, ...] | None = None
 
 
 FULL = TimeSettings(
@@ -327,7 +329,7 @@ def dropped_rows(run: dict[str, Any]) -> int:
 
 def run_windows(spark: Any, s: TimeSettings, log: Any) -> dict[str, Any]:
     """The windows section (see the module docstring)."""
-    table = {line.name: line for line in lines(s)}
+    table = {line.name: line for line in lines(s) if s.lines is None or line.name in s.lines}
     names = list(table)
     py_gc = PyGcTimer().install()
 
@@ -373,7 +375,11 @@ def run_windows(spark: Any, s: TimeSettings, log: Any) -> dict[str, Any]:
                 f"{r['loadavg_start'][0]:.1f})"
             )
     by_line = {n: [r["rows_per_s"] for r in runs if r["variant"] == n] for n in names}
-    ratios = {f"{a} : {b}": paired_ratios(by_line[a], by_line[b]) for a, b in RATIOS}
+    ratios = {
+        f"{a} : {b}": paired_ratios(by_line[a], by_line[b])
+        for a, b in RATIOS
+        if a in by_line and b in by_line
+    }
     timers = {
         n: spread(
             [
@@ -592,6 +598,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spark-sink", choices=SPARK_SINKS)
     parser.add_argument("--ttl-duration", type=float, help="seconds of each TTL run")
     parser.add_argument(
+        "--lines", help="comma-separated lines of the windows section (default: all)"
+    )
+    parser.add_argument(
         "--settle-timeout", type=float, help="max wait for a quiet machine before each run"
     )
     args = parser.parse_args(argv)
@@ -605,6 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "spark_sink": args.spark_sink,
         "ttl_duration_s": args.ttl_duration,
         "settle_timeout_s": args.settle_timeout,
+        "lines": tuple(args.lines.split(",")) if args.lines else None,
     }
     s = replace(s, **{k: v for k, v in overrides.items() if v is not None})
     out = args.out or (QUICK_OUT if args.quick else DEFAULT_OUT)

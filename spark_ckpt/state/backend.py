@@ -11,15 +11,18 @@ and those are immutable. Operators do not see the backend: they receive a
 :class:`~spark_ckpt.state.context.StateContext` on it.
 
 Representation. Each keyed state (:class:`KeyedStateTable`) keeps, per key group, a Python
-``dict`` from key to value (keys and values as the Python objects Arrow's ``to_pylist``
-yields; lists for list state, dicts for map state). The per-record API is a dict access; the
-vectorized API (:meth:`KeyedStateBackend.get_values` /
-:meth:`~KeyedStateBackend.put_values`) hashes a whole Arrow key array at once
-(:mod:`spark_ckpt.state.keygroup`), radix-sorts it by key group and does one C-level
-``map(dict.get)`` / ``dict.update`` per key group — no per-row Python loop (except for the
-rare null values that clear keys). Every mutation is also recorded for the next incremental
-snapshot (:class:`~spark_ckpt.state.snapshot.changes.StateChanges`): the vectorized API
-appends its Arrow input to a change log (O(1) per call), the per-record API records the key.
+``dict`` from key to the stored form of its value, which the state's value store
+(:mod:`spark_ckpt.state.value_store`) chooses: the Python object Arrow's ``to_pylist`` yields
+(lists for list state, dicts for map state), or, for value state of a nested type, a slot in
+an arena of Arrow arrays, so a list of structs is never turned into Python objects on the
+vectorized path. The per-record API is a dict access; the vectorized API
+(:meth:`KeyedStateBackend.get_values` / :meth:`~KeyedStateBackend.put_values`) hashes a whole
+Arrow key array at once (:mod:`spark_ckpt.state.keygroup`), radix-sorts it by key group and
+does one C-level ``map(dict.get)`` / ``dict.update`` per key group — no per-row Python loop
+(except for the rare null values that clear keys). Every mutation is also recorded for the
+next incremental snapshot (:class:`~spark_ckpt.state.snapshot.changes.StateChanges`): the
+vectorized API appends its Arrow input to a change log (O(1) per call), the per-record API
+records the key.
 
 Snapshots are the job of the backend's snapshot strategy,
 :attr:`KeyedStateBackend.snapshots` (a
@@ -43,7 +46,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any, Final
 
 import numpy as np
@@ -60,7 +62,6 @@ from spark_ckpt.state.descriptor import (
     ValueStateDescriptor,
     check_arrow_type,
     check_state_name,
-    from_column,
     to_column,
 )
 from spark_ckpt.state.keyed_table import KeyedStateTable
@@ -258,16 +259,10 @@ class KeyedStateBackend:
     ) -> None:
         """Rewrite the values *state* holds with *migration* (one Arrow column for all key
         groups) and make *descriptor* its descriptor."""
-        if not migration.is_identity:
-            old = state.descriptor
-            groups = [kg for kg in sorted(state.groups) if state.groups[kg]]
-            values = [v for kg in groups for v in state.groups[kg].values()]
-            column = pa.array(to_column(old.kind, values), type=old.column_type)
-            migrated = iter(from_column(descriptor.kind, migration(column)))
-            for kg in groups:
-                group = state.groups[kg]
-                state.groups[kg] = dict(zip(group, islice(migrated, len(group)), strict=True))
-        state.descriptor = descriptor
+        if migration.is_identity:
+            state.descriptor = descriptor
+        else:
+            state.migrate(migration, descriptor)
 
     def unclaimed_states(self) -> list[str]:
         """Names of restored states (keyed and operator) no registration has claimed yet."""
@@ -461,7 +456,7 @@ class KeyedStateBackend:
                 out.extend(map(group.get, segment))
             else:
                 out.extend([None] * len(segment))
-        return routing.unsort(pa.array(out, type=descriptor.value_type))
+        return routing.unsort(state.column(out))
 
     def put_values(
         self, descriptor: ValueStateDescriptor, keys: ArrayLike, values: ArrayLike
@@ -475,21 +470,22 @@ class KeyedStateBackend:
         if len(vals) != len(routing.array):
             raise StateError(f"{len(routing.array)} keys but {len(vals)} values")
         sorted_values = vals.take(pa.array(routing.order))
-        pyvalues = sorted_values.to_pylist()
+        stored = state.stored_many(sorted_values)
         with_nulls = sorted_values.null_count > 0
         for kg, begin, end in routing.segments():
             segment = routing.sorted_keys[begin:end]
             group = state.group(kg)
             if not with_nulls:
-                group.update(zip(segment, pyvalues[begin:end], strict=True))
+                group.update(zip(segment, stored[begin:end], strict=True))
             else:
                 # clears are rare: an order-preserving loop keeps "last occurrence wins"
-                for k, v in zip(segment, pyvalues[begin:end], strict=True):
+                for k, v in zip(segment, stored[begin:end], strict=True):
                     if v is None:
                         group.pop(k, None)
                     else:
                         group[k] = v
         state.log(routing.key_groups, routing.array, vals)
+        state.compact()
 
     def clear_values(self, descriptor: StateDescriptor, keys: ArrayLike) -> None:
         """Remove the entries of *keys* from any keyed state."""
@@ -508,9 +504,9 @@ class KeyedStateBackend:
         )
 
     def get_entries(self, descriptor: StateDescriptor, keys: ArrayLike) -> list[Any]:
-        """The stored entry of each key of any keyed state (the Python value: a list for list
+        """The entry of each key of any keyed state as a Python value (a list for list
         state, a dict for map state; None where it has none), aligned with *keys*. The
-        objects are the stored ones: replace them with :meth:`put_entries`, never mutate
+        objects may be the stored ones: replace them with :meth:`put_entries`, never mutate
         them. O(keys), per key in Python."""
         state = self.register(descriptor)
         routing = self._route(keys)
@@ -519,7 +515,7 @@ class KeyedStateBackend:
             group = state.groups.get(kg)
             if group:
                 for i in range(begin, end):
-                    found[routing.order[i]] = group.get(routing.sorted_keys[i])
+                    found[routing.order[i]] = state.lookup(kg, routing.sorted_keys[i])
         return found
 
     def put_entries(self, descriptor: StateDescriptor, keys: ArrayLike, entries: list[Any]) -> None:
@@ -538,9 +534,10 @@ class KeyedStateBackend:
                 if entry is None:
                     group.pop(key, None)
                 else:
-                    group[key] = entry
+                    group[key] = state.values.stored(entry)
         values = pa.array(to_column(state.descriptor.kind, kept), state.descriptor.column_type)
         state.log(routing.key_groups, routing.array, values)
+        state.compact()
 
     def _value_array(self, descriptor: ValueStateDescriptor, values: ArrayLike) -> pa.Array:
         try:

@@ -48,7 +48,6 @@ from spark_ckpt.state.descriptor import (
     StateDescriptor,
     StateKind,
     descriptor_from_column,
-    from_column,
 )
 from spark_ckpt.state.keygroup import DEFAULT_MAX_PARALLELISM, HASH_NAME, key_group_indices
 from spark_ckpt.state.schema_evolution import (
@@ -237,7 +236,7 @@ def _apply_blob(backend: KeyedStateBackend, ref: BlobRef, table: pa.Table) -> St
     kgs = kgs[order]
     taken = table.take(pa.array(order))
     keys = taken.column("key").to_pylist()
-    values = from_column(kind, migration(taken.column("value")))
+    values = state.stored_many(migration(taken.column("value").combine_chunks()))
     deleted = taken.column("deleted").to_pylist() if delta else None
     starts = np.flatnonzero(np.diff(kgs)) + 1
     bounds = [0, *starts.tolist(), len(kgs)]

@@ -45,12 +45,11 @@ class _PerKeyState:
 
     def _stored(self) -> Any:
         kg, key = self._current()
-        g = self._state.groups.get(kg)
-        return None if g is None else g.get(key)
+        return self._state.lookup(kg, key)
 
     def _store(self, value: Any) -> None:
         kg, key = self._current()
-        self._state.group(kg)[key] = value
+        self._state.store(kg, key, value)
         self._state.touch_one(kg, key)
 
     def clear(self) -> None:

@@ -151,6 +151,11 @@ class TrackedState(Protocol):
     @property
     def groups(self) -> dict[int, dict[Any, Any]]: ...
 
+    def column(self, stored: list[Any]) -> pa.Array:
+        """The values of stored forms (the groups' dict values; None: null) as an Arrow
+        array of the descriptor's column type."""
+        ...
+
     changes: StateChanges
     #: the changes since the last changelog segment (subtasks on the executors:
     #: :mod:`spark_ckpt.runtime.image_history` reads it and starts the next one)

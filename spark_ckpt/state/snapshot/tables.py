@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_ckpt.state.descriptor import keyed_blob_schema, to_column
+from spark_ckpt.state.descriptor import keyed_blob_schema
 from spark_ckpt.state.snapshot.changes import StateChanges, TrackedState
 
 
@@ -36,7 +36,7 @@ def full_table(state: TrackedState, key_type: pa.DataType, max_parallelism: int)
         [
             _kg_column(groups, sizes),
             pa.array(keys, type=key_type),
-            pa.array(to_column(desc.kind, values), type=desc.column_type),
+            state.column(values),
         ],
         schema=schema,
     )
@@ -105,7 +105,7 @@ def delta_table(
                 [
                     _kg_column(groups, sizes),
                     pa.array(keys, type=key_type),
-                    pa.array(to_column(desc.kind, values), type=desc.column_type),
+                    state.column(values),
                     pa.array(np.logical_not(np.asarray(member, dtype=np.bool_))),
                 ],
                 schema=schema,
