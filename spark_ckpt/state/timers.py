@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from spark_ckpt.errors import StateError
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.descriptor import EVENT_TIMERS, PROCESSING_TIMERS, ValueStateDescriptor
+from spark_ckpt.state.key_lists import exploded, gathered
 from spark_ckpt.state.views import ArrayLike
 
 _TIMESTAMPS: Final = pa.list_(pa.int64())
@@ -201,19 +202,15 @@ class TimerService:
 
 def _explode(keys: pa.Array, lists: pa.Array) -> pa.Table:
     """(key, ts) per timestamp of each key's list (null lists: none)."""
-    parents = pc.list_parent_indices(lists)
-    flat = pc.list_flatten(lists)
-    return pa.table({"key": keys.take(parents), "ts": flat.cast(pa.int64())})
+    owners, flat = exploded(keys, lists)
+    return pa.table({"key": owners, "ts": flat.cast(pa.int64())})
 
 
 def _collect(keys: pa.Array, pairs: pa.Table) -> pa.Array:
     """Per key of *keys* (unique), the sorted timestamps of *pairs* (null: none left)."""
-    if pairs.num_rows == 0:
-        return pa.nulls(len(keys), _TIMESTAMPS)
-    ordered = pairs.sort_by([("key", "ascending"), ("ts", "ascending")])
-    grouped = ordered.group_by("key", use_threads=False).aggregate([("ts", "list")])
-    position = pc.index_in(keys, value_set=grouped.column("key"))
-    return grouped.column("ts_list").combine_chunks().take(position).cast(_TIMESTAMPS)
+    ts = pairs.column("ts").combine_chunks().cast(pa.int64())
+    order_by = ts.to_numpy(zero_copy_only=False) if len(ts) else np.empty(0, np.int64)
+    return gathered(keys, pairs.column("key"), order_by, ts, _TIMESTAMPS)
 
 
 def _anti_join(held: pa.Table, removed: pa.Table) -> pa.Table:

@@ -38,12 +38,14 @@ from spark_ckpt.runtime.windows.aggregates import Accumulator, Aggregate
 from spark_ckpt.runtime.windows.assigners import Int64s, WindowAssigner, merged_groups
 from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.descriptor import ValueStateDescriptor
+from spark_ckpt.state.key_lists import exploded, gathered
 
 #: The keyed state that holds a key's open windows.
 WINDOWS: Final = "windows"
 _KEY: Final = "key"
 _START: Final = "start"
 _END: Final = "end"
+_HELD: Final = "_held"
 _WINDOW_TIME: Final = pa.timestamp("ms", tz="UTC")
 
 
@@ -131,12 +133,16 @@ class WindowAggregate(KeyedOperator):
         partial = _grouped(pa.table(parts), [_KEY, _START, _END], reduce)
         keys = pc.unique(partial.column(_KEY))
         held = _explode(keys, state.get_values(descriptor, keys), descriptor)
-        merged = self._merge(pa.concat_tables([held, partial.cast(held.schema)]))
+        partial = partial.cast(held.schema)
         lateness = state.allowed_lateness_ms
-        gone = _anti_join(held, merged, [_KEY, _END])
-        new = _anti_join(merged, held, [_KEY, _END])
-        if gone.num_rows:
-            state.delete_event_time_timers(gone.column(_KEY), _fire_times(gone, lateness))
+        if self.windows.merges:
+            merged = self._merge_sessions(pa.concat_tables([held, partial]))
+            gone = _anti_join(held, merged, [_KEY, _END])
+            new = _anti_join(merged, held, [_KEY, _END])
+            if gone.num_rows:
+                state.delete_event_time_timers(gone.column(_KEY), _fire_times(gone, lateness))
+        else:
+            merged, new = self._merge_aligned(held, partial)
         if new.num_rows:
             state.register_event_time_timers(new.column(_KEY), _fire_times(new, lateness))
         state.put_values(descriptor, keys, _collect(keys, merged, descriptor))
@@ -145,12 +151,27 @@ class WindowAggregate(KeyedOperator):
     def _accumulators(self) -> list[tuple[Aggregate, Accumulator]]:
         return [(agg, acc) for agg in self.aggregates for acc in agg.accumulators]
 
-    def _merge(self, windows: pa.Table) -> pa.Table:
-        """Open windows and a batch's partial ones merged: per (key, window), or for session
-        windows per group of windows of a key that touch."""
+    def _merge_aligned(self, held: pa.Table, partial: pa.Table) -> tuple[pa.Table, pa.Table]:
+        """Windows that never merge (tumbling, sliding): the open windows *held* and a
+        batch's *partial* ones merged per (key, window); and those of them that are new
+        (none of *held*), whose timers are to be registered."""
         merge = [(agg.column(acc), acc.merge) for agg, acc in self._accumulators()]
-        if not self.windows.merges:
-            return _grouped(windows, [_KEY, _START, _END], merge).cast(windows.schema)
+        mark = [
+            pa.array(np.ones(held.num_rows, np.int8)),
+            pa.array(np.zeros(partial.num_rows, np.int8)),
+        ]
+        both = pa.concat_tables([held, partial]).append_column(
+            _HELD, pa.chunked_array(mark, pa.int8())
+        )
+        out = _grouped(both, [_KEY, _START, _END], [*merge, (_HELD, "max")])
+        new = pc.equal(out.column(_HELD), 0)
+        merged = out.drop_columns([_HELD]).cast(held.schema)
+        return merged, merged.filter(new)
+
+    def _merge_sessions(self, windows: pa.Table) -> pa.Table:
+        """Session windows: open windows and a batch's partial ones merged per group of
+        windows of a key that touch."""
+        merge = [(agg.column(acc), acc.merge) for agg, acc in self._accumulators()]
         ordered = windows.sort_by([(_KEY, "ascending"), (_START, "ascending")])
         codes = pc.dictionary_encode(ordered.column(_KEY)).combine_chunks().indices
         group = merged_groups(
@@ -176,8 +197,12 @@ class WindowAggregate(KeyedOperator):
         due = pc.less_equal(_fire_times(held, lateness), watermark)
         fired, kept = held.filter(due), held.filter(pc.invert(due))
         state.put_values(descriptor, keys, _collect(keys, kept, descriptor))
-        if kept.num_rows:  # their timers, should a change of the lateness have moved them
-            state.register_event_time_timers(kept.column(_KEY), _fire_times(kept, lateness))
+        stale = _stale_keys(event.select([self.key_column, "timestamp"]), fired, lateness)
+        if len(stale) and kept.num_rows:
+            # a timer fired for no window that is due: set with another allowed lateness
+            # (an upgrade changed it); the key's open windows get timers for this one
+            moved = kept.filter(pc.is_in(kept.column(_KEY), value_set=stale))
+            state.register_event_time_timers(moved.column(_KEY), _fire_times(moved, lateness))
         if fired.num_rows == 0:
             return None
         fired = fired.sort_by([(_END, "ascending"), (_KEY, "ascending")])
@@ -215,13 +240,20 @@ def _grouped(table: pa.Table, by: list[str], how: list[tuple[str, str]]) -> pa.T
     return pa.table(columns)
 
 
+def _stale_keys(timers: pa.Table, fired: pa.Table, lateness: int) -> pa.Array:
+    """The keys of *timers* (key, timestamp) that fired for no window of *fired* (a window
+    fires at ``end - 1 + lateness``)."""
+    due = pa.table([fired.column(_KEY), _fire_times(fired, lateness)], names=["k", "t"])
+    asked = pa.table([timers.column(0), timers.column(1)], names=["k", "t"])
+    return pc.unique(_anti_join(asked.cast(due.schema), due, ["k", "t"]).column("k"))
+
+
 def _explode(keys: pa.Array, lists: pa.Array, descriptor: ValueStateDescriptor) -> pa.Table:
     """The open windows of *keys* (their state *lists*) as a table: key, start, end, the
     accumulator columns."""
     element = descriptor.value_type.value_type
-    parents = pc.list_parent_indices(lists)
-    flat = pc.list_flatten(lists)
-    columns = {_KEY: keys.take(parents)}
+    owners, flat = exploded(keys, lists)
+    columns = {_KEY: owners}
     for i, f in enumerate(element):
         columns[f.name] = flat.field(i) if len(flat) else pa.array([], f.type)
     return pa.table(columns, schema=pa.schema([pa.field(_KEY, keys.type), *element]))
@@ -230,23 +262,15 @@ def _explode(keys: pa.Array, lists: pa.Array, descriptor: ValueStateDescriptor) 
 def _collect(keys: pa.Array, windows: pa.Table, descriptor: ValueStateDescriptor) -> pa.Array:
     """Per key of *keys* (unique), the list of its windows in *windows* ordered by start
     (null: none), as the state's values."""
-    list_type = descriptor.value_type
-    element = list_type.value_type
+    element = descriptor.value_type.value_type
     if windows.num_rows == 0:
-        return pa.nulls(len(keys), list_type)
-    ordered = windows.sort_by([(_KEY, "ascending"), (_START, "ascending")])
-    owner = ordered.column(_KEY).combine_chunks()
+        return pa.nulls(len(keys), descriptor.value_type)
     structs = pa.StructArray.from_arrays(
-        [ordered.column(f.name).combine_chunks().cast(f.type) for f in element],
+        [windows.column(f.name).combine_chunks().cast(f.type) for f in element],
         fields=list(element),
     )
-    firsts = np.flatnonzero(
-        np.concatenate([[True], pc.not_equal(owner[1:], owner[:-1]).to_numpy(zero_copy_only=False)])
-    )
-    offsets = np.append(firsts, len(owner)).astype(np.int32)
-    lists = pa.ListArray.from_arrays(pa.array(offsets), structs, type=list_type)
-    position = pc.index_in(keys, value_set=owner.take(pa.array(firsts)))
-    return lists.take(position)
+    starts = windows.column(_START).combine_chunks().to_numpy(zero_copy_only=False)
+    return gathered(keys, windows.column(_KEY), starts, structs, descriptor.value_type)
 
 
 def _anti_join(left: pa.Table, right: pa.Table, on: list[str]) -> pa.Table:
