@@ -342,40 +342,61 @@ class OperatorTask:
                 log.error("closing operator %r of %s failed: %s", op.uid, self.task_id, e)
 
     def _run(self, steps: list[Step]) -> None:
+        """Carry out the aligner's *steps* in order. Records with nothing but progress
+        between them go through the operators as one batch (each channel's rows in order):
+        progress only moves time at the next :meth:`_advance_time`, so they see the same
+        watermark either way, and the operators pay their per-batch state access once."""
+        pending: list[pa.Table] = []
         for step in steps:
             if isinstance(step, Records):
-                self._process_records(step.table)
-            elif isinstance(step, Snapshot):
-                with self.tracer.span(Phase.SNAPSHOT_SYNC):
-                    self._snapshot(step)
-            elif isinstance(step, Complete):
-                with self.tracer.span(Phase.SNAPSHOT_ASYNC):
-                    self._complete(step)
-            elif isinstance(step, Progress):
+                pending.append(step.table)
+                continue
+            if isinstance(step, Progress):
                 if self.time is not None:
                     self.time.observe(step.channel, step.progress)
-            elif isinstance(step, Abort):
-                given_up = self._in_progress.pop(step.checkpoint_id, None)
-                if given_up is not None and given_up.time is not None and self.time is not None:
-                    self.time.give_back(given_up.time)  # counted with the next checkpoint
-                for backend in self.backends.values():
-                    backend.snapshots.notify_checkpoint_aborted(step.checkpoint_id)
-                if step.reason is not AbortReason.COORDINATOR:
-                    # tell the coordinator at once (Flink's decline on subsumption), instead of
-                    # leaving the checkpoint pending until it times out
-                    code = (
-                        CheckpointFailureReason.SUBSUMED
-                        if step.reason is AbortReason.SUBSUMED
-                        else CheckpointFailureReason.CANCELLED
+                continue
+            self._process_pending(pending)
+            pending = []
+            self._step(step)
+        self._process_pending(pending)
+
+    def _process_pending(self, tables: list[pa.Table]) -> None:
+        """Consecutive records of the aligner, as one table where their schemas agree."""
+        if len(tables) > 1 and all(t.schema == tables[0].schema for t in tables):
+            tables = [pa.concat_tables(tables)]
+        for table in tables:
+            self._process_records(table)
+
+    def _step(self, step: Step) -> None:
+        """One step of the aligner other than records and progress."""
+        if isinstance(step, Snapshot):
+            with self.tracer.span(Phase.SNAPSHOT_SYNC):
+                self._snapshot(step)
+        elif isinstance(step, Complete):
+            with self.tracer.span(Phase.SNAPSHOT_ASYNC):
+                self._complete(step)
+        elif isinstance(step, Abort):
+            given_up = self._in_progress.pop(step.checkpoint_id, None)
+            if given_up is not None and given_up.time is not None and self.time is not None:
+                self.time.give_back(given_up.time)  # counted with the next checkpoint
+            for backend in self.backends.values():
+                backend.snapshots.notify_checkpoint_aborted(step.checkpoint_id)
+            if step.reason is not AbortReason.COORDINATOR:
+                # tell the coordinator at once (Flink's decline on subsumption), instead of
+                # leaving the checkpoint pending until it times out
+                code = (
+                    CheckpointFailureReason.SUBSUMED
+                    if step.reason is AbortReason.SUBSUMED
+                    else CheckpointFailureReason.CANCELLED
+                )
+                self.respond(
+                    DeclineCheckpoint(
+                        step.checkpoint_id,
+                        self.task_id,
+                        step.message or step.reason.value,
+                        code.value,
                     )
-                    self.respond(
-                        DeclineCheckpoint(
-                            step.checkpoint_id,
-                            self.task_id,
-                            step.message or step.reason.value,
-                            code.value,
-                        )
-                    )
+                )
 
     def _process_records(self, table: pa.Table) -> None:
         if table.num_rows == 0:

@@ -44,13 +44,16 @@ is an error.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from spark_ckpt.errors import StateError
 from spark_ckpt.protocol.state_handles import TaskId
@@ -103,11 +106,11 @@ class _Routing:
         """(key group, begin, end) of each run of the sorted keys."""
         return zip(self.groups, self.bounds[:-1], self.bounds[1:], strict=True)
 
-    def unsort(self, sorted_array: pa.Array) -> pa.Array:
-        """*sorted_array* (aligned with the sorted keys) back in input order."""
+    def inverse(self) -> npt.NDArray[np.int64]:
+        """Per input position, its position among the sorted keys."""
         inverse = np.empty_like(self.order)
         inverse[self.order] = np.arange(len(self.order), dtype=np.int64)
-        return sorted_array.take(pa.array(inverse))
+        return inverse
 
 
 class KeyedStateBackend:
@@ -456,7 +459,7 @@ class KeyedStateBackend:
                 out.extend(map(group.get, segment))
             else:
                 out.extend([None] * len(segment))
-        return routing.unsort(state.column(out))
+        return state.column(list(map(out.__getitem__, routing.inverse().tolist())))
 
     def put_values(
         self, descriptor: ValueStateDescriptor, keys: ArrayLike, values: ArrayLike
@@ -469,21 +472,35 @@ class KeyedStateBackend:
         vals = self._value_array(descriptor, values)
         if len(vals) != len(routing.array):
             raise StateError(f"{len(routing.array)} keys but {len(vals)} values")
-        sorted_values = vals.take(pa.array(routing.order))
-        stored = state.stored_many(sorted_values)
-        with_nulls = sorted_values.null_count > 0
-        for kg, begin, end in routing.segments():
-            segment = routing.sorted_keys[begin:end]
-            group = state.group(kg)
-            if not with_nulls:
-                group.update(zip(segment, stored[begin:end], strict=True))
-            else:
-                # clears are rare: an order-preserving loop keeps "last occurrence wins"
-                for k, v in zip(segment, stored[begin:end], strict=True):
+        stored = state.stored_many(vals, routing.order)
+        clears = vals.null_count > 0
+        if clears and pc.count_distinct(routing.array).as_py() < len(routing.array):
+            # a key repeats: an order-preserving loop keeps "last occurrence wins"
+            for kg, begin, end in routing.segments():
+                group = state.group(kg)
+                for k, v in zip(routing.sorted_keys[begin:end], stored[begin:end], strict=True):
                     if v is None:
                         group.pop(k, None)
                     else:
                         group[k] = v
+        else:
+            valid = (
+                vals.is_valid().to_numpy(zero_copy_only=False)[routing.order] if clears else None
+            )
+            keep = None if valid is None else valid.tolist()
+            drop = None if valid is None else (~valid).tolist()
+            for kg, begin, end in routing.segments():
+                segment = routing.sorted_keys[begin:end]
+                group = state.group(kg)
+                if keep is None or drop is None:
+                    group.update(zip(segment, stored[begin:end], strict=True))
+                    continue
+                mask = keep[begin:end]
+                group.update(
+                    zip(compress(segment, mask), compress(stored[begin:end], mask), strict=True)
+                )
+                gone = compress(segment, drop[begin:end])
+                deque(map(group.pop, gone, repeat(None)), maxlen=0)
         state.log(routing.key_groups, routing.array, vals)
         state.compact()
 

@@ -55,9 +55,12 @@ class KeyedStateTable:
         """The Python values of *stored* forms (None: None)."""
         return [self.values.python(s) for s in stored]
 
-    def stored_many(self, column: pa.Array) -> list[Any]:
-        """Stored forms of an Arrow column's values (null: None), for the groups' dicts."""
-        return self.values.stored_many(column)
+    def stored_many(
+        self, column: pa.Array, order: npt.NDArray[np.int64] | None = None
+    ) -> list[Any]:
+        """Stored forms of an Arrow column's values (null: None), for the groups' dicts;
+        in the order of the positions *order*, if given."""
+        return self.values.stored_many(column, order)
 
     def compact(self) -> None:
         """Let the value store reclaim overwritten values (after a batch of writes)."""

@@ -27,10 +27,13 @@ from itertools import islice
 from typing import Any, Final, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from spark_ckpt.state.descriptor import StateDescriptor, StateKind, from_column, to_column
 
+#: Positions into an array (a permutation of them, or a selection).
+Positions = npt.NDArray[np.int64]
 #: An arena holding fewer slots than this is never compacted.
 _COMPACT_FLOOR: Final = 4096
 #: An arena of more arrays than this is combined into one when next compacted.
@@ -53,9 +56,9 @@ class ValueStore(Protocol):
         column type. O(len(stored))."""
         ...
 
-    def stored_many(self, column: pa.Array) -> list[Any]:
-        """The stored forms of the values of *column* (of the column type; null: None).
-        O(len(column))."""
+    def stored_many(self, column: pa.Array, order: Positions | None = None) -> list[Any]:
+        """The stored forms of the values of *column* (of the column type; null: None), in
+        the order of the positions *order* if given. O(len(column))."""
         ...
 
     def compact(self, groups: dict[int, dict[Any, Any]], live: int) -> None:
@@ -80,7 +83,9 @@ class PythonValues:
     def column(self, stored: list[Any]) -> pa.Array:
         return pa.array(to_column(self.kind, stored), type=self.column_type)
 
-    def stored_many(self, column: pa.Array) -> list[Any]:
+    def stored_many(self, column: pa.Array, order: Positions | None = None) -> list[Any]:
+        if order is not None:
+            column = column.take(pa.array(order))
         return from_column(self.kind, column)
 
     def compact(self, groups: dict[int, dict[Any, Any]], live: int) -> None:
@@ -154,15 +159,16 @@ class ArrowValues:
         inverse[order] = np.arange(len(order))
         return pa.concat_arrays(parts).take(pa.array(inverse))
 
-    def stored_many(self, column: pa.Array) -> list[Any]:
+    def stored_many(self, column: pa.Array, order: Positions | None = None) -> list[Any]:
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
         if column.type != self.column_type:
             column = column.cast(self.column_type)
-        first = self._append(column)
-        slots: list[Any] = list(range(first, first + len(column)))
+        first = self._append(column)  # as given: *order* only orders the slots
+        positions = np.arange(len(column), dtype=np.int64) if order is None else order
+        slots: list[Any] = (positions + first).tolist()
         if column.null_count:
-            valid = column.is_valid().to_numpy(zero_copy_only=False)
+            valid = column.is_valid().to_numpy(zero_copy_only=False)[positions]
             for i in np.flatnonzero(~valid).tolist():
                 slots[i] = None
         return slots
