@@ -512,13 +512,13 @@ class KeyedStateBackend:
             segment = routing.sorted_keys[begin:end]
             group = state.groups.get(kg)
             if group:
-                for k in segment:
-                    group.pop(k, None)
+                deque(map(group.pop, segment, repeat(None)), maxlen=0)
         state.log(
             routing.key_groups,
             routing.array,
             pa.nulls(len(routing.array), state.descriptor.column_type),
         )
+        state.compact()
 
     def get_entries(self, descriptor: StateDescriptor, keys: ArrayLike) -> list[Any]:
         """The entry of each key of any keyed state as a Python value (a list for list

@@ -107,7 +107,7 @@ class TimerService:
         times = timestamps_ms(timestamps, len(key_array))
         if not len(key_array):
             return
-        new = self._merge(domain, key_array, times, add=True)
+        new = self._add(domain, key_array, times)
         self.registered += new.num_rows
         index = self._index[domain]
         if index is not None:
@@ -120,7 +120,7 @@ class TimerService:
         times = timestamps_ms(timestamps, len(key_array))
         if not len(key_array):
             return
-        gone = self._merge(domain, key_array, times, add=False)
+        gone = self._remove(domain, key_array, times)
         index = self._index[domain]
         if index is not None:
             # deleted timers stay in the index until due (checked against the state then),
@@ -129,21 +129,43 @@ class TimerService:
             if index.num_rows > 2 * self._live[domain] + _COMPACT_FLOOR:
                 self._index[domain] = None
 
-    def _merge(self, domain: TimeDomain, keys: pa.Array, times: pa.Array, *, add: bool) -> pa.Table:
-        """Add (or remove) the timers (*keys*, *times*) to (from) the state; returns the
-        timers (key, ts) the state gained (lost)."""
+    def _add(self, domain: TimeDomain, keys: pa.Array, times: pa.Array) -> pa.Table:
+        """Add the timers (*keys*, *times*) to the state; returns those it gained (key, ts).
+        One sort of the keys' timers and the new ones by (key, timestamp): duplicates end
+        up side by side, a held one first."""
+        descriptor = self._descriptors[domain]
+        unique = pc.unique(keys)
+        owners, held = exploded(unique, self.backend.get_values(descriptor, unique))
+        code = pc.index_in(pa.chunked_array([owners, keys]), value_set=unique)
+        codes = code.to_numpy().astype(np.int64)
+        stamps = np.concatenate(
+            [held.to_numpy(zero_copy_only=False), times.to_numpy(zero_copy_only=False)]
+        ).astype(np.int64)
+        asked = np.arange(len(stamps)) >= len(held)
+        order = np.lexsort((asked, stamps, codes))
+        codes, stamps, asked = codes[order], stamps[order], asked[order]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = (codes[1:] != codes[:-1]) | (stamps[1:] != stamps[:-1])
+        new = order[first & asked] - len(held)
+        if not len(new):
+            return pa.table({"key": keys.slice(0, 0), "ts": times.slice(0, 0)})
+        offsets = np.zeros(len(unique) + 1, dtype=np.int32)
+        np.cumsum(np.bincount(codes[first], minlength=len(unique)), out=offsets[1:])
+        lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array(stamps[first]), _TIMESTAMPS)
+        self.backend.put_values(descriptor, unique, lists)
+        positions = pa.array(new)
+        return pa.table({"key": keys.take(positions), "ts": times.take(positions)})
+
+    def _remove(self, domain: TimeDomain, keys: pa.Array, times: pa.Array) -> pa.Table:
+        """Remove the timers (*keys*, *times*) from the state; returns those it lost."""
         descriptor = self._descriptors[domain]
         pairs = pa.table({"key": keys, "ts": times}).group_by(["key", "ts"]).aggregate([])
         unique = pc.unique(pairs.column("key"))
         current = self.backend.get_values(descriptor, unique)
         held = _explode(unique, current)
         asked = pairs.select(["key", "ts"])
-        if add:
-            changed = _anti_join(asked, held)
-            merged = pa.concat_tables([held, changed])
-        else:
-            merged = _anti_join(held, asked)
-            changed = _anti_join(held, merged)
+        merged = _anti_join(held, asked)
+        changed = _anti_join(held, merged)
         if changed.num_rows:
             self.backend.put_values(descriptor, unique, _collect(unique, merged))
         return changed
@@ -163,10 +185,22 @@ class TimerService:
         self._index[domain] = index.filter(pc.invert(due_mask))
         descriptor = self._descriptors[domain]
         unique = pc.unique(candidates.column("key"))
-        held = _explode(unique, self.backend.get_values(descriptor, unique))
-        due = held.filter(pc.less_equal(held.column("ts"), upto_ms))
-        kept = held.filter(pc.greater(held.column("ts"), upto_ms))
-        self.backend.put_values(descriptor, unique, _collect(unique, kept))
+        lists = self.backend.get_values(descriptor, unique)
+        parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
+        flat = pc.list_flatten(lists).cast(pa.int64())
+        late = flat.to_numpy(zero_copy_only=False) <= upto_ms
+        due = pa.table({"key": unique.take(pa.array(parents[late])), "ts": flat.filter(late)})
+        # each list is sorted: what is left of it stays in order, no sort needed
+        left = np.bincount(parents[~late], minlength=len(unique))
+        offsets = np.zeros(len(unique) + 1, dtype=np.int32)
+        np.cumsum(left, out=offsets[1:])
+        kept = pa.ListArray.from_arrays(
+            pa.array(offsets),
+            flat.filter(pa.array(~late)),
+            _TIMESTAMPS,
+            mask=pa.array(left == 0),
+        )
+        self.backend.put_values(descriptor, unique, kept)
         self.fired += due.num_rows
         self._live[domain] -= due.num_rows
         return due.sort_by([("ts", "ascending"), ("key", "ascending")])
