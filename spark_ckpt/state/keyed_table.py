@@ -51,10 +51,6 @@ class KeyedStateTable:
         """The values of *stored* forms (None: null) as an Arrow array of the column type."""
         return self.values.column(stored)
 
-    def python_values(self, stored: list[Any]) -> list[Any]:
-        """The Python values of *stored* forms (None: None)."""
-        return [self.values.python(s) for s in stored]
-
     def stored_many(
         self, column: pa.Array, order: npt.NDArray[np.int64] | None = None
     ) -> list[Any]:

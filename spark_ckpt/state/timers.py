@@ -249,11 +249,7 @@ def _collect(keys: pa.Array, pairs: pa.Table) -> pa.Array:
 
 def _anti_join(held: pa.Table, removed: pa.Table) -> pa.Table:
     """The rows of *held* (key, ts) not in *removed*."""
-    if held.num_rows == 0 or removed.num_rows == 0:
-        return held
-    marked = removed.append_column("gone", pa.array(np.ones(removed.num_rows, dtype=bool)))
-    joined = held.join(marked, keys=["key", "ts"], join_type="left outer")
-    return joined.filter(pc.is_null(joined.column("gone"))).select(["key", "ts"])
+    return held.join(removed, keys=["key", "ts"], join_type="left anti", use_threads=False)
 
 
 # -- offline: timers as rows ------------------------------------------------------------------

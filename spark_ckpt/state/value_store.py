@@ -187,15 +187,10 @@ class ArrowValues:
             slot += len(group)
 
 
-def is_nested(arrow_type: pa.DataType) -> bool:
-    """Whether values of *arrow_type* are lists, structs, maps or unions."""
-    return bool(pa.types.is_nested(arrow_type))
-
-
 def value_store(descriptor: StateDescriptor) -> ValueStore:
     """The value store of a state of *descriptor*: Arrow for value state of a nested type,
     Python otherwise (see the module docstring)."""
-    if descriptor.kind is StateKind.VALUE and is_nested(descriptor.column_type):
+    if descriptor.kind is StateKind.VALUE and pa.types.is_nested(descriptor.column_type):
         return ArrowValues(descriptor.column_type)
     return PythonValues(descriptor.kind, descriptor.column_type)
 
