@@ -46,8 +46,8 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -87,11 +87,13 @@ from spark_ckpt.spark.executors.changelog import remove_run
 from spark_ckpt.spark.executors.routing import ROUTED_DDL, Router
 from spark_ckpt.spark.executors.shipping import ship_by_value
 from spark_ckpt.spark.executors.subtask_function import SubtaskFunction, subtask_query
+from spark_ckpt.spark.session.query_settings import ROUTING_SETTINGS, query_settings
 from spark_ckpt.spark.session.quiet_stop import silence_task_kill_logs
 from spark_ckpt.spark.subtask_spec import AlignerSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
     from spark_ckpt.delta.delta_store import DeltaCheckpointStore
@@ -133,6 +135,8 @@ class PreparedRun:
     dataframe: DataFrame
     function: RunFunction
     files: RunFiles
+    #: SQL settings of the run's query alone (:mod:`spark_ckpt.spark.session.query_settings`)
+    settings: Mapping[str, str] = field(default_factory=dict)
 
     def stream_writer(self) -> DataStreamWriter:
         """The run's query, not started: the ``foreachBatch`` function over the source, or
@@ -142,6 +146,12 @@ class PreparedRun:
             writer: DataStreamWriter = query.writeStream.format("noop").outputMode("update")
             return writer
         return self.dataframe.writeStream.foreachBatch(self.function)
+
+    def start(self, writer: DataStreamWriter) -> StreamingQuery:
+        """Start *writer* (from :meth:`stream_writer`) with the run's :attr:`settings`, which
+        then hold for its query only."""
+        with query_settings(self.dataframe.sparkSession, self.settings):
+            return writer.start()
 
 
 class Pipeline:
@@ -302,9 +312,11 @@ class Pipeline:
                 columns = [f for f in rows if f.name not in BARRIER_COLUMNS]
                 target = DeltaSinkTarget(job.late_output, pipeline=self.name)
                 DeltaSinkCommitter(target).ensure_table(pa.schema(columns))
+        settings: Mapping[str, str] = {}
         if job.transform is not None and job.placement is Placement.EXECUTORS:
             df = df.mapInArrow(RouteBatches(router), ROUTED_DDL)
-        return PreparedRun(run_id, df, function, RunFiles(self.root, run_id))
+            settings = ROUTING_SETTINGS
+        return PreparedRun(run_id, df, function, RunFiles(self.root, run_id), settings)
 
     def start(
         self,
@@ -373,7 +385,7 @@ class Pipeline:
             writer = writer.trigger(availableNow=True)
         elif trigger_s is not None:
             writer = writer.trigger(processingTime=f"{trigger_s} seconds")
-        query = writer.queryName(f"{self.name}-{prepared.run_id[:6]}").start()
+        query = prepared.start(writer.queryName(f"{self.name}-{prepared.run_id[:6]}"))
         run = PipelineRun(self, prepared.run_id, attempt, query, prepared.function, prepared.files)
         run.report(RunState.RUNNING)
         return run
