@@ -234,9 +234,10 @@ def test_a_host_ends_when_its_run_is_over(key: CacheKey, tmp_path: Path) -> None
     assert closed.read_text().split() == ["1", "2"]  # the runner was closed, after its batches
 
 
-def test_the_socket_directory_is_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    mine = tmp_path / f"spark-ckpt-{os.getuid()}"
+def test_the_socket_directory_is_private(monkeypatch: pytest.MonkeyPatch) -> None:
+    short = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp"))  # short enough for sockets
+    monkeypatch.setattr(tempfile, "tempdir", str(short))
+    mine = short / f"spark-ckpt-{os.getuid()}"
     mine.mkdir(mode=0o755)
     os.chmod(mine, 0o755)
     hosts = host_directory()
@@ -246,3 +247,15 @@ def test_the_socket_directory_is_private(tmp_path: Path, monkeypatch: pytest.Mon
         os.chown(mine, 12345, -1)
         with pytest.raises(EnvironmentSetupError, match="must be a directory of user"):
             host_directory()
+
+
+def test_a_temporary_directory_too_long_for_sockets_falls_back_to_tmp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    deep = Path(tempfile.mkdtemp(prefix="sc-", dir="/tmp")) / ("d" * 90)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    hosts = host_directory()
+    assert hosts == Path("/tmp") / f"spark-ckpt-{os.getuid()}" / "hosts"
+    address = host_address(CacheKey("/root", "run", 0), "exec")
+    assert len(os.fsencode(address)) <= 107

@@ -180,11 +180,20 @@ class BatchFailed:
         return SubtaskHostError(f"{self.error}: {self.message}")
 
 
+#: The longest path of a Unix socket (``sun_path`` holds 108 bytes with its terminator).
+_SOCKET_PATH_MAX = 107
+#: The length of a host socket's name (:func:`host_address`).
+_SOCKET_NAME = len("/hosts/") + 24 + len(".sock")
+
+
 def host_directory() -> Path:
-    """This user's directory of host sockets: private (mode 0700; made so when this user
-    owns it); refused when another user owns it (whoever can connect to a host can make it
-    run code)."""
+    """This user's directory of host sockets, under the temporary directory, or under
+    ``/tmp`` when the temporary directory's path is too long for a socket path: private
+    (mode 0700; made so when this user owns it); refused when another user owns it (whoever
+    can connect to a host can make it run code)."""
     path = Path(tempfile.gettempdir()) / f"spark-ckpt-{os.getuid()}"
+    if len(os.fsencode(path)) + _SOCKET_NAME > _SOCKET_PATH_MAX:
+        path = Path("/tmp") / f"spark-ckpt-{os.getuid()}"
     for directory in (path, path / "hosts"):
         directory.mkdir(exist_ok=True, mode=0o700)
         st = directory.stat()
