@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -31,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_ckpt.errors import ConfigError, SparkCkptError
+from spark_ckpt.locations.uris import normalized, sibling
 from spark_ckpt.pipeline.job import Placement
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.config import CheckpointConfig
@@ -67,7 +67,7 @@ def build_config(args: argparse.Namespace) -> CheckpointConfig:
         "restart-strategy.fixed-delay.delay": args.restart_delay,
     }
     if args.savepoint_dir:
-        options["savepoint.dir"] = os.path.abspath(args.savepoint_dir)
+        options["savepoint.dir"] = normalized(args.savepoint_dir)
     return CheckpointConfig.from_options(options)
 
 
@@ -76,11 +76,11 @@ def restore_settings(args: argparse.Namespace) -> RestoreSettings:
     allow = bool(args.allow_non_restored_state)
     if args.restore_savepoint:
         return RestoreSettings.savepoint(
-            os.path.abspath(args.restore_savepoint),
+            normalized(args.restore_savepoint),
             allow_non_restored_state=allow,
             force=args.force,
         )
-    root = os.path.abspath(args.restore_root) if args.restore_root else None
+    root = normalized(args.restore_root) if args.restore_root else None
     if args.restore_checkpoint is not None:
         return RestoreSettings.checkpoint(
             args.restore_checkpoint, root, allow_non_restored_state=allow
@@ -484,16 +484,14 @@ def run(
     from spark_ckpt.pipeline.supervisor import StopReason
     from spark_ckpt.spark.datasource.source_options import default_root
 
-    root = os.path.abspath(args.root or default_root(args.pipeline))
-    output = os.path.abspath(
-        args.output or os.path.join(os.path.dirname(root), f"{args.pipeline}_counts")
-    )
+    root = normalized(args.root or default_root(args.pipeline))
+    output = normalized(args.output or sibling(root, f"{args.pipeline}_counts"))
     pipeline = Pipeline(spark, args.pipeline, config=build_config(args), root=root)
     source: dict[str, object]
     key, key_type = "user_id", pa.int64()
     transform: Callable[[Any], Any] | None = None
     if args.input:
-        source = {"source": "delta", "path": os.path.abspath(args.input), "channels": args.channels}
+        source = {"source": "delta", "path": normalized(args.input), "channels": args.channels}
     elif args.kafka:
         source = {
             "source": "kafka",
@@ -508,14 +506,14 @@ def run(
     elif args.files:
         source = {
             "source": "files",
-            "path": os.path.abspath(args.files),
+            "path": normalized(args.files),
             "format": "json",
             "schema": "user_id long",
             "channels": args.channels,
         }
         if args.files_archive:
             source["cleanSource"] = "archive"
-            source["sourceArchiveDir"] = os.path.abspath(args.files_archive)
+            source["sourceArchiveDir"] = normalized(args.files_archive)
     else:
         source = {
             "source": "generator",

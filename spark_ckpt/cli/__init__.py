@@ -36,6 +36,7 @@ from typing import NoReturn
 
 from spark_ckpt.cli import commands
 from spark_ckpt.errors import SparkCkptError, StoreError
+from spark_ckpt.locations.uris import normalized
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -223,7 +224,7 @@ def _located(message: str, where: str | None) -> str:
     """*message* naming the store *where* the command read, if it does not already."""
     if not where:
         return message
-    path = where if "://" in where else os.path.abspath(where)
+    path = normalized(where)
     return message if path in message else f"checkpoint store {path}: {message}"
 
 

@@ -13,8 +13,12 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.fs as pafs
+
 from spark_ckpt.cli.table import Row, json_lines, render, size, when
 from spark_ckpt.errors import CheckpointError, CheckpointNotFoundError, ConfigError
+from spark_ckpt.locations.preflight import check_readable
+from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.state_handles import CheckpointMetrics, TimeMetrics
 
@@ -33,8 +37,10 @@ def client(root: str, *, existing: bool = True) -> PipelineClient:
     may not have written its log yet, and an unanswered request times out."""
     from spark_ckpt.client.pipeline_client import PipelineClient
 
-    if existing and "://" not in root and not os.path.isdir(os.path.join(root, "checkpoints")):
-        raise CheckpointNotFoundError(f"no pipeline root at {os.path.abspath(root)}")
+    root = normalized(root)
+    fs, path = check_readable(root)  # an object store: one clear line before anything runs
+    if existing and fs.get_file_info(f"{path}/checkpoints").type != pafs.FileType.Directory:
+        raise CheckpointNotFoundError(f"no pipeline root at {root}")
     return PipelineClient(root)
 
 

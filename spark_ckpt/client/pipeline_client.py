@@ -19,7 +19,6 @@ No ``pyspark`` here: the client needs neither a SparkSession nor a running JVM.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections import Counter
@@ -35,6 +34,7 @@ from spark_ckpt.coordination.runs import Runs, RunState, RunStatus
 from spark_ckpt.coordination.savepoint_export import exported_path, wait_exported
 from spark_ckpt.coordination.schedule import CheckpointSchedule, SchedulePause
 from spark_ckpt.errors import CheckpointError, CheckpointFailedError
+from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
@@ -110,7 +110,7 @@ class PipelineClient:
     request nobody waits for any more."""
 
     def __init__(self, root: str) -> None:
-        self.root = root if "://" in root else os.path.abspath(root)
+        self.root = normalized(root)
         self.mailbox = Mailbox(self.root)
         self._store: DeltaCheckpointStore | None = None
         self._posted: dict[str, tuple[str, RequestKind]] = {}  # request id -> (file, kind)

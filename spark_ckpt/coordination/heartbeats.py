@@ -26,8 +26,9 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from spark_ckpt.coordination.mailbox import MAILBOX_DIR
-from spark_ckpt.coordination.root_files import filesystem, write_atomically
 from spark_ckpt.errors import ProtocolError, StoreError
+from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.uris import filesystem
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class Heartbeats:
         record = Heartbeat(
             holder, role, socket.gethostname(), os.getpid(), time.time_ns() // 1_000_000, valid_ms
         )
-        write_atomically(self._fs, self._path(holder), json.dumps(record.to_dict()).encode())
+        write_whole(self._fs, self._path(holder), json.dumps(record.to_dict()).encode())
         return record
 
     def remove(self, holder: str) -> None:

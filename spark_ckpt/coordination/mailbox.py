@@ -43,8 +43,10 @@ import uuid
 import pyarrow.fs as pafs
 
 from spark_ckpt.coordination.messages import Message, decode_message
-from spark_ckpt.coordination.root_files import filesystem, remove_dir, write_atomically
+from spark_ckpt.coordination.root_files import remove_dir
 from spark_ckpt.errors import ProtocolError, StoreError
+from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.uris import filesystem
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,7 @@ class Mailbox:
     def post(self, message: Message) -> str:
         """Post *message*; returns its name. Safe from any process."""
         name = f"{time.time_ns():020d}-{uuid.uuid4().hex}.json"
-        write_atomically(self._fs, f"{self._dir}/{name}", json.dumps(message.to_dict()).encode())
+        write_whole(self._fs, f"{self._dir}/{name}", json.dumps(message.to_dict()).encode())
         return name
 
     def receive(self) -> list[tuple[str, Message]]:

@@ -39,8 +39,10 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from spark_ckpt.coordination.root_files import RUNS_DIR, filesystem, remove_dir, write_atomically
+from spark_ckpt.coordination.root_files import RUNS_DIR, remove_dir
 from spark_ckpt.errors import ProtocolError, StoreError
+from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.uris import filesystem
 
 RESTORE_FILE = "restore.json"
 LEASE_FILE = "lease.json"
@@ -182,7 +184,7 @@ class RunFiles:
         self._dir = f"{base.rstrip('/')}/{RUNS_DIR}/{run_id}"
 
     def _write(self, name: str, payload: dict[str, Any]) -> None:
-        write_atomically(self._fs, f"{self._dir}/{name}", json.dumps(payload).encode())
+        write_whole(self._fs, f"{self._dir}/{name}", json.dumps(payload).encode())
 
     def _read(self, name: str) -> dict[str, Any] | None:
         path = f"{self._dir}/{name}"

@@ -21,8 +21,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from spark_ckpt.coordination.root_files import filesystem, write_atomically
 from spark_ckpt.errors import StoreError
+from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.uris import filesystem
 
 SCHEDULE_FILE = "_schedule.json"
 
@@ -67,7 +68,7 @@ class CheckpointSchedule:
 
     def pause(self, pause: SchedulePause) -> None:
         """Coordinator side: record *pause* (replaces an earlier one)."""
-        write_atomically(self._fs, self._path, json.dumps(pause.to_dict()).encode())
+        write_whole(self._fs, self._path, json.dumps(pause.to_dict()).encode())
 
     def resume(self) -> None:
         """Coordinator side: remove the pause record. Idempotent."""

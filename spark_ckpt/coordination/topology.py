@@ -9,8 +9,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_ckpt.coordination.root_files import RUNS_DIR, filesystem, write_atomically
+from spark_ckpt.coordination.root_files import RUNS_DIR
 from spark_ckpt.errors import ProtocolError, StoreError
+from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.uris import filesystem
 
 TOPOLOGY_FILE = "_topology.json"
 
@@ -85,7 +87,7 @@ def _topology_path(base: str, run_id: str | None) -> str:
 def write_topology(root: str, topology: Topology, run_id: str | None = None) -> None:
     """Publish *topology*: the root's shared one, or that of run *run_id*."""
     fs, base = filesystem(root)
-    write_atomically(fs, _topology_path(base, run_id), json.dumps(topology.to_dict()).encode())
+    write_whole(fs, _topology_path(base, run_id), json.dumps(topology.to_dict()).encode())
 
 
 def read_topology(root: str, run_id: str | None = None) -> Topology | None:

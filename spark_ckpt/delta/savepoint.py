@@ -38,6 +38,7 @@ from spark_ckpt.errors import (
     RestoreError,
     StoreError,
 )
+from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.state_handles import BlobRef
@@ -69,7 +70,7 @@ def savepoint_directory(root: str, checkpoint: CompletedCheckpoint) -> str:
     """The directory a savepoint of *root* goes into: the requested one (target or
     ``savepoint.dir``), else ``<root>/savepoints``."""
     directory = checkpoint.properties.get(SAVEPOINT_DIR) or _join(root, DEFAULT_SUBDIR)
-    return directory if "://" in directory else os.path.abspath(directory)
+    return normalized(directory)
 
 
 def savepoint_path(directory: str, pipeline: str, checkpoint_id: int) -> str:
@@ -129,7 +130,7 @@ def export_savepoint(
 
 
 def _exists(path: str) -> bool:
-    fs, where = pafs.FileSystem.from_uri(path if "://" in path else os.path.abspath(path))
+    fs, where = pafs.FileSystem.from_uri(normalized(path))
     return fs.get_file_info(where).type is not pafs.FileType.NotFound
 
 
@@ -205,9 +206,7 @@ def list_savepoints(directory: str) -> list[Savepoint]:
     (directories that are not savepoints are skipped). Empty if *directory* is absent."""
     if not _exists(directory):
         return []
-    fs, where = pafs.FileSystem.from_uri(
-        directory if "://" in directory else os.path.abspath(directory)
-    )
+    fs, where = pafs.FileSystem.from_uri(normalized(directory))
     found: list[Savepoint] = []
     for info in fs.get_file_info(pafs.FileSelector(where)):
         if info.type is not pafs.FileType.Directory or not info.base_name.startswith("savepoint-"):
@@ -224,7 +223,7 @@ def dispose_savepoint(path: str) -> Savepoint:
     """Delete the savepoint directory *path* (Flink's ``savepoint --dispose``); refuses a
     directory that is not a savepoint. Returns what was deleted."""
     _, savepoint = open_savepoint(path)
-    fs, where = pafs.FileSystem.from_uri(path if "://" in path else os.path.abspath(path))
+    fs, where = pafs.FileSystem.from_uri(normalized(path))
     with delta_boundary(f"dispose savepoint {path}", StoreError):
         fs.delete_dir(where)
     return savepoint

@@ -8,13 +8,13 @@ survives from one attempt into the next.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypedDict, Unpack
 
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.event_time import WatermarkStrategy
@@ -123,7 +123,7 @@ class JobSpec:
                 "a chain keyed by one column (the rows are routed to subtasks by it before "
                 f"the first operator; these are keyed by {', '.join(map(repr, keys))})",
             )
-        out = output if "://" in output else os.path.abspath(output)
+        out = normalized(output)
         components = options.get("components", JobSpec.components) or None
         load_components(components)  # a ConfigError names it before anything runs
         watermark = options.get("watermark", JobSpec.watermark)
@@ -139,7 +139,7 @@ class JobSpec:
         if late is not None:
             if not isinstance(late, str) or not late:
                 raise ConfigError("late_output", late, "the path of a Delta table")
-            late = late if "://" in late else os.path.abspath(late)
+            late = normalized(late)
             if late == out:
                 raise ConfigError("late_output", late, "another table than the output")
         return JobSpec(

@@ -42,9 +42,11 @@ client). Imports pyspark lazily.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import tempfile
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -57,9 +59,12 @@ from spark_ckpt.client.pipeline_client import PipelineClient
 from spark_ckpt.coordination.heartbeats import mark_starting
 from spark_ckpt.coordination.runs import RunFiles, Runs, RunState, new_run_id
 from spark_ckpt.coordination.topology import SinkSpec, Topology, write_topology
+from spark_ckpt.delta.commit_safety import check_commit_safety
 from spark_ckpt.delta.sink_committer import DeltaSinkCommitter
 from spark_ckpt.delta.sink_target import DeltaSinkTarget
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.locations.preflight import check_readable, check_writable
+from spark_ckpt.locations.uris import is_remote, normalized
 from spark_ckpt.pipeline.interrupts import Interrupts
 from spark_ckpt.pipeline.job import JobOptions, JobSpec, Operators, Placement, Source
 from spark_ckpt.pipeline.pipeline_run import PipelineRun, RunFunction
@@ -173,7 +178,9 @@ class Pipeline:
         self.name = name
         self.config = config or CheckpointConfig(interval_ms=1000)
         root = root or self.config.checkpoint_storage or default_root(name)
-        self.root = root if "://" in root else os.path.abspath(root)
+        self.root = normalized(root)
+        check_commit_safety(self.root)
+        check_writable(self.root)  # an object store: one clear line before anything runs
         #: requests (checkpoint, savepoint, stop) and queries (list, latest, stats)
         self.client = PipelineClient(self.root)
         self.driver_id = uuid.uuid4().hex
@@ -340,6 +347,7 @@ class Pipeline:
         trigger interval (default: as fast as possible); *tracer*: see :meth:`prepare`; *restore*:
         where to restore from (default: the latest completed checkpoint), see :meth:`restore`."""
         job = JobSpec.of(source, operators, output=output, **options)
+        self._check_locations(job)
         self._restore(job, restore)
         run = self._start(job, available_now, trigger_s, attempt=1)
         run.watch_stop_requests()  # PipelineClient.stop (this or any process) ends the run
@@ -356,6 +364,19 @@ class Pipeline:
             channels={} if names is not None else {SOURCE_TASK.vertex: channels},
             max_parallelism=self.config.max_parallelism,
         )
+
+    def _check_locations(self, job: JobSpec) -> None:
+        """Before anything runs: the outputs writable (and committed to safely), a Delta or
+        files source readable; else one :class:`~spark_ckpt.errors.StoreError` line naming
+        the location (:mod:`spark_ckpt.locations.preflight`)."""
+        for output in (job.output, job.late_output):
+            if output is not None:
+                check_commit_safety(output)
+                check_writable(output)
+        parsed = SourceOptions.parse(self.source_options(**job.source))
+        for options in (parsed.delta, parsed.files):
+            if options.get("path"):
+                check_readable(options["path"])
 
     def _restore(
         self, job: JobSpec, settings: RestoreSettings | None
@@ -378,20 +399,32 @@ class Pipeline:
         self, job: JobSpec, available_now: bool, trigger_s: float | None, attempt: int
     ) -> PipelineRun:
         prepared = self._prepare(job)
-        writer = prepared.stream_writer().option(
-            "checkpointLocation", self.spark_checkpoint_location()
-        )
+        location = self.spark_checkpoint_location()
+        writer = prepared.stream_writer().option("checkpointLocation", location)
         if available_now:
             writer = writer.trigger(availableNow=True)
         elif trigger_s is not None:
             writer = writer.trigger(processingTime=f"{trigger_s} seconds")
         query = prepared.start(writer.queryName(f"{self.name}-{prepared.run_id[:6]}"))
-        run = PipelineRun(self, prepared.run_id, attempt, query, prepared.function, prepared.files)
+        scratch = location if is_remote(self.root) else None
+        run = PipelineRun(
+            self, prepared.run_id, attempt, query, prepared.function, prepared.files, scratch
+        )
         run.report(RunState.RUNNING)
         return run
 
     def spark_checkpoint_location(self) -> str:
-        return os.path.join(self.root, "_spark", uuid.uuid4().hex)
+        """A fresh directory for Spark's own checkpoint of a new run's query (spark-ckpt's
+        store is the truth every run restores from, so Spark's checkpoint serves one run
+        only). Under a local root: ``<root>/_spark/<uuid>``, kept for inspection. Under an
+        object-store root: a local directory of the driver,
+        ``<tempdir>/spark-ckpt/<name>-<hash of the root>/<uuid>``, so Spark needs no Hadoop
+        connector for the store; it is removed when the run retires."""
+        if not is_remote(self.root):
+            return os.path.join(self.root, "_spark", uuid.uuid4().hex)
+        digest = hashlib.sha256(self.root.encode()).hexdigest()[:12]
+        base = os.path.join(tempfile.gettempdir(), "spark-ckpt", f"{self.name}-{digest}")
+        return os.path.join(base, uuid.uuid4().hex)
 
     # -- running ----------------------------------------------------------------------------
     def run(
@@ -428,6 +461,7 @@ class Pipeline:
         job before anything starts (:class:`~spark_ckpt.errors.RestoreError`); restarts
         restore the latest checkpoint of the new lineage."""
         job = JobSpec.of(source, operators, output=output, **options)
+        self._check_locations(job)
         start_from = self._restore(job, restore)
 
         def start(attempt: int) -> PipelineRun:

@@ -21,6 +21,7 @@ Runs in the user's driver process (the Spark Connect client under Connect).
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
@@ -99,6 +100,9 @@ class PipelineRun:
     query: StreamingQuery
     function: RunFunction
     files: RunFiles
+    #: a local directory of the driver the run's query used and that goes when it retires
+    #: (Spark's checkpoint location of a run whose root is on an object store)
+    scratch: str | None = None
     _stop_lock: threading.Lock = field(
         default_factory=threading.Lock, init=False, repr=False, compare=False
     )
@@ -132,12 +136,15 @@ class PipelineRun:
         )
 
     def retire(self) -> None:
-        """After the query ended: remove the run's mailbox box, and release the function's
-        runtime if it was built in this process (classic Spark calls the foreachBatch
-        function in the driver; under Spark Connect the runtime lives in the server's
-        foreachBatch process, which Spark ends with the query). Idempotent."""
+        """After the query ended: remove the run's mailbox box and its :attr:`scratch`
+        directory, and release the function's runtime if it was built in this process
+        (classic Spark calls the foreachBatch function in the driver; under Spark Connect the
+        runtime lives in the server's foreachBatch process, which Spark ends with the query).
+        Idempotent."""
         self.function.retire()
         remove_run(self.pipeline.root, self.run_id)  # subtasks on the executors: changelog
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
         try:
             Mailbox(self.pipeline.root, self.run_id).remove_box()
         except SparkCkptError as e:

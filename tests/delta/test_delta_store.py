@@ -894,35 +894,12 @@ def test_lease_landing_between_check_and_commit_fences_the_commit(root: Path, mo
     assert injected and DeltaCheckpointStore(str(root)).list_completed() == []
 
 
-_RACER = """
-import json, sys
-from spark_ckpt.protocol.barrier import SnapshotType
-from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
-from spark_ckpt.delta.delta_store import DeltaCheckpointStore
-from spark_ckpt.errors import FencedError
-from spark_ckpt.protocol.state_handles import TaskId, TaskStateHandle
-store = DeltaCheckpointStore(sys.argv[1])
-outcomes = []
-for _ in range(int(sys.argv[2])):
-    lease = store.acquire()
-    for cid in (lease.first_id, lease.first_id + 1):
-        cp = CompletedCheckpoint(cid, SnapshotType.CHECKPOINT, (TaskStateHandle(TaskId("t")),),
-                                 CheckpointStats(0, 1))
-        try:
-            store.commit(lease, cp)
-            outcomes.append([lease.epoch, cid, "won"])
-        except FencedError:
-            outcomes.append([lease.epoch, cid, "fenced"])
-print(json.dumps(outcomes))
-"""
-
-
 @pytest.mark.slow  # several Python processes
 def test_two_coordinator_processes_racing(root: Path) -> None:
     DeltaCheckpointStore(str(root)).acquire()  # create the table before the race
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _RACER, str(root), "12"],
+            [sys.executable, "-m", "spark_ckpt.testing.lease_racer", str(root), "12"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -33,6 +33,7 @@ from spark_ckpt.coordination.global_committer import sink_from_spec
 from spark_ckpt.coordination.mailbox import Mailbox
 from spark_ckpt.coordination.topology import SinkSpec, Topology, read_topology, write_topology
 from spark_ckpt.errors import ConfigError, ProtocolError
+from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
 from spark_ckpt.protocol.checkpoint import task_state_uid
 from spark_ckpt.protocol.state_handles import (
@@ -58,7 +59,7 @@ _KEYS = frozenset({"pipeline", "path", "store", "uid", "checkpointlocation"})
 
 
 def _absolute(path: str) -> str:
-    return path if "://" in path else os.path.abspath(path)
+    return normalized(path)
 
 
 @dataclass(frozen=True)

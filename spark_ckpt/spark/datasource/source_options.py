@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.option import parse_int
 from spark_ckpt.runtime.components import Components, load_components
 from spark_ckpt.runtime.config import (
@@ -264,7 +265,7 @@ class SourceOptions:
         )
         return SourceOptions(
             pipeline=pipeline,
-            root=root if "://" in root else os.path.abspath(root),
+            root=normalized(root),
             source=source,
             max_rows_per_trigger=limit,
             config=config,

@@ -1,0 +1,135 @@
+"""Resolving a location (a local path or an object-store URI) to a pyarrow file system, and
+the store's failures as one :class:`~spark_ckpt.errors.StoreError` line.
+
+Credentials and endpoints come from the standard environment of the process that resolves
+the location (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_PROFILE``,
+``AWS_ENDPOINT_URL``, ``AWS_REGION``; ``AZURE_STORAGE_*``; ``GOOGLE_APPLICATION_CREDENTIALS``),
+the same variables delta-rs reads: the driver and the executors need them alike. They are
+never logged: messages name the location and the endpoint only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Final
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from spark_ckpt.errors import SparkCkptError, StoreError
+
+#: The URI schemes of object stores (``s3a`` is Hadoop's name for ``s3``).
+OBJECT_STORE_SCHEMES: Final = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"})
+#: The schemes pyarrow names otherwise.
+_PYARROW_SCHEME: Final = {"s3a": "s3", "gcs": "gs"}
+
+
+def scheme(uri: str) -> str:
+    """The URI scheme of *uri* in lower case; ``""`` for a local path."""
+    return urlsplit(uri).scheme.lower() if "://" in uri else ""
+
+
+def is_remote(uri: str) -> bool:
+    """Whether *uri* names an object store (no rename, no append, no ``/proc`` of its
+    writers): see :data:`OBJECT_STORE_SCHEMES`."""
+    return scheme(uri) in OBJECT_STORE_SCHEMES
+
+
+def normalized(uri: str) -> str:
+    """*uri* as pyarrow and delta-rs resolve it: a local path made absolute, ``s3a://`` as
+    ``s3://``, no trailing slash."""
+    if "://" not in uri:
+        return os.path.abspath(uri)
+    head, rest = uri.split("://", 1)
+    return f"{_PYARROW_SCHEME.get(head.lower(), head.lower())}://{rest.rstrip('/')}"
+
+
+def join(uri: str, *parts: str) -> str:
+    """*parts* under *uri*, with ``/`` on object stores and the OS separator locally."""
+    if "://" in uri:
+        return "/".join([uri.rstrip("/"), *parts])
+    return os.path.join(uri, *parts)
+
+
+def sibling(uri: str, name: str) -> str:
+    """*name* beside *uri* (in the folder that holds it)."""
+    if "://" in uri:
+        return f"{uri.rstrip('/').rsplit('/', 1)[0]}/{name}"
+    return os.path.join(os.path.dirname(os.path.abspath(uri)), name)
+
+
+def bucket(uri: str) -> str | None:
+    """The bucket (container) of an object-store URI, else None."""
+    if not is_remote(uri):
+        return None
+    return urlsplit(uri).netloc.split("@")[0] or None  # abfss: container@account
+
+
+def endpoint() -> str | None:
+    """The S3 endpoint of this process's environment (``AWS_ENDPOINT_URL_S3`` or
+    ``AWS_ENDPOINT_URL``), for messages; None: the store's default."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """The file system of *uri* and the path in it. Raises :class:`StoreError` naming
+    *uri*."""
+    with store_errors(uri):
+        if "://" in uri:
+            fs, path = pafs.FileSystem.from_uri(normalized(uri))
+            return fs, str(path).rstrip("/")
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+#: What the store's error text means, first match wins: (pattern, explanation).
+_CAUSES: Final = (
+    (
+        re.compile(r"NETWORK_CONNECTION|Could not connect|Couldn't connect|resolve host", re.I),
+        "cannot reach the endpoint{endpoint}: is it right, and is the store up?",
+    ),
+    (
+        re.compile(r"NO_SUCH_BUCKET|NoSuchBucket|bucket does not exist|ContainerNotFound", re.I),
+        "the bucket {bucket!r} does not exist",
+    ),
+    (
+        re.compile(
+            r"ACCESS_DENIED|AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|"
+            r"HTTP status 40[13]|Forbidden|AuthorizationFailure",
+            re.I,
+        ),
+        "access denied: check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+        "AWS_PROFILE or an instance role) and their rights on the bucket",
+    ),
+    (
+        re.compile(r"credentials|No response body", re.I),
+        "the store refused the request: are credentials set (AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or an instance role)?",
+    ),
+)
+
+
+def explain(uri: str, error: BaseException) -> str:
+    """One line on why *error* (raised by the store for *uri*) happened."""
+    text = str(error)
+    where = endpoint()
+    for pattern, why in _CAUSES:
+        if pattern.search(text):
+            return why.format(endpoint=f" {where}" if where else "", bucket=bucket(uri))
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+@contextmanager
+def store_errors(uri: str, doing: str = "open") -> Iterator[None]:
+    """Turn the OS and Arrow errors raised in the block for location *uri* into one
+    :class:`StoreError` line, ``cannot <doing> <uri>: <why>``; ours pass through."""
+    try:
+        yield
+    except SparkCkptError:
+        raise
+    except (OSError, pa.ArrowException) as e:
+        raise StoreError(f"cannot {doing} {uri}: {explain(uri, e)}") from e

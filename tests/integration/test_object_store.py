@@ -1,0 +1,269 @@
+"""Pipelines on object storage (#42), against a real S3 endpoint (moto's server, started by
+the tests): the pipeline root, the output and the Delta source on ``s3://``, run as a user
+runs it, in a process whose environment points at the endpoint; and the failures a wrong
+setting gives, each one line before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from conftest import generated_keys, running_count_rows
+from deltalake import write_deltalake
+
+from spark_ckpt import Pipeline
+from spark_ckpt.errors import StoreError
+from spark_ckpt.sources.generator import GeneratorSpec
+from spark_ckpt.testing.s3_endpoint import S3Endpoint, running_s3_endpoint
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+BUCKET = "lake"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Endpoint]:
+    with running_s3_endpoint() as endpoint:
+        endpoint.create_bucket(BUCKET)
+        yield endpoint
+
+
+@pytest.fixture
+def on_s3(s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> S3Endpoint:
+    """This test process's pyarrow and delta-rs pointed at the endpoint."""
+    for key, value in s3.environment().items():
+        monkeypatch.setenv(key, value)
+    return s3
+
+
+def python(script: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(HERE / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+    )
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "spark_ckpt.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+
+
+def write_source(uri: str) -> Counter[int]:
+    """Three commits of (user_id, amount) rows; returns the rows per key."""
+    keys: Counter[int] = Counter()
+    for version in range(3):
+        users = [(i * 7 + version) % 40 for i in range(300)]
+        keys.update(users)
+        data = pa.table({"user_id": pa.array(users, pa.int64()), "amount": list(range(300))})
+        write_deltalake(uri, data, mode="append")
+    return keys
+
+
+def read_output(uri: str, s3: S3Endpoint) -> Counter[tuple[int, int]]:
+    """The output table read back by a second Delta reader (polars) from the endpoint."""
+    env = s3.environment()
+    options = {
+        "aws_endpoint_url": env["AWS_ENDPOINT_URL"],
+        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+        "aws_region": env["AWS_REGION"],
+        "aws_allow_http": "true",
+    }
+    frame = pl.read_delta(uri, storage_options=options)
+    return Counter(zip(frame["user_id"].to_list(), frame["count"].to_list(), strict=True))
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", ["executors", "driver"])
+def test_a_pipeline_with_root_output_and_source_on_s3_counts_exactly_once(
+    on_s3: S3Endpoint, tmp_path: Path, placement: str
+) -> None:
+    base = f"s3://{BUCKET}/{placement}"
+    source, root, out = f"{base}/clicks", f"{base}/root", f"{base}/counts"
+    keys = write_source(source)
+    scratch = tmp_path / "tmp"  # the job's local temporary directory
+    scratch.mkdir()
+    env = {**os.environ, **on_s3.environment(), "TMPDIR": str(scratch)}
+    done = python("s3_job.py", root, out, source, placement, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["checkpoints"] >= 1 and result["failures"] == []
+    assert read_output(out, on_s3) == running_count_rows(keys)
+    # everything of the pipeline is on the endpoint; Spark's own checkpoint stayed local
+    fs = pafs.S3FileSystem(endpoint_override=on_s3.url, scheme="http")
+    stored = {
+        Path(i.path).name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/{placement}/root"))
+    }
+    assert {"checkpoints", "_runs"} <= stored and "_spark" not in stored
+    spark_dirs = list((scratch / "spark-ckpt").iterdir())
+    assert spark_dirs and all(not any(d.iterdir()) for d in spark_dirs)  # removed at the end
+    # the CLI reads the same root from the endpoint
+    listed = cli("checkpoints", "list", "--root", root, "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.strip().splitlines()) >= 1
+
+
+def test_a_missing_bucket_is_one_line_before_anything_runs(
+    on_s3: S3Endpoint, spark: SparkSession
+) -> None:
+    with pytest.raises(StoreError, match=r"s3://nolake/root.*the bucket 'nolake' does not exist"):
+        Pipeline(spark, "p", root="s3://nolake/root")
+
+
+def test_conditional_writes_turned_off_are_refused(
+    on_s3: S3Endpoint, spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_CONDITIONAL_PUT", "disabled")
+    with pytest.raises(StoreError, match="AWS_CONDITIONAL_PUT=etag"):
+        Pipeline(spark, "p", root=f"s3://{BUCKET}/unsafe")
+    fs = pafs.S3FileSystem(endpoint_override=on_s3.url, scheme="http")
+    assert fs.get_file_info(f"{BUCKET}/unsafe").type == pafs.FileType.NotFound  # nothing written
+
+
+def test_the_cli_names_the_root_in_one_error_line(s3: S3Endpoint) -> None:
+    env = {**os.environ, **s3.environment()}
+    cases = {
+        "s3://nolake/root": "the bucket 'nolake' does not exist",
+        f"s3://{BUCKET}/nothing-here": "no pipeline root at s3://lake/nothing-here",
+    }
+    for root, why in cases.items():
+        done = cli("checkpoints", "list", "--root", root, env=env)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert lines[0].startswith("error: ") and why in lines[0] and root in lines[0]
+    closed = {**env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    done = cli("checkpoints", "list", "--root", f"s3://{BUCKET}/root", env=closed)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "cannot reach the endpoint http://127.0.0.1:9" in lines[0]
+
+
+def test_denied_access_is_one_line(tmp_path: Path) -> None:
+    with running_s3_endpoint(auth=True) as denying:
+        env = {**os.environ, **denying.environment()}
+        done = cli("checkpoints", "list", "--root", f"s3://{BUCKET}/root", env=env)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "access denied" in lines[0] and f"s3://{BUCKET}/root" in lines[0]
+
+
+EXAMPLE_MARK = (
+    "<!-- object-store example: run as written by tests/integration/test_object_store.py -->"
+)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_readmes_object_store_example_runs_as_written(s3: S3Endpoint, tmp_path: Path) -> None:
+    """README's *Running on a cluster* commands, each run by bash with the environment
+    pointing at the endpoint; the demo's running count is exactly-once by a fold over the
+    generator's input (its options as the example gives them)."""
+    text = (REPO / "README.md").read_text()
+    block = text.split(EXAMPLE_MARK, 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    env = {
+        **os.environ,
+        **s3.environment(),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    done = subprocess.run(
+        ["bash", "-e", "-c", block],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1].split()[0].isdigit(), done.stdout  # a checkpoint
+    # the example's options, and the demo's default seed (spark-ckpt demo --help)
+    options = {"channels": "2", "rate": "0", "backlog": "5000", "keys": "100", "seed": "7"}
+    spec = GeneratorSpec.from_options(options)
+    expected = running_count_rows(generated_keys(spec, [5000, 5000]))
+    assert read_output("s3://lake/orders_counts", s3) == expected
+
+
+def s3_log_actions(fs: pafs.FileSystem, table: str) -> list[tuple[int, list[dict[str, object]]]]:
+    """(version, actions) of every commit file of the Delta table *table* (``bucket/key``)
+    on the endpoint, in version order, parsed by hand."""
+    infos = fs.get_file_info(pafs.FileSelector(f"{table}/_delta_log"))
+    commits = sorted(i.path for i in infos if i.path.endswith(".json"))
+    out = []
+    for path in commits:
+        with fs.open_input_stream(path) as f:
+            lines = f.read().decode().splitlines()
+        out.append((int(Path(path).stem), [json.loads(line) for line in lines if line.strip()]))
+    return out
+
+
+@pytest.mark.slow  # several Python processes
+def test_two_coordinators_racing_on_an_s3_root_never_both_commit(on_s3: S3Endpoint) -> None:
+    """Two coordinator processes take the lease in turn on one root on S3 and commit under
+    it. Replayed by hand, the log holds exactly the commits that succeeded, each under the
+    newest epoch leased before it: S3's conditional writes fenced every stale coordinator."""
+    root = f"s3://{BUCKET}/race"
+    env = {**os.environ, **on_s3.environment()}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "spark_ckpt.testing.lease_racer", root, "8"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        results.extend(json.loads(out))
+    won = {(e, c) for e, c, r in results if r == "won"}
+    fenced = {(e, c) for e, c, r in results if r == "fenced"}
+    fs = pafs.S3FileSystem(endpoint_override=on_s3.url, scheme="http")
+    newest, logged = 0, set()
+    for _, actions in s3_log_actions(fs, f"{BUCKET}/race/checkpoints"):
+        for action in actions:
+            add = action.get("add")
+            if not isinstance(add, dict):
+                continue
+            rows = pq.read_table(f"{BUCKET}/race/checkpoints/{add['path']}", filesystem=fs)
+            for record, epoch, cid in zip(
+                rows["record"].to_pylist(),
+                rows["epoch"].to_pylist(),
+                rows["checkpoint_id"].to_pylist(),
+                strict=True,
+            ):
+                if record == "lease":
+                    assert epoch > newest  # epochs strictly increase in log order
+                    newest = epoch
+                else:
+                    assert epoch == newest  # no fenced coordinator committed
+                    logged.add((epoch, cid))
+    assert logged == won and not won & fenced
+    assert len(won) + len(fenced) == 2 * 8 * 2
