@@ -267,3 +267,34 @@ def test_two_coordinators_racing_on_an_s3_root_never_both_commit(on_s3: S3Endpoi
                     logged.add((epoch, cid))
     assert logged == won and not won & fenced
     assert len(won) + len(fenced) == 2 * 8 * 2
+
+
+def count_rows(uri: str, s3: S3Endpoint) -> Counter[tuple[int, int]]:
+    """A running-count output table, local or on the endpoint, read by polars."""
+    if not uri.startswith("s3://"):
+        return Counter(pl.read_delta(uri).select("user_id", "count").iter_rows())
+    return read_output(uri, s3)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("direction", ["s3-to-local", "local-to-s3"])
+def test_a_savepoint_moves_between_s3_and_a_local_root(
+    on_s3: S3Endpoint, tmp_path: Path, direction: str
+) -> None:
+    """A savepoint taken by a pipeline on one store restores into a pipeline whose root is
+    on the other, at another parallelism; the output goes on exactly once."""
+    s3_base, local = f"s3://{BUCKET}/{direction}", tmp_path / "local"
+    if direction == "s3-to-local":
+        first, savepoints, second = f"{s3_base}/root", f"{s3_base}/sp", str(local / "root")
+        out = f"{s3_base}/out"
+    else:
+        first, savepoints, second = str(local / "root"), str(local / "sp"), f"{s3_base}/root"
+        out = str(local / "out")
+    env = {**os.environ, **on_s3.environment()}
+    done = python("s3_savepoint_job.py", first, savepoints, second, out, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["savepoint"].startswith(savepoints)
+    generator = GeneratorSpec(7, 2, 0.0, 300, 25)
+    assert count_rows(out, on_s3) == running_count_rows(generated_keys(generator, [300, 300]))
