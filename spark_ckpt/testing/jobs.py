@@ -33,8 +33,10 @@ from spark_ckpt.testing.processes import kill_session, processes_under, session_
 class DemoArgs:
     """Command-line options of ``python -m spark_ckpt.demo`` (see :mod:`spark_ckpt.demo`)."""
 
-    root: Path
-    output: Path
+    #: a local path, or an object-store URI (``s3://...``: the job's environment must point
+    #: at the store, as the launcher's does when the test sets it)
+    root: Path | str
+    output: Path | str
     mode: str = "aligned"
     pipeline: str = "crash"
     rate: float = 0.0

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 from conftest import (
     DemoArgs,
@@ -46,6 +47,7 @@ from conftest import (
 
 from spark_ckpt.coordination.requests import STOP
 from spark_ckpt.delta.delta_store import DeltaCheckpointStore
+from spark_ckpt.locations.uris import filesystem
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.testing import faults
 
@@ -83,18 +85,19 @@ def _args(tmp_path: Path, mode: str, **overrides: object) -> DemoArgs:
     return replace(args, **overrides)  # type: ignore[arg-type]
 
 
-def _latest(root: Path) -> CompletedCheckpoint | None:
-    if not (root / "checkpoints").exists():
+def _latest(root: Path | str) -> CompletedCheckpoint | None:
+    fs, path = filesystem(str(root))
+    if fs.get_file_info(f"{path}/checkpoints").type == pafs.FileType.NotFound:
         return None
     return DeltaCheckpointStore(str(root)).latest_completed()
 
 
-def _latest_id(root: Path) -> int:
+def _latest_id(root: Path | str) -> int:
     latest = _latest(root)
     return latest.checkpoint_id if latest else 0
 
 
-def _completes_after(root: Path, checkpoint_id: int) -> Callable[[], bool]:
+def _completes_after(root: Path | str, checkpoint_id: int) -> Callable[[], bool]:
     """Whether a checkpoint newer than *checkpoint_id* has completed."""
     return lambda: _latest_id(root) > checkpoint_id
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,8 +20,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from conftest import generated_keys, running_count_rows
+from conftest import DemoLauncher, generated_keys, running_count_rows
 from deltalake import write_deltalake
+from test_crash import LAGGING_BACKLOG, _args, _final_positions, _finish, _kill_repeatedly
 
 from spark_ckpt import Pipeline
 from spark_ckpt.errors import StoreError
@@ -298,3 +300,22 @@ def test_a_savepoint_moves_between_s3_and_a_local_root(
     assert answer["savepoint"].startswith(savepoints)
     generator = GeneratorSpec(7, 2, 0.0, 300, 25)
     assert count_rows(out, on_s3) == running_count_rows(generated_keys(generator, [300, 300]))
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_exactly_once_under_repeated_driver_sigkill_with_everything_on_s3(
+    on_s3: S3Endpoint, demo: DemoLauncher, tmp_path: Path
+) -> None:
+    """``test_crash.py``'s aligned scenario with the root and the output on the endpoint:
+    the job (driver, JVM, Python workers) SIGKILLed at random moments, then a final run;
+    the output, read back by polars from the endpoint, is the fold over the generator's
+    rows up to the final checkpoint's positions: 0 lost, 0 duplicated."""
+    args = _args(tmp_path, "aligned", root=f"s3://{BUCKET}/crash/root")
+    args = replace(args, output=f"s3://{BUCKET}/crash/out")
+    story = _kill_repeatedly(demo, args, 4, seed=42)
+    final = _finish(demo, args)
+    positions = _final_positions(final, LAGGING_BACKLOG)
+    expected = running_count_rows(generated_keys(args.spec(), positions))
+    actual = read_output(str(args.output), on_s3)
+    assert actual == expected, "\n".join(story)
