@@ -22,7 +22,16 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import DemoLauncher, generated_keys, running_count_rows
 from deltalake import write_deltalake
-from test_crash import LAGGING_BACKLOG, _args, _final_positions, _finish, _kill_repeatedly
+from test_crash import (
+    FIRST_CHECKPOINT_TIMEOUT_S,
+    LAGGING_BACKLOG,
+    _args,
+    _completes_after,
+    _final_positions,
+    _finish,
+    _kill_repeatedly,
+    _latest_id,
+)
 
 from spark_ckpt import Pipeline
 from spark_ckpt.errors import StoreError
@@ -319,3 +328,35 @@ def test_exactly_once_under_repeated_driver_sigkill_with_everything_on_s3(
     expected = running_count_rows(generated_keys(args.spec(), positions))
     actual = read_output(str(args.output), on_s3)
     assert actual == expected, "\n".join(story)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_second_driver_on_an_s3_root_fences_the_first(
+    on_s3: S3Endpoint, demo: DemoLauncher, tmp_path: Path
+) -> None:
+    """Two drivers on one root on the endpoint: the second's coordinator takes the lease,
+    the first ends with one clear error; the second keeps checkpointing, stops on a CLI
+    request that goes through the mailbox on the endpoint, and the output is exactly
+    once."""
+    args = _args(tmp_path, "aligned", root=f"s3://{BUCKET}/fenced/root")
+    args = replace(args, output=f"s3://{BUCKET}/fenced/out")
+    first = demo.start(args)
+    demo.wait_until(
+        first, _completes_after(args.root, 0), FIRST_CHECKPOINT_TIMEOUT_S, "a checkpoint"
+    )
+    second = demo.start(args)
+    assert first.wait(FIRST_CHECKPOINT_TIMEOUT_S) == 1, first.tail()
+    assert "taken over by another driver" in first.tail(1), first.tail()
+    taken = _latest_id(args.root)
+    demo.wait_until(
+        second, _completes_after(args.root, taken), FIRST_CHECKPOINT_TIMEOUT_S, "a checkpoint"
+    )
+    env = {**os.environ, **on_s3.environment()}
+    stopped = cli("stop", "--root", str(args.root), "--timeout", "180", env=env)
+    assert stopped.returncode == 0, stopped.stderr + second.tail()
+    assert second.wait(120) == 0, second.tail()
+    final = _finish(demo, args)
+    positions = _final_positions(final, LAGGING_BACKLOG)
+    expected = running_count_rows(generated_keys(args.spec(), positions))
+    assert read_output(str(args.output), on_s3) == expected
