@@ -95,6 +95,18 @@ class S3Endpoint:
             "AWS_EC2_METADATA_DISABLED": "true",
         }
 
+    def storage_options(self) -> dict[str, str]:
+        """The same settings as delta-rs storage options, for a second reader (polars) that
+        should not depend on this process's environment."""
+        env = self.environment()
+        return {
+            "aws_endpoint_url": env["AWS_ENDPOINT_URL"],
+            "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+            "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+            "aws_region": env["AWS_REGION"],
+            "aws_allow_http": "true",
+        }
+
     def create_bucket(self, name: str) -> None:
         """Create bucket *name* (a PUT of the bucket, as S3's API has it)."""
         import urllib.request

@@ -16,10 +16,12 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import polars as pl
 import pytest
 from conftest import (
     DemoLauncher,
@@ -45,6 +47,7 @@ from spark_ckpt.spark.session.spark_home import spark_home
 from spark_ckpt.testing import faults
 from spark_ckpt.testing.jobs import DemoArgs, DemoRun
 from spark_ckpt.testing.processes import session_processes
+from spark_ckpt.testing.s3_endpoint import S3Endpoint, running_s3_endpoint
 
 #: one xdist worker runs them all, one after the other: see tests/conftest.py
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -291,3 +294,44 @@ def retried_tasks(since: float, *, remove: bool = True) -> list[str]:
         for app in apps:
             shutil.rmtree(app, ignore_errors=True)
     return lines
+
+
+@pytest.fixture
+def on_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Endpoint]:
+    """An S3 endpoint of this test, this process's environment (and so the job's, its JVMs'
+    and their Python workers') pointed at it."""
+    with running_s3_endpoint() as endpoint:
+        endpoint.create_bucket("lake")
+        for key, value in endpoint.environment().items():
+            monkeypatch.setenv(key, value)
+        yield endpoint
+
+
+def test_a_killed_executor_jvm_with_the_root_on_s3_keeps_the_output_exactly_once(
+    demo: DemoLauncher, tmp_path: Path, on_s3: S3Endpoint
+) -> None:
+    """The pipeline root and the output on the endpoint, the subtasks on a two-executor
+    cluster. A root on object storage has no changelog, so a subtask whose executor JVM is
+    SIGKILLed cannot rebuild its state on the other executor: the micro-batch fails, the run
+    restarts from the latest completed checkpoint, and checkpoints go on. After a final run
+    the output, read back by polars from the endpoint, holds every row exactly once."""
+    args = replace(
+        cluster_args(tmp_path), root="s3://lake/cluster/root", output="s3://lake/cluster/out"
+    )
+    run = demo.start(args)
+    _wait(demo, run, "a first checkpoint", _completes_after(args.root, 0))
+    executors = executor_jvms(run)
+    assert len(executors) >= 2, [(p, _cmdline(p)[:120]) for p in session_processes(run.sid)]
+    before = _latest_id(args.root)
+    _kill(executors)  # every executor: the subtasks' state is gone wherever it was
+    _wait(demo, run, "a checkpoint after the kill", _completes_after(args.root, before + 1))
+    run.kill()
+    log = run.tail(400)
+    assert "SubtaskStateLostError" in log and "run 1 failed" in log, log  # restarted
+    retried_tasks(0.0)  # removes the executors' logs
+    final = finish_locally(demo, args)
+    positions = _final_positions(final, LAGGING_BACKLOG)
+    expected = running_count_rows(generated_keys(args.spec(), positions))
+    frame = pl.read_delta(str(args.output), storage_options=on_s3.storage_options())
+    actual = Counter(zip(frame["user_id"].to_list(), frame["count"].to_list(), strict=True))
+    assert actual == expected, f"{_diff(actual, expected)}\n{run.tail()}"

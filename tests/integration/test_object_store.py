@@ -96,15 +96,7 @@ def write_source(uri: str) -> Counter[int]:
 
 def read_output(uri: str, s3: S3Endpoint) -> Counter[tuple[int, int]]:
     """The output table read back by a second Delta reader (polars) from the endpoint."""
-    env = s3.environment()
-    options = {
-        "aws_endpoint_url": env["AWS_ENDPOINT_URL"],
-        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
-        "aws_region": env["AWS_REGION"],
-        "aws_allow_http": "true",
-    }
-    frame = pl.read_delta(uri, storage_options=options)
+    frame = pl.read_delta(uri, storage_options=s3.storage_options())
     return Counter(zip(frame["user_id"].to_list(), frame["count"].to_list(), strict=True))
 
 
