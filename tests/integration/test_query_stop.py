@@ -98,3 +98,32 @@ def test_a_started_run_stops_on_a_clients_request(spark: SparkSession, tmp_path:
     out = read_delta(tmp_path / "out")
     rows = Counter(zip(out["user_id"].to_pylist(), out["count"].to_pylist(), strict=True))
     assert rows == running_count_rows(generated_keys(spec, ends))
+
+
+@pytest.mark.parametrize("by", ["run", "client"])
+def test_a_pipeline_that_never_had_input_stops_cleanly(
+    spark: SparkSession, tmp_path: Path, by: str
+) -> None:
+    """No row ever arrived (an empty topic, a generator with no backlog): checkpoints still
+    complete, and a stop ends the run with its final checkpoint at once, although no output
+    table exists to record that checkpoint's (empty) commit."""
+    pipeline = Pipeline(spark, f"idle-{by}", root=str(tmp_path / "root"))
+    run = pipeline.start(
+        {"source": "generator", "channels": 2, "rate": 0, "backlog": 0, "keys": 10},
+        RunningCount("counter", "user_id"),
+        output=str(tmp_path / "out"),
+        trigger_s=0.2,
+    )
+    try:
+        pipeline.client.checkpoint(timeout_s=120)
+        if by == "run":
+            final = run.stop(timeout_s=120)
+        else:
+            final = PipelineClient(str(tmp_path / "root")).stop(timeout_s=120)
+    finally:
+        if run.query.isActive:
+            run.query.stop()
+    assert final is not None and STOP in final.properties and not run.query.isActive
+    [status] = [s for s in pipeline.client.runs() if s.run_id == run.run_id]
+    assert status.state is RunState.STOPPED
+    assert not (tmp_path / "out" / "_delta_log").exists()  # nothing was ever output
