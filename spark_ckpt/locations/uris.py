@@ -75,12 +75,23 @@ def endpoint() -> str | None:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
+def _resolvable(uri: str) -> str:
+    """*uri* as :func:`filesystem` hands it to pyarrow: :func:`normalized`, and on S3 with
+    ``allow_delayed_open`` (a small file is then one PUT when it is closed, not the three
+    requests of a multipart upload; a missing bucket shows at the close, which every write
+    here checks)."""
+    uri = normalized(uri)
+    if scheme(uri) == "s3" and "allow_delayed_open" not in uri:
+        uri += ("&" if "?" in uri else "?") + "allow_delayed_open=true"
+    return uri
+
+
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """The file system of *uri* and the path in it. Raises :class:`StoreError` naming
     *uri*."""
     with store_errors(uri):
         if "://" in uri:
-            fs, path = pafs.FileSystem.from_uri(normalized(uri))
+            fs, path = pafs.FileSystem.from_uri(_resolvable(uri))
             return fs, str(path).rstrip("/")
         return pafs.LocalFileSystem(), os.path.abspath(uri)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -119,7 +130,8 @@ def explain(uri: str, error: BaseException) -> str:
     where = endpoint()
     for pattern, why in _CAUSES:
         if pattern.search(text):
-            return why.format(endpoint=f" {where}" if where else "", bucket=bucket(uri))
+            name = bucket(uri) or uri.lstrip("/").split("/")[0]  # a path in a store: bucket/key
+            return why.format(endpoint=f" {where}" if where else "", bucket=name)
     return text.splitlines()[0] if text else type(error).__name__
 
 

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Final
+from urllib.parse import parse_qs
 
 from spark_ckpt.errors import EnvironmentSetupError
 from spark_ckpt.testing.processes import free_port, wait_listening
@@ -43,7 +44,8 @@ _REQUEST: Final = re.compile(
 @dataclass(frozen=True)
 class Served:
     """One request the endpoint served: when its log line arrived (epoch seconds), the
-    method (``LIST`` for a listing), the path and the HTTP status."""
+    method (``LIST`` for a listing, whose path is then its prefix), the path and the HTTP
+    status."""
 
     time_s: float
     method: str
@@ -114,10 +116,12 @@ class S3Endpoint:
         for line in stream:
             m = _REQUEST.search(line)
             if m is not None:
-                method, query = m.group(1).decode(), (m.group(3) or b"").decode()
-                if method == "GET" and "list-type" in query:
+                method, path = m.group(1).decode(), m.group(2).decode()
+                query = parse_qs((m.group(3) or b"").decode().lstrip("?"))
+                if method == "GET" and "list-type" in query:  # a listing: of its prefix
                     method = "LIST"
-                served = Served(time.time(), method, m.group(2).decode(), int(m.group(4)))
+                    path = f"{path.rstrip('/')}/{query.get('prefix', [''])[0]}"
+                served = Served(time.time(), method, path, int(m.group(4)))
                 with self._lock:
                     self._requests.append(served)
 

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -35,8 +36,10 @@ from test_crash import (
 
 from spark_ckpt import Pipeline
 from spark_ckpt.errors import StoreError
+from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.uris import filesystem
 from spark_ckpt.sources.generator import GeneratorSpec
-from spark_ckpt.testing.s3_endpoint import S3Endpoint, running_s3_endpoint
+from spark_ckpt.testing.s3_endpoint import S3Endpoint, Served, running_s3_endpoint
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -346,3 +349,30 @@ def test_a_second_driver_on_an_s3_root_fences_the_first(
     positions = _final_positions(final, LAGGING_BACKLOG)
     expected = running_count_rows(generated_keys(args.spec(), positions))
     assert read_output(str(args.output), on_s3) == expected
+
+
+def test_a_coordination_file_on_s3_is_one_put_and_a_listing_one_request(
+    on_s3: S3Endpoint,
+) -> None:
+    """What the mailbox, heartbeats and run files cost per write and per poll: a whole file
+    is one PUT (not a multipart upload's three requests, nor a rename's copy and delete),
+    and a listing of a folder is one request."""
+    fs, path = filesystem(f"s3://{BUCKET}/costs")
+    first = len(on_s3.requests())
+    write_whole(fs, f"{path}/box/message.json", b"{}")
+    fs.get_file_info(pafs.FileSelector(f"{path}/box", allow_not_found=True))
+    served = wait_for_requests(on_s3, first, 2)
+    assert [(r.method, r.path) for r in served] == [
+        ("PUT", f"/{BUCKET}/costs/box/message.json"),
+        ("LIST", f"/{BUCKET}/costs/box/"),
+    ]
+
+
+def wait_for_requests(s3: S3Endpoint, first: int, n: int) -> list[Served]:
+    """The requests served from index *first* on, once there are *n* (the endpoint logs a
+    request just after answering it); more than *n* fails."""
+    deadline = time.monotonic() + 30
+    while len(s3.requests()) < first + n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # a stray extra request would show now
+    return s3.requests()[first:]

@@ -98,3 +98,8 @@ def test_s3_commits_with_conditional_writes_pass(monkeypatch: pytest.MonkeyPatch
     check_commit_safety("s3://lake/root", {"conditional_put": "etag"})  # the options win
     with pytest.raises(StoreError):
         check_commit_safety("s3://lake/root", {"CONDITIONAL_PUT": "disabled"})
+
+
+def test_a_missing_bucket_is_named_for_a_path_in_a_store_too() -> None:
+    error = OSError("AWS Error NO_SUCH_BUCKET during PutObject operation")
+    assert explain("nolake/x/o.json", error) == "the bucket 'nolake' does not exist"
