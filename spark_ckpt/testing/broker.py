@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from spark_ckpt.errors import EnvironmentSetupError
-from spark_ckpt.testing.processes import free_port, wait_listening
+from spark_ckpt.testing.processes import free_port, stop_process, wait_listening
 
 
 class Broker:
@@ -34,13 +34,7 @@ class Broker:
         return f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
     def create_topic(self, name: str, partitions: int = 1) -> None:
         """Create topic *name*; waits until its leaders answer."""

@@ -99,3 +99,14 @@ def wait_listening(
                     f"{name} did not listen on {port} within {timeout_s} s"
                 ) from e
             time.sleep(0.05)
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """End a server started by a test: SIGTERM, then SIGKILL after 10 s; waits for it."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import IO, Final
 from urllib.parse import parse_qs
 
 from spark_ckpt.errors import EnvironmentSetupError
-from spark_ckpt.testing.processes import free_port, wait_listening
+from spark_ckpt.testing.processes import free_port, stop_process, wait_listening
 
 #: A request line of moto's log: ``... "PUT /bucket/key?query HTTP/1.1" 200 -``, its request
 #: maybe wrapped in terminal colour codes.
@@ -130,18 +129,8 @@ class S3Endpoint:
         with self._lock:
             return list(self._requests)
 
-    def request_counts(self, prefix: str = "/") -> Counter[str]:
-        """Requests served so far under path *prefix*, by method."""
-        return Counter(r.method for r in self.requests() if r.path.startswith(prefix))
-
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
 
 def start_s3_endpoint(*, auth: bool = False, timeout_s: float = 60.0) -> S3Endpoint:
