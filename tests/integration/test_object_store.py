@@ -376,3 +376,30 @@ def wait_for_requests(s3: S3Endpoint, first: int, n: int) -> list[Served]:
         time.sleep(0.05)
     time.sleep(0.2)  # a stray extra request would show now
     return s3.requests()[first:]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_offline_state_and_the_stateless_sink_on_s3(on_s3: S3Endpoint, tmp_path: Path) -> None:
+    """``StateReader``, ``format("ckpt-state")`` and ``SavepointWriter`` read and write a
+    pipeline's state on the endpoint, and a stateless ``ckpt-source`` → ``ckpt-sink`` query
+    with its store and output there commits exactly the rows up to its final checkpoint."""
+    base = f"s3://{BUCKET}/offline"
+    env = {**os.environ, **on_s3.environment()}
+    done = job("s3_offline_job.py", base, str(tmp_path), env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    spec = GeneratorSpec(7, 2, 0.0, 200, 25)
+    keys = generated_keys(spec, [200, 200])
+    assert answer["state_keys"] == answer["state_rows_spark"] == len(keys)
+    assert answer["written_keys"] == len(keys)
+    assert read_output(f"{base}/counts", on_s3) == running_count_rows(keys)
+    positions = answer["sink_positions"]
+    sink = pl.read_delta(f"{base}/sink-out", storage_options=on_s3.storage_options())
+    rows = GeneratorSpec(7, 2, 0.0, 300, 25)
+    expected = Counter(
+        user
+        for channel, end in enumerate(positions)
+        for user in rows.rows(channel, 0, end).column("user_id").to_pylist()
+    )
+    assert Counter(sink["user_id"].to_list()) == expected and sum(expected.values()) > 0
