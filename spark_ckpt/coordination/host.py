@@ -144,6 +144,11 @@ class CoordinatorHost:
         return self.control.stopping
 
     @property
+    def awaiting_acks(self) -> bool:
+        """Whether a triggered checkpoint waits for acknowledgements (mailbox messages)."""
+        return self.coordinator is not None and bool(self.coordinator.pending)
+
+    @property
     def draining(self) -> Request | None:
         """A stop with drain waiting for the sources to catch up."""
         return self.control.draining

@@ -10,11 +10,13 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from spark_ckpt.coordination.heartbeats import HeartbeatThread
 from spark_ckpt.coordination.host import CoordinatorHost
 from spark_ckpt.errors import FencedError
+from spark_ckpt.locations.uris import is_remote
 from spark_ckpt.protocol.barrier import CheckpointBarrier
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.coordinator import CheckpointRequest
@@ -24,6 +26,28 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class PollCadence:
+    """How long the coordinator thread waits between polls of its mailboxes.
+
+    Each poll lists the mailboxes: nothing on a local disk, a billed request on an object
+    store. *busy_s* applies while a checkpoint waits for acknowledgements (they arrive as
+    mailbox messages, so this bounds how late a completion is seen), *idle_s* otherwise
+    (then only a client's request can arrive). A trigger wakes the thread at once."""
+
+    busy_s: float
+    idle_s: float
+
+    @staticmethod
+    def for_root(root: str) -> PollCadence:
+        """20 ms on a local root; on an object store 50 ms while acknowledgements are due
+        and 1 s otherwise, so an idle pipeline lists its mailboxes about twice a second."""
+        return PollCadence(0.05, 1.0) if is_remote(root) else PollCadence(0.02, 0.02)
+
+    def wait_s(self, awaiting_acks: bool) -> float:
+        return self.busy_s if awaiting_acks else self.idle_s
+
+
 class HostThread:
     """Runs a :class:`CoordinatorHost` on its own thread, off Spark's micro-batch path.
 
@@ -31,8 +55,9 @@ class HostThread:
     the source runner the data path is ``latestOffset``: polling the host there put every
     completion (the checkpoint commit, retention, the global sink commit: several Delta
     commits) into the micro-batch's critical path. Here a daemon thread polls the host
-    every *interval_s* — acks, declines, requests, completions — and then, in a separate
+    (see :class:`PollCadence`) — acks, declines, requests, completions — and then, in a separate
     step, applies retention (the host's coordinator defers it: ``defer_after_completion``).
+    The cadence of the polls is a :class:`PollCadence` (by default for the host's root).
     The polls also expire checkpoints past their timeout (Flink's canceller), so a long
     micro-batch cannot keep its checkpoint alive until the next ``latestOffset``.
     ``latestOffset`` only ticks the coordinator (:meth:`take_barriers`: periodic triggers and
@@ -47,9 +72,12 @@ class HostThread:
     coordinator, a bug) stops the thread and is raised again by the next
     :meth:`take_barriers`, failing the query from Spark's own thread."""
 
-    def __init__(self, host: CoordinatorHost, interval_s: float = 0.02) -> None:
+    def __init__(self, host: CoordinatorHost, cadence: PollCadence | None = None) -> None:
         self.host = host
-        self.interval_s = interval_s
+        self.cadence = cadence or PollCadence.for_root(host.root)
+        #: set by a trigger (or a stop) to end the thread's wait at once
+        self._wake = threading.Event()
+        self._awaiting_acks = False
         self._host_lock = threading.Lock()
         self._queue_lock = threading.Lock()
         self._barriers: list[CheckpointBarrier] = []
@@ -88,7 +116,8 @@ class HostThread:
                 if run is not None and isinstance(e, FencedError):
                     run.write_fatal(f"{type(e).__name__}: {e}")
                 return
-            self._stop.wait(self.interval_s)
+            self._wake.wait(self.cadence.wait_s(self._awaiting_acks))
+            self._wake.clear()
 
     def _poll(self) -> None:
         with self._host_lock:
@@ -97,6 +126,7 @@ class HostThread:
             self._draining = self.host.draining is not None
             self._last_completed = self.host.last_completed
             self._due_ms = self.host.next_trigger_ms()
+            self._awaiting_acks = self.host.awaiting_acks
         self._queue(barriers, stopping)
         with self._host_lock:  # separately: latestOffset may tick in between
             self.host.maintain()
@@ -141,9 +171,12 @@ class HostThread:
                 ticked = self.host.tick()
                 stopping = self.host.stopping
                 self._due_ms = self.host.next_trigger_ms()
+                self._awaiting_acks = self.host.awaiting_acks
             finally:
                 self._host_lock.release()
             self._queue(ticked, stopping)
+            if ticked:  # acknowledgements are due: poll at the busy cadence from now
+                self._wake.set()
         with self._queue_lock:
             barriers, self._barriers = self._barriers, []
         return barriers
@@ -182,6 +215,7 @@ class HostThread:
     def stop(self) -> None:
         """Stop polling and wait for the thread (idempotent); the heartbeat ends."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
         self.heartbeat.stop()

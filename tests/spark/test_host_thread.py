@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from spark_ckpt.coordination.host import CoordinatorHost
-from spark_ckpt.coordination.host_thread import HostThread
+from spark_ckpt.coordination.host_thread import HostThread, PollCadence
 from spark_ckpt.coordination.mailbox import Mailbox
 from spark_ckpt.coordination.messages import Request, RequestKind
 from spark_ckpt.coordination.topology import SinkSpec, Topology, write_topology
@@ -33,7 +33,7 @@ def wait_until(condition: Callable[[], bool], limit_s: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def hosted(root: Path) -> tuple[HostThread, ManualClock]:
+def hosted(root: Path, cadence: PollCadence | None = None) -> tuple[HostThread, ManualClock]:
     store, sink, clock = InMemoryCheckpointStore(), MemorySink(), ManualClock(1_000)
     # the topology the host needs before it triggers anything
     write_topology(str(root), Topology("counter", 1, SinkSpec("memory", "-", "counter")))
@@ -46,7 +46,7 @@ def hosted(root: Path) -> tuple[HostThread, ManualClock]:
         clock=clock,
         defer_after_completion=True,
     )
-    return HostThread(host, interval_s=0.01), clock
+    return HostThread(host, cadence or PollCadence(0.01, 0.01)), clock
 
 
 def test_barriers_are_triggered_on_the_host_thread(tmp_path: Path) -> None:
@@ -67,6 +67,29 @@ def test_barriers_are_triggered_on_the_host_thread(tmp_path: Path) -> None:
         wait_until(lambda: thread.stopping is not None)
         stopping = thread.stopping
         assert stopping is not None and stopping.final  # queued behind checkpoint 1
+    finally:
+        thread.stop()
+
+
+def test_an_object_store_root_is_polled_fast_only_while_acks_are_due(tmp_path: Path) -> None:
+    """On an object store every poll is a billed listing: 1 s apart while nothing is pending,
+    50 ms while a checkpoint waits for acknowledgements; a local root is polled every 20 ms."""
+    local, remote = PollCadence.for_root(str(tmp_path)), PollCadence.for_root("s3://lake/root")
+    assert local.wait_s(True) == local.wait_s(False) == 0.02
+    assert (remote.wait_s(True), remote.wait_s(False)) == (0.05, 1.0)
+
+
+def test_a_trigger_wakes_an_idle_host_thread(tmp_path: Path) -> None:
+    """With an idle cadence of an hour, the thread still sees what arrives once a checkpoint
+    is triggered: the trigger ends its wait, and it polls at the busy cadence."""
+    thread, clock = hosted(tmp_path, PollCadence(busy_s=0.01, idle_s=3600))
+    try:
+        thread.start()
+        wait_until(lambda: thread.call(lambda h: h.coordinator is not None))
+        Mailbox(str(tmp_path)).post(Request("stop-1", RequestKind.STOP))
+        clock.advance(1_000)
+        assert len(thread.take_barriers()) == 1  # latestOffset triggers checkpoint 1
+        wait_until(lambda: thread.stopping is not None)  # polled within the hour
     finally:
         thread.stop()
 
