@@ -38,7 +38,7 @@ from spark_ckpt.errors import (
     RestoreError,
     StoreError,
 )
-from spark_ckpt.locations.uris import normalized
+from spark_ckpt.locations.uris import filesystem, normalized
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.state_handles import BlobRef
@@ -130,7 +130,7 @@ def export_savepoint(
 
 
 def _exists(path: str) -> bool:
-    fs, where = pafs.FileSystem.from_uri(normalized(path))
+    fs, where = filesystem(path)
     return fs.get_file_info(where).type is not pafs.FileType.NotFound
 
 
@@ -206,7 +206,7 @@ def list_savepoints(directory: str) -> list[Savepoint]:
     (directories that are not savepoints are skipped). Empty if *directory* is absent."""
     if not _exists(directory):
         return []
-    fs, where = pafs.FileSystem.from_uri(normalized(directory))
+    fs, where = filesystem(directory)
     found: list[Savepoint] = []
     for info in fs.get_file_info(pafs.FileSelector(where)):
         if info.type is not pafs.FileType.Directory or not info.base_name.startswith("savepoint-"):
@@ -223,7 +223,7 @@ def dispose_savepoint(path: str) -> Savepoint:
     """Delete the savepoint directory *path* (Flink's ``savepoint --dispose``); refuses a
     directory that is not a savepoint. Returns what was deleted."""
     _, savepoint = open_savepoint(path)
-    fs, where = pafs.FileSystem.from_uri(normalized(path))
+    fs, where = filesystem(path)
     with delta_boundary(f"dispose savepoint {path}", StoreError):
         fs.delete_dir(where)
     return savepoint

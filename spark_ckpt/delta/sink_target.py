@@ -12,14 +12,16 @@ import pyarrow.fs as pafs
 from spark_ckpt.delta.boundary import delta_boundary
 from spark_ckpt.delta.part_file import is_part_file_name
 from spark_ckpt.errors import StoreError
+from spark_ckpt.locations import uris
 
 
 class DeltaSinkTarget:
     """The Delta table at *table_uri* (a local path or a URI delta-rs understands;
     *storage_options* are passed to delta-rs) as pipeline *pipeline* writes it. Staging and
     reading go through :attr:`fs`, a pyarrow file system whose root is the table root
-    (default: a ``SubTreeFileSystem`` over ``pyarrow.fs.FileSystem.from_uri(table_uri)``;
-    pass *filesystem* for object stores whose credentials pyarrow does not find by itself).
+    (default: a ``SubTreeFileSystem`` over the location's file system, see
+    :mod:`spark_ckpt.locations`; pass *filesystem* for object stores whose credentials pyarrow
+    does not find by itself).
     The identity of the sink's transactions belongs to the pipeline and the table, never to
     the operator chain that produced the output: :attr:`app_id` (``spark-ckpt/<pipeline>``)
     is the Delta app transaction id of the sink's commits, whichever version of the job
@@ -50,9 +52,7 @@ class DeltaSinkTarget:
         #: Part of every staged file name of this sink (hex, 12 chars).
         self.tag = hashlib.sha256(self.app_id.encode()).hexdigest()[:12]
         if filesystem is None:
-            what = f"resolving the file system of {self.table_uri}"
-            with delta_boundary(what, StoreError):
-                base, root = pafs.FileSystem.from_uri(self.table_uri)
+            base, root = uris.filesystem(self.table_uri)
             #: The file system the table root lives on, and the root's path in it ("" when
             #: *filesystem* was given: it is rooted at the table already).
             self.base_fs: pafs.FileSystem = base
