@@ -64,16 +64,29 @@ def on_s3(s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> S3Endpoint:
     return s3
 
 
-def python(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """This interpreter with *argv*, in *env*."""
+def python(
+    *argv: str, env: dict[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """This interpreter with *argv*, in *env* (and *cwd*)."""
     return subprocess.run(
-        [sys.executable, *argv], capture_output=True, text=True, timeout=600, check=False, env=env
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+        cwd=cwd,
     )
 
 
-def job(script: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """A job script of this folder."""
-    return python(str(HERE / script), *args, env=env)
+def job(
+    script: str, *args: str, env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """A job script of this folder, run in *cwd*: whatever it writes to a local path
+    instead of the store (a URI taken for a path: a folder ``s3:``) shows there."""
+    done = python(str(HERE / script), *args, env=env, cwd=cwd)
+    assert not (cwd / "s3:").exists(), f"{script} wrote a local s3: folder"
+    return done
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -109,7 +122,7 @@ def test_a_pipeline_with_root_output_and_source_on_s3_counts_exactly_once(
     scratch = tmp_path / "tmp"  # the job's local temporary directory
     scratch.mkdir()
     env = {**os.environ, **on_s3.environment(), "TMPDIR": str(scratch)}
-    done = job("s3_job.py", root, out, source, placement, env=env)
+    done = job("s3_job.py", root, out, source, placement, env=env, cwd=scratch)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["checkpoints"] >= 1 and result["failures"] == []
@@ -206,6 +219,7 @@ def test_the_readmes_object_store_example_runs_as_written(s3: S3Endpoint, tmp_pa
     spec = GeneratorSpec.from_options(options)
     expected = running_count_rows(generated_keys(spec, [5000, 5000]))
     assert read_output("s3://lake/orders_counts", s3) == expected
+    assert not (tmp_path / "s3:").exists()  # run there: nothing went to a local path
 
 
 def s3_log_actions(fs: pafs.FileSystem, table: str) -> list[tuple[int, list[dict[str, object]]]]:
@@ -292,7 +306,7 @@ def test_a_savepoint_moves_between_s3_and_a_local_root(
         first, savepoints, second = str(local / "root"), str(local / "sp"), f"{s3_base}/root"
         out = str(local / "out")
     env = {**os.environ, **on_s3.environment()}
-    done = job("s3_savepoint_job.py", first, savepoints, second, out, env=env)
+    done = job("s3_savepoint_job.py", first, savepoints, second, out, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["savepoint"].startswith(savepoints)
@@ -317,6 +331,7 @@ def test_exactly_once_under_repeated_driver_sigkill_with_everything_on_s3(
     expected = running_count_rows(generated_keys(args.spec(), positions))
     actual = read_output(str(args.output), on_s3)
     assert actual == expected, "\n".join(story)
+    assert not (tmp_path / "s3:").exists()  # the jobs ran there: nothing went to a local path
 
 
 @pytest.mark.spark
@@ -349,6 +364,7 @@ def test_a_second_driver_on_an_s3_root_fences_the_first(
     positions = _final_positions(final, LAGGING_BACKLOG)
     expected = running_count_rows(generated_keys(args.spec(), positions))
     assert read_output(str(args.output), on_s3) == expected
+    assert not (tmp_path / "s3:").exists()  # the jobs ran there: nothing went to a local path
 
 
 def test_a_coordination_file_on_s3_is_one_put_and_a_listing_one_request(
@@ -386,7 +402,7 @@ def test_offline_state_and_the_stateless_sink_on_s3(on_s3: S3Endpoint, tmp_path:
     with its store and output there commits exactly the rows up to its final checkpoint."""
     base = f"s3://{BUCKET}/offline"
     env = {**os.environ, **on_s3.environment()}
-    done = job("s3_offline_job.py", base, str(tmp_path), env=env)
+    done = job("s3_offline_job.py", base, str(tmp_path), env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     spec = GeneratorSpec(7, 2, 0.0, 200, 25)

@@ -25,7 +25,8 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from spark_ckpt.errors import SourceError
+from spark_ckpt.errors import ConfigError, SourceError
+from spark_ckpt.locations.uris import is_remote
 from spark_ckpt.sources.files.files_options import FilesSpec
 
 LISTING: Final = os.path.join("_sources", "files.jsonl")
@@ -68,6 +69,13 @@ class FileListing:
     overwritten."""
 
     def __init__(self, root: str) -> None:
+        if is_remote(root):  # an append-only local file: a remote root cannot hold it yet
+            raise ConfigError(
+                "store",
+                root,
+                "a local pipeline root for source=files: its listing of the directory is an "
+                "append-only file under the root, not on object storage yet",
+            )
         self.path = os.path.join(root, LISTING)
         self.header: dict[str, Any] | None = None
         self.files: list[ListedFile] = []

@@ -22,18 +22,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from spark_ckpt.coordination.global_committer import sink_from_spec
 from spark_ckpt.coordination.mailbox import Mailbox
 from spark_ckpt.coordination.topology import SinkSpec, Topology, read_topology, write_topology
 from spark_ckpt.errors import ConfigError, ProtocolError
-from spark_ckpt.locations.uris import normalized
+from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.uris import filesystem, normalized, store_errors
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
 from spark_ckpt.protocol.checkpoint import task_state_uid
 from spark_ckpt.protocol.state_handles import (
@@ -141,10 +142,17 @@ class SinkRunner:
         events = split_at_barriers(table, lambda rows: writer.stage(rows, subtask=0).to_json())
         return tuple(json.dumps(e.to_dict()) for e in events)
 
-    def _ledger_path(self) -> str:
-        return os.path.join(
-            self.options.root, "_sink", self.options.uid, f"{self.options.run}.json"
-        )
+    def _ledger(self) -> tuple[pafs.FileSystem, str, SinkLedger]:
+        """The file system of the store, the path of this run's ledger in it, and the ledger
+        (empty before the first commit)."""
+        fs, root = filesystem(self.options.root)
+        path = f"{root}/_sink/{self.options.uid}/{self.options.run}.json"
+        with store_errors(self.options.root, "read the sink's ledger under"):
+            try:
+                with fs.open_input_stream(path) as f:
+                    return fs, path, SinkLedger.from_json(f.read().decode())
+            except FileNotFoundError:
+                return fs, path, SinkLedger()
 
     def commit(self, messages: Sequence[Sequence[str]], batch_id: int) -> None:
         """Driver, fresh process per batch: fold the batch's events (*messages*: each
@@ -152,11 +160,7 @@ class SinkRunner:
         Idempotent for a replayed batch (same id)."""
         from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 
-        path = self._ledger_path()
-        ledger = SinkLedger()
-        if os.path.exists(path):
-            with open(path) as f:
-                ledger = SinkLedger.from_json(f.read())
+        fs, path, ledger = self._ledger()
         events = [SinkEvent.from_dict(json.loads(e)) for m in messages for e in m]
         ready = ledger.apply(batch_id, events)
         ledger.committed(self._progress().committed_checkpoint())
@@ -182,8 +186,4 @@ class SinkRunner:
                 )
                 handle = store.write_task_state(cid, TaskSnapshot(task, (blob,), (), offsets))
                 mailbox.post(AcknowledgeCheckpoint(cid, task, handle, sealed=txns))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            f.write(ledger.to_json())
-        os.replace(tmp, path)
+        write_whole(fs, path, ledger.to_json().encode())
