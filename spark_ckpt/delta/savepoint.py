@@ -21,7 +21,6 @@ completion times a root's log and statistics history record.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from spark_ckpt.errors import (
     RestoreError,
     StoreError,
 )
-from spark_ckpt.locations.uris import filesystem, normalized
+from spark_ckpt.locations.uris import filesystem, join, normalized
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.state_handles import BlobRef
@@ -60,22 +59,16 @@ SAVEPOINT_DIR = "savepoint_dir"
 DEFAULT_SUBDIR = "savepoints"
 
 
-def _join(directory: str, name: str) -> str:
-    return (
-        f"{directory.rstrip('/')}/{name}" if "://" in directory else os.path.join(directory, name)
-    )
-
-
 def savepoint_directory(root: str, checkpoint: CompletedCheckpoint) -> str:
     """The directory a savepoint of *root* goes into: the requested one (target or
     ``savepoint.dir``), else ``<root>/savepoints``."""
-    directory = checkpoint.properties.get(SAVEPOINT_DIR) or _join(root, DEFAULT_SUBDIR)
+    directory = checkpoint.properties.get(SAVEPOINT_DIR) or join(root, DEFAULT_SUBDIR)
     return normalized(directory)
 
 
 def savepoint_path(directory: str, pipeline: str, checkpoint_id: int) -> str:
     """``<directory>/savepoint-<pipeline>-<id>``."""
-    return _join(directory, f"savepoint-{pipeline}-{checkpoint_id}")
+    return join(directory, f"savepoint-{pipeline}-{checkpoint_id}")
 
 
 @dataclass(frozen=True)
@@ -139,7 +132,7 @@ ROOT_MARKERS = ("_runs", "_mailbox", "_spark")
 
 
 def _is_pipeline_root(path: str) -> bool:
-    return any(_exists(_join(path, marker)) for marker in ROOT_MARKERS)
+    return any(_exists(join(path, marker)) for marker in ROOT_MARKERS)
 
 
 @contextmanager
@@ -211,7 +204,7 @@ def list_savepoints(directory: str) -> list[Savepoint]:
     for info in fs.get_file_info(pafs.FileSelector(where)):
         if info.type is not pafs.FileType.Directory or not info.base_name.startswith("savepoint-"):
             continue
-        path = _join(directory, info.base_name)
+        path = join(directory, info.base_name)
         try:
             found.append(open_savepoint(path)[1])
         except (RestoreError, StoreError) as e:
