@@ -64,19 +64,20 @@ def on_s3(s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> S3Endpoint:
     return s3
 
 
+def run(
+    argv: list[str], *, env: dict[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """*argv* in *env* (and *cwd*), its output captured."""
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=600, check=False, env=env, cwd=cwd
+    )
+
+
 def python(
     *argv: str, env: dict[str, str], cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """This interpreter with *argv*, in *env* (and *cwd*)."""
-    return subprocess.run(
-        [sys.executable, *argv],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=env,
-        cwd=cwd,
-    )
+    """This interpreter with *argv*."""
+    return run([sys.executable, *argv], env=env, cwd=cwd)
 
 
 def job(
@@ -203,15 +204,7 @@ def test_the_readmes_object_store_example_runs_as_written(s3: S3Endpoint, tmp_pa
         **s3.environment(),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
-    done = subprocess.run(
-        ["bash", "-e", "-c", block],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=env,
-        cwd=tmp_path,
-    )
+    done = run(["bash", "-e", "-c", block], env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1].split()[0].isdigit(), done.stdout  # a checkpoint
     # the example's options, and the demo's default seed (spark-ckpt demo --help)
