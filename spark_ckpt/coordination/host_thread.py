@@ -54,12 +54,12 @@ class HostThread:
     Flink's checkpoint coordinator runs on its own timer thread, never on the data path. In
     the source runner the data path is ``latestOffset``: polling the host there put every
     completion (the checkpoint commit, retention, the global sink commit: several Delta
-    commits) into the micro-batch's critical path. Here a daemon thread polls the host
-    (see :class:`PollCadence`) — acks, declines, requests, completions — and then, in a separate
-    step, applies retention (the host's coordinator defers it: ``defer_after_completion``).
-    The cadence of the polls is a :class:`PollCadence` (by default for the host's root).
-    The polls also expire checkpoints past their timeout (Flink's canceller), so a long
-    micro-batch cannot keep its checkpoint alive until the next ``latestOffset``.
+    commits) into the micro-batch's critical path. Here a daemon thread polls the host at
+    a :class:`PollCadence` (by default the one for the host's root) — acks, declines,
+    requests, completions — and then, in a separate step, applies retention (the host's
+    coordinator defers it: ``defer_after_completion``). The polls also expire checkpoints
+    past their timeout (Flink's canceller), so a long micro-batch cannot keep its checkpoint
+    alive until the next ``latestOffset``.
     ``latestOffset`` only ticks the coordinator (:meth:`take_barriers`: periodic triggers and
     timeouts, cheap) and takes the barriers, placing them at the channel heads of that
     moment: a periodic checkpoint is triggered when its barriers are injected, as in Flink,

@@ -182,8 +182,10 @@ class BatchFailed:
 
 #: The longest path of a Unix socket (``sun_path`` holds 108 bytes with its terminator).
 _SOCKET_PATH_MAX = 107
-#: The length of a host socket's name (:func:`host_address`).
-_SOCKET_NAME = len("/hosts/") + 24 + len(".sock")
+#: Hex digits of a host socket's name (:func:`host_address`), and the length of that name
+#: with its folder.
+_NAME_DIGITS = 24
+_SOCKET_NAME = len("/hosts/") + _NAME_DIGITS + len(".sock")
 
 
 def host_directory() -> Path:
@@ -212,7 +214,7 @@ def host_directory() -> Path:
 def host_address(key: CacheKey, executor: str) -> Path:
     """The socket of the host of *key*'s subtask on *executor*."""
     name = f"{key.root}\0{key.run_id}\0{key.subtask}\0{executor}"
-    return host_directory() / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.sock"
+    return host_directory() / f"{hashlib.sha256(name.encode()).hexdigest()[:_NAME_DIGITS]}.sock"
 
 
 def _send(sock: socket.socket, parts: Sequence[bytes]) -> None:
