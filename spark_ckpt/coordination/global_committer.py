@@ -157,6 +157,7 @@ class GlobalCommitter:
                 directory,
                 pipeline=savepoint.properties.get(PIPELINE, self.pipeline),
                 max_parallelism=self.max_parallelism,
+                root=self.root,
             )
         except StoreError as e:
             log.error(

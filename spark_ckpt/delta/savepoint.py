@@ -6,7 +6,8 @@ tables ``checkpoints`` (one lease row and one ``completed`` row: the savepoint's
 JSON and checksum, with the properties ``pipeline``, ``max_parallelism`` and ``format``),
 ``operator_state`` (every keyed and operator state blob as a FULL blob written by the
 savepoint itself: Arrow IPC payloads with their checksums), ``channel_state`` (empty:
-savepoints are aligned) and ``source_offsets`` (each source channel's position). It
+savepoints are aligned) and ``source_offsets`` (each source channel's position), and
+for ``source=files`` the listing of the directory (``_sources/files.jsonl``). It
 references nothing outside itself, so it can be copied or moved to another path or machine
 and restored from there; retention of the pipeline's root never touches it.
 
@@ -42,6 +43,7 @@ from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.state_handles import BlobRef
 from spark_ckpt.runtime.restore_settings import MAX_PARALLELISM, PIPELINE
+from spark_ckpt.sources.files.file_listing import export_listing
 from spark_ckpt.storage.checkpoint_store import StateStorage
 from spark_ckpt.storage.history import completed_as_of
 from spark_ckpt.storage.transfer import copy_checkpoint
@@ -90,11 +92,14 @@ def export_savepoint(
     *,
     pipeline: str,
     max_parallelism: int,
+    root: str | None = None,
 ) -> Savepoint:
     """Write *checkpoint* (a completed savepoint of a pipeline's root, read from *source*)
     into its own directory under *directory*; idempotent (a savepoint already exported
     there is returned as it is). Raises :class:`StoreError` if the directory holds
-    something else."""
+    something else. The files source's listing of the pipeline root *root*, if any, goes
+    with it (:func:`~spark_ckpt.sources.files.file_listing.export_listing`), before the
+    savepoint's log row that makes the copy complete."""
     path = savepoint_path(directory, pipeline, checkpoint.checkpoint_id)
     store = DeltaCheckpointStore(path)
     existing = store.list_completed()
@@ -107,6 +112,8 @@ def export_savepoint(
         {PIPELINE: pipeline, MAX_PARALLELISM: str(max_parallelism), FORMAT: FORMAT_VERSION}
     )
     properties.pop(SAVEPOINT_PATH, None)
+    if root is not None:
+        export_listing(root, path)
     lease = store.acquire()
     copy = copy_checkpoint(
         source,

@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from spark_ckpt.errors import ConfigError, SourceError
+from spark_ckpt.errors import ConfigError, SourceError, StoreError
 from spark_ckpt.kafka.kafka_client import KafkaMetadata, read_range, record_schema
+from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.uris import filesystem
 from spark_ckpt.sources.kafka_options import PINNED, KafkaOptions
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def parse_channel_name(name: str) -> tuple[str, int]:
 
 #: Under the pipeline root: a record per range of offsets deleted before it was read and
 #: skipped (``failOnDataLoss=false``).
-DATA_LOSS_DIR = os.path.join("_sources", "kafka-data-loss")
+DATA_LOSS_DIR = "_sources/kafka-data-loss"
 
 
 @dataclass(frozen=True)
@@ -79,18 +80,18 @@ class KafkaReadPlan:
         return got.table
 
     def _record_loss(self, first: int, end: int) -> None:
-        """Record the skipped offsets under the root (one JSON file per range: a replay
-        writes the same one); a remote root only gets the executor's log line."""
-        if self.root is None or "://" in self.root:
+        """Record the skipped offsets under the root, on any store (one JSON object per
+        range, written whole: a replay writes the same one). A record that cannot be
+        written is logged; the read goes on, as it would without a root."""
+        if self.root is None:
             return
-        directory = os.path.join(self.root, DATA_LOSS_DIR)
-        os.makedirs(directory, exist_ok=True)
         name = f"{self.topic}-{self.partition}-{first}-{end}.json"
         record = {"topic": self.topic, "partition": self.partition, "from": first, "to": end}
-        tmp = os.path.join(directory, f".{name}.{os.getpid()}")
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-        os.replace(tmp, os.path.join(directory, name))
+        try:
+            fs, base = filesystem(self.root)
+            write_whole(fs, f"{base}/{DATA_LOSS_DIR}/{name}", json.dumps(record).encode())
+        except StoreError as e:
+            log.error("cannot record skipped offsets %s under %s: %s", name, self.root, e)
 
     def read_positioned(self) -> tuple[pa.Table, pa.Array]:
         """The records and each one's position, its offset (offsets may have gaps)."""

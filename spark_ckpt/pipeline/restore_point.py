@@ -14,10 +14,13 @@ root's latest completed checkpoint under a fresh id:
   (:func:`~spark_ckpt.storage.transfer.derive_checkpoint`): a new checkpoint referencing its
   blobs.
 
-Either way the new checkpoint carries ``restored_from`` and the runs restore "the latest"
-as they always do — the first run from it, a restart after a failure from whatever the new
-lineage completed since. Taking the lease for it fences any coordinator still running on the
-root. Nothing is written when the check fails.
+A copy also seeds the root with the files source's listing of the savepoint or root it
+comes from (:func:`~spark_ckpt.sources.files.file_listing.seed_listing`), or refuses when
+the root already lists other files. Either way the new checkpoint carries
+``restored_from`` and the runs restore "the latest" as they always do — the first run from
+it, a restart after a failure from whatever the new lineage completed since. Taking the
+lease for it fences any coordinator still running on the root. Nothing is written when the
+check fails.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from spark_ckpt.runtime.restore_settings import (
 )
 from spark_ckpt.runtime.task import sealed_transactions
 from spark_ckpt.sinks.two_phase_commit import Transaction
+from spark_ckpt.sources.files.file_listing import seed_listing
 from spark_ckpt.state.descriptor import META_MAX_PARALLELISM
 from spark_ckpt.storage.checkpoint_store import CheckpointStore
 from spark_ckpt.storage.transfer import copy_checkpoint, derive_checkpoint
@@ -135,6 +139,8 @@ def prepare_restore(
     checkpoint = without_uids(checkpoint, dropped)
     if check_output is not None:
         check_output(output_checkpoint(checkpoint), sealed_transactions(checkpoint, source))
+    if source is not root and settings.path is not None:
+        seed_listing(root.root, settings.path)  # the files source's positions mean its files
     lease = root.acquire()  # fences any coordinator still running on the root
     # the new lineage's ids exceed the source's: the sink's Delta app transaction versions
     # are checkpoint ids, and its output is rolled back to the source's id on restore

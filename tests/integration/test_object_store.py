@@ -412,3 +412,49 @@ def test_offline_state_and_the_stateless_sink_on_s3(on_s3: S3Endpoint, tmp_path:
         for user in rows.rows(channel, 0, end).column("user_id").to_pylist()
     )
     assert Counter(sink["user_id"].to_list()) == expected and sum(expected.values()) > 0
+
+
+def land_on(uri: str, name: str, keys: list[int]) -> None:
+    """A JSON-lines file of ``user_id`` rows at *uri*/*name* (one PUT: it lands whole)."""
+    fs, base = filesystem(uri)
+    with fs.open_output_stream(f"{base}/{name}") as out:
+        out.write("".join(json.dumps({"user_id": k}) + "\n" for k in keys).encode())
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["s3", "local"])
+def test_the_files_source_on_s3_and_its_savepoint_into_a_new_root(
+    on_s3: S3Endpoint, tmp_path: Path, target: str
+) -> None:
+    """Files landing in an ``s3://`` directory, the root and the output on the endpoint,
+    ``cleanSource=delete``: a pipeline stops with a savepoint on S3; more files land; a
+    pipeline at a new root (on S3, or local) restores from the savepoint. The files the
+    first one deleted are gone from the directory, yet every row counts exactly once: the
+    savepoint carries the listing its positions mean."""
+    base = f"s3://{BUCKET}/files-{target}"
+    landing, out = f"{base}/landing", f"{base}/counts"
+    written: Counter[int] = Counter()
+    for i in range(6):
+        keys = [(i * 13 + k) % 17 for k in range(40)]
+        land_on(landing, f"part-{i}.json", keys)
+        written.update(keys)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, **on_s3.environment(), "TMPDIR": str(scratch)}
+    done = job(
+        "s3_files_job.py", landing, f"{base}/root", f"{base}/savepoints", out, "160",
+        env=env, cwd=scratch,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    savepoint = json.loads(done.stdout.strip().splitlines()[-1])["savepoint"]
+    for i in range(6, 9):
+        keys = [(i * 5 + k) % 17 for k in range(30)]
+        land_on(landing, f"part-{i}.json", keys)
+        written.update(keys)
+    new_root = f"{base}/root2" if target == "s3" else str(tmp_path / "root2")
+    done = job(
+        "s3_files_job.py", "--restore", savepoint, landing, new_root, out, env=env, cwd=scratch
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_output(out, on_s3) == running_count_rows(written)

@@ -241,16 +241,3 @@ def test_a_malformed_csv_row_is_named_or_set_aside(tmp_path: Path) -> None:
     assert table.to_pylist() == [{"user_id": 1, "amount": 2.5}, {"user_id": 3, "amount": 1.0}]
     assert positions.to_pylist() == [0, 2]
     assert pq.read_table(bad).column("record").to_pylist() == ["2,not-a-number"]
-
-
-def test_a_root_on_object_storage_is_refused_before_anything_is_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The listing is an append-only local file: with a root on an object store it would
-    land in a local folder named ``s3:`` and be lost with the process. One clear error."""
-    d = tmp_path / "in"
-    d.mkdir()
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match="a local pipeline root for source=files"):
-        FilesChannelSource(spec(d), "s3://lake/root")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]

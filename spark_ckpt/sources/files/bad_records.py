@@ -2,19 +2,22 @@
 read: :class:`BadRecords`.
 
 Written on the executors, by the read that meets them; the file is named by the range and
-replaced atomically, so a replay of the range rewrites the same file. Cost: one small
-Parquet write per range read that holds a malformed record.
+replaced whole (on any store: :func:`~spark_ckpt.locations.objects.write_whole`), so a
+replay of the range rewrites the same file. Cost: one small Parquet write per range read
+that holds a malformed record.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.uris import filesystem
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,8 @@ class BadRecords:
     directory: str
 
     def write(self, source: str, first: int, rows: list[dict[str, Any]]) -> None:
-        os.makedirs(self.directory, exist_ok=True)
+        fs, base = filesystem(self.directory)
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", source)
-        target = os.path.join(self.directory, f"{name}-{first}.parquet")
         table = pa.Table.from_pylist(
             rows,
             schema=pa.schema(
@@ -40,6 +42,6 @@ class BadRecords:
                 ]
             ),
         )
-        tmp = f"{target}.tmp-{os.getpid()}"
-        pq.write_table(table, tmp)
-        os.replace(tmp, target)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        write_whole(fs, f"{base}/{name}-{first}.parquet", sink.getvalue().to_pybytes())

@@ -15,7 +15,9 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from spark_ckpt.errors import SourceError
+from spark_ckpt.locations.uris import store_errors
 from spark_ckpt.sources.files.files_options import FilesSpec
+from spark_ckpt.sources.files.source_directory import SourceDirectory
 
 
 def text_lines(data: bytes) -> list[tuple[int, bytes]]:
@@ -23,24 +25,28 @@ def text_lines(data: bytes) -> list[tuple[int, bytes]]:
     return [(i + 1, line) for i, line in enumerate(data.splitlines()) if line.strip()]
 
 
-def count_rows(spec: FilesSpec, full_path: str) -> int:
-    """Rows of a file: Parquet's row count, non-empty lines of JSON lines, CSV data lines."""
+def count_rows(spec: FilesSpec, directory: SourceDirectory, name: str) -> int:
+    """Rows of the file *name*: Parquet's row count (its footer only), non-empty lines of
+    JSON lines, CSV data lines."""
     if spec.format == "parquet":
-        return int(pq.ParquetFile(full_path).metadata.num_rows)
-    with open(full_path, "rb") as f:
-        lines = text_lines(f.read())
+        with store_errors(directory.full(name), "read the Parquet footer of"):
+            return int(pq.ParquetFile(directory.input_file(name)).metadata.num_rows)
+    lines = text_lines(directory.read(name))
     return len(lines) - (1 if spec.format == "csv" and spec.header and lines else 0)
 
 
-def infer_schema(spec: FilesSpec, full_path: str) -> pa.Schema:
-    """The schema of one file, inferred by pyarrow (timestamps as UTC microseconds)."""
+def infer_schema(spec: FilesSpec, directory: SourceDirectory, name: str) -> pa.Schema:
+    """The schema of the file *name*, inferred by pyarrow (timestamps as UTC
+    microseconds)."""
     if spec.format == "parquet":
-        schema = pq.read_schema(full_path)
+        with store_errors(directory.full(name), "read the Parquet footer of"):
+            schema = pq.read_schema(directory.input_file(name))
     elif spec.format == "json":
-        schema = pajson.read_json(full_path).schema
+        schema = pajson.read_json(directory.buffer(name)).schema
     else:
         schema = pacsv.read_csv(
-            full_path, read_options=pacsv.ReadOptions(autogenerate_column_names=not spec.header)
+            directory.buffer(name),
+            read_options=pacsv.ReadOptions(autogenerate_column_names=not spec.header),
         ).schema
     return pa.schema(
         [

@@ -3,7 +3,8 @@
 ==========================  =========================================================
 option                      meaning
 ==========================  =========================================================
-``path`` (required)         the directory where the files land
+``path`` (required)         the directory where the files land: a local path or an
+                            object-store URI (``s3://bucket/landing``)
 ``format`` (required)       ``parquet``, ``json`` (JSON lines) or ``csv``
 ``schema``                  a DDL string (``"user_id long, amount double"``,
                             :mod:`.ddl_schema`); default: inferred from the first file
@@ -23,7 +24,6 @@ case-insensitive; a bad value is a :class:`~spark_ckpt.errors.ConfigError` namin
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -31,6 +31,7 @@ from typing import Final
 import pyarrow as pa
 
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.option import parse_int
 from spark_ckpt.sources.files.ddl_schema import parse_schema
 
@@ -94,14 +95,15 @@ class FilesSpec:
         if header not in ("true", "false"):
             raise ConfigError("header", options.get("header"), "true or false")
         text = options.get("schema")
+        bad = options.get("badrecordspath")
         return FilesSpec(
-            path=os.path.abspath(path),
+            path=normalized(path),
             format=fmt,
             channels=channels,
             schema=None if text is None else parse_schema(text),
             header=header == "true",
             max_files_per_trigger=max_files,
             clean_source=clean,
-            archive_dir=None if archive is None else os.path.abspath(archive),
-            bad_records_path=options.get("badrecordspath"),
+            archive_dir=None if archive is None else normalized(archive),
+            bad_records_path=None if bad is None else normalized(bad),
         )

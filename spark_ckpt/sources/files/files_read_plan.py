@@ -18,7 +18,6 @@ range with a malformed record is parsed again line by line to find it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +31,7 @@ from spark_ckpt.sources.files.bad_records import BadRecords
 from spark_ckpt.sources.files.file_listing import ListedFile
 from spark_ckpt.sources.files.file_parsing import conform, parse_lines, text_lines
 from spark_ckpt.sources.files.files_options import FilesSpec
+from spark_ckpt.sources.files.source_directory import SourceDirectory
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,10 @@ class FilesReadPlan:
         """The rows and each row's position (a malformed record set aside leaves a gap)."""
         tables, positions = [], []
         at = self.start
+        directory = SourceDirectory(self.spec.path) if self.ranges else None
         for r in self.ranges:
-            table, kept = self._read_range(r)
+            assert directory is not None
+            table, kept = self._read_range(directory, r)
             tables.append(table)
             positions.append(pa.array(at + kept, pa.int64()))
             at += r.rows
@@ -71,22 +73,23 @@ class FilesReadPlan:
             return self.schema.empty_table(), pa.array([], pa.int64())
         return pa.concat_tables(tables), pa.concat_arrays(positions)
 
-    def _read_range(self, r: FileRange) -> tuple[pa.Table, npt.NDArray[np.int64]]:
-        full = os.path.join(self.spec.path, r.file.path)
-        try:
-            st = os.stat(full)
-        except OSError as e:
-            raise SourceError(f"file {full} (listed) cannot be read: {e}") from e
-        if (st.st_size, st.st_mtime_ns) != (r.file.size, r.file.mtime_ns):
+    def _read_range(
+        self, directory: SourceDirectory, r: FileRange
+    ) -> tuple[pa.Table, npt.NDArray[np.int64]]:
+        full = directory.full(r.file.path)
+        found = directory.stat(r.file.path)
+        if found is None:
+            raise SourceError(f"file {full} (listed) cannot be read: it is gone")
+        if found != (r.file.size, r.file.mtime_ns):
             raise SourceError(
-                f"file {full} changed after it was listed (size {r.file.size} -> {st.st_size}, "
+                f"file {full} changed after it was listed (size {r.file.size} -> {found[0]}, "
                 "or its modification time): files must not change once they landed"
             )
+        data = directory.read(r.file.path)
         if self.spec.format == "parquet":
-            table = pq.read_table(full).slice(r.first, r.rows)
+            table = pq.read_table(pa.BufferReader(data)).slice(r.first, r.rows)
             return conform(table, self.schema, full), np.arange(r.rows, dtype=np.int64)
-        with open(full, "rb") as f:
-            lines = text_lines(f.read())
+        lines = text_lines(data)
         header: bytes | None = None
         if self.spec.format == "csv" and self.spec.header:
             header, lines = lines[0][1], lines[1:]

@@ -18,7 +18,6 @@ heads, ``admit`` and ``plan`` are linear in the listed files.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 
 import pyarrow as pa
@@ -29,6 +28,7 @@ from spark_ckpt.sources.files.file_listing import FileListing, ListedFile
 from spark_ckpt.sources.files.file_parsing import count_rows, infer_schema
 from spark_ckpt.sources.files.files_options import FilesSpec
 from spark_ckpt.sources.files.files_read_plan import FileRange, FilesReadPlan
+from spark_ckpt.sources.files.source_directory import SourceDirectory
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,11 @@ class FilesChannelSource:
     """See the module docstring. Driver side (the source runner)."""
 
     def __init__(self, spec: FilesSpec, root: str) -> None:
-        if not os.path.isdir(spec.path):
-            raise ConfigError("path", spec.path, "an existing directory")
+        self.directory = SourceDirectory(spec.path)
+        try:
+            self.directory.check()
+        except SourceError as e:
+            raise ConfigError("path", spec.path, "an existing directory") from e
         self.spec = spec
         self.listing = FileListing(root)
         header = self.listing.header
@@ -63,13 +66,13 @@ class FilesChannelSource:
         """The listing's schema; before the first file is recorded, the ``schema`` option or
         the schema of the file that will be recorded first (nothing is recorded here)."""
         if self._schema is None:
-            found = self.listing.unlisted(self.spec.path)
+            found = self.listing.unlisted(self.directory)
             if not found:
                 raise SourceError(
                     f"no file in {self.spec.path} yet to infer the schema from: give the "
                     "'schema' option or let a file land first"
                 )
-            return infer_schema(self.spec, os.path.join(self.spec.path, found[0][1]))
+            return infer_schema(self.spec, self.directory, found[0][1])
         return self._schema
 
     def heads(self) -> list[int]:
@@ -110,14 +113,14 @@ class FilesChannelSource:
         return heads
 
     def _list_new(self, limit: int | None) -> None:
-        found = self.listing.unlisted(self.spec.path)
+        found = self.listing.unlisted(self.directory)
         if limit is not None:
             found = found[:limit]
         if not found:
             return
         if self.listing.header is None:
-            first = os.path.join(self.spec.path, found[0][1])
-            schema = self.spec.schema or infer_schema(self.spec, first)
+            first = found[0][1]
+            schema = self.spec.schema or infer_schema(self.spec, self.directory, first)
             self.listing.start(self.spec, schema)
             self._schema = schema
         seq = len(self.listing.files)
@@ -127,7 +130,7 @@ class FilesChannelSource:
                 name,
                 size,
                 mtime,
-                count_rows(self.spec, os.path.join(self.spec.path, name)),
+                count_rows(self.spec, self.directory, name),
                 (seq + i) % self.spec.channels,
             )
             for i, (mtime, name, size) in enumerate(found)
@@ -157,4 +160,4 @@ class FilesChannelSource:
         *positions* (a completed checkpoint's, per channel). Returns the files cleaned;
         a file already gone is skipped, one that cannot be moved or deleted is logged and
         tried again after the next checkpoint."""
-        return clean_covered(self.spec, self.listing.files, positions)
+        return clean_covered(self.spec, self.directory, self.listing.files, positions)
