@@ -145,9 +145,9 @@ class DeltaBlobStore(StateStorage):
         wanted = {blob_id(r): (r, p) for r, p in blobs}
         existing: dict[str, BlobRef] = {}
 
-        def missing_rows(dt: DeltaTable, written: bool) -> pa.Table | None:
+        def missing_rows(dt: DeltaTable, version: int | None) -> pa.Table | None:
             existing.clear()
-            if written:
+            if version is not None and version >= checkpoint_id:  # may be written
                 existing.update(self._stored_refs(dt, [checkpoint_id], set(wanted)))
             missing = [(r, p) for bid, (r, p) in wanted.items() if bid not in existing]
             return self._blob_rows(missing) if missing else None
@@ -162,20 +162,21 @@ class DeltaBlobStore(StateStorage):
         table: StoreTable,
         app_id: str,
         checkpoint_id: int,
-        rows: Callable[[DeltaTable, bool], pa.Table | None],
+        rows: Callable[[DeltaTable, int | None], pa.Table | None],
         what: str,
     ) -> None:
         """Append *rows* to *table* at most once per *checkpoint_id* and writer *app_id*: one
         commit that sets the writer's app transaction to the newest checkpoint id it wrote.
-        ``rows(dt, written)`` gives what is still to append at *dt* (``None``: nothing);
-        *written* says the app transaction is at or past *checkpoint_id*, so an earlier
+        ``rows(dt, version)`` gives what is still to append at *dt* (``None``: nothing);
+        *version* is the writer's app transaction at *dt* (read once per attempt: each read
+        replays the log since its last checkpoint): at or past *checkpoint_id*, an earlier
         attempt may have committed (look the rows up). Tried again on a lost commit race
         and when the table object needed a commit file the log cleanup removed (the commit
         may have landed: a new object re-reads what is written)."""
         for _ in range(self._max_attempts):
             dt = self._tables.ensure(table)
             version = dt.transaction_version(app_id)
-            todo = rows(dt, version is not None and version >= checkpoint_id)
+            todo = rows(dt, version)
             if todo is None:
                 return
             newest = checkpoint_id if version is None else max(version, checkpoint_id)
@@ -228,8 +229,7 @@ class DeltaBlobStore(StateStorage):
         newest = max(c.checkpoint_id for c, _, _ in owned)
         ids = sorted({c.checkpoint_id for c, _, _ in owned})
 
-        def unwritten(dt: DeltaTable, written: bool) -> pa.Table | None:
-            version = dt.transaction_version(OFFSETS_APP_ID)
+        def unwritten(dt: DeltaTable, version: int | None) -> pa.Table | None:
             present: set[int] = set()
             if version is not None and version >= ids[0]:
                 # some may be written: the app transaction holds the highest id written,

@@ -36,6 +36,7 @@ from spark_ckpt.coordination.runs import RunFiles, RunState, RunStatus
 from spark_ckpt.coordination.savepoint_export import wait_exported
 from spark_ckpt.coordination.topology import read_topology
 from spark_ckpt.errors import CheckpointError, CheckpointFailedError, SparkCkptError
+from spark_ckpt.locations.uris import is_remote
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
@@ -59,6 +60,9 @@ RunFunction = ForeachBatchFunction | SubtaskFunction
 
 #: How often a run's watcher looks for the final checkpoint of a stop request.
 WATCH_POLL_S = 0.5
+#: The same on an object-store root, where each look at the log is several billed requests
+#: (a stop there is seen up to that much later).
+WATCH_POLL_REMOTE_S = 2.0
 #: How often a stop on the user's behalf requests its final checkpoint before it stops
 #: without one (:meth:`PipelineRun.stop_quietly`).
 STOP_ATTEMPTS = 3
@@ -219,7 +223,7 @@ class PipelineRun:
             self.report(RunState.STOPPED, restored_from=self.restored_from, stop_request=request_id)
 
     # -- the watcher of a started run ---------------------------------------------------------
-    def watch_stop_requests(self, poll_s: float = WATCH_POLL_S) -> threading.Thread:
+    def watch_stop_requests(self, poll_s: float | None = None) -> threading.Thread:
         """Carry out stop requests for this run from a daemon thread of this process, as
         :meth:`Pipeline.run <spark_ckpt.pipeline.pipeline.Pipeline.run>`'s supervising loop
         does: once the final checkpoint (or savepoint) of a stop request that this run's
@@ -229,7 +233,10 @@ class PipelineRun:
         otherwise (``available_now``, a failure, ``query.stop()``) the run is retired and
         reported ``FINISHED`` or ``FAILED``. :meth:`Pipeline.start
         <spark_ckpt.pipeline.pipeline.Pipeline.start>` starts it; the thread ends with the
-        query."""
+        query. It looks at the checkpoint log every *poll_s* (default :data:`WATCH_POLL_S`,
+        :data:`WATCH_POLL_REMOTE_S` on an object-store root)."""
+        if poll_s is None:
+            poll_s = WATCH_POLL_REMOTE_S if is_remote(self.pipeline.root) else WATCH_POLL_S
         thread = threading.Thread(
             target=self._watch, args=(poll_s,), name=f"spark-ckpt-run-{self.run_id}", daemon=True
         )
