@@ -10,13 +10,16 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
 from spark_ckpt.errors import DataLossError, SourceError
 from spark_ckpt.kafka.kafka_client import KafkaMetadata, Watermarks, read_range, record_schema
 from spark_ckpt.kafka.kafka_source import DATA_LOSS_DIR, KafkaChannelSource, KafkaReadPlan
+from spark_ckpt.locations.uris import filesystem
 from spark_ckpt.sources.kafka_options import KafkaOptions
 from spark_ckpt.testing.broker import Broker, committed, produce
+from spark_ckpt.testing.s3_endpoint import running_s3_endpoint
 
 
 def topic(broker: Broker, partitions: int = 1) -> str:
@@ -128,6 +131,17 @@ def test_deleted_offsets_fail_or_are_skipped_as_failOnDataLoss_says(
         assert plan.read().column("offset").to_pylist() == [4, 5, 6, 7]
     [record] = list((tmp_path / DATA_LOSS_DIR).iterdir())
     assert json.loads(record.read_text()) == {"topic": t, "partition": 0, "from": 2, "to": 4}
+    # and under a root on object storage: one object per range, written whole
+    with running_s3_endpoint() as s3:
+        s3.create_bucket("lake")
+        for key, value in s3.environment().items():
+            monkeypatch.setenv(key, value)
+        on_s3 = KafkaReadPlan(lenient, t, 0, 0, 2, 8, root="s3://lake/root")
+        assert on_s3.read().column("offset").to_pylist() == [4, 5, 6, 7]
+        fs, base = filesystem(f"s3://lake/root/{DATA_LOSS_DIR}")
+        [stored] = fs.get_file_info(pafs.FileSelector(base))
+        with fs.open_input_stream(stored.path) as f:
+            assert json.loads(f.read()) == {"topic": t, "partition": 0, "from": 2, "to": 4}
 
 
 def test_completed_checkpoints_commit_the_group_s_offsets_only_with_a_group_id(

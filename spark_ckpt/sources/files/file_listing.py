@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -53,6 +54,7 @@ SEGMENTS: Final = "_sources/files"
 #: Segments after which an object-store listing is compacted into one base object.
 COMPACT_EVERY: Final = 32
 LISTING_VERSION: Final = 1
+log = logging.getLogger(__name__)
 _SEGMENT = re.compile(r"^(base-)?(\d{12})\.jsonl$")
 
 
@@ -186,7 +188,10 @@ class SegmentObjects:
         self._lines_so_far.extend(lines)
         self._segments.append(name)
         if len(self._segments) >= COMPACT_EVERY:
-            self._compact()
+            try:
+                self._compact()
+            except StoreError as e:  # the lines are durable: compacting waits for next time
+                log.warning("cannot compact the file listing %s: %s", self.where, e)
 
     def _compact(self) -> None:
         """Write lines ``[0, n)`` as ``base-<n>``, then delete what it covers. A crash in
@@ -199,7 +204,10 @@ class SegmentObjects:
             infos = self._fs.get_file_info(pafs.FileSelector(self._base, allow_not_found=True))
             for info in infos:
                 found = _SEGMENT.match(info.base_name)
-                if found and info.base_name != name and int(found.group(2)) <= count:
+                if found is None or info.base_name == name:
+                    continue
+                at = int(found.group(2))  # a base's end, a segment's first line
+                if (found.group(1) and at <= count) or (not found.group(1) and at < count):
                     self._fs.delete_file(f"{self._base}/{info.base_name}")
         self._segments = []
 
