@@ -50,7 +50,9 @@ class CkptSink(DataSource):  # type: ignore[misc]
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.parsed = SinkOptions.parse(options)
+        self.parsed.storage.install()  # in each process that creates or unpickles it
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> CkptSinkWriter:
+        self.parsed.storage.install()
         self.parsed.install_topology()
         return CkptSinkWriter(self.parsed)

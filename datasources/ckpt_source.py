@@ -69,12 +69,15 @@ class CkptSource(DataSource):  # type: ignore[misc]
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.parsed = SourceOptions.parse(options)
+        self.parsed.storage.install()  # in each process that creates or unpickles it
 
     def schema(self) -> StructType:
+        self.parsed.storage.install()
         return from_arrow_schema(read_schema(self.parsed, user_schema(self.parsed)))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """The source runner (before any Delta call there): its coordinator's commits run on
         a one-worker delta-rs runtime (:func:`ensure_small_delta_runtime`)."""
         ensure_small_delta_runtime()
+        self.parsed.storage.install()
         return CkptStreamReader(self.parsed, user_schema(self.parsed))

@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "Savepoint": "spark_ckpt.delta.savepoint",
     "list_savepoints": "spark_ckpt.delta.savepoint",
     "SparkCkptError": "spark_ckpt.errors",
+    "StorageOptions": "spark_ckpt.locations.credentials",
     "SavepointWriter": "spark_ckpt.offline",
     "StateReader": "spark_ckpt.offline",
     "Pipeline": "spark_ckpt.pipeline.pipeline",
@@ -96,6 +97,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from spark_ckpt.client.pipeline_client import PipelineClient
     from spark_ckpt.delta.savepoint import Savepoint, list_savepoints
     from spark_ckpt.errors import SparkCkptError
+    from spark_ckpt.locations.credentials import StorageOptions
     from spark_ckpt.offline import SavepointWriter, StateReader
     from spark_ckpt.pipeline.pipeline import Pipeline, register_data_sources
     from spark_ckpt.pipeline.pipeline_run import PipelineRun, stop_query

@@ -34,6 +34,7 @@ from spark_ckpt.coordination.runs import Runs, RunState, RunStatus
 from spark_ckpt.coordination.savepoint_export import exported_path, wait_exported
 from spark_ckpt.coordination.schedule import CheckpointSchedule, SchedulePause
 from spark_ckpt.errors import CheckpointError, CheckpointFailedError
+from spark_ckpt.locations.credentials import StorageOptions
 from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
@@ -107,10 +108,13 @@ class PipelineClient:
     """Requests to and queries of the pipeline under *root* (the pipeline's root folder or
     URI: checkpoint store, mailbox, runs). Safe to use from any process, any number of
     times; a request expires after its timeout, so a pipeline started later never acts on a
-    request nobody waits for any more."""
+    request nobody waits for any more. *storage_options*: the pipeline's explicit storage
+    options (see :class:`~spark_ckpt.pipeline.pipeline.Pipeline`), installed for the root's
+    bucket in this process; default: the environment's."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, storage_options: Mapping[str, str] | None = None) -> None:
         self.root = normalized(root)
+        StorageOptions.of(storage_options, [self.root]).install()
         self.mailbox = Mailbox(self.root)
         self._store: DeltaCheckpointStore | None = None
         self._posted: dict[str, tuple[str, RequestKind]] = {}  # request id -> (file, kind)

@@ -18,6 +18,7 @@ from spark_ckpt.coordination.runs import RunFiles
 from spark_ckpt.coordination.topology import SinkSpec
 from spark_ckpt.delta.savepoint import export_savepoint, savepoint_directory
 from spark_ckpt.errors import ConfigError, StoreError
+from spark_ckpt.locations.credentials import NO_STORAGE_OPTIONS, StorageOptions
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.protocol.state_handles import AcknowledgeCheckpoint
 from spark_ckpt.runtime.carried_transactions import CarriedTransactions
@@ -37,12 +38,18 @@ SINK_KINDS = ("delta", "ckpt-sink")
 STAGING_CLOCK_SKEW_MS = 10_000
 
 
-def sink_from_spec(spec: SinkSpec, *, pipeline: str) -> SinkCommitter:
+def sink_from_spec(
+    spec: SinkSpec, *, pipeline: str, storage: StorageOptions = NO_STORAGE_OPTIONS
+) -> SinkCommitter:
     """The committer of a topology's :class:`~spark_ckpt.coordination.topology.SinkSpec`: a
     :class:`~spark_ckpt.delta.sink_committer.DeltaSinkCommitter` for kind ``delta`` (the
-    pipeline's output) and ``ckpt-sink``. Cheap: nothing is read until it commits."""
+    pipeline's output) and ``ckpt-sink``. Cheap: nothing is read until it commits. The
+    pipeline's explicit *storage* options, if any, cover the sink's table too (installed
+    here)."""
     if spec.kind not in SINK_KINDS:
         raise ConfigError("sink", spec.kind, " or ".join(SINK_KINDS))
+    if storage:
+        storage.covering(spec.path).install()
     from spark_ckpt.delta.sink_committer import DeltaSinkCommitter
     from spark_ckpt.delta.sink_target import DeltaSinkTarget
 

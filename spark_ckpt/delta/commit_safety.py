@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from spark_ckpt.errors import StoreError
+from spark_ckpt.locations.credentials import for_delta
 from spark_ckpt.locations.uris import scheme
 
 #: delta-rs's storage option and environment variable of S3's conditional writes.
@@ -22,12 +23,13 @@ _OFF: Final = frozenset({"disabled", "none", "false", "off", ""})
 
 def check_commit_safety(uri: str, storage_options: Mapping[str, str] | None = None) -> None:
     """Raise :class:`StoreError`, naming the setting, when commits to the S3 location *uri*
-    would not be conditional writes (*storage_options* first, then the environment). Other
-    locations commit by a rename that never replaces (local) or their store's own
-    preconditions. No request."""
+        would not be conditional writes (*storage_options* first, then the options installed for
+    its bucket, then the environment). Other
+        locations commit by a rename that never replaces (local) or their store's own
+        preconditions. No request."""
     if scheme(uri) not in ("s3", "s3a"):
         return
-    options = {k.lower(): v for k, v in (storage_options or {}).items()}
+    options = {k.lower(): v for k, v in (for_delta(uri, storage_options) or {}).items()}
     value = options.get(OPTION, options.get(VARIABLE.lower(), os.environ.get(VARIABLE)))
     if value is not None and value.strip().lower() in _OFF:
         raise StoreError(

@@ -17,6 +17,8 @@ import time
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
+from spark_ckpt.locations.credentials import for_delta
+
 #: A table object kept up to date with ``update_incremental()`` is opened again once it is
 #: this many versions past the version it was opened at: each commit through such an object
 #: costs more the more versions it has followed, while a new object starts from the log's
@@ -39,7 +41,7 @@ class FollowedTable:
 
     def __init__(self, uri: str, storage_options: dict[str, str] | None) -> None:
         self._uri = uri
-        self._storage_options = storage_options
+        self._storage_options = for_delta(uri, storage_options)
         self._lock = threading.Lock()
         self._dt: DeltaTable | None = None
         self._opened_at = 0

@@ -13,6 +13,7 @@ from spark_ckpt.delta.boundary import delta_boundary
 from spark_ckpt.delta.part_file import is_part_file_name
 from spark_ckpt.errors import StoreError
 from spark_ckpt.locations import uris
+from spark_ckpt.locations.credentials import StorageOptions, for_delta
 
 
 class DeltaSinkTarget:
@@ -44,7 +45,8 @@ class DeltaSinkTarget:
             table_uri = os.path.abspath(table_uri)
         self.table_uri = table_uri.rstrip("/")
         self.pipeline = pipeline
-        self.storage_options = storage_options
+        StorageOptions.of(storage_options, [self.table_uri]).install()  # its staged files too
+        self.storage_options = for_delta(self.table_uri, storage_options)
         self.app_id = f"spark-ckpt/{pipeline}"
         self.legacy_app_id_prefix = f"{self.app_id}/"
         #: The identity of the sink's storage, recorded in its transactions.

@@ -20,6 +20,9 @@ from deltalake.exceptions import DeltaError
 
 from spark_ckpt.delta.followed_table import FollowedTable
 from spark_ckpt.delta.store_layout import CONFIGURATION, SCHEMAS, StoreTable, empty_table
+from spark_ckpt.errors import SparkCkptError
+from spark_ckpt.locations.credentials import StorageOptions, for_delta
+from spark_ckpt.locations.uris import filesystem
 from spark_ckpt.protocol.clock import Clock
 
 
@@ -32,7 +35,8 @@ class StoreTables:
 
     def __init__(self, root: str, *, storage_options: dict[str, str] | None, clock: Clock) -> None:
         self._root = str(root).rstrip("/")
-        self._storage_options = storage_options
+        StorageOptions.of(storage_options, [self._root]).install()  # for pyarrow's side too
+        self._storage_options = for_delta(self._root, storage_options)
         self._clock = clock
         self._lock = threading.Lock()
         self._tables: dict[StoreTable, FollowedTable] = {}
@@ -98,14 +102,13 @@ class StoreTables:
             dt.alter.set_table_properties(missing, raise_if_not_exists=False)
 
     def arrow_fs(self, dt: DeltaTable) -> pafs.FileSystem | None:
-        """A native pyarrow file system rooted at *dt*. (delta-rs' default Python file system
-        handler works too, but in deltalake 1.6 + pyarrow 26 using it aborts the interpreter
-        at exit — "terminate called without an active exception".)"""
-        if self._storage_options:
-            return None
+        """A native pyarrow file system rooted at *dt*, with the same options delta-rs has
+        (:func:`~spark_ckpt.locations.uris.filesystem`). (delta-rs' default Python file
+        system handler works too, but in deltalake 1.6 + pyarrow 26 using it aborts the
+        interpreter at exit — "terminate called without an active exception".)"""
         try:
-            fs, path = pafs.FileSystem.from_uri(dt.table_uri)
-        except (pa.ArrowInvalid, OSError):
+            fs, path = filesystem(dt.table_uri)
+        except SparkCkptError:
             return None
         return pafs.SubTreeFileSystem(path, fs)
 

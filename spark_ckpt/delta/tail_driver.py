@@ -44,6 +44,7 @@ from spark_ckpt.delta.tail_executors import DeltaReadPlan, FileSlice
 from spark_ckpt.delta.tail_files import file_location, table_filesystem, tail_boundary
 from spark_ckpt.delta.upstream_columns import upstream_name
 from spark_ckpt.errors import ConfigError, ProtocolError
+from spark_ckpt.locations.credentials import for_delta
 from spark_ckpt.protocol.option import check_int, parse_int
 from spark_ckpt.sources.channel_source import check_channel
 
@@ -84,8 +85,9 @@ class DeltaTailSource:
     ) -> None:
         self._channels = check_int("channels", channels, 1, _MAX_CHANNELS)
         self._starting_version = check_int("startingVersion", starting_version, 0, _MAX_VERSION)
-        self._storage_options = storage_options
         uri = str(table_uri)
+        storage_options = for_delta(uri, storage_options)
+        self._storage_options = storage_options
         try:
             exists = DeltaTable.is_deltatable(uri, storage_options)
             table = DeltaTable(uri, storage_options=storage_options) if exists else None

@@ -15,12 +15,15 @@ import pyarrow.fs as pafs
 
 from spark_ckpt.delta.boundary import delta_boundary
 from spark_ckpt.errors import ProtocolError
+from spark_ckpt.locations.uris import filesystem
 
 
 def table_filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     """The native pyarrow file system of *root* and the root's path in it."""
+    if root.startswith("file://"):
+        root = unquote(root[len("file://") :])
     with tail_boundary(f"resolving the file system of {root}"):
-        fs, path = pafs.FileSystem.from_uri(root)
+        fs, path = filesystem(root)
     return fs, path.rstrip("/")
 
 

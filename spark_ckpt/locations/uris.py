@@ -1,11 +1,13 @@
 """Resolving a location (a local path or an object-store URI) to a pyarrow file system, and
 the store's failures as one :class:`~spark_ckpt.errors.StoreError` line.
 
-Credentials and endpoints come from the standard environment of the process that resolves
-the location (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_PROFILE``,
+Credentials and endpoints are a pipeline's explicit storage options where this process has
+them installed for the location's bucket (:mod:`spark_ckpt.locations.credentials`: S3 and
+Azure; a GCS location takes only the endpoint from them), else the standard environment of
+the process (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_PROFILE``,
 ``AWS_ENDPOINT_URL``, ``AWS_REGION``; ``AZURE_STORAGE_*``; ``GOOGLE_APPLICATION_CREDENTIALS``),
-the same variables delta-rs reads: the driver and the executors need them alike. They are
-never logged: messages name the location and the endpoint only.
+the same variables delta-rs reads. They are never logged: messages name the location and the
+endpoint only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from spark_ckpt.errors import SparkCkptError, StoreError
+from spark_ckpt.locations.credentials import installed_for, option
 
 #: The URI schemes of object stores (``s3a`` is Hadoop's name for ``s3``).
 OBJECT_STORE_SCHEMES: Final = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"})
@@ -69,10 +72,49 @@ def bucket(uri: str) -> str | None:
     return urlsplit(uri).netloc.split("@")[0] or None  # abfss: container@account
 
 
-def endpoint() -> str | None:
-    """The S3 endpoint of this process's environment (``AWS_ENDPOINT_URL_S3`` or
-    ``AWS_ENDPOINT_URL``), for messages; None: the store's default."""
+_ENDPOINT_KEYS: Final = ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint")
+
+
+def endpoint(uri: str = "") -> str | None:
+    """The S3 endpoint for *uri*, for messages: the installed storage options' or this
+    process's environment's (``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``); None: the
+    store's default."""
+    installed = installed_for(uri) if uri else None
+    if installed and (found := option(installed, *_ENDPOINT_KEYS)):
+        return found
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def _explicit(uri: str, options: dict[str, str]) -> tuple[pafs.FileSystem, str]:
+    """The file system of *uri* built from explicit storage *options* (delta-rs's keys)."""
+    parts = urlsplit(uri)
+    path = f"{parts.netloc}{parts.path}".rstrip("/")
+    found = scheme(uri)
+    url = option(options, *_ENDPOINT_KEYS)
+    endpoint_scheme, _, host = url.partition("://") if url and "://" in url else (None, "", url)
+    if found == "s3":
+        fs: pafs.FileSystem = pafs.S3FileSystem(
+            access_key=option(options, "aws_access_key_id", "access_key_id"),
+            secret_key=option(options, "aws_secret_access_key", "secret_access_key"),
+            session_token=option(options, "aws_session_token", "session_token", "token"),
+            region=option(options, "aws_region", "region", "aws_default_region"),
+            endpoint_override=host or None,
+            scheme=endpoint_scheme,
+            allow_delayed_open=True,
+        )
+        return fs, path
+    if found in ("abfs", "abfss", "az"):
+        container, _, account_host = parts.netloc.partition("@")
+        account = option(options, "azure_storage_account_name", "account_name") or (
+            account_host.split(".")[0] or None
+        )
+        fs = pafs.AzureFileSystem(
+            account_name=account,
+            account_key=option(options, "azure_storage_account_key", "account_key", "access_key"),
+        )
+        return fs, f"{container}{parts.path}".rstrip("/")
+    fs, where = pafs.FileSystem.from_uri(_resolvable(uri))  # gs: credentials from the env
+    return fs, str(where).rstrip("/")
 
 
 def _resolvable(uri: str) -> str:
@@ -91,6 +133,9 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     *uri*."""
     with store_errors(uri):
         if "://" in uri:
+            installed = installed_for(uri)
+            if installed and is_remote(uri):
+                return _explicit(normalized(uri), installed)
             fs, path = pafs.FileSystem.from_uri(_resolvable(uri))
             return fs, str(path).rstrip("/")
         return pafs.LocalFileSystem(), os.path.abspath(uri)
@@ -127,7 +172,7 @@ _CAUSES: Final = (
 def explain(uri: str, error: BaseException) -> str:
     """One line on why *error* (raised by the store for *uri*) happened."""
     text = str(error)
-    where = endpoint()
+    where = endpoint(uri)
     for pattern, why in _CAUSES:
         if pattern.search(text):
             name = bucket(uri) or uri.lstrip("/").split("/")[0]  # a path in a store: bucket/key

@@ -63,6 +63,8 @@ from spark_ckpt.delta.commit_safety import check_commit_safety
 from spark_ckpt.delta.sink_committer import DeltaSinkCommitter
 from spark_ckpt.delta.sink_target import DeltaSinkTarget
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.locations.credentials import OPTION as STORAGE_OPTION
+from spark_ckpt.locations.credentials import StorageOptions
 from spark_ckpt.locations.preflight import check_readable, check_writable
 from spark_ckpt.locations.uris import is_remote, normalized
 from spark_ckpt.pipeline.interrupts import Interrupts
@@ -171,14 +173,24 @@ class Pipeline:
         *,
         config: CheckpointConfig | None = None,
         root: str | None = None,
+        storage_options: Mapping[str, str] | None = None,
     ) -> None:
         """*root*: the pipeline root (checkpoint store, mailbox, runs); by default the
-        configuration's ``checkpoint.storage``, else ``./spark-ckpt-data/<name>``."""
+        configuration's ``checkpoint.storage``, else ``./spark-ckpt-data/<name>``.
+        *storage_options*: credentials and endpoints of the object stores the pipeline
+        uses (its root, outputs, sources and savepoint directory), with delta-rs's keys
+        (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``...), given
+        to delta-rs and pyarrow in every process of the pipeline instead of the
+        environment's; never logged, never written under the root
+        (:mod:`spark_ckpt.locations.credentials`). Default: the environment's."""
         self.spark = spark
         self.name = name
         self.config = config or CheckpointConfig(interval_ms=1000)
         root = root or self.config.checkpoint_storage or default_root(name)
         self.root = normalized(root)
+        #: explicit storage options for the buckets the pipeline uses (installed here)
+        self.storage = StorageOptions.of(storage_options, [self.root, self.config.savepoint_dir])
+        self.storage.install()
         check_commit_safety(self.root)
         check_writable(self.root)  # an object store: one clear line before anything runs
         #: requests (checkpoint, savepoint, stop) and queries (list, latest, stats)
@@ -205,6 +217,21 @@ class Pipeline:
         opts = {k: str(v) for k, v in options.items()}
         opts.update(self.config.to_options())
         opts.update(pipeline=self.name, store=self.root)
+        if self.storage:
+            opts[STORAGE_OPTION] = self.storage.to_json()
+        return opts
+
+    def sink_options(self, path: str, **options: object) -> dict[str, str]:
+        """The ``ckpt-sink`` options of this pipeline writing to the Delta table *path*: its
+        name and root, and its explicit storage options if it has any (Spark redacts their
+        key), with *options* (``uid``) added:
+        ``df.writeStream.format("ckpt-sink").options(**pipeline.sink_options(out))``."""
+        opts = {k: str(v) for k, v in options.items()}
+        opts.update(pipeline=self.name, store=self.root, path=path)
+        if self.storage:
+            self.storage = self.storage.covering(path)
+            self.storage.install()
+            opts[STORAGE_OPTION] = self.storage.to_json()
         return opts
 
     def read(self, **options: object) -> DataFrame:
@@ -235,6 +262,7 @@ class Pipeline:
         """A run id, the run's topology (who acknowledges, which sink the coordinator
         commits), the ``ckpt-source`` DataFrame bound to the run, and the run's foreachBatch
         function."""
+        self._cover(job)
         Runs(self.root).prune(on_ended=partial(remove_run, self.root))
         run_id = new_run_id()
         opts = self.source_options(**job.source)
@@ -284,6 +312,7 @@ class Pipeline:
             components=job.components,
             watermark=parsed.watermark,
             late_output=job.late_output,
+            storage=self.storage,
         )
         function: RunFunction
         if job.placement is Placement.EXECUTORS:
@@ -369,6 +398,7 @@ class Pipeline:
         """Before anything runs: the outputs writable (and committed to safely), a Delta or
         files source readable; else one :class:`~spark_ckpt.errors.StoreError` line naming
         the location (:mod:`spark_ckpt.locations.preflight`)."""
+        self._cover(job)
         for output in (job.output, job.late_output):
             if output is not None:
                 check_commit_safety(output)
@@ -378,6 +408,16 @@ class Pipeline:
             if options.get("path"):
                 check_readable(options["path"])
 
+    def _cover(self, job: JobSpec) -> None:
+        """Extend the explicit storage options to the buckets of *job*'s outputs and
+        source, and install them here."""
+        if self.storage:
+            parsed = SourceOptions.parse(self.source_options(**job.source))
+            self.storage = self.storage.covering(
+                job.output, job.late_output, *parsed.storage.buckets
+            )
+            self.storage.install()
+
     def _restore(
         self, job: JobSpec, settings: RestoreSettings | None
     ) -> CompletedCheckpoint | None:
@@ -386,6 +426,10 @@ class Pipeline:
         :class:`~spark_ckpt.errors.RestoreError`."""
         from spark_ckpt.delta.sink_committer import DeltaSinkCommitter
         from spark_ckpt.delta.sink_target import DeltaSinkTarget
+
+        if self.storage and settings is not None and settings.path:
+            self.storage = self.storage.covering(settings.path)  # a savepoint, another root
+            self.storage.install()
 
         output = DeltaSinkCommitter(DeltaSinkTarget(job.output, pipeline=self.name))
         return prepare_restore(

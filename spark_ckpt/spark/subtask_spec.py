@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spark_ckpt.locations.credentials import NO_STORAGE_OPTIONS, StorageOptions
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.components import load_components
@@ -25,7 +26,9 @@ class AlignerSpec:
     picklable and cheap. Default: no tracing. *components*: ``module:name`` of the job's
     :class:`~spark_ckpt.runtime.components.Components` (the checkpoint store the subtasks
     use passes its ``store`` hook), or None. *watermark*: the pipeline keeps event time;
-    *late_output*: the Delta table of the rows dropped as late (None: none)."""
+    *late_output*: the Delta table of the rows dropped as late (None: none). *storage*: the
+    pipeline's explicit storage options (:mod:`spark_ckpt.locations.credentials`; empty:
+    the environment's)."""
 
     root: str
     pipeline: str
@@ -41,6 +44,8 @@ class AlignerSpec:
     components: str | None = None
     watermark: WatermarkStrategy | None = None
     late_output: str | None = None
+    #: the pipeline's explicit storage options, installed wherever the subtasks run
+    storage: StorageOptions = NO_STORAGE_OPTIONS
 
     def store(self) -> WorkerStorage:
         """The checkpoint store of the subtasks, in the calling process."""

@@ -12,11 +12,18 @@ process whose environment points at it::
    checkpoint.
 
 Prints one JSON line: the counts each reader found, and the final checkpoint's source
-positions of the stateless query; exit status 0 when everything ran."""
+positions of the stateless query; exit status 0 when everything ran.
+
+With ``SPARK_CKPT_TEST_STORAGE_OPTIONS`` set (a JSON object of delta-rs keys), the
+environment has no ``AWS_*`` variables and every step gets those options explicitly: the
+pipelines' ``storage_options``, ``StateReader.open(..., storage_options=)``, the
+``ckpt-state`` option ``storage.secret``, and ``ckpt-sink`` through
+``pipeline.sink_options``."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -27,6 +34,7 @@ from spark_ckpt import (
     RunningCount,
     SavepointWriter,
     StateReader,
+    StorageOptions,
     local_session,
     register_data_sources,
     stop_query,
@@ -37,39 +45,42 @@ SOURCE = {"source": "generator", "seed": 7, "channels": 2, "rate": 0, "backlog":
 
 def main(argv: list[str]) -> int:
     base, scratch = argv
+    explicit = os.environ.get("SPARK_CKPT_TEST_STORAGE_OPTIONS")
+    options = None if explicit is None else json.loads(explicit)
+    assert options is None or not any(k.startswith("AWS_") for k in os.environ)
     spark = local_session("s3-offline", "local[2]")
     try:
         config = CheckpointConfig.from_options({"checkpoint.interval": "300ms"})
-        pipeline = Pipeline(spark, "counts", config=config, root=f"{base}/root")
+        pipeline = Pipeline(
+            spark, "counts", config=config, root=f"{base}/root", storage_options=options
+        )
         result = pipeline.run(
             SOURCE, RunningCount("counter", "user_id"), output=f"{base}/counts", available_now=True
         )
-        counts = StateReader.open(f"{base}/root").keyed("counter", "count")
+        root = StateReader.open(f"{base}/root", storage_options=options)
+        counts = root.keyed("counter", "count")
+        state = spark.read.format("ckpt-state")
+        if options is not None:
+            state = state.option("storage.secret", StorageOptions.of(options).to_json())
         frame = (
-            spark.read.format("ckpt-state")
-            .option("path", f"{base}/root")
-            .option("uid", "counter")
-            .option("state", "count")
-            .load()
-        )
+            state.option("path", f"{base}/root").option("uid", "counter").option("state", "count")
+        ).load()
         read = frame.count()
         written = f"{base}/written"
-        SavepointWriter.from_existing(f"{base}/root", pipeline="counts").rename_operator(
+        SavepointWriter.from_existing(root, pipeline="counts").rename_operator(
             "counter", "v2"
-        ).write(written)
-        renamed = StateReader.open(written).keyed("v2", "count")
+        ).write(written, storage_options=options)
+        renamed = StateReader.open(written, storage_options=options).keyed("v2", "count")
         register_data_sources(spark)
         store = f"{base}/sink-root"
-        src = (
-            spark.readStream.format("ckpt-source")
-            .options(pipeline="orders", store=store, source="generator", channels="2")
-            .options(rate="0", backlog="300", keys="25", seed="7")
-            .load()
+        orders = Pipeline(spark, "orders", root=store, storage_options=options)
+        src = orders.read(
+            source="generator", channels="2", rate="0", backlog="300", keys="25", seed="7"
         )
         query = (
             src.select("user_id", "amount", *BARRIER_COLUMNS)
             .writeStream.format("ckpt-sink")
-            .options(pipeline="orders", store=store, path=f"{base}/sink-out")
+            .options(**orders.sink_options(f"{base}/sink-out"))
             .option("checkpointLocation", f"{scratch}/spark")
             .start()
         )

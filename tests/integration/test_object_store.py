@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -389,12 +390,22 @@ def wait_for_requests(s3: S3Endpoint, first: int, n: int) -> list[Served]:
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_offline_state_and_the_stateless_sink_on_s3(on_s3: S3Endpoint, tmp_path: Path) -> None:
+@pytest.mark.parametrize("credentials", ["environment", "explicit"])
+def test_offline_state_and_the_stateless_sink_on_s3(
+    s3: S3Endpoint, tmp_path: Path, credentials: str
+) -> None:
     """``StateReader``, ``format("ckpt-state")`` and ``SavepointWriter`` read and write a
     pipeline's state on the endpoint, and a stateless ``ckpt-source`` → ``ckpt-sink`` query
-    with its store and output there commits exactly the rows up to its final checkpoint."""
-    base = f"s3://{BUCKET}/offline"
-    env = {**os.environ, **on_s3.environment()}
+    with its store and output there commits exactly the rows up to its final checkpoint:
+    with the credentials in the environment, or given explicitly to each (no ``AWS_*``
+    variable set)."""
+    on_s3 = s3
+    base = f"s3://{BUCKET}/offline-{credentials}"
+    if credentials == "environment":
+        env = {**os.environ, **s3.environment()}
+    else:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env["SPARK_CKPT_TEST_STORAGE_OPTIONS"] = json.dumps(s3.storage_options())
     done = job("s3_offline_job.py", base, str(tmp_path), env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     answer = json.loads(done.stdout.strip().splitlines()[-1])
@@ -458,3 +469,40 @@ def test_the_files_source_on_s3_and_its_savepoint_into_a_new_root(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert read_output(out, on_s3) == running_count_rows(written)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", ["executors", "driver"])
+def test_explicit_storage_options_reach_every_process_and_no_file(
+    s3: S3Endpoint, tmp_path: Path, placement: str
+) -> None:
+    """No ``AWS_*`` variable anywhere: the job gives the endpoint and the credentials once,
+    as ``Pipeline(..., storage_options=...)``. The driver, the source runner, the executors
+    (or ``foreachBatch``) all reach the endpoint, exactly once; the secret shows in no object
+    under the root, in neither the query's plan nor its progress, nor in the job's output."""
+    base = f"s3://{BUCKET}/explicit-{placement}"
+    source, root, out = f"{base}/clicks", f"{base}/root", f"{base}/counts"
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in s3.environment().items():
+            patch.setenv(key, value)
+        keys = write_source(source)
+    secret = f"s3cr3t-{uuid.uuid4().hex}"
+    options = {**s3.storage_options(), "aws_secret_access_key": secret}
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env = {**clean, "TMPDIR": str(scratch), "SPARK_CKPT_TEST_STORAGE_OPTIONS": json.dumps(options)}
+    done = job("s3_job.py", root, out, source, placement, env=env, cwd=scratch)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["checkpoints"] >= 1
+    assert secret not in done.stdout and secret not in done.stderr
+    frame = pl.read_delta(out, storage_options=s3.storage_options())
+    assert Counter(zip(frame["user_id"], frame["count"], strict=True)) == running_count_rows(keys)
+    fs = pafs.S3FileSystem(endpoint_override=s3.url, scheme="http", access_key="testing",
+                           secret_key="testing", region="us-east-1")  # fmt: skip
+    stored = fs.get_file_info(pafs.FileSelector(f"{BUCKET}/explicit-{placement}", recursive=True))
+    for info in stored:
+        if info.type is pafs.FileType.File:
+            with fs.open_input_stream(info.path) as f:
+                assert secret.encode() not in f.read(), info.path

@@ -33,6 +33,8 @@ from spark_ckpt.coordination.global_committer import sink_from_spec
 from spark_ckpt.coordination.mailbox import Mailbox
 from spark_ckpt.coordination.topology import SinkSpec, Topology, read_topology, write_topology
 from spark_ckpt.errors import ConfigError, ProtocolError
+from spark_ckpt.locations.credentials import NO_STORAGE_OPTIONS, StorageOptions
+from spark_ckpt.locations.credentials import OPTION as STORAGE_OPTION
 from spark_ckpt.locations.objects import write_whole
 from spark_ckpt.locations.uris import filesystem, normalized, store_errors
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
@@ -56,7 +58,7 @@ from spark_ckpt.storage.checkpoint_store import StateStorage
 if TYPE_CHECKING:
     from spark_ckpt.delta.sink_writer import DeltaSinkWriter
 
-_KEYS = frozenset({"pipeline", "path", "store", "uid", "checkpointlocation"})
+_KEYS = frozenset({"pipeline", "path", "store", "uid", "checkpointlocation", STORAGE_OPTION})
 
 
 def _absolute(path: str) -> str:
@@ -72,6 +74,9 @@ class SinkOptions:
     root: str
     uid: str
     run: str  # identifies the query run (its Spark checkpoint location)
+    #: the pipeline's explicit storage options (``storage.secret``: see
+    #: :meth:`Pipeline.sink_options <spark_ckpt.pipeline.pipeline.Pipeline.sink_options>`)
+    storage: StorageOptions = NO_STORAGE_OPTIONS
 
     @staticmethod
     def parse(options: dict[str, str]) -> SinkOptions:
@@ -87,8 +92,11 @@ class SinkOptions:
             raise ConfigError("path", None, "the output Delta table's path")
         root = opts.get("store") or default_root(pipeline)
         run = hashlib.sha256(opts.get("checkpointlocation", "").encode()).hexdigest()[:16]
+        storage = NO_STORAGE_OPTIONS
+        if STORAGE_OPTION in opts:
+            storage = StorageOptions.from_json(opts[STORAGE_OPTION]).covering(path, root)
         return SinkOptions(
-            pipeline, _absolute(path), _absolute(root), opts.get("uid", SINK_FORMAT), run
+            pipeline, _absolute(path), _absolute(root), opts.get("uid", SINK_FORMAT), run, storage
         )
 
     @property
@@ -113,6 +121,7 @@ class SinkRunner:
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
+        options.storage.install()  # wherever the runner is built (driver, executor)
 
     def _writer(self) -> DeltaSinkWriter:
         """The sink's writer, on an executor: stages files, never touches the Delta log."""
@@ -129,6 +138,7 @@ class SinkRunner:
     def write(self, iterator: Iterator[pa.RecordBatch]) -> tuple[str, ...]:
         """Executor: stage the partition's runs of data rows; returns its events (files
         and barriers, per channel, in order) as JSON."""
+        self.options.storage.install()  # an executor's worker
         batches = list(iterator)
         if not batches:
             return ()
@@ -160,6 +170,7 @@ class SinkRunner:
         Idempotent for a replayed batch (same id)."""
         from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 
+        self.options.storage.install()  # the commit's fresh process
         fs, path, ledger = self._ledger()
         events = [SinkEvent.from_dict(json.loads(e)) for m in messages for e in m]
         ready = ledger.apply(batch_id, events)

@@ -21,7 +21,9 @@ described in README.md, *Options*. The pipeline sets the others, never a user:
   when the subtasks run on the executors, so the source's rows leave ``read()`` routed to
   them (:mod:`spark_ckpt.spark.executors.routing`);
 * ``components``: ``module:name`` of the job's
-  :class:`~spark_ckpt.runtime.components.Components`, from the job's ``components``.
+  :class:`~spark_ckpt.runtime.components.Components`, from the job's ``components``;
+* ``storage.secret``: the pipeline's explicit storage options
+  (:mod:`spark_ckpt.locations.credentials`; a key Spark redacts wherever it shows options).
 
 Through :meth:`Pipeline.read <spark_ckpt.pipeline.pipeline.Pipeline.read>` and the source of
 :meth:`Pipeline.run <spark_ckpt.pipeline.pipeline.Pipeline.run>`/``start``, the pipeline sets
@@ -39,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.locations.credentials import NO_STORAGE_OPTIONS, StorageOptions
+from spark_ckpt.locations.credentials import OPTION as STORAGE_OPTION
 from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.option import parse_int
 from spark_ckpt.runtime.components import Components, load_components
@@ -77,6 +81,7 @@ _OWN_KEYS: Final = (
     )
     | _ROUTE_KEYS
     | _WATERMARK_KEYS
+    | {STORAGE_OPTION}
 )
 _DELTA_KEYS: Final = frozenset({"path", "channels", "startingversion"})
 _GENERATOR_KEYS: Final = frozenset(k.lower() for k in GeneratorSpec.OPTION_KEYS)
@@ -128,6 +133,8 @@ def check_pipeline_options(
             raise ConfigError(key, raw, "no value: name them with the job's components=")
         if lowered in _ROUTE_KEYS:
             raise ConfigError(key, raw, "no value: the pipeline routes its rows itself")
+        if lowered == STORAGE_OPTION:
+            raise ConfigError(key, "(hidden)", "no value: give Pipeline(..., storage_options=)")
         parsed = parse_option(key, value)
         if parsed is None:
             continue
@@ -178,6 +185,9 @@ class SourceOptions:
     components_name: str | None = None
     #: the pipeline keeps event time (``watermark.*``): the batches carry progress rows
     watermark: WatermarkStrategy | None = None
+    #: the pipeline's explicit storage options (:data:`STORAGE_OPTION`), for the buckets of
+    #: the root and the source; installed by whoever opens the source
+    storage: StorageOptions = NO_STORAGE_OPTIONS
 
     @property
     def components(self) -> Components:
@@ -263,6 +273,11 @@ class SourceOptions:
         watermark = WatermarkStrategy.from_options(
             {k: v for k, v in opts.items() if k in _WATERMARK_KEYS}
         )
+        storage = (
+            StorageOptions.from_json(opts[STORAGE_OPTION])
+            if STORAGE_OPTION in opts
+            else StorageOptions()
+        ).covering(root, delta.get("path"), files.get("path"), files.get("sourcearchivedir"))
         return SourceOptions(
             pipeline=pipeline,
             root=normalized(root),
@@ -275,11 +290,12 @@ class SourceOptions:
             kafka=kafka,
             files=files,
             discovery_interval_ms=discovery_ms,
-            raw=opts,
+            raw={k: v for k, v in opts.items() if k != STORAGE_OPTION},
             run_id=opts.get("run") or None,
             router=_router(opts, watermark),
             components_name=_components(opts),
             watermark=watermark,
+            storage=storage,
         )
 
 

@@ -36,6 +36,7 @@ from spark_ckpt.coordination.global_committer import sink_from_spec
 from spark_ckpt.coordination.host import HOST_RETAIN_EVERY_MS, CoordinatorHost
 from spark_ckpt.coordination.host_thread import HostThread, exit_quietly_if_channel_closed
 from spark_ckpt.errors import CheckpointError, ProtocolError
+from spark_ckpt.locations.credentials import NO_STORAGE_OPTIONS, StorageOptions
 from spark_ckpt.protocol.barrier import ChannelProgress, CheckpointBarrier
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.request_decider import CheckpointRequest, RequestStatus
@@ -63,7 +64,8 @@ def open_host(options: SourceOptions) -> CoordinatorHost:
         options.config,
         components.store(DeltaCheckpointStore(options.root), options.root),
         sink_factory=lambda spec: components.committer(
-            sink_from_spec(spec, pipeline=options.pipeline), options.root
+            sink_from_spec(spec, pipeline=options.pipeline, storage=options.storage),
+            options.root,
         ),
         defer_after_completion=True,  # run by a HostThread
         retain_every_ms=HOST_RETAIN_EVERY_MS,
@@ -100,6 +102,7 @@ class ChannelPartition(InputPartition):  # type: ignore[misc]
     channels: int
     router: Router | None = None  # the executor path: rows leave routed to the subtasks
     progress: ChannelProgress | None = None  # event time: the channel's progress row
+    storage: StorageOptions = NO_STORAGE_OPTIONS  # the pipeline's, installed before the read
 
 
 #: Event time: without new rows, the source still plans a micro-batch (a *tick*, progress
@@ -371,6 +374,7 @@ class SourceRunner:
                 len(slices),
                 self.options.router,
                 s.progress,
+                self.options.storage,
             )
             for s in slices
         ]
@@ -396,6 +400,7 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     the subtasks on the executor path). Deterministic: a replayed batch reads the same."""
     if not isinstance(partition, ChannelPartition):
         raise ProtocolError(f"not a ckpt-source partition: {partition!r}")
+    partition.storage.install()
     user, positions = read_rows(partition.plan)
     table = channel_rows(
         user,

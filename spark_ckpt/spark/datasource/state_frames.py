@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.locations.credentials import NO_STORAGE_OPTIONS, StorageOptions
+from spark_ckpt.locations.credentials import OPTION as STORAGE_OPTION
 from spark_ckpt.offline.chains import state_table_schema
 from spark_ckpt.offline.reader import StateReader
 from spark_ckpt.spark.datasource.formats import STATE_FORMAT
@@ -58,6 +60,8 @@ class StateSourceOptions:
     state: str
     checkpoint_id: int | None = None
     partitions: int | None = None
+    #: explicit storage options (``storage.secret``: ``StorageOptions.of({...}).to_json()``)
+    storage: StorageOptions = NO_STORAGE_OPTIONS
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> StateSourceOptions:
@@ -65,7 +69,11 @@ class StateSourceOptions:
         missing = [k for k in ("path", "uid", "state") if not opts.get(k)]
         if missing:
             raise ConfigError(missing[0], None, f"the {missing[0]} option of {STATE_FORMAT}")
+        storage = NO_STORAGE_OPTIONS
+        if STORAGE_OPTION in opts:
+            storage = StorageOptions.from_json(opts[STORAGE_OPTION]).covering(opts["path"])
         return StateSourceOptions(
+            storage=storage,
             path=opts["path"],
             uid=opts["uid"],
             state=opts["state"],
@@ -100,10 +108,12 @@ class StateReadPlan:
     keyed: bool
     schema: pa.Schema
     ranges: tuple[tuple[int, int] | None, ...]
+    storage: StorageOptions = NO_STORAGE_OPTIONS
 
 
 def plan_state_read(options: StateSourceOptions) -> StateReadPlan:
     """Open the store, pin the checkpoint and work out schema and partitions (driver side)."""
+    options.storage.install()
     reader = StateReader.open(options.path, options.checkpoint_id)
     kind = reader.state_kind(options.uid, options.state)
     keyed = kind is not StateKind.OPERATOR_LIST
@@ -128,6 +138,7 @@ def plan_state_read(options: StateSourceOptions) -> StateReadPlan:
         state=options.state,
         keyed=keyed,
         schema=schema.remove_metadata(),
+        storage=options.storage,
         ranges=ranges,
     )
 
@@ -146,6 +157,7 @@ def state_batches(
     plan: StateReadPlan, key_group_range: tuple[int, int] | None
 ) -> Iterator[pa.RecordBatch]:
     """The rows of one partition of *plan* as record batches (of at most 64k rows)."""
+    plan.storage.install()  # an executor's worker
     yield from read_state(plan, key_group_range).to_batches(max_chunksize=65_536)
 
 

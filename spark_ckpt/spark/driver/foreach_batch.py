@@ -109,6 +109,7 @@ class ForeachBatchFunction:
     def runtime(self) -> BatchAligner:
         with self._lock:
             if self._aligner is None:
+                self.spec.storage.install()  # the pipeline's storage options, here
                 self._aligner = build_aligner(self.spec)
             return self._aligner
 

@@ -118,6 +118,7 @@ class SubtaskFunction:
         the fence it answers in Spark's state."""
         import pandas as pd
 
+        self.spec.storage.install()  # the pipeline's storage options, in this worker
         frames = list(pdfs)  # the group's rows: one subtask's (key: its group key)
         subtask = int(frames[0][SUBTASK].iloc[0])
         payloads = [p for pdf in frames for p in pdf[PAYLOAD].tolist()]
@@ -148,6 +149,7 @@ class SubtaskFunction:
         continue the subtask's live task at the fence, or catch it up, or open a new one;
         process the rows; publish the changelog segment. Returns the fence to keep (see the
         module docstring)."""
+        self.spec.storage.install()  # the subtask host's process
         subtask, batch_id, fence = batch.subtask, batch.batch_id, batch.fence
         changelog = self._changelog(subtask)
         start = time.perf_counter()
