@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 
 from spark_ckpt.coordination.mailbox import MAILBOX_DIR
 from spark_ckpt.errors import ProtocolError, StoreError
-from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.objects import read_json, write_whole
 from spark_ckpt.locations.uris import filesystem
 
 log = logging.getLogger(__name__)
@@ -146,8 +146,9 @@ class Heartbeats:
             if info.type is not pafs.FileType.File or not info.base_name.endswith(".json"):
                 continue
             try:
-                with self._fs.open_input_stream(f"{self._dir}/{info.base_name}") as f:
-                    out.append(Heartbeat.from_dict(json.loads(f.read())))
+                out.append(
+                    Heartbeat.from_dict(read_json(self._fs, f"{self._dir}/{info.base_name}"))
+                )
             except FileNotFoundError:
                 continue  # removed meanwhile
             except (OSError, ValueError, KeyError, TypeError) as e:

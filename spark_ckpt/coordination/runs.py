@@ -41,7 +41,7 @@ import pyarrow.fs as pafs
 
 from spark_ckpt.coordination.root_files import RUNS_DIR, remove_dir
 from spark_ckpt.errors import ProtocolError, StoreError
-from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.objects import read_json, write_whole
 from spark_ckpt.locations.uris import filesystem
 
 RESTORE_FILE = "restore.json"
@@ -189,8 +189,7 @@ class RunFiles:
     def _read(self, name: str) -> dict[str, Any] | None:
         path = f"{self._dir}/{name}"
         try:
-            with self._fs.open_input_stream(path) as f:
-                data = json.loads(f.read())
+            data = read_json(self._fs, path)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:

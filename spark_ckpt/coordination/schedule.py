@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spark_ckpt.errors import StoreError
-from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.objects import read_json, write_whole
 from spark_ckpt.locations.uris import filesystem
 
 SCHEDULE_FILE = "_schedule.json"
@@ -55,8 +55,7 @@ class CheckpointSchedule:
         """The pause in force, None when periodic checkpoints run. Raises
         :class:`~spark_ckpt.errors.StoreError` when the record cannot be read or decoded."""
         try:
-            with self._fs.open_input_stream(self._path) as f:
-                data = json.loads(f.read())
+            data = read_json(self._fs, self._path)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:

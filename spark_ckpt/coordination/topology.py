@@ -11,7 +11,7 @@ from typing import Any
 
 from spark_ckpt.coordination.root_files import RUNS_DIR
 from spark_ckpt.errors import ProtocolError, StoreError
-from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.objects import read_json, write_whole
 from spark_ckpt.locations.uris import filesystem
 
 TOPOLOGY_FILE = "_topology.json"
@@ -94,8 +94,7 @@ def read_topology(root: str, run_id: str | None = None) -> Topology | None:
     """The root's shared topology, or that of run *run_id*; None when absent."""
     fs, base = filesystem(root)
     try:
-        with fs.open_input_stream(_topology_path(base, run_id)) as f:
-            return Topology.from_dict(json.loads(f.read()))
+        return Topology.from_dict(read_json(fs, _topology_path(base, run_id)))
     except FileNotFoundError:
         return None
     except (OSError, json.JSONDecodeError) as e:

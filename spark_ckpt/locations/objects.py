@@ -3,11 +3,19 @@
 An object store makes a single object visible only once its upload completes (S3, GCS), so
 an object is written in place: one request. A local file system and ADLS (files created
 empty, then appended to) need a temporary name renamed into place.
+
+Reading an object that is *replaced* in place (a status, a heartbeat, ``committed.json``)
+has a race of its own: pyarrow asks for the object's size (HEAD), then for that many bytes
+(a ranged GET); replaced in between, the bytes are a prefix of the new version, or fewer.
+:func:`read_json` reads such a file again until it decodes.
 """
 
 from __future__ import annotations
 
+import json
+import time
 import uuid
+from typing import Any, Final
 
 import pyarrow.fs as pafs
 
@@ -40,3 +48,25 @@ def write_whole(fs: pafs.FileSystem, path: str, data: bytes) -> None:
         fs.move(tmp, path)
     except OSError as e:
         raise StoreError(f"cannot write {path}: {explain(path, e)}") from e
+
+
+#: Reads of a replaced JSON file before its decoding error counts (each one a HEAD and a GET).
+READ_ATTEMPTS: Final = 5
+
+
+def read_json(fs: pafs.FileSystem, path: str) -> Any:
+    """The JSON document at *path*, read whole even while a writer replaces it (see the
+    module docstring): a read that does not decode, or ends early, is tried again, up to
+    :data:`READ_ATTEMPTS` times. Raises ``FileNotFoundError`` when there is none, else the
+    last ``OSError`` or ``ValueError``."""
+    for attempt in range(READ_ATTEMPTS):
+        try:
+            with fs.open_input_stream(path) as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError):
+            if attempt == READ_ATTEMPTS - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable")  # pragma: no cover

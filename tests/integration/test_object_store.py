@@ -344,7 +344,8 @@ def test_a_second_driver_on_an_s3_root_fences_the_first(
         first, _completes_after(args.root, 0), FIRST_CHECKPOINT_TIMEOUT_S, "a checkpoint"
     )
     second = demo.start(args)
-    assert first.wait(FIRST_CHECKPOINT_TIMEOUT_S) == 1, first.tail()
+    ended = first.wait(FIRST_CHECKPOINT_TIMEOUT_S)
+    assert ended == 1, f"{first.tail()}\n--- second:\n{second.tail()}"
     assert "taken over by another driver" in first.tail(1), first.tail()
     taken = _latest_id(args.root)
     demo.wait_until(

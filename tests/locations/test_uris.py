@@ -3,15 +3,18 @@ the store, whole-file writes, and delta-rs's commit safety on S3."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
 from spark_ckpt.delta.commit_safety import check_commit_safety
 from spark_ckpt.errors import StoreError
-from spark_ckpt.locations.objects import write_whole, writes_whole
+from spark_ckpt.locations.objects import READ_ATTEMPTS, read_json, write_whole, writes_whole
 from spark_ckpt.locations.uris import (
     bucket,
     explain,
@@ -103,3 +106,41 @@ def test_s3_commits_with_conditional_writes_pass(monkeypatch: pytest.MonkeyPatch
 def test_a_missing_bucket_is_named_for_a_path_in_a_store_too() -> None:
     error = OSError("AWS Error NO_SUCH_BUCKET during PutObject operation")
     assert explain("nolake/x/o.json", error) == "the bucket 'nolake' does not exist"
+
+
+class _TornOnce(pafs.FileSystemHandler):  # type: ignore[misc]
+    """A file system whose first reads of a file return a prefix of it, as a ranged GET
+    sized by a HEAD of the version the writer just replaced does."""
+
+    def __init__(self, data: bytes, torn: int) -> None:
+        self.data, self.torn, self.reads = data, torn, 0
+
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        self.reads += 1
+        cut = self.data[: len(self.data) // 2] if self.reads <= self.torn else self.data
+        return pa.BufferReader(cut)
+
+    def get_type_name(self) -> str:
+        return "torn"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+
+def _unused(self: Any, *args: Any) -> Any:
+    raise NotImplementedError
+
+
+for _name in _TornOnce.__abstractmethods__:  # the rest of the interface: unused here
+    setattr(_TornOnce, _name, _unused)
+_TornOnce.__abstractmethods__ = frozenset()
+
+
+def test_a_json_file_replaced_while_read_is_read_again_until_whole() -> None:
+    handler = _TornOnce(json.dumps({"checkpoint_id": 12345}).encode(), torn=2)
+    assert read_json(pafs.PyFileSystem(handler), "x/committed.json") == {"checkpoint_id": 12345}
+    assert handler.reads == 3
+    always = _TornOnce(b'{"a": 1}', torn=READ_ATTEMPTS)
+    with pytest.raises(ValueError):
+        read_json(pafs.PyFileSystem(always), "x/committed.json")
+    assert always.reads == READ_ATTEMPTS

@@ -35,7 +35,7 @@ from spark_ckpt.coordination.topology import SinkSpec, Topology, read_topology, 
 from spark_ckpt.errors import ConfigError, ProtocolError
 from spark_ckpt.locations.credentials import NO_STORAGE_OPTIONS, StorageOptions
 from spark_ckpt.locations.credentials import OPTION as STORAGE_OPTION
-from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.objects import read_json, write_whole
 from spark_ckpt.locations.uris import filesystem, normalized, store_errors
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
 from spark_ckpt.protocol.checkpoint import task_state_uid
@@ -159,8 +159,7 @@ class SinkRunner:
         path = f"{root}/_sink/{self.options.uid}/{self.options.run}.json"
         with store_errors(self.options.root, "read the sink's ledger under"):
             try:
-                with fs.open_input_stream(path) as f:
-                    return fs, path, SinkLedger.from_json(f.read().decode())
+                return fs, path, SinkLedger.from_json(json.dumps(read_json(fs, path)))
             except FileNotFoundError:
                 return fs, path, SinkLedger()
 
