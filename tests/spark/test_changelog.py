@@ -4,15 +4,36 @@ segment, another attempt's segment or an evicted one."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from spark_ckpt.errors import StoreError
+from spark_ckpt.locations.uris import filesystem
 from spark_ckpt.runtime.subtask_image import DELTA, FULL, SubtaskImage
 from spark_ckpt.spark.executors.changelog import SubtaskChangelog, remove_run
-from spark_ckpt.spark.executors.executor_cache import entry_name
+from spark_ckpt.spark.executors.executor_cache import ENTRY_META, entry_name
+from spark_ckpt.testing.s3_endpoint import S3Endpoint, running_s3_endpoint
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Endpoint]:
+    with running_s3_endpoint() as endpoint:
+        endpoint.create_bucket("changelog")
+        yield endpoint
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A pipeline root on local disk, or on a real S3 endpoint."""
+    if request.param == "local":
+        return str(tmp_path)
+    endpoint: S3Endpoint = request.getfixturevalue("s3")
+    for key, value in endpoint.environment().items():
+        monkeypatch.setenv(key, value)
+    return f"s3://changelog/{tmp_path.name}"
 
 
 def image(kind: str, n: int) -> SubtaskImage:
@@ -23,8 +44,8 @@ def numbers(images: list[SubtaskImage]) -> list[int]:
     return [int(i.meta["n"]) for i in images]
 
 
-def test_since_follows_the_fenced_chain_by_deltas_only(tmp_path: Path) -> None:
-    log = SubtaskChangelog(str(tmp_path), "run-1", 0)
+def test_since_follows_the_fenced_chain_by_deltas_only(root: str) -> None:
+    log = SubtaskChangelog(root, "run-1", 0)
     s1 = log.publish(1, "a", image(FULL, 1), None)
     s2 = log.publish(2, "a", image(DELTA, 2), s1)
     log.publish(3, "zombie", image(DELTA, 99), s2)  # an attempt Spark did not keep
@@ -45,8 +66,25 @@ def test_since_follows_the_fenced_chain_by_deltas_only(tmp_path: Path) -> None:
     s7 = log.publish(7, "a", image(DELTA, 7), s6)
     assert log.since(7, "a", (2, "a")) is None
     assert numbers(log.chain(7, "a")[0]) == [5, 6, 7] and s7.length == 3
-    remove_run(str(tmp_path), "run-1")
+    remove_run(root, "run-1")
     assert log.since(7, "a", (6, "a")) is None
+
+
+def test_a_segment_without_its_meta_on_s3_is_missing(root: str) -> None:
+    """On an object store a segment is complete once its ``meta.json`` (written last) is
+    there: a publish cut short before it reads as missing, never as a half image."""
+    log = SubtaskChangelog(root, "run-1", 0)
+    s1 = log.publish(1, "a", image(FULL, 1), None)
+    log.publish(2, "a", image(DELTA, 2), s1)
+    if root.startswith("s3://"):
+        fs, base = filesystem(f"{root}/_changelog/run-1/0/{entry_name(2, 'a')}")
+        fs.delete_file(f"{base}/{ENTRY_META}")
+    else:
+        (Path(root) / "_changelog/run-1/0" / entry_name(2, "a") / ENTRY_META).unlink()
+    with pytest.raises(StoreError, match="missing or unreadable"):
+        log.chain(2, "a")
+    assert numbers(log.chain(1, "a")[0]) == [1]
+    assert log.segment_meta(2, "a") == {}
 
 
 def test_a_fold_links_to_the_full_segment_and_names_what_it_replaced(tmp_path: Path) -> None:
@@ -67,7 +105,7 @@ def test_a_fold_links_to_the_full_segment_and_names_what_it_replaced(tmp_path: P
     assert found is not None and numbers(found[0]) == [40]
     s5 = log.publish(5, "a", image(DELTA, 5), s4)
     # the next segment evicted the replaced ones: a retry of micro-batch 5 needs [1, 4]
-    assert sorted(p.name for p in log.directory.iterdir()) == [
+    assert sorted(p.name for p in Path(log.directory).iterdir()) == [
         entry_name(1, "a"),
         entry_name(4, "a"),
         entry_name(5, "a"),

@@ -26,37 +26,46 @@ delta in order, exactly its own key groups
 never a zombie's.
 
 **Layout.** ``<root>/_changelog/<run id>/<subtask>/b<batch>-<token>/``: an entry in the
-executor cache's format (an Arrow IPC file per table, ``meta.json``), written under a
-temporary name and renamed into place. **Eviction.** Publishing a segment removes the
+executor cache's format (an Arrow IPC file per table, ``meta.json``). On a local root it is
+written under a temporary name and renamed into place; on an object store (no rename) each
+file is one PUT of the whole file, ``meta.json`` last: a segment without it is incomplete,
+and is read as missing (:class:`ObjectSegments`). Cost on an object store: a publish is a
+PUT per table plus one, an eviction a listing and a DELETE per object; a rebuild reads the
+chain's objects once. **Eviction.** Publishing a segment removes the
 subtask's segments older than the full segment its predecessor's chain starts at, and, after
 a fold, the segments it replaced (a retry of this micro-batch still finds its predecessor's
 chain; a Python worker whose task stands on a replaced segment catches up by the fold,
 :meth:`SubtaskChangelog.since`); a run's changelog goes when the run is retired
 (:meth:`~spark_ckpt.pipeline.pipeline_run.PipelineRun.retire`) or pruned.
 
-Local pipeline roots only (the executor cache's entry format, local files): on a remote root
-the subtask publishes its whole image into its executor's cache
-(:mod:`spark_ckpt.spark.executors.executor_cache`) every micro-batch instead, and a lost image fails
-the micro-batch: the run restarts from the latest checkpoint.
+Local and object-store roots alike: a lost executor's subtasks are rebuilt from the root on
+any other executor, without restarting the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from spark_ckpt.errors import StoreError
+from spark_ckpt.locations.objects import write_whole
+from spark_ckpt.locations.uris import filesystem, is_remote, join
 from spark_ckpt.runtime.subtask_image import FULL, SubtaskImage
 from spark_ckpt.spark.executors.executor_cache import (
+    ENTRY_META,
     Fence,
     StateImage,
+    encode_entry,
     entry_name,
+    parse_entry_meta,
     published_entry_batch,
     read_entry,
     read_entry_meta,
@@ -81,18 +90,113 @@ class Segment:
     length: int
 
 
+class SegmentFiles(Protocol):
+    """Where one subtask's segments live: named entries (see the module docstring). Reads
+    raise ``OSError`` (``FileNotFoundError``: missing), ``ValueError`` or Arrow's errors;
+    :meth:`publish` raises :class:`StoreError`."""
+
+    where: str
+
+    def publish(self, name: str, fence: Fence, image: StateImage) -> None: ...
+
+    def meta(self, name: str) -> dict[str, Any]: ...
+
+    def read(self, name: str, fence: Fence) -> StateImage: ...
+
+    def names(self) -> list[str]: ...
+
+    def remove(self, name: str) -> None: ...
+
+
+class LocalSegments:
+    """A local root's segments: directories renamed into place, tables memory-mapped."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.where = str(directory)
+
+    def publish(self, name: str, fence: Fence, image: StateImage) -> None:
+        final = self.directory / name
+        tmp = self.directory / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.mkdir(parents=True)
+            write_entry(tmp, fence, image)
+            os.rename(tmp, final)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StoreError(f"changelog: cannot publish {final}: {e}") from e
+
+    def meta(self, name: str) -> dict[str, Any]:
+        return read_entry_meta(self.directory / name)
+
+    def read(self, name: str, fence: Fence) -> StateImage:
+        return read_entry(self.directory / name, fence)[0]
+
+    def names(self) -> list[str]:
+        try:
+            return os.listdir(self.directory)
+        except OSError:
+            return []
+
+    def remove(self, name: str) -> None:
+        shutil.rmtree(self.directory / name, ignore_errors=True)
+
+
+class ObjectSegments:
+    """An object-store root's segments: each file one whole PUT, ``meta.json`` last."""
+
+    def __init__(self, uri: str) -> None:
+        self.where = uri
+        self._fs, self._base = filesystem(uri)
+
+    def publish(self, name: str, fence: Fence, image: StateImage) -> None:
+        for file, data in encode_entry(fence, image):  # meta.json last
+            write_whole(self._fs, f"{self._base}/{name}/{file}", data)
+
+    def _bytes(self, path: str) -> bytes:
+        with self._fs.open_input_stream(path) as f:
+            return bytes(f.read())
+
+    def meta(self, name: str) -> dict[str, Any]:
+        return dict(parse_entry_meta(self._bytes(f"{self._base}/{name}/{ENTRY_META}"))["meta"])
+
+    def read(self, name: str, fence: Fence) -> StateImage:
+        meta = parse_entry_meta(self._bytes(f"{self._base}/{name}/{ENTRY_META}"), fence)
+        tables = {
+            entry["name"]: pa.ipc.open_file(
+                pa.BufferReader(self._bytes(f"{self._base}/{name}/{entry['file']}"))
+            ).read_all()
+            for entry in meta["tables"]
+        }
+        return StateImage(tables, dict(meta["meta"]))
+
+    def names(self) -> list[str]:
+        try:
+            infos = self._fs.get_file_info(pafs.FileSelector(self._base, allow_not_found=True))
+        except OSError:
+            return []
+        return [i.base_name for i in infos if i.type is pafs.FileType.Directory]
+
+    def remove(self, name: str) -> None:
+        with contextlib.suppress(OSError):  # gone already, or the next eviction tries again
+            self._fs.delete_dir(f"{self._base}/{name}")
+
+
+def segment_files(root: str, run_id: str, subtask: int) -> SegmentFiles:
+    """The segments of subtask *subtask* of run *run_id* under the pipeline root *root*."""
+    if is_remote(root):
+        return ObjectSegments(join(root, CHANGELOG_DIR, run_id, str(subtask)))
+    return LocalSegments(Path(root) / CHANGELOG_DIR / run_id / str(subtask))
+
+
 class SubtaskChangelog:
     """The changelog of one subtask of one run (see the module docstring). Runs on the
     executors (publish, rebuild) and in the driver (:func:`remove_run`)."""
 
     def __init__(self, root: str, run_id: str, subtask: int) -> None:
         self.run_id = run_id
-        self.directory = Path(root) / CHANGELOG_DIR / run_id / str(subtask)
-
-    @staticmethod
-    def available(root: str) -> bool:
-        """Whether the pipeline root can hold a changelog (a local path)."""
-        return "://" not in root or root.startswith("file://")
+        self._files = segment_files(root, run_id, subtask)
+        self.directory = self._files.where
 
     def publish(
         self,
@@ -126,15 +230,7 @@ class SubtaskChangelog:
         elif previous is not None:
             link["previous"] = [previous.batch_id, previous.token]
         fence = Fence(self.run_id, batch_id, token, DURABLE)
-        final = self.directory / entry_name(batch_id, token)
-        tmp = self.directory / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-        try:
-            tmp.mkdir(parents=True)
-            write_entry(tmp, fence, StateImage(image.tables, meta))
-            os.rename(tmp, final)
-        except OSError as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise StoreError(f"changelog: cannot publish {final}: {e}") from e
+        self._files.publish(entry_name(batch_id, token), fence, StateImage(image.tables, meta))
         if previous is not None:
             if previous.length == 2:  # its chain: its full segment and itself
                 self._evict(before=previous.batch_id, keep=entry_name(*previous.base))
@@ -150,7 +246,7 @@ class SubtaskChangelog:
         while at is not None and at != segment.base:
             members.append(at)
             try:
-                link = read_entry_meta(self.directory / entry_name(*at))["changelog"]
+                link = self._files.meta(entry_name(*at))["changelog"]
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise StoreError(f"changelog segment {at} is missing or unreadable: {e}") from e
             members.extend((int(b), str(t)) for b, t in link.get("folded", []))
@@ -162,7 +258,7 @@ class SubtaskChangelog:
         """The metadata of segment (*batch_id*, *token*) ({} when it is missing or
         unreadable)."""
         try:
-            return dict(read_entry_meta(self.directory / entry_name(batch_id, token)))
+            return dict(self._files.meta(entry_name(batch_id, token)))
         except (OSError, ValueError, KeyError, TypeError):
             return {}
 
@@ -178,18 +274,14 @@ class SubtaskChangelog:
             if batch != newest:
                 continue
             try:
-                metas.append(dict(read_entry_meta(self.directory / name)))
+                metas.append(dict(self._files.meta(name)))
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # evicted or half-removed since the listing
         return metas
 
     def _segments(self) -> list[tuple[int, str]]:
         """The published segments: (micro-batch, directory name)."""
-        try:
-            names = os.listdir(self.directory)
-        except OSError:
-            return []
-        found = ((published_entry_batch(n), n) for n in names)
+        found = ((published_entry_batch(n), n) for n in self._files.names())
         return [(batch, name) for batch, name in found if batch is not None]
 
     def chain(self, batch_id: int, token: str) -> tuple[list[SubtaskImage], Segment]:
@@ -200,9 +292,9 @@ class SubtaskChangelog:
         at: tuple[int, str] | None = (batch_id, token)
         segment: Segment | None = None
         while at is not None:
-            path = self.directory / entry_name(*at)
+            path = f"{self.directory}/{entry_name(*at)}"
             try:
-                image, _ = read_entry(path, Fence(self.run_id, at[0], at[1], DURABLE))
+                image = self._files.read(entry_name(*at), Fence(self.run_id, at[0], at[1], DURABLE))
             except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
                 raise StoreError(f"changelog segment {path} is missing or unreadable: {e}") from e
             link = image.meta["changelog"]
@@ -233,9 +325,7 @@ class SubtaskChangelog:
             if at[0] <= after[0]:
                 return None
             try:
-                image, _ = read_entry(
-                    self.directory / entry_name(*at), Fence(self.run_id, at[0], at[1], DURABLE)
-                )
+                image = self._files.read(entry_name(*at), Fence(self.run_id, at[0], at[1], DURABLE))
             except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
                 return None
             if image.meta.get("kind") == FULL:
@@ -257,10 +347,15 @@ class SubtaskChangelog:
     def _evict(self, before: int, keep: str = "") -> None:
         for batch, name in self._segments():
             if name != keep and batch < before:
-                shutil.rmtree(self.directory / name, ignore_errors=True)
+                self._files.remove(name)
 
 
 def remove_run(root: str, run_id: str) -> None:
-    """Delete the changelog of run *run_id* (after it ended). Idempotent."""
-    if SubtaskChangelog.available(root):
+    """Delete the changelog of run *run_id* (after it ended). Idempotent; a failure on an
+    object store leaves objects that the next prune of ended runs deletes."""
+    if not is_remote(root):
         shutil.rmtree(Path(root) / CHANGELOG_DIR / run_id, ignore_errors=True)
+        return
+    with contextlib.suppress(OSError, StoreError):
+        fs, base = filesystem(join(root, CHANGELOG_DIR, run_id))
+        fs.delete_dir(base)

@@ -70,6 +70,8 @@ _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,96}")
 _ENTRY = re.compile(r"(?:\.tmp-)?b(\d{12})-")
 _PUBLISHED = re.compile(r"b(\d+)-")
 _META = "meta.json"
+#: The file of an entry that holds its fence and metadata (written last).
+ENTRY_META = _META
 
 
 class MissReason(StrEnum):
@@ -390,6 +392,32 @@ def write_entry(directory: Path, fence: Fence, image: StateImage) -> int:
             size = sink.tell()
         written += size
         tables.append({"name": name, "file": file, "rows": table.num_rows, "bytes": size})
+    data = entry_meta_bytes(fence, image, tables)
+    (directory / _META).write_bytes(data)
+    return written + len(data)
+
+
+def encode_entry(fence: Fence, image: StateImage) -> list[tuple[str, bytes]]:
+    """*image* as an entry's files, in memory: an Arrow IPC file per table, then
+    ``meta.json`` (last: its presence says the entry is complete, where files cannot be
+    renamed into place)."""
+    files: list[tuple[str, bytes]] = []
+    tables = []
+    for i, (name, table) in enumerate(image.tables.items()):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        data = sink.getvalue().to_pybytes()
+        files.append((f"t{i}.arrow", data))
+        tables.append(
+            {"name": name, "file": files[-1][0], "rows": table.num_rows, "bytes": len(data)}
+        )
+    files.append((_META, entry_meta_bytes(fence, image, tables)))
+    return files
+
+
+def entry_meta_bytes(fence: Fence, image: StateImage, tables: list[dict[str, Any]]) -> bytes:
+    """The ``meta.json`` of an entry of *image* whose tables are *tables*."""
     meta = {
         "format": FORMAT_VERSION,
         "run_id": fence.run_id,
@@ -399,32 +427,34 @@ def write_entry(directory: Path, fence: Fence, image: StateImage) -> int:
         "tables": tables,
         "meta": dict(image.meta),
     }
-    data = json.dumps(meta, sort_keys=True).encode()
-    (directory / _META).write_bytes(data)
-    return written + len(data)
+    return json.dumps(meta, sort_keys=True).encode()
 
 
-def read_entry_meta(path: Path) -> dict[str, Any]:
-    """The image metadata of the entry at *path* (its tables unread); ``ValueError`` unless
-    in a known format."""
-    meta = json.loads((path / _META).read_bytes())
+def parse_entry_meta(data: bytes, fence: Fence | None = None) -> dict[str, Any]:
+    """An entry's ``meta.json`` (all of it); ``ValueError`` unless in a known format and,
+    given *fence*, the entry of that fence."""
+    meta = json.loads(data)
     if meta.get("format") != FORMAT_VERSION:
         raise ValueError(f"cache entry format {meta.get('format')!r}")
-    return dict(meta["meta"])
-
-
-def read_entry(path: Path, fence: Fence) -> tuple[StateImage, int]:
-    """The image of the entry at *path*, memory-mapped, and its size; ``ValueError`` unless
-    it is the entry of *fence* in a known format."""
-    meta = json.loads((path / _META).read_bytes())
-    if meta.get("format") != FORMAT_VERSION:
-        raise ValueError(f"cache entry format {meta.get('format')!r}")
-    if (meta["run_id"], meta["batch_id"], meta["token"]) != (
+    if fence is not None and (meta["run_id"], meta["batch_id"], meta["token"]) != (
         fence.run_id,
         fence.batch_id,
         fence.token,
     ):
         raise ValueError("cache entry does not match its name")
+    return dict(meta)
+
+
+def read_entry_meta(path: Path) -> dict[str, Any]:
+    """The image metadata of the entry at *path* (its tables unread); ``ValueError`` unless
+    in a known format."""
+    return dict(parse_entry_meta((path / _META).read_bytes())["meta"])
+
+
+def read_entry(path: Path, fence: Fence) -> tuple[StateImage, int]:
+    """The image of the entry at *path*, memory-mapped, and its size; ``ValueError`` unless
+    it is the entry of *fence* in a known format."""
+    meta = parse_entry_meta((path / _META).read_bytes(), fence)
     tables: dict[str, pa.Table] = {}
     size = 0
     for entry in meta["tables"]:

@@ -47,6 +47,7 @@ from functools import partial
 from typing import Any
 
 from spark_ckpt.coordination.heartbeats import process_exists
+from spark_ckpt.locations.uris import is_remote
 from spark_ckpt.protocol.state_handles import DeclineCheckpoint, TaskId
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
 from spark_ckpt.runtime.task import AsyncPhase, OperatorTask
@@ -197,7 +198,7 @@ class LostWriterScan:
         from this host that was still writing them. At most once per *interval_s* ([] in
         between, and on a root without a changelog)."""
         now = time.monotonic()
-        if not waiting or now < self._next or not SubtaskChangelog.available(self.root):
+        if not waiting or now < self._next or is_remote(self.root):  # /proc of this host
             return []
         self._next = now + self.interval_s
         writers: dict[int, list[Writer]] = {}

@@ -29,10 +29,10 @@ groups from the chain (``rebuilt``), or, at a run's first micro-batch, restores 
 checkpoint the run's coordinator chose (``restored``) — never a zombie's, a retried attempt's
 or another run's state. A task kept alive keeps its incremental snapshot base, and one caught
 up or rebuilt rebases (:meth:`SubtaskFunction._rebase`): its checkpoints write what changed,
-not the state. On a remote pipeline root (no changelog) the whole image goes into the
-executor's cache (:mod:`spark_ckpt.spark.executors.executor_cache`) instead. State that
-cannot be found fails the micro-batch with :class:`SubtaskStateLostError`, and the run
-restarts from the latest completed checkpoint.
+not the state. The changelog lives under the pipeline root, local or on an object store
+(:mod:`spark_ckpt.spark.executors.changelog`). State that cannot be found fails the
+micro-batch with :class:`SubtaskStateLostError`, and the run restarts from the latest
+completed checkpoint.
 
 **Exactly-once.** A retried or speculative attempt starts from the same fence, stages its
 output under new names and writes its snapshot idempotently per (subtask, checkpoint); the
@@ -71,9 +71,7 @@ from spark_ckpt.spark.executors.changelog import MAX_CHAIN, Segment, SubtaskChan
 from spark_ckpt.spark.executors.executor_cache import (
     FENCE_SCHEMA,
     CacheKey,
-    ExecutorStateCache,
     Fence,
-    StateImage,
     attempt_token,
     current_batch_id,
     executor_identity,
@@ -160,7 +158,7 @@ class SubtaskFunction:
         else:
             task, writer, outcome, segment = self._open(subtask, fence, changelog)
         if outcome in (CAUGHT_UP, REBUILT):
-            if changelog is not None and fence is not None:
+            if fence is not None:
                 decline_lost_writes(task, changelog.segment_meta(fence.batch_id, fence.token))
             self._rebase(task)
         load_ms = (time.perf_counter() - start) * 1000
@@ -175,20 +173,10 @@ class SubtaskFunction:
         image = SubtaskImage(
             image.tables, {**image.meta, WRITER: SNAPSHOTS.writer(self._key(subtask)).to_json()}
         )
-        published: Segment | None = None
-        if changelog is not None:
-            published = changelog.publish(
-                batch_id, token, image, segment, executor=batch.executor, folded=folded
-            )
-            fenced = Fence(self.spec.run_id, batch_id, token, batch.executor)
-        else:  # a remote root: the whole image into this executor's cache
-            fenced = ExecutorStateCache.for_this_executor().publish(
-                self._key(subtask),
-                batch_id,
-                StateImage(image.tables, image.meta),
-                token=token,
-                previous=fence,
-            )
+        published = changelog.publish(
+            batch_id, token, image, segment, executor=batch.executor, folded=folded
+        )
+        fenced = Fence(self.spec.run_id, batch_id, token, batch.executor)
         reattach(task, writer, image)
         LIVE_SUBTASKS.keep(
             self._key(subtask), LiveSubtask(task, writer, batch_id, token, published)
@@ -209,17 +197,14 @@ class SubtaskFunction:
     def _key(self, subtask: int) -> CacheKey:
         return CacheKey(self.spec.root, self.spec.run_id, subtask)
 
-    def _changelog(self, subtask: int) -> SubtaskChangelog | None:
-        if not SubtaskChangelog.available(self.spec.root):
-            return None
+    def _changelog(self, subtask: int) -> SubtaskChangelog:
         return SubtaskChangelog(self.spec.root, self.spec.run_id, subtask)
 
     def _open(
-        self, subtask: int, fence: Fence | None, changelog: SubtaskChangelog | None
+        self, subtask: int, fence: Fence | None, changelog: SubtaskChangelog
     ) -> tuple[OperatorTask, Any, str, Segment | None]:
         """A new task for the subtask, with its state: the run's restore point (the run's
-        first micro-batch: ``restored``), else the image its fence names in this executor's
-        cache (a remote root: ``hit``), else the changelog's chain the fence names
+        first micro-batch: ``restored``), else the changelog's chain the fence names
         (``rebuilt``); and the changelog segment the state stands at (None: none yet)."""
         from spark_ckpt.delta.delta_sink import DeltaSink
 
@@ -264,17 +249,6 @@ class SubtaskFunction:
                 files.write_fatal(f"{type(e).__name__}: {e}")
                 raise
             return task, sink.writer, RESTORED, None
-        if changelog is None:
-            lookup = ExecutorStateCache.for_this_executor().lookup(self._key(subtask), fence)
-            if lookup.image is None:
-                raise SubtaskStateLostError(
-                    f"subtask {subtask} of run {self.spec.run_id}: its state after micro-batch "
-                    f"{fence.batch_id} is not on this executor ({lookup.miss}), and the remote "
-                    "pipeline root keeps no changelog; the run restarts from the latest "
-                    "completed checkpoint"
-                )
-            import_images(task, sink.writer, [SubtaskImage(lookup.image.tables, lookup.image.meta)])
-            return task, sink.writer, HIT, None
         try:
             images, segment = changelog.chain(fence.batch_id, fence.token)
         except StoreError as e:
