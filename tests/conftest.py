@@ -24,10 +24,13 @@ Timings and where the CPU goes: README.md, *Development*.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import settings
+
+from spark_ckpt.testing.s3_endpoint import S3Endpoint, running_s3_endpoint
 
 # Property tests assert what holds, never how fast: no per-example deadline (the suite shares
 # two cores with Spark's JVMs, where one example may take seconds).
@@ -75,3 +78,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return xdist_scope(nodeid)
 
     return ByScope(config, log)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[S3Endpoint]:
+    """A real S3 endpoint (moto's server) for this test worker; each module that uses it
+    creates its own bucket."""
+    with running_s3_endpoint() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_environment(s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test process's pyarrow and delta-rs pointed at :func:`s3_endpoint`."""
+    for key, value in s3_endpoint.environment().items():
+        monkeypatch.setenv(key, value)

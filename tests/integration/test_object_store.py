@@ -12,7 +12,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,17 +50,14 @@ BUCKET = "lake"
 
 
 @pytest.fixture(scope="module")
-def s3() -> Iterator[S3Endpoint]:
-    with running_s3_endpoint() as endpoint:
-        endpoint.create_bucket(BUCKET)
-        yield endpoint
+def s3(s3_endpoint: S3Endpoint) -> S3Endpoint:
+    s3_endpoint.create_bucket(BUCKET)
+    return s3_endpoint
 
 
 @pytest.fixture
-def on_s3(s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> S3Endpoint:
+def on_s3(s3: S3Endpoint, s3_environment: None) -> S3Endpoint:
     """This test process's pyarrow and delta-rs pointed at the endpoint."""
-    for key, value in s3.environment().items():
-        monkeypatch.setenv(key, value)
     return s3
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
@@ -21,14 +20,13 @@ from spark_ckpt.locations.credentials import (
 )
 from spark_ckpt.locations.objects import write_whole
 from spark_ckpt.locations.uris import filesystem
-from spark_ckpt.testing.s3_endpoint import S3Endpoint, running_s3_endpoint
+from spark_ckpt.testing.s3_endpoint import S3Endpoint
 
 
 @pytest.fixture(scope="module")
-def s3() -> Iterator[S3Endpoint]:
-    with running_s3_endpoint() as endpoint:
-        endpoint.create_bucket("creds")
-        yield endpoint
+def s3(s3_endpoint: S3Endpoint) -> S3Endpoint:
+    s3_endpoint.create_bucket("creds")
+    return s3_endpoint
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ lists other files."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -23,22 +22,19 @@ from spark_ckpt.sources.files.file_listing import (
 )
 from spark_ckpt.sources.files.files_options import FilesSpec
 from spark_ckpt.sources.files.files_source import FilesChannelSource
-from spark_ckpt.testing.s3_endpoint import S3Endpoint, running_s3_endpoint
+from spark_ckpt.testing.s3_endpoint import S3Endpoint
 
 BUCKET = "listing"
 
 
 @pytest.fixture(scope="module")
-def s3() -> Iterator[S3Endpoint]:
-    with running_s3_endpoint() as endpoint:
-        endpoint.create_bucket(BUCKET)
-        yield endpoint
+def s3(s3_endpoint: S3Endpoint) -> S3Endpoint:
+    s3_endpoint.create_bucket(BUCKET)
+    return s3_endpoint
 
 
 @pytest.fixture
-def on_s3(s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> S3Endpoint:
-    for key, value in s3.environment().items():
-        monkeypatch.setenv(key, value)
+def on_s3(s3: S3Endpoint, s3_environment: None) -> S3Endpoint:
     return s3
 
 

@@ -4,7 +4,6 @@ segment, another attempt's segment or an evicted one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,14 +14,13 @@ from spark_ckpt.locations.uris import filesystem
 from spark_ckpt.runtime.subtask_image import DELTA, FULL, SubtaskImage
 from spark_ckpt.spark.executors.changelog import SubtaskChangelog, remove_run
 from spark_ckpt.spark.executors.executor_cache import ENTRY_META, entry_name
-from spark_ckpt.testing.s3_endpoint import S3Endpoint, running_s3_endpoint
+from spark_ckpt.testing.s3_endpoint import S3Endpoint
 
 
 @pytest.fixture(scope="module")
-def s3() -> Iterator[S3Endpoint]:
-    with running_s3_endpoint() as endpoint:
-        endpoint.create_bucket("changelog")
-        yield endpoint
+def s3(s3_endpoint: S3Endpoint) -> S3Endpoint:
+    s3_endpoint.create_bucket("changelog")
+    return s3_endpoint
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -30,9 +28,8 @@ def root(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mon
     """A pipeline root on local disk, or on a real S3 endpoint."""
     if request.param == "local":
         return str(tmp_path)
-    endpoint: S3Endpoint = request.getfixturevalue("s3")
-    for key, value in endpoint.environment().items():
-        monkeypatch.setenv(key, value)
+    request.getfixturevalue("s3")
+    request.getfixturevalue("s3_environment")
     return f"s3://changelog/{tmp_path.name}"
 
 
