@@ -10,12 +10,15 @@
 # MAGIC
 # MAGIC Then we look at the checkpoint store: the checkpoints, their statistics, and the Delta
 # MAGIC tables under the pipeline root; and we count the same rows landing as files in a
-# MAGIC directory (`source=files`). Runs as a Databricks notebook or as plain Python.
+# MAGIC directory (`source=files`). Runs as a Databricks notebook or as plain Python, with
+# MAGIC `BASE` on local disk or on object storage (`s3://bucket/prefix`: a fresh prefix, with the
+# MAGIC store's credentials in the environment or in `STORAGE_OPTIONS`).
 
 # COMMAND ----------
 
 # Parameters (the test suite overrides them with small values)
 BASE = "/tmp/spark-ckpt-notebooks/01_quickstart"
+STORAGE_OPTIONS = None  # or {"AWS_ACCESS_KEY_ID": ..., "AWS_SECRET_ACCESS_KEY": ..., ...}
 ROWS = 2000  # rows per channel
 CHANNELS = 2
 KEYS = 25
@@ -31,7 +34,8 @@ except NameError:
 
 import shutil
 
-shutil.rmtree(BASE, ignore_errors=True)
+if "://" not in BASE:  # a local BASE starts empty; on a store, give a fresh prefix
+    shutil.rmtree(BASE, ignore_errors=True)
 SOURCE = {
     "source": "generator",
     "seed": 7,
@@ -55,14 +59,14 @@ SOURCE = {
 from spark_ckpt import BARRIER_COLUMNS, CheckpointConfig, Pipeline
 
 config = CheckpointConfig.from_options({"checkpoint.interval": "500ms"})
-copy = Pipeline(spark, "copy", config=config, root=f"{BASE}/copy_root")
+copy = Pipeline(
+    spark, "copy", config=config, root=f"{BASE}/copy_root", storage_options=STORAGE_OPTIONS
+)
 events = copy.read(**SOURCE)
 query = (
     events.select("user_id", "amount", "event_ts", *BARRIER_COLUMNS)
     .writeStream.format("ckpt-sink")
-    .option("pipeline", copy.name)
-    .option("store", copy.root)
-    .option("path", f"{BASE}/copy_out")
+    .options(**copy.sink_options(f"{BASE}/copy_out"))  # pipeline, store, path
     .option("checkpointLocation", copy.spark_checkpoint_location())
     .trigger(availableNow=True)
     .start()
@@ -71,7 +75,7 @@ query.awaitTermination()
 
 from deltalake import DeltaTable
 
-copied = DeltaTable(f"{BASE}/copy_out").to_pandas()
+copied = DeltaTable(f"{BASE}/copy_out", storage_options=STORAGE_OPTIONS).to_pandas()
 print(
     len(copied), "rows copied; checkpoints:", [c.checkpoint_id for c in copy.client.checkpoints()]
 )
@@ -89,7 +93,9 @@ print(
 
 from spark_ckpt import RunningCount
 
-counts = Pipeline(spark, "counts", config=config, root=f"{BASE}/counts_root")
+counts = Pipeline(
+    spark, "counts", config=config, root=f"{BASE}/counts_root", storage_options=STORAGE_OPTIONS
+)
 result = counts.run(
     SOURCE,
     RunningCount("counter", "user_id"),
@@ -107,9 +113,9 @@ print(result)
 
 # COMMAND ----------
 
-out = DeltaTable(f"{BASE}/counts_out").to_pandas()
+out = DeltaTable(f"{BASE}/counts_out", storage_options=STORAGE_OPTIONS).to_pandas()
 print(out.sort_values(["user_id", "count"]).head(10))
-commits = DeltaTable(f"{BASE}/counts_out").history(3)
+commits = DeltaTable(f"{BASE}/counts_out", storage_options=STORAGE_OPTIONS).history(3)
 print([(c.get("version"), c.get("operation")) for c in commits])
 
 # COMMAND ----------
@@ -151,17 +157,11 @@ print(
 
 # COMMAND ----------
 
-log = DeltaTable(f"{counts.root}/checkpoints").to_pandas()
+log = DeltaTable(f"{counts.root}/checkpoints", storage_options=STORAGE_OPTIONS).to_pandas()
 print(log[["record", "checkpoint_id", "snapshot_type", "state_bytes"]])
-offsets = DeltaTable(f"{counts.root}/source_offsets").to_pandas()
-print(offsets.tail(CHANNELS))
-state = (
-    spark.read.format("ckpt-state")
-    .option("path", counts.root)
-    .option("uid", "counter")
-    .option("state", "count")
-    .load()
-)
+offsets = DeltaTable(f"{counts.root}/source_offsets", storage_options=STORAGE_OPTIONS)
+print(offsets.to_pandas().tail(CHANNELS))
+state = spark.read.format("ckpt-state").options(**counts.state_options("counter", "count")).load()
 state.orderBy("key").show(5)
 
 # COMMAND ----------
@@ -173,24 +173,39 @@ state.orderBy("key").show(5)
 # MAGIC generator's rows written as JSON-lines files). Each file is recorded once in a listing
 # MAGIC under the pipeline root, so a replay reads the same files in the same order; a file is
 # MAGIC archived (`cleanSource`) only once a completed checkpoint covers it. A writer writes
-# MAGIC under a hidden name (`.` first) and renames the file into place.
+# MAGIC under a hidden name (`.` first) and renames the file into place (on object storage an
+# MAGIC object appears whole when its upload ends, so a writer may put it in place directly).
+# MAGIC `pipeline.filesystem(...)` is pyarrow's file system of a location, with the pipeline's
+# MAGIC storage options.
 
 # COMMAND ----------
 
 import json
-import os
 
+import pyarrow.fs as pafs
+
+landed = Pipeline(
+    spark, "landed", config=config, root=f"{BASE}/landed_root", storage_options=STORAGE_OPTIONS
+)
 landing = f"{BASE}/landing"
-os.makedirs(landing, exist_ok=True)
+fs, landing_path = landed.filesystem(landing)
+fs.create_dir(landing_path)
 generated = copied.sort_values("event_ts")[["user_id", "amount"]]
 for i, chunk in enumerate(range(0, len(generated), 500)):
     rows = generated.iloc[chunk : chunk + 500].to_dict("records")
-    hidden = f"{landing}/.part-{i:03d}.json"
-    with open(hidden, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-    os.replace(hidden, f"{landing}/part-{i:03d}.json")
+    hidden = f"{landing_path}/.part-{i:03d}.json"
+    with fs.open_output_stream(hidden) as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows).encode())
+    fs.move(hidden, f"{landing_path}/part-{i:03d}.json")
 
-landed = Pipeline(spark, "landed", config=config, root=f"{BASE}/landed_root")
+
+def files_in(location):
+    """The files directly in *location* (none if it does not exist)."""
+    lfs, path = landed.filesystem(location)
+    found = lfs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return [f for f in found if f.type is pafs.FileType.File and not f.base_name.startswith(".")]
+
+
 landed_result = landed.run(
     {
         "source": "files",
@@ -205,14 +220,14 @@ landed_result = landed.run(
     output=f"{BASE}/landed_out",
     available_now=True,
 )
-landed_out = DeltaTable(f"{BASE}/landed_out").to_pandas()
+landed_out = DeltaTable(f"{BASE}/landed_out", storage_options=STORAGE_OPTIONS).to_pandas()
 print(landed_result)
 print(
     len(landed_out),
     "rows counted from",
-    len(os.listdir(landing)),
+    len(files_in(landing)),
     "files still landing,",
-    len(os.listdir(f"{BASE}/landed_archive")) if os.path.exists(f"{BASE}/landed_archive") else 0,
+    len(files_in(f"{BASE}/landed_archive")),
     "archived",
 )
 

@@ -54,6 +54,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from spark_ckpt.client.pipeline_client import PipelineClient
 from spark_ckpt.coordination.heartbeats import mark_starting
@@ -66,7 +67,7 @@ from spark_ckpt.errors import ConfigError
 from spark_ckpt.locations.credentials import OPTION as STORAGE_OPTION
 from spark_ckpt.locations.credentials import StorageOptions
 from spark_ckpt.locations.preflight import check_readable, check_writable
-from spark_ckpt.locations.uris import is_remote, normalized
+from spark_ckpt.locations.uris import filesystem, is_remote, normalized
 from spark_ckpt.pipeline.interrupts import Interrupts
 from spark_ckpt.pipeline.job import JobOptions, JobSpec, Operators, Placement, Source
 from spark_ckpt.pipeline.pipeline_run import PipelineRun, RunFunction
@@ -233,6 +234,26 @@ class Pipeline:
             self.storage.install()
             opts[STORAGE_OPTION] = self.storage.to_json()
         return opts
+
+    def state_options(self, uid: str, state: str, **options: object) -> dict[str, str]:
+        """The ``spark.read.format("ckpt-state")`` options that read state *state* of the
+        operator *uid* from this pipeline's root, with its explicit storage options if any,
+        and *options* (``checkpoint``, ``partitions``) added."""
+        opts = {k: str(v) for k, v in options.items()}
+        opts.update(path=self.root, uid=uid, state=state)
+        if self.storage:
+            opts[STORAGE_OPTION] = self.storage.to_json()
+        return opts
+
+    def filesystem(self, location: str) -> tuple[pafs.FileSystem, str]:
+        """pyarrow's file system of *location* (a local path or a URI) and the path in it,
+        with this pipeline's storage options (their buckets extended to *location*'s): to
+        land files for ``source=files`` or look at what the pipeline wrote. Raises
+        :class:`~spark_ckpt.errors.StoreError` naming *location*."""
+        if self.storage:
+            self.storage = self.storage.covering(location)
+            self.storage.install()
+        return filesystem(location)
 
     def read(self, **options: object) -> DataFrame:
         """``spark.readStream.format("ckpt-source")`` for this pipeline (for ``ckpt-sink``

@@ -8,10 +8,14 @@ table, the savepoint, the open sessions' timers)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import pytest
+
+from spark_ckpt.testing.s3_endpoint import S3Endpoint
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 SEPARATOR = "# COMMAND ----------"
@@ -67,6 +71,31 @@ def test_notebooks_are_in_databricks_source_format(name: str) -> None:
 def test_quickstart_notebook(spark: Any, tmp_path: Path) -> None:
     ns = run(NOTEBOOKS / "01_quickstart.py", spark, {"BASE": str(tmp_path), "ROWS": 300})
     assert len(ns["out"]) == 600 and len(ns["copied"]) == 600
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_quickstart_notebook_on_s3_with_explicit_storage_options(
+    spark: Any, tmp_path: Path, s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same notebook with ``BASE`` on a real S3 endpoint and its credentials given only
+    as ``STORAGE_OPTIONS`` (no ``AWS_*`` variable here, nor in the session's workers): the
+    roots, the outputs, the ``ckpt-sink`` and ``ckpt-state`` queries and the landing
+    directory all on the endpoint."""
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    s3_endpoint.create_bucket("notebooks")
+    base = f"s3://notebooks/{tmp_path.name}"
+    ns = run(
+        NOTEBOOKS / "01_quickstart.py",
+        spark,
+        {"BASE": base, "ROWS": 300, "STORAGE_OPTIONS": s3_endpoint.storage_options()},
+    )
+    assert len(ns["out"]) == 600 and len(ns["copied"]) == 600
+    fs, path = ns["landed"].filesystem(base)
+    stored = {i.base_name for i in fs.get_file_info(pafs.FileSelector(path))}
+    assert {"copy_root", "copy_out", "counts_root", "counts_out", "landed_out"} <= stored
+    assert not (tmp_path / "s3:").exists() and not Path("s3:").exists()
 
 
 @pytest.mark.spark
