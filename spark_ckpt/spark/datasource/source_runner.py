@@ -108,6 +108,9 @@ class ChannelPartition(InputPartition):  # type: ignore[misc]
 #: Event time: without new rows, the source still plans a micro-batch (a *tick*, progress
 #: only) this often, so that idleness and processing time move on.
 TICK_MS = 1000
+#: ``Trigger.AvailableNow``: how long the final checkpoint waits for a consumer to appear
+#: in the coordinator before the query fails for want of one.
+CONSUMER_WAIT_S = 10.0
 
 
 class SourceRunner:
@@ -324,6 +327,10 @@ class SourceRunner:
         if list(offset.positions) != list(target):
             return offset
         deadline = time.monotonic() + self.options.config.timeout_ms / 1000
+        # a consumer that publishes its topology as the query starts (ckpt-sink) is installed
+        # by the host's next poll, which may not have run yet (a second apart on an object
+        # store): wait for it that long, polling, before calling it missing
+        consumer_deadline = time.monotonic() + CONSUMER_WAIT_S
         while True:
             final = self._final
             if final is not None and final.status is RequestStatus.COMPLETED:
@@ -345,7 +352,7 @@ class SourceRunner:
                 if final is not None:
                     log.warning("final checkpoint failed (%s); retrying", final.failure)
                 self._final = self.host.call(lambda host: host.request_final_checkpoint())
-                if self._final is None:
+                if self._final is None and time.monotonic() > consumer_deadline:
                     raise CheckpointError(
                         "Trigger.AvailableNow needs a checkpointing consumer (ckpt-sink or the "
                         "foreachBatch aligner) to take its final checkpoint"
