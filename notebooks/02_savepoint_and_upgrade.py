@@ -11,12 +11,15 @@
 # MAGIC 3. bootstrap the renamed operator's state **offline** from the savepoint (State
 # MAGIC    Processor-style), write a new savepoint, and restore from that instead: no state lost.
 # MAGIC
-# MAGIC See `docs/upgrades.md` for what may change between a savepoint and a restore.
+# MAGIC See `docs/upgrades.md` for what may change between a savepoint and a restore. `BASE`
+# MAGIC may be on object storage (`s3://bucket/prefix`: a fresh prefix), with the store's
+# MAGIC credentials in the environment or in `STORAGE_OPTIONS`.
 
 # COMMAND ----------
 
 # Parameters (the test suite overrides them with small values)
 BASE = "/tmp/spark-ckpt-notebooks/02_savepoint"
+STORAGE_OPTIONS = None  # or {"AWS_ACCESS_KEY_ID": ..., "AWS_SECRET_ACCESS_KEY": ..., ...}
 FIRST_ROWS = 1500  # rows per channel before the savepoint
 MORE_ROWS = 3000  # rows per channel in total after the upgrade
 CHANNELS = 2
@@ -33,7 +36,8 @@ except NameError:
 
 import shutil
 
-shutil.rmtree(BASE, ignore_errors=True)
+if "://" not in BASE:  # a local BASE starts empty; on a store, give a fresh prefix
+    shutil.rmtree(BASE, ignore_errors=True)
 
 
 def source(rows: int) -> dict[str, object]:
@@ -62,7 +66,7 @@ from spark_ckpt import CheckpointConfig, Pipeline, RunningCount, list_savepoints
 config = CheckpointConfig.from_options(
     {"checkpoint.interval": "500ms", "savepoint.dir": f"{BASE}/savepoints"}
 )
-v1 = Pipeline(spark, "orders", config=config, root=f"{BASE}/root")
+v1 = Pipeline(spark, "orders", config=config, root=f"{BASE}/root", storage_options=STORAGE_OPTIONS)
 run = v1.start(
     source(FIRST_ROWS), RunningCount("counter", "user_id"), output=f"{BASE}/out", trigger_s=0.5
 )
@@ -82,13 +86,12 @@ print("positions:", dict(sorted(savepoint.checkpoint.offsets().items())))
 
 from spark_ckpt import StateReader
 
-reader = StateReader.open(savepoint.path)
+reader = StateReader.open(savepoint.path, storage_options=STORAGE_OPTIONS)
 print("operators with state:", reader.uids())
 counts_at_savepoint = reader.keyed("counter", "count").to_pandas()
 print(counts_at_savepoint.head())
-spark.read.format("ckpt-state").option("path", savepoint.path).option("uid", "counter").option(
-    "state", "count"
-).load().orderBy("key").show(5)
+state_options = v1.state_options("counter", "count", path=savepoint.path)
+spark.read.format("ckpt-state").options(**state_options).load().orderBy("key").show(5)
 
 # COMMAND ----------
 
@@ -102,7 +105,9 @@ spark.read.format("ckpt-state").option("path", savepoint.path).option("uid", "co
 from spark_ckpt import RestoreSettings
 from spark_ckpt.errors import RestoreError
 
-v2 = Pipeline(spark, "orders", config=config, root=f"{BASE}/root_v2")
+v2 = Pipeline(
+    spark, "orders", config=config, root=f"{BASE}/root_v2", storage_options=STORAGE_OPTIONS
+)
 try:
     v2.run(
         source(MORE_ROWS),
@@ -129,7 +134,9 @@ print("refused:", refused)
 
 from deltalake import DeltaTable
 
-scratch = Pipeline(spark, "orders", config=config, root=f"{BASE}/root_dropped")
+scratch = Pipeline(
+    spark, "orders", config=config, root=f"{BASE}/root_dropped", storage_options=STORAGE_OPTIONS
+)
 scratch.run(
     source(MORE_ROWS),
     RunningCount("counter_v2", "user_id"),
@@ -138,7 +145,7 @@ scratch.run(
     available_now=True,
     restore=RestoreSettings.savepoint(savepoint.path, allow_non_restored_state=True),
 )
-out_dropped = DeltaTable(f"{BASE}/out_dropped").to_pandas()
+out_dropped = DeltaTable(f"{BASE}/out_dropped", storage_options=STORAGE_OPTIONS).to_pandas()
 print(out_dropped.sort_values(["user_id", "count"]).head(5))
 
 # COMMAND ----------
@@ -153,8 +160,8 @@ print(out_dropped.sort_values(["user_id", "count"]).head(5))
 from spark_ckpt import SavepointWriter
 
 upgraded = f"{BASE}/savepoints/orders-v2"
-SavepointWriter.from_existing(savepoint.path).rename_operator("counter", "counter_v2").write(
-    upgraded
+SavepointWriter.from_existing(reader).rename_operator("counter", "counter_v2").write(
+    upgraded, storage_options=STORAGE_OPTIONS
 )
 result = v2.run(
     source(MORE_ROWS),
@@ -181,9 +188,11 @@ seeded = f"{BASE}/savepoints/seeded"
     SavepointWriter.new("orders-seeded", max_parallelism=128, parallelism=2)
     .with_keyed_state("counter", "count", {"key": list(range(KEYS)), "value": [100] * KEYS})
     .with_source_offsets({("source", c): MORE_ROWS for c in range(CHANNELS)})
-    .write(seeded)
+    .write(seeded, storage_options=STORAGE_OPTIONS)
 )
-v3 = Pipeline(spark, "orders-seeded", config=config, root=f"{BASE}/root_v3")
+v3 = Pipeline(
+    spark, "orders-seeded", config=config, root=f"{BASE}/root_v3", storage_options=STORAGE_OPTIONS
+)
 v3.run(
     source(MORE_ROWS + 500),
     RunningCount("counter", "user_id"),
@@ -202,7 +211,7 @@ v3.run(
 
 # COMMAND ----------
 
-out = DeltaTable(f"{BASE}/out").to_pandas()
+out = DeltaTable(f"{BASE}/out", storage_options=STORAGE_OPTIONS).to_pandas()
 assert refused is not None and "'counter'" in refused
 assert [o for o in savepoint.checkpoint.offsets().values()] == [FIRST_ROWS] * CHANNELS  # drained
 assert len(out) == CHANNELS * MORE_ROWS and not out.duplicated(["user_id", "count"]).any()
@@ -213,6 +222,6 @@ assert len(out_dropped) == CHANNELS * (MORE_ROWS - FIRST_ROWS)
 dropped_per_key = out_dropped.groupby("user_id")["count"].agg(["min", "max", "count"])
 assert (dropped_per_key["min"] == 1).all()
 assert (dropped_per_key["max"] == dropped_per_key["count"]).all()
-seeded_out = DeltaTable(f"{BASE}/out_seeded").to_pandas()
+seeded_out = DeltaTable(f"{BASE}/out_seeded", storage_options=STORAGE_OPTIONS).to_pandas()
 assert len(seeded_out) == CHANNELS * 500 and seeded_out["count"].min() == 101
 print("02 savepoint and upgrade: OK")

@@ -6,16 +6,19 @@
 # MAGIC memory): durations, sizes and alignment per checkpoint, failed and aborted checkpoints
 # MAGIC with their reason, a plot over time — and **restore as of a time**: go back to the
 # MAGIC checkpoint that was the latest at some moment (the completion times the checkpoint log
-# MAGIC and the history record say which).
+# MAGIC and the history record say which). `BASE` may be on object storage
+# MAGIC (`s3://bucket/prefix`: a fresh prefix), with the store's credentials in the environment
+# MAGIC or in `STORAGE_OPTIONS`; the plot is a local file.
 
 # COMMAND ----------
 
 # Parameters (the test suite overrides them with small values)
 BASE = "/tmp/spark-ckpt-notebooks/03_monitoring"
+STORAGE_OPTIONS = None  # or {"AWS_ACCESS_KEY_ID": ..., "AWS_SECRET_ACCESS_KEY": ..., ...}
 BATCHES = [1000, 2000, 3000]  # rows per channel after each run
 CHANNELS = 2
 KEYS = 25
-PLOT = f"{BASE}/checkpoints.png"
+PLOT = "/tmp/spark-ckpt-notebooks/03_monitoring_checkpoints.png"  # a local file
 TIMEOUT_S = 1  # checkpoint timeout; the first run stalls longer than that
 
 # COMMAND ----------
@@ -31,7 +34,8 @@ import shutil
 import time
 from datetime import UTC, datetime
 
-shutil.rmtree(BASE, ignore_errors=True)
+if "://" not in BASE:  # a local BASE starts empty; on a store, give a fresh prefix
+    shutil.rmtree(BASE, ignore_errors=True)
 
 
 def source(rows: int) -> dict[str, object]:
@@ -87,7 +91,9 @@ config = CheckpointConfig.from_options(
         "checkpoint.retained": "50",
     }
 )
-pipeline = Pipeline(spark, "monitored", config=config, root=f"{BASE}/root")
+pipeline = Pipeline(
+    spark, "monitored", config=config, root=f"{BASE}/root", storage_options=STORAGE_OPTIONS
+)
 marks = []
 for i, rows in enumerate(BATCHES):
     operator = (
@@ -163,7 +169,7 @@ print("restored:", restored_from[-1].properties["restored_from"])
 
 from deltalake import DeltaTable
 
-out = DeltaTable(f"{BASE}/out").to_pandas()
+out = DeltaTable(f"{BASE}/out", storage_options=STORAGE_OPTIONS).to_pandas()
 with open(PLOT, "rb") as png:
     assert png.read(4) == b"\x89PNG"
 assert summary.checkpoints >= len(BATCHES)

@@ -16,12 +16,15 @@
 # MAGIC    timers of the sessions still open, read offline;
 # MAGIC 5. checks against a plain-Python sessionization of the clicks.
 # MAGIC
-# MAGIC See `docs/time.md` for the rules of event time, watermarks, timers and windows.
+# MAGIC See `docs/time.md` for the rules of event time, watermarks, timers and windows. `BASE`
+# MAGIC may be on object storage (`s3://bucket/prefix`: a fresh prefix), with the store's
+# MAGIC credentials in the environment or in `STORAGE_OPTIONS`.
 
 # COMMAND ----------
 
 # Parameters (the test suite overrides them with small values)
 BASE = "/tmp/spark-ckpt-notebooks/04_sessionization"
+STORAGE_OPTIONS = None  # or {"AWS_ACCESS_KEY_ID": ..., "AWS_SECRET_ACCESS_KEY": ..., ...}
 USERS = 12
 MINUTES = 20  # minutes of event time with clicks
 FILES = (6, 4)  # click files landing before the savepoint, and after it
@@ -42,7 +45,8 @@ except NameError:
 
 import shutil
 
-shutil.rmtree(BASE, ignore_errors=True)
+if "://" not in BASE:  # a local BASE starts empty; on a store, give a fresh prefix
+    shutil.rmtree(BASE, ignore_errors=True)
 
 # COMMAND ----------
 
@@ -130,8 +134,10 @@ print(len(clicks), "clicks by", USERS, "users in", len(files), "files;", len(bef
 
 # MAGIC %md
 # MAGIC The files land in a directory, each written under a hidden name and renamed into
-# MAGIC place. The files source lists them in order of landing (modification time, then name)
-# MAGIC and hands them to the channels **round robin**: file *i* is channel `i % CHANNELS`'s.
+# MAGIC place (through `p.filesystem(...)`, pyarrow's file system of the directory with the
+# MAGIC pipeline's storage options: the pipeline comes first here). The files source lists
+# MAGIC them in order of landing (modification time, then name) and hands them to the
+# MAGIC channels **round robin**: file *i* is channel `i % CHANNELS`'s.
 # MAGIC
 # MAGIC That matters for the watermark: each channel's watermark trails the latest click it has
 # MAGIC read by the bound, and the pipeline's is the lowest over the channels. A channel that has
@@ -144,25 +150,33 @@ print(len(clicks), "clicks by", USERS, "users in", len(files), "files;", len(bef
 # COMMAND ----------
 
 import json
-import os
 
+from spark_ckpt import CheckpointConfig, Pipeline
+
+config = CheckpointConfig.from_options(
+    {"checkpoint.interval": "500ms", "savepoint.dir": f"{BASE}/savepoints"}
+)
+p = Pipeline(spark, "clicks", config=config, root=f"{BASE}/root", storage_options=STORAGE_OPTIONS)
 landing = f"{BASE}/landing"
-os.makedirs(landing, exist_ok=True)
+fs, landing_path = p.filesystem(landing)
+fs.create_dir(landing_path)
 
 
 def land(index, rows):
-    hidden = f"{landing}/.clicks-{index:03d}.json"
-    with open(hidden, "w") as f:
-        for _, user, ts, page in rows:
-            when = (EPOCH + timedelta(milliseconds=ts)).isoformat(timespec="milliseconds")
-            f.write(json.dumps({"user": user, "ts": when, "page": page}) + "\n")
-    os.replace(hidden, f"{landing}/clicks-{index:03d}.json")
+    hidden = f"{landing_path}/.clicks-{index:03d}.json"
+    lines = []
+    for _, user, ts, page in rows:
+        when = (EPOCH + timedelta(milliseconds=ts)).isoformat(timespec="milliseconds")
+        lines.append(json.dumps({"user": user, "ts": when, "page": page}) + "\n")
+    with fs.open_output_stream(hidden) as f:
+        f.write("".join(lines).encode())
+    fs.move(hidden, f"{landing_path}/clicks-{index:03d}.json")
 
 
 for i in range(FILES[0]):
     land(i, files[i])
-with open(f"{landing}/clicks-000.json") as f:
-    print(f.readline().strip())
+with fs.open_input_stream(f"{landing_path}/clicks-000.json") as f:
+    print(f.read().decode().splitlines()[0])
 
 # COMMAND ----------
 
@@ -185,8 +199,6 @@ import pyarrow.compute as pc
 from spark_ckpt import (
     Accumulator,
     Agg,
-    CheckpointConfig,
-    Pipeline,
     RestoreSettings,
     WatermarkStrategy,
     WindowAggregate,
@@ -219,11 +231,6 @@ SOURCE = {
 WATERMARK = WatermarkStrategy.for_bounded_out_of_orderness("ts", timedelta(seconds=BOUND_S))
 OUT = f"{BASE}/sessions"
 
-config = CheckpointConfig.from_options(
-    {"checkpoint.interval": "500ms", "savepoint.dir": f"{BASE}/savepoints"}
-)
-p = Pipeline(spark, "clicks", config=config, root=f"{BASE}/root")
-
 # COMMAND ----------
 
 # MAGIC %md
@@ -247,7 +254,7 @@ run = p.start(
 )
 savepoint = run.stop(savepoint=True, drain=True)
 savepoint_path = p.client.savepoint_path(savepoint)
-emitted_before = pl.read_delta(OUT)
+emitted_before = pl.read_delta(OUT, storage_options=STORAGE_OPTIONS)
 print("savepoint", savepoint.checkpoint_id, "at", savepoint_path)
 print("positions:", dict(sorted(savepoint.offsets().items())))
 print(len(emitted_before), "sessions emitted before the savepoint")
@@ -285,7 +292,7 @@ print(result)
 
 # COMMAND ----------
 
-table = pl.read_delta(OUT).sort("user", "window_start")
+table = pl.read_delta(OUT, storage_options=STORAGE_OPTIONS).sort("user", "window_start")
 print(table.with_columns((pl.col("window_end") - pl.col("window_start")).alias("length")))
 
 # COMMAND ----------
@@ -339,7 +346,7 @@ spark_ckpt_cli(["stats", "--root", p.root])
 
 from spark_ckpt import StateReader
 
-reader = StateReader.open(p.root)
+reader = StateReader.open(p.root, storage_options=STORAGE_OPTIONS)
 timers = reader.timers("sessions").to_pandas()
 print(timers.assign(at=[when(t) for t in timers["timestamp"]]))
 open_windows = reader.keyed("sessions", "windows").to_pylist()

@@ -237,11 +237,14 @@ class Pipeline:
 
     def state_options(self, uid: str, state: str, **options: object) -> dict[str, str]:
         """The ``spark.read.format("ckpt-state")`` options that read state *state* of the
-        operator *uid* from this pipeline's root, with its explicit storage options if any,
-        and *options* (``checkpoint``, ``partitions``) added."""
-        opts = {k: str(v) for k, v in options.items()}
-        opts.update(path=self.root, uid=uid, state=state)
+        operator *uid* from this pipeline's root (or the ``path`` in *options*: a savepoint
+        of it), with its explicit storage options if any, and *options* (``checkpoint``,
+        ``partitions``) added."""
+        opts = {"path": self.root, "uid": uid, "state": state}
+        opts.update({k: str(v) for k, v in options.items()})
         if self.storage:
+            self.storage = self.storage.covering(opts["path"])
+            self.storage.install()
             opts[STORAGE_OPTION] = self.storage.to_json()
         return opts
 

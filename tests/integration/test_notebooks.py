@@ -9,12 +9,16 @@ table, the savepoint, the open sessions' timers)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
 
+from spark_ckpt import StorageOptions
+from spark_ckpt.locations.uris import filesystem
 from spark_ckpt.testing.s3_endpoint import S3Endpoint
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -66,48 +70,63 @@ def test_notebooks_are_in_databricks_source_format(name: str) -> None:
     compile((NOTEBOOKS / name).read_text(), name, "exec")  # also plain Python
 
 
-@pytest.mark.spark
-@pytest.mark.slow
-def test_quickstart_notebook(spark: Any, tmp_path: Path) -> None:
-    ns = run(NOTEBOOKS / "01_quickstart.py", spark, {"BASE": str(tmp_path), "ROWS": 300})
-    assert len(ns["out"]) == 600 and len(ns["copied"]) == 600
+@dataclass(frozen=True)
+class Where:
+    """Where a notebook runs: its ``BASE`` and ``STORAGE_OPTIONS`` parameters."""
+
+    base: str
+    storage_options: dict[str, str] | None
+
+    def params(self, **more: Any) -> dict[str, Any]:
+        return {"BASE": self.base, "STORAGE_OPTIONS": self.storage_options, **more}
+
+    def exists(self, location: str) -> bool:
+        fs, path = filesystem(location)
+        return bool(fs.get_file_info(path).type is not pafs.FileType.NotFound)
 
 
-@pytest.mark.spark
-@pytest.mark.slow
-def test_quickstart_notebook_on_s3_with_explicit_storage_options(
-    spark: Any, tmp_path: Path, s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same notebook with ``BASE`` on a real S3 endpoint and its credentials given only
-    as ``STORAGE_OPTIONS`` (no ``AWS_*`` variable here, nor in the session's workers): the
-    roots, the outputs, the ``ckpt-sink`` and ``ckpt-state`` queries and the landing
-    directory all on the endpoint."""
+@pytest.fixture(scope="module")
+def notebook_bucket(s3_endpoint: S3Endpoint) -> S3Endpoint:
+    s3_endpoint.create_bucket("notebooks")
+    return s3_endpoint
+
+
+@pytest.fixture(params=["local", "s3"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
+    """A local ``BASE``, or one on a real S3 endpoint with the credentials given only as
+    ``STORAGE_OPTIONS``: no ``AWS_*`` variable in this process, nor in the session's
+    workers. Nothing may land in a local folder named ``s3:``."""
+    if request.param == "local":
+        yield Where(str(tmp_path), None)
+        return
+    endpoint: S3Endpoint = request.getfixturevalue("notebook_bucket")
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
     for key in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(key)
-    s3_endpoint.create_bucket("notebooks")
-    base = f"s3://notebooks/{tmp_path.name}"
-    ns = run(
-        NOTEBOOKS / "01_quickstart.py",
-        spark,
-        {"BASE": base, "ROWS": 300, "STORAGE_OPTIONS": s3_endpoint.storage_options()},
-    )
-    assert len(ns["out"]) == 600 and len(ns["copied"]) == 600
-    fs, path = ns["landed"].filesystem(base)
-    stored = {i.base_name for i in fs.get_file_info(pafs.FileSelector(path))}
-    assert {"copy_root", "copy_out", "counts_root", "counts_out", "landed_out"} <= stored
-    assert not (tmp_path / "s3:").exists() and not Path("s3:").exists()
+    StorageOptions.of(endpoint.storage_options(), ["s3://notebooks"]).install()  # for checks
+    yield Where(f"s3://notebooks/{tmp_path.name}", endpoint.storage_options())
+    assert not Path("s3:").exists() and not (tmp_path / "s3:").exists()
 
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_savepoint_and_upgrade_notebook(spark: Any, tmp_path: Path) -> None:
+def test_quickstart_notebook(spark: Any, where: Where) -> None:
+    ns = run(NOTEBOOKS / "01_quickstart.py", spark, where.params(ROWS=300))
+    assert len(ns["out"]) == 600 and len(ns["copied"]) == 600
+    for name in ("copy_root", "copy_out", "counts_root", "counts_out", "landed_out"):
+        assert where.exists(f"{where.base}/{name}"), name
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_savepoint_and_upgrade_notebook(spark: Any, where: Where) -> None:
     ns = run(
         NOTEBOOKS / "02_savepoint_and_upgrade.py",
         spark,
-        {"BASE": str(tmp_path), "FIRST_ROWS": 300, "MORE_ROWS": 700},
+        where.params(FIRST_ROWS=300, MORE_ROWS=700),
     )
     assert "'counter'" in ns["refused"]
-    assert Path(ns["upgraded"]).is_dir() and Path(ns["savepoint"].path).is_dir()
+    assert where.exists(ns["upgraded"]) and where.exists(ns["savepoint"].path)
     assert len(ns["out"]) == 1400
     # allow_non_restored_state: the rows after the savepoint, counted from 1 again
     assert len(ns["out_dropped"]) == 800 and ns["out_dropped"]["count"].min() == 1
@@ -115,12 +134,18 @@ def test_savepoint_and_upgrade_notebook(spark: Any, tmp_path: Path) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_monitoring_notebook(spark: Any, tmp_path: Path) -> None:
+def test_monitoring_notebook(spark: Any, where: Where, tmp_path: Path) -> None:
     plot = tmp_path / "checkpoints.png"
     ns = run(
         NOTEBOOKS / "03_monitoring.py",
         spark,
-        {"BASE": str(tmp_path), "BATCHES": [300, 600, 900], "PLOT": str(plot)},
+        # on the S3 endpoint a checkpoint takes most of a second: a longer timeout, still
+        # shorter than the first run's stalls
+        where.params(
+            BATCHES=[300, 600, 900],
+            PLOT=str(plot),
+            TIMEOUT_S=1 if where.storage_options is None else 3,
+        ),
     )
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert len(ns["out"]) == 1800
@@ -131,15 +156,15 @@ def test_monitoring_notebook(spark: Any, tmp_path: Path) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_sessionization_notebook(spark: Any, tmp_path: Path) -> None:
+def test_sessionization_notebook(spark: Any, where: Where) -> None:
     ns = run(
         NOTEBOOKS / "04_sessionization.py",
         spark,
-        {"BASE": str(tmp_path), "USERS": 5, "MINUTES": 6, "FILES": (3, 3)},
+        where.params(USERS=5, MINUTES=6, FILES=(3, 3)),
     )
     import polars as pl
 
-    sessions = pl.read_delta(str(tmp_path / "sessions"))
+    sessions = pl.read_delta(f"{where.base}/sessions", storage_options=where.storage_options)
     assert sessions.columns == [
         "user",
         "window_start",
@@ -154,7 +179,7 @@ def test_sessionization_notebook(spark: Any, tmp_path: Path) -> None:
     assert sessions.height == len(ns["expected"]) > len(ns["expected_before"]) > 0
     assert ns["still_open"] and len(ns["timers"]) == len(ns["still_open"])
     assert ns["spanning"]
-    assert Path(ns["savepoint_path"]).is_dir() and ns["savepoint"].is_savepoint
+    assert where.exists(ns["savepoint_path"]) and ns["savepoint"].is_savepoint
     # the second run restored the savepoint: its restore point is on record, naming it
     restored = [r for r in ns["p"].client.history() if "restored_from" in r.properties]
     assert [r.properties["restored_from"] for r in restored] == [
