@@ -5,8 +5,10 @@ older runs' tasks."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
+from spark_ckpt.spark.executors.changelog import SubtaskChangelog
 from spark_ckpt.spark.executors.executor_cache import CacheKey, Fence
 from spark_ckpt.spark.executors.subtask_function import HIT, LiveSubtask, LiveSubtasks, _resume
 
@@ -29,13 +31,14 @@ def live(batch: int, token: str) -> LiveSubtask:
 KEY = CacheKey("/root", "run-1", 0)
 
 
-def test_a_worker_continues_its_task_only_at_the_fence() -> None:
+def test_a_worker_continues_its_task_only_at_the_fence(tmp_path: Path) -> None:
+    empty = SubtaskChangelog(str(tmp_path), "run-1", 0)
     registry = LiveSubtasks()
     kept = live(4, "a")
     registry.keep(KEY, kept)
     taken = registry.take(KEY)
     assert taken is kept
-    resumed = _resume(taken, KEY, Fence("run-1", 4, "a", "exec-1"), None)
+    resumed = _resume(taken, KEY, Fence("run-1", 4, "a", "exec-1"), empty)
     assert resumed is not None and resumed[0] is kept.task and resumed[2] == HIT
     # taken out while the micro-batch runs: a failure half-way leaves nothing behind
     assert registry.take(KEY) is None
@@ -45,7 +48,7 @@ def test_a_worker_continues_its_task_only_at_the_fence() -> None:
         Fence("run-1", 5, "c", "exec-2"),  # another worker ran a later micro-batch
         Fence("run-2", 4, "a", "exec-1"),  # another run
     ):
-        assert _resume(kept, KEY, fence, None) is None  # no changelog to catch up by
+        assert _resume(kept, KEY, fence, empty) is None  # no changelog to catch up by
 
 
 def test_a_newer_run_of_a_root_drops_the_older_runs() -> None:

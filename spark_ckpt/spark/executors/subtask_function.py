@@ -169,7 +169,7 @@ class SubtaskFunction:
         task.process(table)
         task.tick()
         token = batch.token
-        image, folded = _segment_image(task, writer, changelog, segment)
+        image, folded = _segment_image(task, writer, segment)
         image = SubtaskImage(
             image.tables, {**image.meta, WRITER: SNAPSHOTS.writer(self._key(subtask)).to_json()}
         )
@@ -296,7 +296,7 @@ REBUILT = "rebuilt"
 
 
 def _resume(
-    live: LiveSubtask, key: CacheKey, fence: Fence | None, changelog: SubtaskChangelog | None
+    live: LiveSubtask, key: CacheKey, fence: Fence | None, changelog: SubtaskChangelog
 ) -> tuple[OperatorTask, Any, str, Segment | None] | None:
     """The live task of this worker, brought to *fence*: as it is (it ran the previous
     micro-batch), or caught up by the changelog's deltas since its own micro-batch; None
@@ -305,8 +305,6 @@ def _resume(
         return None
     if (live.batch_id, live.token) == (fence.batch_id, fence.token):
         return live.task, live.writer, HIT, live.segment
-    if changelog is None:
-        return None
     found = changelog.since(fence.batch_id, fence.token, (live.batch_id, live.token))
     if found is None:
         return None
@@ -321,16 +319,15 @@ def _resume(
 def _segment_image(
     task: OperatorTask,
     writer: Any,
-    changelog: SubtaskChangelog | None,
     segment: Segment | None,
 ) -> tuple[SubtaskImage, bool]:
     """The image a micro-batch publishes, and whether it is a fold: what the micro-batch changed,
     while the subtask's changelog chain is shorter than
     :data:`~spark_ckpt.spark.executors.changelog.MAX_CHAIN`; then everything changed since the
     chain's full segment, folded into one delta (its size follows the keys changed since, not the
-    state); the whole state when there is no chain yet, on a remote root, or when the task cannot
-    fold (it was rebuilt since the full segment, or half its keys changed)."""
-    if changelog is not None and segment is not None:
+    state); the whole state when there is no chain yet, or when the task cannot fold (it was
+    rebuilt since the full segment, or half its keys changed)."""
+    if segment is not None:
         if segment.length < MAX_CHAIN:
             return export_image(task, writer, changes=True), False
         folded = export_folded_image(task, writer)
