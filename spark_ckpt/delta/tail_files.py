@@ -20,8 +20,6 @@ from spark_ckpt.locations.uris import filesystem
 
 def table_filesystem(root: str) -> tuple[pafs.FileSystem, str]:
     """The native pyarrow file system of *root* and the root's path in it."""
-    if root.startswith("file://"):
-        root = unquote(root[len("file://") :])
     with tail_boundary(f"resolving the file system of {root}"):
         fs, path = filesystem(root)
     return fs, path.rstrip("/")

@@ -130,7 +130,14 @@ class SinkLedger:
     @staticmethod
     def from_json(text: str) -> SinkLedger:
         try:
-            d = json.loads(text)
+            return SinkLedger.from_dict(json.loads(text))
+        except ValueError as e:
+            raise ProtocolError(f"corrupt ckpt-sink ledger: {e}") from e
+
+    @staticmethod
+    def from_dict(d: Any) -> SinkLedger:
+        """The ledger of a decoded :meth:`to_json`; :class:`ProtocolError` if it is not one."""
+        try:
             return SinkLedger(
                 last_batch=int(d["last_batch"]),
                 channels=None if d.get("channels") is None else int(d["channels"]),
@@ -141,7 +148,7 @@ class SinkLedger:
                 },
                 acked=[int(c) for c in d["acked"]],
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ProtocolError(f"corrupt ckpt-sink ledger: {e}") from e
 
 

@@ -159,7 +159,7 @@ class SinkRunner:
         path = f"{root}/_sink/{self.options.uid}/{self.options.run}.json"
         with store_errors(self.options.root, "read the sink's ledger under"):
             try:
-                return fs, path, SinkLedger.from_json(json.dumps(read_json(fs, path)))
+                return fs, path, SinkLedger.from_dict(read_json(fs, path))
             except FileNotFoundError:
                 return fs, path, SinkLedger()
 

@@ -277,7 +277,13 @@ class SourceOptions:
             StorageOptions.from_json(opts[STORAGE_OPTION])
             if STORAGE_OPTION in opts
             else StorageOptions()
-        ).covering(root, delta.get("path"), files.get("path"), files.get("sourcearchivedir"))
+        ).covering(
+            root,
+            delta.get("path"),
+            files.get("path"),
+            files.get("sourcearchivedir"),
+            files.get("badrecordspath"),
+        )
         return SourceOptions(
             pipeline=pipeline,
             root=normalized(root),
