@@ -88,6 +88,19 @@ def s3_endpoint() -> Iterator[S3Endpoint]:
         yield endpoint
 
 
+@pytest.fixture(scope="module")
+def s3(s3_endpoint: S3Endpoint, request: pytest.FixtureRequest) -> S3Endpoint:
+    """:func:`s3_endpoint` with the bucket the test module names (its ``BUCKET``)."""
+    s3_endpoint.create_bucket(request.module.BUCKET)
+    return s3_endpoint
+
+
+@pytest.fixture
+def on_s3(s3: S3Endpoint, s3_environment: None) -> S3Endpoint:
+    """:func:`s3`, with this test process's pyarrow and delta-rs pointed at it."""
+    return s3
+
+
 @pytest.fixture
 def s3_environment(s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
     """This test process's pyarrow and delta-rs pointed at :func:`s3_endpoint`."""

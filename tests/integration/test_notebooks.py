@@ -85,10 +85,7 @@ class Where:
         return bool(fs.get_file_info(path).type is not pafs.FileType.NotFound)
 
 
-@pytest.fixture(scope="module")
-def notebook_bucket(s3_endpoint: S3Endpoint) -> S3Endpoint:
-    s3_endpoint.create_bucket("notebooks")
-    return s3_endpoint
+BUCKET = "notebooks"
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -99,7 +96,7 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
     if request.param == "local":
         yield Where(str(tmp_path), None)
         return
-    endpoint: S3Endpoint = request.getfixturevalue("notebook_bucket")
+    endpoint: S3Endpoint = request.getfixturevalue("s3")
     monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
     for key in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(key)

@@ -49,18 +49,6 @@ REPO = HERE.parents[1]
 BUCKET = "lake"
 
 
-@pytest.fixture(scope="module")
-def s3(s3_endpoint: S3Endpoint) -> S3Endpoint:
-    s3_endpoint.create_bucket(BUCKET)
-    return s3_endpoint
-
-
-@pytest.fixture
-def on_s3(s3: S3Endpoint, s3_environment: None) -> S3Endpoint:
-    """This test process's pyarrow and delta-rs pointed at the endpoint."""
-    return s3
-
-
 def run(
     argv: list[str], *, env: dict[str, str], cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:

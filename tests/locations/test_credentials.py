@@ -22,11 +22,7 @@ from spark_ckpt.locations.objects import write_whole
 from spark_ckpt.locations.uris import filesystem
 from spark_ckpt.testing.s3_endpoint import S3Endpoint
 
-
-@pytest.fixture(scope="module")
-def s3(s3_endpoint: S3Endpoint) -> S3Endpoint:
-    s3_endpoint.create_bucket("creds")
-    return s3_endpoint
+BUCKET = "creds"
 
 
 @pytest.fixture

@@ -27,17 +27,6 @@ from spark_ckpt.testing.s3_endpoint import S3Endpoint
 BUCKET = "listing"
 
 
-@pytest.fixture(scope="module")
-def s3(s3_endpoint: S3Endpoint) -> S3Endpoint:
-    s3_endpoint.create_bucket(BUCKET)
-    return s3_endpoint
-
-
-@pytest.fixture
-def on_s3(s3: S3Endpoint, s3_environment: None) -> S3Endpoint:
-    return s3
-
-
 def land(uri: str, name: str, keys: list[int]) -> None:
     fs, base = filesystem(uri)
     with fs.open_output_stream(f"{base}/{name}") as out:

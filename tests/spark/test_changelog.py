@@ -14,13 +14,8 @@ from spark_ckpt.locations.uris import filesystem
 from spark_ckpt.runtime.subtask_image import DELTA, FULL, SubtaskImage
 from spark_ckpt.spark.executors.changelog import SubtaskChangelog, remove_run
 from spark_ckpt.spark.executors.executor_cache import ENTRY_META, entry_name
-from spark_ckpt.testing.s3_endpoint import S3Endpoint
 
-
-@pytest.fixture(scope="module")
-def s3(s3_endpoint: S3Endpoint) -> S3Endpoint:
-    s3_endpoint.create_bucket("changelog")
-    return s3_endpoint
+BUCKET = "changelog"
 
 
 @pytest.fixture(params=["local", "s3"])
