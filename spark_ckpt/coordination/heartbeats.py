@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from spark_ckpt.coordination.live_report import LiveReport
 from spark_ckpt.coordination.mailbox import MAILBOX_DIR
 from spark_ckpt.errors import ProtocolError, StoreError
 from spark_ckpt.locations.objects import read_json, write_whole
@@ -52,7 +53,9 @@ class HeartbeatRole(StrEnum):
 @dataclass(frozen=True)
 class Heartbeat:
     """A liveness record: *holder* (a run id, or a coordinator's own id) was alive at
-    *beat_ms* (wall clock, epoch ms) in process *pid* on *host*, and says so for *valid_ms*."""
+    *beat_ms* (wall clock, epoch ms) in process *pid* on *host*, and says so for *valid_ms*.
+    A coordinator's record also carries its :class:`LiveReport` (None: none yet, or a
+    starting run's record)."""
 
     holder: str
     role: HeartbeatRole
@@ -60,6 +63,7 @@ class Heartbeat:
     pid: int
     beat_ms: int
     valid_ms: int
+    report: LiveReport | None = None
 
     def alive(self, now_ms: int) -> bool:
         """Fresh at *now_ms*, and — when written on this host — its process still exists."""
@@ -75,10 +79,11 @@ class Heartbeat:
             "pid": self.pid,
             "beat_ms": self.beat_ms,
             "valid_ms": self.valid_ms,
-        }
+        } | ({} if self.report is None else {"report": self.report.to_dict()})
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Heartbeat:
+        report = d.get("report")
         return Heartbeat(
             str(d["holder"]),
             HeartbeatRole(d["role"]),
@@ -86,6 +91,7 @@ class Heartbeat:
             int(d["pid"]),
             int(d["beat_ms"]),
             int(d["valid_ms"]),
+            None if report is None else LiveReport.from_dict(report),
         )
 
 
@@ -116,11 +122,13 @@ class Heartbeats:
             raise ProtocolError(f"invalid heartbeat holder {holder!r}")
         return f"{self._dir}/{holder}.json"
 
-    def beat(self, holder: str, role: HeartbeatRole, valid_ms: int) -> Heartbeat:
-        """Record that *holder* is alive now, in this process; returns the record."""
-        record = Heartbeat(
-            holder, role, socket.gethostname(), os.getpid(), time.time_ns() // 1_000_000, valid_ms
-        )
+    def beat(
+        self, holder: str, role: HeartbeatRole, valid_ms: int, report: LiveReport | None = None
+    ) -> Heartbeat:
+        """Record that *holder* is alive now, in this process (with *report*); returns the
+        record."""
+        now = time.time_ns() // 1_000_000
+        record = Heartbeat(holder, role, socket.gethostname(), os.getpid(), now, valid_ms, report)
         write_whole(self._fs, self._path(holder), json.dumps(record.to_dict()).encode())
         return record
 
@@ -170,8 +178,9 @@ def mark_starting(root: str, run_id: str) -> None:
 class HeartbeatThread:
     """Rewrites *holder*'s coordinator record under *root* every *interval_s* on a daemon
     thread of its own (never behind the coordinator's work), while *alive* returns true;
-    removes the record when it ends (:meth:`stop`, or *alive* turned false). A failed write
-    is logged and retried at the next beat."""
+    removes the record when it ends (:meth:`stop`, or *alive* turned false). Each record
+    carries what *report* returns then (called on this thread: it must not wait for the
+    coordinator's work). A failed write is logged and retried at the next beat."""
 
     def __init__(
         self,
@@ -179,12 +188,14 @@ class HeartbeatThread:
         holder: str,
         *,
         alive: Callable[[], bool] = lambda: True,
+        report: Callable[[], LiveReport | None] = lambda: None,
         interval_s: float = HEARTBEAT_INTERVAL_S,
         valid_ms: int = HEARTBEAT_VALID_MS,
     ) -> None:
         self.heartbeats = Heartbeats(root)
         self.holder = holder
         self._alive = alive
+        self._report = report
         self._interval_s = interval_s
         self._valid_ms = valid_ms
         self._stop = threading.Event()
@@ -200,7 +211,9 @@ class HeartbeatThread:
 
     def _beat(self) -> None:
         try:
-            self.heartbeats.beat(self.holder, HeartbeatRole.COORDINATOR, self._valid_ms)
+            self.heartbeats.beat(
+                self.holder, HeartbeatRole.COORDINATOR, self._valid_ms, self._report()
+            )
         except (StoreError, ProtocolError) as e:
             log.warning("heartbeat of %s not written: %s", self.holder, e)
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from spark_ckpt.coordination.global_committer import STAGING_CLOCK_SKEW_MS, GlobalCommitter
+from spark_ckpt.coordination.live_report import InProgress
 from spark_ckpt.coordination.mailbox import Mailbox
 from spark_ckpt.coordination.messages import Request
 from spark_ckpt.coordination.requests import RunControl
@@ -228,6 +229,7 @@ class CoordinatorHost:
         self.restore_point = RestorePoint(
             restored.checkpoint_id if restored else None,
             tuple(SkippedCheckpoint(e.checkpoint_id or 0, str(e)) for e in damaged),
+            at_ms=self.clock.now_ms(),
         )
         return restored
 
@@ -260,6 +262,7 @@ class CoordinatorHost:
         self.committer.install(sink, latest, late=late)
         if self.run is not None and self.restore_point is not None:
             self.run.write_restore_point(self.restore_point)
+            self.run.write_config(self.pipeline, self.config.to_dict())
         self.coordinator = coordinator
         self.coordinator.start()
         self.control.started(coordinator)
@@ -378,6 +381,27 @@ class CoordinatorHost:
 
     def latest_completed(self) -> CompletedCheckpoint | None:
         return self.store.latest_completed()
+
+    def in_progress(self) -> tuple[InProgress, ...]:
+        """The checkpoints triggered and not finished yet, oldest first (none when nothing
+        coordinates). O(pending checkpoints); no I/O."""
+        if self.coordinator is None:
+            return ()
+        return tuple(
+            InProgress(
+                p.checkpoint_id,
+                p.snapshot_type,
+                p.trigger_ms,
+                len(p.acks),
+                len(p.tasks_to_ack),
+            )
+            for p in self.coordinator.pending
+        )
+
+    @property
+    def triggered(self) -> int:
+        """Checkpoints triggered by this run's coordinator (0 before it started)."""
+        return 0 if self.coordinator is None else self.coordinator.num_triggered
 
     def shutdown(self, status: JobStatus = JobStatus.SUSPENDED) -> None:
         if self.coordinator is not None:

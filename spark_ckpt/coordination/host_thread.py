@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from spark_ckpt.coordination.heartbeats import HeartbeatThread
 from spark_ckpt.coordination.host import CoordinatorHost
+from spark_ckpt.coordination.live_report import ChannelProgress, InProgress, LiveReport
 from spark_ckpt.errors import FencedError
 from spark_ckpt.locations.uris import is_remote
 from spark_ckpt.protocol.barrier import CheckpointBarrier
@@ -89,11 +90,24 @@ class HostThread:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # what the heartbeat reports (see spark_ckpt.coordination.live_report), as of the
+        # last poll or tick, and of the last latestOffset
+        self._in_progress: tuple[InProgress, ...] = ()
+        self._triggered = 0
+        self._channels: tuple[ChannelProgress, ...] = ()
+        holder = host.run_id or f"coordinator-{uuid.uuid4().hex}"
         #: tells clients a coordinator polls the mailbox (see spark_ckpt.coordination.mailbox)
         self.heartbeat = HeartbeatThread(
             host.root,
-            host.run_id or f"coordinator-{uuid.uuid4().hex}",
+            holder,
             alive=lambda: self._error is None,
+            report=lambda: LiveReport(
+                holder,
+                self.host.clock.now_ms(),
+                self._in_progress,
+                self._triggered,
+                self._channels,
+            ),
         )
 
     def start(self) -> None:
@@ -127,6 +141,7 @@ class HostThread:
             self._last_completed = self.host.last_completed
             self._due_ms = self.host.next_trigger_ms()
             self._awaiting_acks = self.host.awaiting_acks
+            self._observe()
         self._queue(barriers, stopping)
         with self._host_lock:  # separately: latestOffset may tick in between
             self.host.maintain()
@@ -172,6 +187,7 @@ class HostThread:
                 stopping = self.host.stopping
                 self._due_ms = self.host.next_trigger_ms()
                 self._awaiting_acks = self.host.awaiting_acks
+                self._observe()
             finally:
                 self._host_lock.release()
             self._queue(ticked, stopping)
@@ -180,6 +196,16 @@ class HostThread:
         with self._queue_lock:
             barriers, self._barriers = self._barriers, []
         return barriers
+
+    def _observe(self) -> None:
+        """Under the host lock: what the heartbeat reports of the coordinator."""
+        self._in_progress = self.host.in_progress()
+        self._triggered = self.host.triggered
+
+    def report_channels(self, channels: tuple[ChannelProgress, ...]) -> None:
+        """Source runner, at each ``latestOffset``: the channels' progress, for the
+        heartbeat's report."""
+        self._channels = channels
 
     def _tick_due(self) -> bool:
         """Whether a tick may trigger something now (lock-free: as of the last poll)."""

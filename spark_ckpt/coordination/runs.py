@@ -20,6 +20,8 @@ file                written by                      read by
 ``committed.json``  the coordinator, after each     the run's subtasks on the executors
                     completion's sink commit        (completion notifications)
 ``status.json``     the driver                      the CLI and notebooks (:class:`RunStatus`)
+``config.json``     the coordinator, at its start   the checkpoint page (the pipeline's name,
+                                                    the run's checkpoint configuration)
 ``fatal.json``      the coordinator                 the driver: a failure no restart can mend
                                                     (fenced, no restorable checkpoint)
 ==================  ==============================  ==========================================
@@ -49,6 +51,7 @@ LEASE_FILE = "lease.json"
 ABORTED_FILE = "aborted.json"
 COMMITTED_FILE = "committed.json"
 STATUS_FILE = "status.json"
+CONFIG_FILE = "config.json"
 FATAL_FILE = "fatal.json"
 #: How many aborted checkpoint ids ``aborted.json`` keeps (the newest).
 ABORTED_KEPT = 64
@@ -89,24 +92,28 @@ class SkippedCheckpoint:
 
 @dataclass(frozen=True)
 class RestorePoint:
-    """The checkpoint a run restores from (None: a fresh start), and the newer checkpoints it
-    skipped as damaged."""
+    """The checkpoint a run restores from (None: a fresh start), the newer checkpoints it
+    skipped as damaged, and when the run's coordinator chose it (*at_ms*, epoch ms; None in
+    the files of older versions)."""
 
     checkpoint_id: int | None
     skipped: tuple[SkippedCheckpoint, ...] = ()
+    at_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "checkpoint_id": self.checkpoint_id,
             "skipped": [s.to_dict() for s in self.skipped],
-        }
+        } | ({} if self.at_ms is None else {"at_ms": self.at_ms})
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> RestorePoint:
         cid = d.get("checkpoint_id")
+        at = d.get("at_ms")
         return RestorePoint(
             None if cid is None else int(cid),
             tuple(SkippedCheckpoint.from_dict(s) for s in d.get("skipped", [])),
+            None if at is None else int(at),
         )
 
 
@@ -243,6 +250,16 @@ class RunFiles:
     def fatal(self) -> str | None:
         d = self._read(FATAL_FILE)
         return None if d is None else str(d.get("reason"))
+
+    # -- configuration --------------------------------------------------------------------------
+    def write_config(self, pipeline: str, checkpoint: dict[str, Any]) -> None:
+        """The run's pipeline name and checkpoint configuration (``CheckpointConfig.to_dict``)."""
+        self._write(CONFIG_FILE, {"pipeline": pipeline, "checkpoint": checkpoint})
+
+    def config(self) -> dict[str, Any] | None:
+        """``{"pipeline": name, "checkpoint": configuration}`` as the run's coordinator wrote
+        them; None for a run of an older version or one whose coordinator did not start."""
+        return self._read(CONFIG_FILE)
 
     # -- status -------------------------------------------------------------------------------
     def write_status(self, status: RunStatus) -> None:

@@ -35,6 +35,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from spark_ckpt.coordination.global_committer import sink_from_spec
 from spark_ckpt.coordination.host import HOST_RETAIN_EVERY_MS, CoordinatorHost
 from spark_ckpt.coordination.host_thread import HostThread, exit_quietly_if_channel_closed
+from spark_ckpt.coordination.live_report import channel_progress
 from spark_ckpt.errors import CheckpointError, ProtocolError
 from spark_ckpt.locations.credentials import NO_STORAGE_OPTIONS, StorageOptions
 from spark_ckpt.protocol.barrier import ChannelProgress, CheckpointBarrier
@@ -244,6 +245,7 @@ class SourceRunner:
             offset = self._available_now(offset, heads, target)
         now = self._clock.now_ms()
         end = alignment.next(offset, heads, max_rows, now)
+        self._report_channels(end.positions)
         if self.options.watermark is None:
             return start if end.is_idle_after(begin) else end.to_dict()
         idle = self._idle_channels(begin, end, heads, now)
@@ -252,6 +254,14 @@ class SourceRunner:
             # when the offset stops moving)
             return start
         return end.at_time(now, idle).to_dict()
+
+    def _report_channels(self, positions: Sequence[int]) -> None:
+        """Hand the channels' progress to the coordinator's heartbeat report: where the run
+        started, where this batch ends, where the input ends. O(channels)."""
+        heads = self._heads
+        starts = StreamOffset.from_dict(self.initial_offset()).positions
+        if heads is not None and len(starts) == len(positions) == len(heads):
+            self.host.report_channels(channel_progress(starts, positions, heads))
 
     def _idle_channels(
         self, begin: StreamOffset, end: StreamOffset, heads: Sequence[int], now: int
