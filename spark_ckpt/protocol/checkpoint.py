@@ -18,6 +18,7 @@ from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.state_handles import (
     BlobRef,
     CacheMetrics,
+    ChangeMetrics,
     CheckpointMetrics,
     SourceOffset,
     TaskId,
@@ -57,6 +58,16 @@ class CheckpointStats:
     task_cache: Mapping[str, CacheMetrics] = field(default_factory=dict)
     #: a pipeline that keeps time: each subtask's watermark, late rows and timers
     task_time: Mapping[str, TimeMetrics] = field(default_factory=dict)
+    #: each subtask's keys changed and rows in flight (empty: written by an older version)
+    task_changes: Mapping[str, ChangeMetrics] = field(default_factory=dict)
+
+    @property
+    def keys_changed(self) -> int:
+        return sum(m.keys_changed for m in self.task_changes.values())
+
+    @property
+    def in_flight_rows(self) -> int:
+        return sum(m.in_flight_rows for m in self.task_changes.values())
 
     @property
     def watermark_ms(self) -> int | None:
@@ -119,6 +130,11 @@ class CheckpointStats:
                 if self.task_time
                 else {}
             )
+            | (
+                {"task_changes": {k: v.to_dict() for k, v in sorted(self.task_changes.items())}}
+                if self.task_changes
+                else {}
+            )
         )
 
     @staticmethod
@@ -134,6 +150,9 @@ class CheckpointStats:
             },
             task_cache={k: CacheMetrics.from_dict(v) for k, v in d.get("task_cache", {}).items()},
             task_time={k: TimeMetrics.from_dict(v) for k, v in d.get("task_time", {}).items()},
+            task_changes={
+                k: ChangeMetrics.from_dict(v) for k, v in d.get("task_changes", {}).items()
+            },
         )
 
 
@@ -233,6 +252,8 @@ class FailedCheckpoint:
     message: str = ""
     task_metrics: Mapping[str, CheckpointMetrics] = field(default_factory=dict)
     properties: Mapping[str, str] = field(default_factory=dict)
+    #: how many subtasks were to acknowledge it (0: not recorded, an older version)
+    subtasks: int = 0
 
     @property
     def duration_ms(self) -> int:
@@ -249,6 +270,7 @@ class FailedCheckpoint:
             "message": self.message,
             "task_metrics": {k: v.to_dict() for k, v in sorted(self.task_metrics.items())},
             **({"properties": dict(sorted(self.properties.items()))} if self.properties else {}),
+            **({"subtasks": self.subtasks} if self.subtasks else {}),
         }
 
     def to_json(self) -> str:
@@ -270,6 +292,7 @@ class FailedCheckpoint:
                     for k, v in d.get("task_metrics", {}).items()
                 },
                 properties={str(k): str(v) for k, v in d.get("properties", {}).items()},
+                subtasks=int(d.get("subtasks", 0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptCheckpointError(f"failed-checkpoint record is malformed: {e}") from e

@@ -273,6 +273,31 @@ class CheckpointMetrics:
 
 
 @dataclass(frozen=True)
+class ChangeMetrics:
+    """What a subtask's snapshot of one checkpoint took in: *keys_changed*, the distinct
+    keys of its keyed states written or cleared since its previous snapshot (the keys an
+    incremental checkpoint writes), *in_flight_rows*, the rows of its input channels
+    stored as channel state (unaligned checkpoints; 0 when aligned), and *bytes_written*,
+    the bytes of state it wrote for this checkpoint (the rest it reused from earlier ones:
+    Flink's checkpointed size against the full size)."""
+
+    keys_changed: int = 0
+    in_flight_rows: int = 0
+    bytes_written: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> ChangeMetrics:
+        return ChangeMetrics(
+            int(d.get("keys_changed", 0)),
+            int(d.get("in_flight_rows", 0)),
+            int(d.get("bytes_written", 0)),
+        )
+
+
+@dataclass(frozen=True)
 class CacheMetrics:
     """Where a subtask on the executors found its state for the micro-batches since its
     previous checkpoint (this one's included): ``hits`` in its executor — alive in the
@@ -382,6 +407,8 @@ class AcknowledgeCheckpoint:
     sealed: tuple[str, ...] | None = None
     #: a pipeline that keeps event time: the subtask's watermark and late rows (None: none)
     time: TimeMetrics | None = None
+    #: keys changed and rows in flight (None: an older version)
+    changes: ChangeMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -398,6 +425,8 @@ class AcknowledgeCheckpoint:
             d["sealed"] = list(self.sealed)
         if self.time is not None:
             d["time"] = self.time.to_dict()
+        if self.changes is not None:
+            d["changes"] = self.changes.to_dict()
         return d
 
     @staticmethod
@@ -413,6 +442,7 @@ class AcknowledgeCheckpoint:
             cache=None if cache is None else CacheMetrics.from_dict(cache),
             sealed=None if d.get("sealed") is None else tuple(str(t) for t in d["sealed"]),
             time=None if d.get("time") is None else TimeMetrics.from_dict(d["time"]),
+            changes=None if d.get("changes") is None else ChangeMetrics.from_dict(d["changes"]),
         )
 
 

@@ -111,6 +111,9 @@ class PendingCheckpoint:
                 str(t): a.cache for t, a in sorted(self.acks.items()) if a.cache is not None
             },
             task_time={str(t): a.time for t, a in sorted(self.acks.items()) if a.time is not None},
+            task_changes={
+                str(t): a.changes for t, a in sorted(self.acks.items()) if a.changes is not None
+            },
         )
         return CompletedCheckpoint(
             checkpoint_id=cid,

@@ -100,6 +100,7 @@ class CheckpointStatsTracker:
             message=failure.message,
             task_metrics={str(t): a.metrics for t, a in sorted(pending.acks.items())},
             properties=dict(pending.properties),
+            subtasks=len(pending.tasks_to_ack),
         )
         try:
             self._store.record_failure(lease, record, history_size=self._history_size)

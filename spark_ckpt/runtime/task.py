@@ -44,6 +44,7 @@ from spark_ckpt.protocol.state_handles import (
     BlobKind,
     BlobRef,
     CacheMetrics,
+    ChangeMetrics,
     CheckpointMetrics,
     DeclineCheckpoint,
     SourceOffset,
@@ -127,6 +128,7 @@ class _SnapshotInProgress:
     base_checkpoint_id: int  # the oldest base the snapshots build on (0: none yet)
     event_time: pa.Table | None = None  # the watermark valve's state at the snapshot
     time: TimeMetrics | None = None
+    keys_changed: int = 0  # distinct keys changed since the previous snapshot
 
 
 class OperatorTask:
@@ -444,7 +446,13 @@ class OperatorTask:
                 ]
         time_state, time = (None, None) if self.time is None else self.time.snapshot()
         self._in_progress[cid] = _SnapshotInProgress(
-            snaps, step, self.clock.now_ms() - start, base, time_state, time
+            snaps,
+            step,
+            self.clock.now_ms() - start,
+            base,
+            time_state,
+            time,
+            sum(s.keys_changed for s in strategies),
         )
 
     def _complete(self, step: Complete) -> None:
@@ -459,6 +467,7 @@ class OperatorTask:
         for snap in progress.snapshots:
             blobs.extend(snap.new_blobs)
             reused.extend(snap.reused)
+        in_flight = sum(rows.num_rows for rows in step.channel_state.values())
         for channel, rows in sorted(step.channel_state.items()):
             if rows.num_rows:
                 blobs.append(
@@ -516,6 +525,7 @@ class OperatorTask:
                     cache,
                     sealed,
                     progress.time,
+                    ChangeMetrics(progress.keys_changed, in_flight, handle.bytes_written_by(cid)),
                 )
             )
 

@@ -41,6 +41,7 @@ def test_declined_and_expired_checkpoints_are_recorded_with_reason_and_subtask_f
         reason="declined",
         message=f"declined by {OP}: disk full",
         task_metrics={str(SRC): CheckpointMetrics(3, 4, 5, 6, 7, 8)},
+        subtasks=2,  # the source and the operator were to acknowledge it
     )
     assert first.duration_ms == 50
     assert second.checkpoint_id == expired.checkpoint_id and second.reason == "expired"
@@ -179,6 +180,7 @@ def test_failed_checkpoint_json_round_trip() -> None:
         "expired",
         "not acknowledged by counter#0 ü",
         {"counter#0": CheckpointMetrics(1, 2, 3, 4, 5, 6), "source#0": CheckpointMetrics()},
+        subtasks=3,
     )
     text = failed.to_json()
     assert FailedCheckpoint.from_json(text) == failed

@@ -112,3 +112,24 @@ def test_merging_again_and_again_stays_bounded() -> None:
         since = since.then(step).bounded()
         assert since.log_rows <= 65_536 + 2 * 2_000 + 2_000
     assert as_dict(since) == {k: 39 for k in range(2_000)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(st.tuples(st.integers(0, 20), st.none() | st.integers(0, 3)), max_size=12),
+        max_size=4,
+    ),
+    touched=st.lists(st.integers(0, 30), max_size=8),
+)
+def test_key_count_is_the_distinct_keys_written_or_cleared(
+    batches: list[list[Change]], touched: list[int]
+) -> None:
+    changes = StateChanges()
+    for batch in batches:
+        if batch:
+            changes.append_table(table(batch), live_rows=1)
+    for key in touched:
+        changes.touch(0, key)  # every key of `table` is in key group 0
+    expected = {k for batch in batches for k, _ in batch} | set(touched)
+    assert changes.key_count() == len(expected)

@@ -111,6 +111,18 @@ class StateChanges:
         self.compact = True
         return table
 
+    def key_count(self) -> int:
+        """The number of distinct keys changed (written or cleared). Compacts the log (see
+        :meth:`compacted_log`): O(log rows + keys of the per-record API)."""
+        logged = self.compacted_log() if self.log else None
+        touched = sum(len(keys) for keys in self.keys.values())
+        if logged is None or not touched:
+            return touched + (0 if logged is None else logged.num_rows)
+        groups, keys = logged.column("key_group").to_pylist(), logged.column("key").to_pylist()
+        seen = set(zip(groups, keys, strict=True))
+        seen.update((kg, k) for kg, keys in self.keys.items() for k in keys)
+        return len(seen)
+
     def compacted(self) -> StateChanges:
         """These changes with the log deduplicated (one row per key) when it holds several
         tables: compacted in place (see the class docstring), so it is this object."""

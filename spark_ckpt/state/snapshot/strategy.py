@@ -136,6 +136,8 @@ class SnapshotStrategy:
         # chain's FULL blob), known only for chains this strategy wrote since that blob
         self._since_full: dict[str, StateChanges] = {}
         self._snapshotted = 0  # the last snapshot this strategy took itself
+        #: distinct keys changed between the previous snapshot and the last one
+        self.keys_changed = 0
 
     @property
     def base_checkpoint_id(self) -> int:
@@ -188,6 +190,7 @@ class SnapshotStrategy:
                 new_blobs.append(self._blob(BlobKind.KEYED_FULL, name, table, 0))
         new_blobs += self.operator_blobs()
         changes = {n: _take_changes(s) for n, s in keyed.items() if s.changes}
+        self.keys_changed = sum(c.key_count() for c in changes.values())
         self._pending.append(_PendingSnapshot(checkpoint_id, changes))
         self._last_snapshot_id = checkpoint_id
         self._snapshotted = checkpoint_id
