@@ -11,8 +11,17 @@ $(STAMP): setup.cfg pyproject.toml
 	$(VENV)/bin/pip install -q -e ".[dev]" --config-settings editable_mode=compat
 	touch $(STAMP)
 
-.PHONY: setup bytecode demo test test-fast lint bench
+.PHONY: setup bytecode browser demo test test-fast lint bench
 setup: $(STAMP)
+
+# Headless Chromium for the checkpoint page's browser test: Debian's package, installed when
+# missing and this runs as root (CI); elsewhere that test is skipped, and fails under CI=true.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    apt-get update -q >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } || \
+	  echo "no chromium (as root: apt-get install chromium): the browser test will not run"
 
 # Bytecode of the project's own modules, brought up to date before every run: the editable
 # install imports them from this directory, and where PYTHONDONTWRITEBYTECODE=1 is set no
@@ -29,7 +38,7 @@ demo: bytecode
 # (about 7 CPU-seconds of collection per process).
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -n 2 --durations=15
 
-test: bytecode
+test: bytecode browser
 	$(PYTEST)
 
 test-fast: bytecode

@@ -138,7 +138,35 @@ print("plot:", PLOT)
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC ## 3. Restore as of a time
+# MAGIC ## 3. The checkpoint page
+# MAGIC `pipeline.client` renders the page's overview right here: counts, the latest completed,
+# MAGIC failed and restored checkpoints, charts of duration and size over time, the newest
+# MAGIC history entries. In Jupyter it is the last expression of a cell (`_repr_html_`); on
+# MAGIC Databricks, `displayHTML(pipeline.client.overview_html())`. The whole page, with the
+# MAGIC subtasks of each checkpoint, the configuration, failures, runs and `/metrics` for
+# MAGIC Prometheus: `spark-ckpt ui --root ROOT` from a shell, or `pipeline.client.serve()` here.
+
+# COMMAND ----------
+
+import urllib.request
+
+overview = pipeline.client.overview_html()
+try:
+    displayHTML(overview)  # type: ignore[name-defined]
+except NameError:
+    print(f"overview: {overview.count('<svg')} charts, {overview.count('<tr>')} table rows")
+server = pipeline.client.serve(port=0)  # 127.0.0.1, any free port
+print("checkpoint page:", server.url)
+with urllib.request.urlopen(server.url + "metrics") as response:
+    metrics = response.read().decode()
+print(next(line for line in metrics.splitlines() if "numberOfFailedCheckpoints{" in line))
+server.shutdown()
+pipeline.client  # noqa: B018 - Jupyter renders the overview
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC ## 4. Restore as of a time
 # MAGIC Back to the checkpoint that was the latest right after the first run: its state, its
 # MAGIC source positions, and the output table rolled back to what that checkpoint had
 # MAGIC committed. Then the job reads on — and the output is again exactly the running count over
@@ -162,7 +190,7 @@ print("restored:", restored_from[-1].properties["restored_from"])
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC ## 4. Checks
+# MAGIC ## 5. Checks
 
 # COMMAND ----------
 

@@ -14,6 +14,7 @@
     spark-ckpt stop --root R [--savepoint] [--drain]   stop with a final checkpoint
     spark-ckpt state read --path P [--uid U --state S] state of a checkpoint/savepoint
     spark-ckpt stats --root R [--plot FILE.png]        the checkpoint statistics history
+    spark-ckpt ui --root R [--port P]                  the checkpoint page, its API, /metrics
 
 Tables by default, ``--json`` (JSON lines) for scripts. Every failure ends in one ``error: …`` line
 on stderr and a non-zero exit: bad input (a missing root, an unknown id, a bad time or file type, a
@@ -189,6 +190,21 @@ def parser() -> argparse.ArgumentParser:
         commands.stats,
     )
     sts.add_argument("--plot", default=None, metavar="FILE.png", help="also draw them over time")
+
+    ui = sub.add_parser(
+        "ui",
+        help="serve the checkpoint page, its JSON API and /metrics for a pipeline root",
+        description="Serve the checkpoint page of the pipeline under --root (running or "
+        "stopped), its JSON API (/checkpoints, /checkpoints/config, /checkpoints/details/ID) "
+        "and Prometheus metrics (/metrics) until Ctrl-C.",
+    )
+    ui.add_argument("--root", required=True, help="the pipeline root")
+    ui.add_argument("--port", type=int, default=8082, help="port (0: any free one)")
+    ui.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: this machine only)"
+    )
+    ui.add_argument("--pipeline", default=None, help="name on the page and in metric labels")
+    ui.set_defaults(func=commands.ui)
     return p
 
 
@@ -214,6 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _debug_trace()
         return fail(str(e), 2)
     except KeyboardInterrupt:
+        if getattr(args, "command", None) == "ui":
+            return 0  # Ctrl-C is how the page's server is stopped
         return fail("interrupted", 130)
     except Exception as e:  # a bug or an error not translated at a boundary: no trace either
         _debug_trace()

@@ -370,7 +370,7 @@ def _write_table(table: Any, path: str) -> None:
 def history_status(record: CheckpointRecord) -> str:
     """``completed``, ``failed`` or ``aborted`` (see
     :class:`~spark_ckpt.client.pipeline_client.CheckpointSummary`)."""
-    from spark_ckpt.client.pipeline_client import is_aborted
+    from spark_ckpt.runtime.failure import is_aborted
 
     if record.failure is None:
         return "completed"
@@ -425,7 +425,7 @@ def stats(args: argparse.Namespace) -> int:
     if args.json:
         print(json_lines([history_json(r) for r in records]))
     else:
-        from spark_ckpt.client.pipeline_client import is_aborted
+        from spark_ckpt.runtime.failure import is_aborted
 
         failures = [r.failure for r in records if r.failure is not None]
         aborted = sum(is_aborted(f) for f in failures)
@@ -454,4 +454,26 @@ def stats(args: argparse.Namespace) -> int:
         plot_checkpoint_stats(c.root, args.plot, client=c)
         if not args.json:
             print(f"plot written to {args.plot}")
+    return 0
+
+
+# -- the checkpoint page ----------------------------------------------------------------------
+def ui(args: argparse.Namespace) -> int:
+    """``ui``: read the root once (a root without a pipeline, or a damaged statistics
+    history, ends here in one line), then serve the page until Ctrl-C."""
+    from spark_ckpt.monitoring import CheckpointServer, RootReader
+
+    c = client(args.root)
+    reader = RootReader(c.root, c.store, args.pipeline)
+    view = reader.read()
+    if not view.runs and not view.records:
+        raise CheckpointNotFoundError(
+            f"no run of a pipeline under {c.root} yet: start the pipeline, then the page"
+        )
+    server = CheckpointServer(reader, args.host, args.port)
+    print(f"checkpoint page of {view.pipeline} at {server.url} (Ctrl-C stops it)", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
     return 0

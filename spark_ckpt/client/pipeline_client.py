@@ -36,10 +36,13 @@ from spark_ckpt.coordination.schedule import CheckpointSchedule, SchedulePause
 from spark_ckpt.errors import CheckpointError, CheckpointFailedError
 from spark_ckpt.locations.credentials import StorageOptions
 from spark_ckpt.locations.uris import normalized
+from spark_ckpt.monitoring.notebook import overview_html
+from spark_ckpt.monitoring.root_view import RootReader, RootView
+from spark_ckpt.monitoring.server import CheckpointServer
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, FailedCheckpoint
 from spark_ckpt.protocol.clock import SystemClock
 from spark_ckpt.runtime.checkpoint_cleaner import REQUEST_ID
-from spark_ckpt.runtime.failure import CheckpointFailureReason
+from spark_ckpt.runtime.failure import is_aborted
 
 if TYPE_CHECKING:
     from spark_ckpt.delta.delta_store import DeltaCheckpointStore
@@ -89,15 +92,6 @@ class CheckpointSummary:
     def total(self) -> int:
         """The number of records in the history: completed, savepoints, failed, aborted."""
         return self.checkpoints + self.savepoints + self.failed + self.aborted
-
-
-def is_aborted(failure: FailedCheckpoint) -> bool:
-    """Whether *failure* was an abort (its reason does not count as a failure) rather than a
-    failure; an unknown reason is a failure."""
-    try:
-        return not CheckpointFailureReason(failure.reason).counts_as_failure
-    except ValueError:
-        return False
 
 
 def _span(values: list[int]) -> Span | None:
@@ -353,3 +347,25 @@ class PipelineClient:
     def runs(self) -> list[RunStatus]:
         """The status of each recent run (attempt) of the pipeline."""
         return Runs(self.root).statuses()
+
+    # -- the checkpoint page ------------------------------------------------------------------
+    def view(self) -> RootView:
+        """Everything the checkpoint page shows, read now (see
+        :mod:`spark_ckpt.monitoring.root_view`)."""
+        return RootReader(self.root, self.store).read()
+
+    def overview_html(self) -> str:
+        """The checkpoint page's overview and charts as one piece of HTML (for
+        ``displayHTML`` on Databricks; Jupyter shows it for the client itself)."""
+        return overview_html(self.view())
+
+    def _repr_html_(self) -> str:
+        return self.overview_html()
+
+    def serve(self, port: int = 0, host: str = "127.0.0.1") -> CheckpointServer:
+        """Start the checkpoint page (``spark-ckpt ui``) for this pipeline on a thread of
+        this process; its address is ``.url`` (port 0: any free one). Stop it with
+        ``.shutdown()``."""
+        server = CheckpointServer(RootReader(self.root, self.store), host, port)
+        server.serve_in_thread()
+        return server

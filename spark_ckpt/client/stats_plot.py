@@ -95,7 +95,7 @@ def checkpoint_stats_figure(records: Sequence[CheckpointRecord], title: str) -> 
     plt = _pyplot()
     import matplotlib.dates as mdates
 
-    from spark_ckpt.client.pipeline_client import is_aborted
+    from spark_ckpt.runtime.failure import is_aborted
 
     completed = [r for r in records if r.stats is not None]
     timed = any(r.figures.task_time for r in completed)

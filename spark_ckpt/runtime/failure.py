@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from spark_ckpt.errors import TolerableFailuresExceededError
+from spark_ckpt.protocol.checkpoint import FailedCheckpoint
 
 
 class CheckpointFailureReason(StrEnum):
@@ -92,3 +93,13 @@ class FailureCounter:
 
     def on_success(self) -> None:
         self.consecutive = 0
+
+
+def is_aborted(failure: FailedCheckpoint) -> bool:
+    """Whether *failure* was an abort (its reason does not count as a failure: subsumed,
+    cancelled, coordinator shutdown, fenced) rather than a failure; an unknown reason is a
+    failure."""
+    try:
+        return not CheckpointFailureReason(failure.reason).counts_as_failure
+    except ValueError:
+        return False

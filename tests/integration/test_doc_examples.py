@@ -100,6 +100,8 @@ def test_examples_run_as_written(
         _check_upgrades(ns, tmp_path)
     elif document == "docs/time.md":
         _check_time(ns, tmp_path)
+    elif document == "docs/monitoring.md":
+        _check_monitoring(ns, lake)
 
 
 def _check_readme(ns: dict[str, Any], spark: SparkSession, lake: Path) -> None:
@@ -193,6 +195,24 @@ def _check_upgrades(ns: dict[str, Any], base: Path) -> None:
     got = Counter(zip(out["user_id"].to_pylist(), out["count"].to_pylist(), strict=True))
     assert got == expected
     assert {1, 2, 3} & {key for key, _ in got}  # the seeded keys are in the input
+
+
+def _check_monitoring(ns: dict[str, Any], lake: Path) -> None:
+    """The API's counts are the client's; the second run read the rest of the backlog and
+    its callback saw each checkpoint it completed, by id; the output is the running count
+    of all 2 x 3000 rows."""
+    client = ns["pipeline"].client
+    completed = [c for c in ns["doc"]["history"] if c["status"] == "COMPLETED"]
+    assert ns["doc"]["counts"]["completed"] == len(completed) >= 1
+    assert ns["latest"]["id"] == max(c["id"] for c in completed)
+    seen = [cid for cid, _ in ns["completed"]]
+    assert seen and seen == sorted(seen) and min(seen) > ns["latest"]["id"]
+    assert set(seen) <= {r.checkpoint_id for r in client.history()}
+    spec = GeneratorSpec.from_options({"channels": "2", "rate": "0", "keys": "50"})
+    assert output_rows(read_delta(lake / "watched_counts")) == running_count_rows(
+        generated_keys(spec, [3000, 3000])
+    )
+    assert ns["html"].count("<svg") == 2
 
 
 def _check_time(ns: dict[str, Any], base: Path) -> None:

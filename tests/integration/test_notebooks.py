@@ -149,6 +149,12 @@ def test_monitoring_notebook(spark: Any, where: Where, tmp_path: Path) -> None:
     # the stalled first run's checkpoint expired, and is on record
     assert "expired" in {f.reason for f in ns["failures"]}, ns["failures"]
     assert ns["summary"].failures.get("expired", 0) >= 1
+    # the overview in the notebook and the page's /metrics count what the client counts
+    summary = ns["summary"]
+    assert ns["overview"].count("<svg") == 2 and "expired" in ns["overview"]
+    failed = 'numberOfFailedCheckpoints{pipeline="monitored"'
+    line = next(x for x in ns["metrics"].splitlines() if x.startswith("spark_ckpt_" + failed))
+    assert float(line.rsplit(" ", 1)[1]) == summary.failed + summary.aborted
 
 
 @pytest.mark.spark
