@@ -22,6 +22,7 @@ from spark_ckpt.monitoring.root_view import RootView, RunView
 from spark_ckpt.protocol.checkpoint import CheckpointStats
 from spark_ckpt.protocol.state_handles import ChangeMetrics, CheckpointMetrics
 from spark_ckpt.runtime.failure import is_aborted
+from spark_ckpt.runtime.restore_settings import RESTORED_FROM
 from spark_ckpt.storage.history import CheckpointRecord
 
 #: The statistics of a summary (Flink's ``StatsSummaryDto``).
@@ -84,7 +85,7 @@ def history_entry(record: CheckpointRecord, retained: Collection[int] = ()) -> d
         "num_subtasks": acked if failure is None else (failure.subtasks or None),
         "num_acknowledged_subtasks": acked,
         "discarded": record.checkpoint_id not in retained,
-        "restored_from": record.properties.get("restored_from"),
+        "restored_from": record.properties.get(RESTORED_FROM),
     }
     if failure is not None:
         entry |= {
@@ -197,7 +198,9 @@ def _restored_id(run: RunView) -> int | None:
 
 
 def restored(view: RootView) -> dict[str, Any] | None:
-    """``latest.restored``: the newest run that restored from a checkpoint or savepoint."""
+    """``latest.restored``: the newest run that restored from a checkpoint or savepoint, and
+    what an explicit restore named (``restored_from``; None for a restart from the latest
+    checkpoint)."""
     for run in reversed(view.runs):
         cid = _restored_id(run)
         if cid is None:
@@ -208,6 +211,9 @@ def restored(view: RootView) -> dict[str, Any] | None:
             "id": cid,
             "restore_timestamp": at if at is not None else run.status.updated_ms,
             "is_savepoint": None if record is None else record.is_savepoint,
+            # an explicit restore (a savepoint, another root, a time) derived checkpoint cid
+            # from what it names: "savepoint /path", "checkpoint 12 of /root", ...
+            "restored_from": None if record is None else record.properties.get(RESTORED_FROM),
             "run_id": run.status.run_id,
             "attempt": run.status.attempt,
         }

@@ -104,7 +104,8 @@ function renderOverview(doc) {
   cell(tr, r ? when(r.restore_timestamp) : "—");
   cell(tr, "—"); cell(tr, "—");
   cell(tr, r ? `run ${r.run_id.slice(0, 8)} (attempt ${r.attempt})` +
-    (r.is_savepoint ? ", from a savepoint" : "") : "", "text");
+    (r.restored_from ? `, from ${r.restored_from}` : "") +
+    (r.is_savepoint ? ", a savepoint" : "") : "", "text");
   $("latest").querySelector("tbody").appendChild(tr);
 }
 

@@ -69,12 +69,10 @@ def completed(cid: int, kind: SnapshotType = SnapshotType.CHECKPOINT) -> Complet
     return CompletedCheckpoint(cid, kind, (), stats, {"pipeline": "orders"})
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def write_root(base: str) -> None:
     """Checkpoints 1-3, 5, 7 completed (5 a savepoint), 4 expired, 6 subsumed; two runs (the
     second restored from checkpoint 3 and is live, reporting checkpoint 8 in progress)."""
-    base = tmp_path_factory.mktemp("page") / "orders"
-    store = DeltaCheckpointStore(str(base))
+    store = DeltaCheckpointStore(base)
     lease = store.acquire()
     for cid in range(1, 8):
         if cid in FAILURES:
@@ -95,7 +93,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
             kind = SnapshotType.SAVEPOINT if cid == 5 else SnapshotType.CHECKPOINT
             store.commit(lease, completed(cid, kind))
     config = CheckpointConfig(interval_ms=60_000, min_pause_ms=500, retained_checkpoints=5)
-    first, second = (RunFiles(str(base), r) for r in RUNS)
+    first, second = (RunFiles(base, r) for r in RUNS)
     first.write_restore_point(RestorePoint(None, at_ms=T0))
     first.write_config("orders", config.to_dict())
     first.write_status(
@@ -113,7 +111,13 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         9,
         (ChannelProgress(0, 100, 250, 400), ChannelProgress(1, 0, 70, 70)),
     )
-    Heartbeats(str(base)).beat(RUNS[1], HeartbeatRole.COORDINATOR, 3_600_000, report)
+    Heartbeats(base).beat(RUNS[1], HeartbeatRole.COORDINATOR, 3_600_000, report)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("page") / "orders"
+    write_root(str(base))
     return base
 
 
@@ -189,6 +193,7 @@ def test_checkpoints_has_flinks_counts_latest_and_history(server: CheckpointServ
         "id": 3,
         "restore_timestamp": T0 + 260_000,
         "is_savepoint": False,
+        "restored_from": None,
         "run_id": RUNS[1],
         "attempt": 2,
     }
@@ -379,3 +384,27 @@ def test_the_grafana_dashboard_reads_metrics_the_server_exposes(server: Checkpoi
     assert all('pipeline="$pipeline"' in e for e in exprs)
     variable = dashboard["templating"]["list"][1]["query"]
     assert re.findall(r"spark_ckpt_\w+", variable)[0] in exposed
+
+
+BUCKET = "checkpoint-page"
+
+
+def test_the_page_of_a_root_on_an_object_store(on_s3: Any) -> None:
+    root = f"s3://{BUCKET}/orders"
+    write_root(root)
+    server = PipelineClient(root).serve(port=0)
+    try:
+        doc = get_json(server, "/checkpoints")
+        assert doc["counts"]["completed"] == 5 and doc["counts"]["in_progress"] == 1
+        assert doc["latest"]["failed"]["failure_reason"] == "subsumed"
+        assert len(get_json(server, "/checkpoints/details/7")["subtasks"]) == len(SUBTASKS)
+        values = metric_values(get(server, "/metrics")[2].decode())
+        assert (
+            values[
+                ("spark_ckpt_numberOfFailedCheckpoints", (("pipeline", "orders"), ("run", RUNS[1])))
+            ]
+            == 2
+        )
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -197,9 +198,15 @@ def test_the_page_of_a_running_pipeline(tmp_path: Path) -> None:
             Path(artifacts).mkdir(parents=True, exist_ok=True)
             shutil.copy(shot, Path(artifacts) / shot.name)
 
-        stopped = console("stop", "--root", root, "--timeout", "180")
+        stopped = console("savepoint", "stop", "--root", root, "--timeout", "180", "--json")
         assert stopped.returncode == 0, stopped.stderr + run.tail()
         assert run.wait(120) == 0, run.tail()
+        # a run restored from that savepoint: the page says what it came from
+        savepoint = json.loads(stopped.stdout)["path"]
+        restored = launcher.start(
+            replace(args, available_now=True, extra=("--restore-savepoint", savepoint))
+        )
+        assert restored.wait(STEP_TIMEOUT_S) == 0, restored.tail()
         # stopped: /metrics and the JSON history agree with the client and the CLI
         metrics = urllib.request.urlopen(url + "metrics", timeout=60).read().decode()
         doc = json.loads(urllib.request.urlopen(url + "checkpoints", timeout=60).read())
@@ -217,6 +224,11 @@ def test_the_page_of_a_running_pipeline(tmp_path: Path) -> None:
         if "subtask" not in s.labels and "channel" not in s.labels
     }
     assert values["spark_ckpt_up"] == 0
+    last_restore = doc["latest"]["restored"]
+    assert last_restore["restored_from"] == f"savepoint {savepoint}", last_restore
+    assert doc["counts"]["restored"] == 1 and doc["runs"][0]["restored_from"] is not None
+    assert values["spark_ckpt_lastCheckpointRestoreTimestamp"] == last_restore["restore_timestamp"]
+    assert last_restore["restore_timestamp"] > 0
     assert values["spark_ckpt_numberOfCompletedCheckpoints"] == stats.checkpoints + stats.savepoints
     assert values["spark_ckpt_numberOfFailedCheckpoints"] == stats.failed + stats.aborted
     assert values["spark_ckpt_lastCompletedCheckpointId"] == retained[-1].checkpoint_id
