@@ -199,13 +199,24 @@ def parser() -> argparse.ArgumentParser:
         "and Prometheus metrics (/metrics) until Ctrl-C.",
     )
     ui.add_argument("--root", required=True, help="the pipeline root")
-    ui.add_argument("--port", type=int, default=8082, help="port (0: any free one)")
+    ui.add_argument("--port", type=_port, default=8082, help="port (0: any free one)")
     ui.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: this machine only)"
     )
     ui.add_argument("--pipeline", default=None, help="name on the page and in metric labels")
     ui.set_defaults(func=commands.ui)
     return p
+
+
+def _port(text: str) -> int:
+    """A TCP port number, 0 to 65535 (argparse's type: a usage error otherwise)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
+    return port
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -398,11 +398,6 @@ class CoordinatorHost:
             for p in self.coordinator.pending
         )
 
-    @property
-    def triggered(self) -> int:
-        """Checkpoints triggered by this run's coordinator (0 before it started)."""
-        return 0 if self.coordinator is None else self.coordinator.num_triggered
-
     def shutdown(self, status: JobStatus = JobStatus.SUSPENDED) -> None:
         if self.coordinator is not None:
             self.coordinator.shutdown(status)

@@ -93,7 +93,6 @@ class HostThread:
         # what the heartbeat reports (see spark_ckpt.coordination.live_report), as of the
         # last poll or tick, and of the last latestOffset
         self._in_progress: tuple[InProgress, ...] = ()
-        self._triggered = 0
         self._channels: tuple[ChannelProgress, ...] = ()
         holder = host.run_id or f"coordinator-{uuid.uuid4().hex}"
         #: tells clients a coordinator polls the mailbox (see spark_ckpt.coordination.mailbox)
@@ -105,7 +104,6 @@ class HostThread:
                 holder,
                 self.host.clock.now_ms(),
                 self._in_progress,
-                self._triggered,
                 self._channels,
             ),
         )
@@ -200,7 +198,6 @@ class HostThread:
     def _observe(self) -> None:
         """Under the host lock: what the heartbeat reports of the coordinator."""
         self._in_progress = self.host.in_progress()
-        self._triggered = self.host.triggered
 
     def report_channels(self, channels: tuple[ChannelProgress, ...]) -> None:
         """Source runner, at each ``latestOffset``: the channels' progress, for the

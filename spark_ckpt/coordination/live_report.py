@@ -92,13 +92,12 @@ class ChannelProgress:
 @dataclass(frozen=True)
 class LiveReport:
     """The running coordinator of run *run_id* at *at_ms*: checkpoints in progress (oldest
-    first), checkpoints triggered by this run, and the source channels' progress (empty
-    before the first micro-batch is planned)."""
+    first) and the source channels' progress (empty before the first micro-batch is
+    planned)."""
 
     run_id: str
     at_ms: int
     in_progress: tuple[InProgress, ...] = ()
-    triggered: int = 0
     channels: tuple[ChannelProgress, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -106,7 +105,6 @@ class LiveReport:
             "run_id": self.run_id,
             "at_ms": self.at_ms,
             "in_progress": [p.to_dict() for p in self.in_progress],
-            "triggered": self.triggered,
             "channels": [c.to_dict() for c in self.channels],
         }
 
@@ -116,7 +114,6 @@ class LiveReport:
             str(d["run_id"]),
             int(d["at_ms"]),
             tuple(InProgress.from_dict(p) for p in d.get("in_progress", [])),
-            int(d.get("triggered", 0)),
             tuple(ChannelProgress.from_dict(c) for c in d.get("channels", [])),
         )
 

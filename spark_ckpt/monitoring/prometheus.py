@@ -14,10 +14,11 @@ Pure: a function of a :class:`~spark_ckpt.monitoring.root_view.RootView`, no I/O
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from spark_ckpt.monitoring import documents
 from spark_ckpt.monitoring.root_view import RootView
+from spark_ckpt.protocol.checkpoint import CheckpointStats
 
 PREFIX = "spark_ckpt_"
 #: The content type of the text exposition format.
@@ -53,6 +54,56 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+#: The gauges of the newest completed checkpoint: name, help, its value (Flink's -1: none).
+_LAST: tuple[tuple[str, str, Callable[[CheckpointStats], float]], ...] = (
+    (
+        "lastCheckpointDuration",
+        "end-to-end duration of the newest completed checkpoint, ms",
+        lambda s: s.end_to_end_ms,
+    ),
+    (
+        "lastCheckpointSize",
+        "bytes the newest completed checkpoint wrote (its checkpointed size)",
+        lambda s: s.bytes_written,
+    ),
+    (
+        "lastCheckpointFullSize",
+        "full state size of the newest completed checkpoint, bytes",
+        lambda s: s.state_bytes,
+    ),
+    (
+        "lastCheckpointCompletionTimestamp",
+        "when the newest completed checkpoint completed, epoch ms",
+        lambda s: s.completed_ms,
+    ),
+    (
+        "lastCheckpointAlignmentTime",
+        "longest barrier alignment of a subtask in the newest completed checkpoint, ms",
+        lambda s: s.max_alignment_ms,
+    ),
+)
+#: The counts over the history: name, help, key of :func:`documents.counts`.
+_COUNTS = (
+    (
+        "numberOfCompletedCheckpoints",
+        "completed checkpoints and savepoints in the statistics history",
+        "completed",
+    ),
+    (
+        "numberOfFailedCheckpoints",
+        "failed and aborted checkpoints in the statistics history",
+        "failed",
+    ),
+    (
+        "numberOfAbortedCheckpoints",
+        "of the failed ones, those whose reason does not count as a failure",
+        "aborted",
+    ),
+    ("numberOfInProgressCheckpoints", "checkpoints triggered and not finished", "in_progress"),
+    ("totalNumberOfCheckpoints", "completed, failed and in-progress checkpoints", "total"),
+)
+
+
 def exposition(view: RootView) -> str:
     """The metrics of *view* as Prometheus text (see the module docstring)."""
     current = view.current_run
@@ -64,61 +115,19 @@ def exposition(view: RootView) -> str:
     restored = documents.restored(view)
 
     out.gauge("up", "1 while a coordinator of the pipeline is live, else 0", int(view.running))
-    out.gauge(
-        "numberOfCompletedCheckpoints",
-        "completed checkpoints and savepoints in the statistics history",
-        n["completed"],
-    )
-    out.gauge(
-        "numberOfFailedCheckpoints",
-        "failed and aborted checkpoints in the statistics history",
-        n["failed"],
-    )
-    out.gauge(
-        "numberOfAbortedCheckpoints",
-        "of the failed ones, those whose reason does not count as a failure",
-        n["aborted"],
-    )
-    out.gauge(
-        "numberOfInProgressCheckpoints", "checkpoints triggered and not finished", n["in_progress"]
-    )
-    out.gauge(
-        "totalNumberOfCheckpoints", "completed, failed and in-progress checkpoints", n["total"]
-    )
+    for name, text, key in _COUNTS:
+        out.gauge(name, text, n[key])
     out.gauge(
         "lastCompletedCheckpointId",
         "id of the newest completed checkpoint in the history (-1: none)",
         -1 if last is None else last.checkpoint_id,
     )
-    out.gauge(
-        "lastCheckpointDuration",
-        "end-to-end duration of the newest completed checkpoint, ms (-1: none)",
-        -1 if stats is None else stats.end_to_end_ms,
-    )
-    out.gauge(
-        "lastCheckpointSize",
-        "bytes the newest completed checkpoint wrote (its checkpointed size; -1: none)",
-        -1 if stats is None else stats.bytes_written,
-    )
-    out.gauge(
-        "lastCheckpointFullSize",
-        "full state size of the newest completed checkpoint, bytes (-1: none)",
-        -1 if stats is None else stats.state_bytes,
-    )
-    out.gauge(
-        "lastCheckpointCompletionTimestamp",
-        "when the newest completed checkpoint completed, epoch ms (-1: none)",
-        -1 if stats is None else stats.completed_ms,
-    )
+    for name, text, value in _LAST:
+        out.gauge(name, f"{text} (-1: none)", -1 if stats is None else value(stats))
     out.gauge(
         "lastCheckpointRestoreTimestamp",
         "when the newest run that restored from a checkpoint chose it, epoch ms (-1: none)",
         -1 if restored is None else restored["restore_timestamp"],
-    )
-    out.gauge(
-        "lastCheckpointAlignmentTime",
-        "longest barrier alignment of a subtask in the newest completed checkpoint, ms",
-        -1 if stats is None else stats.max_alignment_ms,
     )
     subtasks = [] if stats is None else sorted(stats.task_metrics.items())
     out.gauge(

@@ -108,7 +108,6 @@ def write_root(base: str) -> None:
         RUNS[1],
         T0 + 500_000,
         (InProgress(8, SnapshotType.CHECKPOINT, T0 + 480_000, 1, 3),),
-        9,
         (ChannelProgress(0, 100, 250, 400), ChannelProgress(1, 0, 70, 70)),
     )
     Heartbeats(base).beat(RUNS[1], HeartbeatRole.COORDINATOR, 3_600_000, report)
@@ -357,12 +356,18 @@ def test_ui_on_a_port_in_use_is_one_line(root: Path) -> None:
     assert done.stderr.startswith(f"error: port {port} on 127.0.0.1 is in use"), done.stderr
 
 
+@pytest.mark.parametrize("port", ["99999", "http", "-1"])
+def test_ui_with_a_bad_port_is_one_line(root: Path, port: str) -> None:
+    done = cli("ui", "--root", str(root), "--port", port)
+    assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith("error: argument")
+    assert "is not a port" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_a_heartbeat_report_survives_its_json_and_unknown_fields() -> None:
     report = LiveReport(
         "r",
         5,
         (InProgress(3, SnapshotType.SAVEPOINT, 1, 2, 4),),
-        7,
         (ChannelProgress(0, 1, 9, 12),),
     )
     d = json.loads(json.dumps(report.to_dict()))

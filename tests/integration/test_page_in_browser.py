@@ -87,9 +87,9 @@ class Tables(HTMLParser):
             self._cell.append(data)
 
 
-def load(url: str, profile: Path, budget_ms: int = 8000) -> Tables:
-    """The DOM of *url* once the page's script ran (Chromium's virtual time: timers run as
-    fast as they can, requests to the server are waited for)."""
+def headless(url: str, profile: Path, *flags: str, budget_ms: int = 8000) -> str:
+    """Run headless Chromium on *url* once the page's script ran (Chromium's virtual time:
+    timers run as fast as they can, requests to the server are waited for); its stdout."""
     done = subprocess.run(
         [
             chromium(),
@@ -98,7 +98,7 @@ def load(url: str, profile: Path, budget_ms: int = 8000) -> Tables:
             "--disable-gpu",
             f"--user-data-dir={profile}",
             f"--virtual-time-budget={budget_ms}",
-            "--dump-dom",
+            *flags,
             url,
         ],
         capture_output=True,
@@ -107,9 +107,21 @@ def load(url: str, profile: Path, budget_ms: int = 8000) -> Tables:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def load(url: str, profile: Path, budget_ms: int = 8000) -> Tables:
+    """The DOM of *url* as its script left it."""
     tables = Tables()
-    tables.feed(done.stdout)
+    tables.feed(headless(url, profile, "--dump-dom", budget_ms=budget_ms))
     return tables
+
+
+def screenshot(url: str, profile: Path, directory: Path) -> Path:
+    shot = directory / "checkpoint-page.png"
+    headless(url, profile, "--window-size=1400,2400", f"--screenshot={shot}")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return shot
 
 
 def console(*args: str) -> subprocess.CompletedProcess[str]:
@@ -188,6 +200,8 @@ def test_the_page_of_a_running_pipeline(tmp_path: Path) -> None:
         detailed = {a["data-subtask"] for a, _ in second.tables["subtasks"]}
         assert detailed == {str(t.task) for t in client.checkpoints()[-1].tasks}
         assert len(detailed) == args.parallelism, detailed
+        # the live run's source channels, from its coordinator's heartbeat
+        assert len(second.tables["sources"]) == args.channels, second.tables["sources"]
         # it refreshes itself: with refresh=1 s, Chromium's virtual time runs several loads
         refreshing = load(url + "?refresh=1", tmp_path / "profile-3", budget_ms=6000)
         assert int(refreshing.body_attrs.get("data-loaded", "0")) >= 2, refreshing.body_attrs
@@ -247,26 +261,3 @@ def test_the_page_of_a_running_pipeline(tmp_path: Path) -> None:
             row["duration_ms"],
             row["state_bytes"],
         )
-
-
-def screenshot(url: str, profile: Path, directory: Path) -> Path:
-    shot = directory / "checkpoint-page.png"
-    done = subprocess.run(
-        [
-            chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            f"--user-data-dir={profile}",
-            "--virtual-time-budget=8000",
-            "--window-size=1400,2400",
-            f"--screenshot={shot}",
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=BROWSER_TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", done.stderr
-    return shot

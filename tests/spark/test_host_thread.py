@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from spark_ckpt.coordination.heartbeats import Heartbeats
 from spark_ckpt.coordination.host import CoordinatorHost
 from spark_ckpt.coordination.host_thread import HostThread, PollCadence
+from spark_ckpt.coordination.live_report import LiveReport, channel_progress
 from spark_ckpt.coordination.mailbox import Mailbox
 from spark_ckpt.coordination.messages import Request, RequestKind
 from spark_ckpt.coordination.topology import SinkSpec, Topology, write_topology
@@ -198,3 +200,31 @@ def test_mailbox_receives_while_another_thread_posts(tmp_path: Path) -> None:
     sender.join()
     assert len(got) == n, (len(got), len(set(got)))
     assert sorted(got) == sorted(f"r{i}" for i in range(n))
+
+
+def test_the_heartbeat_reports_checkpoints_in_progress_and_channels(tmp_path: Path) -> None:
+    """What the checkpoint page shows of a running coordinator comes with its heartbeat: the
+    checkpoint it triggered and waits for (0 of 1 subtask acknowledged), and the channels'
+    progress the source runner handed over."""
+    thread, clock = hosted(tmp_path, PollCadence(0.01, 0.01))
+    try:
+        thread.take_barriers()
+        wait_until(lambda: thread.call(lambda h: h.coordinator is not None))
+        clock.advance(1_000)
+        got: list[int] = []
+        wait_until(lambda: bool(got.extend(b.checkpoint_id for b in thread.take_barriers()) or got))
+        thread.report_channels(channel_progress([0, 5], [40, 5], [90, 5]))
+
+        def report() -> LiveReport | None:
+            [beat] = Heartbeats(str(tmp_path)).live()
+            r = beat.report
+            return r if r is not None and r.in_progress and r.channels else None
+
+        wait_until(lambda: report() is not None)
+        r = report()
+        assert r is not None and [p.checkpoint_id for p in r.in_progress] == got
+        [p] = r.in_progress
+        assert (p.acknowledged, p.total) == (0, 1)
+        assert [(c.read, c.pending) for c in r.channels] == [(40, 50), (0, 0)]
+    finally:
+        thread.stop()
