@@ -114,7 +114,11 @@ def exposition(view: RootView) -> str:
     stats = last.stats if last is not None else None
     restored = documents.restored(view)
 
-    out.gauge("up", "1 while a coordinator of the pipeline is live, else 0", int(view.running))
+    out.gauge(
+        "up",
+        "1 while a run of the pipeline is live (starting or running), else 0",
+        int(view.running),
+    )
     for name, text, key in _COUNTS:
         out.gauge(name, text, n[key])
     out.gauge(

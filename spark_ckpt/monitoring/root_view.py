@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.coordination.heartbeats import Heartbeats
@@ -60,12 +60,9 @@ class RootView:
     records: tuple[CheckpointRecord, ...] = ()
     retained: tuple[CompletedCheckpoint, ...] = ()
     runs: tuple[RunView, ...] = ()
-    live: tuple[LiveReport, ...] = field(default=())
-
-    @property
-    def running(self) -> bool:
-        """Whether a coordinator of the pipeline is live now."""
-        return bool(self.live)
+    live: tuple[LiveReport, ...] = ()
+    #: whether a run of the pipeline is live: starting, or its coordinator beating
+    running: bool = False
 
     @property
     def current_run(self) -> RunView | None:
@@ -109,7 +106,8 @@ class RootReader:
         retained = tuple(self.store.list_completed())
         statuses = Runs(self.root).statuses()
         runs = tuple(self._run(s) for s in statuses)
-        live = tuple(h.report for h in Heartbeats(self.root).live() if h.report is not None)
+        beats = Heartbeats(self.root).live()
+        live = tuple(h.report for h in beats if h.report is not None)
         named = next((r.pipeline for r in reversed(runs) if r.pipeline), "")
         return RootView(
             self.root,
@@ -119,6 +117,7 @@ class RootReader:
             retained,
             runs,
             tuple(sorted(live, key=lambda r: r.run_id)),
+            bool(beats),
         )
 
     def _run(self, status: RunStatus) -> RunView:
