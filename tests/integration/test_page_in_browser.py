@@ -4,9 +4,11 @@ package, installed by ``make test``) loads what ``spark-ckpt ui`` serves.
 The main job runs in a subprocess with the ``store-commit`` fail point armed for one hit (as
 in ``test_failure_stats``): its first fully acknowledged checkpoint fails to complete
 (``finalize_failed``), later ones complete. ``spark-ckpt ui`` runs as the console script
-does. The test reads the DOM Chromium built after the page's script ran (``--dump-dom``),
-twice, and saves a screenshot; after the job stopped, ``/metrics`` and the JSON history are
-held against the client and ``spark-ckpt checkpoints list``.
+does; the job runs on classic Spark and under Spark Connect (its source runner, where the
+coordinator reports from, in the Connect server). The test reads the DOM Chromium built
+after the page's script ran (``--dump-dom``), twice, and saves a screenshot; after the job
+stopped, ``/metrics`` and the JSON history are held against the client and ``spark-ckpt
+checkpoints list``.
 
 The oracles: the store as the client reads it, and the job's own parallelism."""
 
@@ -147,9 +149,11 @@ def start_ui(root: str) -> tuple[subprocess.Popen[str], str]:
     return server, found.group(0)
 
 
-def test_the_page_of_a_running_pipeline(tmp_path: Path) -> None:
+@pytest.mark.parametrize("remote", [None, "local[2]"], ids=["classic", "connect"])
+def test_the_page_of_a_running_pipeline(tmp_path: Path, remote: str | None) -> None:
     launcher = DemoLauncher(tmp_path)
     args = DemoArgs(
+        remote=remote,
         root=tmp_path / "root",
         output=tmp_path / "out",
         pipeline="page",
