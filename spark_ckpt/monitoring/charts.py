@@ -15,6 +15,7 @@ reaches a little above the largest value, and ticks at 1-2-5 steps in a readable
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -171,10 +172,14 @@ def line_chart(
         ordered = sorted(s, key=lambda p: p.t_ms)
         lined = [p for p in ordered if p.kind != "failed"]
         if len(lined) > 1:
-            color = COLORS.get(lined[0].kind, "#333")
+            kind = Counter(p.kind for p in lined).most_common(1)[0][0]  # savepoints: marks
+            color = COLORS.get(kind, "#333")
+            # a second series over the first (bytes written equal the full size when every
+            # key changed) stays visible dashed
+            dash = ' stroke-dasharray="5 3"' if kind == "written" else ""
             path = " ".join(f"{x(p.t_ms):.1f},{y(p.value):.1f}" for p in lined)
             parts.append(
-                f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{path}"/>'
+                f'<polyline fill="none" stroke="{color}" stroke-width="1.5"{dash} points="{path}"/>'
             )
         for p in ordered:
             color = COLORS.get(p.kind, "#333")
