@@ -199,7 +199,7 @@ def parser() -> argparse.ArgumentParser:
         "and Prometheus metrics (/metrics) until Ctrl-C.",
     )
     ui.add_argument("--root", required=True, help="the pipeline root")
-    ui.add_argument("--port", type=_port, default=8082, help="port (0: any free one)")
+    ui.add_argument("--port", type=_port, default=8082, help="port (default 8082; 0: any free one)")
     ui.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default: this machine only)"
     )
