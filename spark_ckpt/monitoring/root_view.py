@@ -13,7 +13,8 @@ figures on one screen agree with each other. A view holds:
 
 :class:`RootReader` reads views again and again (the page refreshes itself): the files of a
 run that ended never change, so it reads them once. A read costs one listing of the runs,
-one status per run, the store's history and log, and one listing of the heartbeats.
+the status, restore point and configuration of each run that has not ended, the store's
+history and log, and one listing of the heartbeats.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from spark_ckpt.coordination.heartbeats import Heartbeats
 from spark_ckpt.coordination.live_report import LiveReport
 from spark_ckpt.coordination.runs import RestorePoint, RunFiles, Runs, RunStatus
+from spark_ckpt.errors import StoreError
 from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 
@@ -104,8 +106,12 @@ class RootReader:
     def read(self) -> RootView:
         records = tuple(self.store.list_history())
         retained = tuple(self.store.list_completed())
-        statuses = Runs(self.root).statuses()
-        runs = tuple(self._run(s) for s in statuses)
+        runs = tuple(
+            sorted(
+                (v for v in map(self._run, Runs(self.root).ids()) if v is not None),
+                key=lambda v: v.status.updated_ms,
+            )
+        )
         beats = Heartbeats(self.root).live()
         live = tuple(h.report for h in beats if h.report is not None)
         named = next((r.pipeline for r in reversed(runs) if r.pipeline), "")
@@ -120,11 +126,19 @@ class RootReader:
             bool(beats),
         )
 
-    def _run(self, status: RunStatus) -> RunView:
-        known = self._ended.get(status.run_id)
-        if known is not None and known.status == status:
+    def _run(self, run_id: str) -> RunView | None:
+        """Run *run_id*'s files (None: no status yet, or unreadable now, as
+        :meth:`Runs.statuses` skips it); those of a run that ended, from the first read."""
+        known = self._ended.get(run_id)
+        if known is not None:
             return known
-        files = RunFiles(self.root, status.run_id)
+        files = RunFiles(self.root, run_id)
+        try:
+            status = files.status()
+        except StoreError:
+            return None
+        if status is None:
+            return None
         recorded = files.config() or {}
         checkpoint = recorded.get("checkpoint")
         view = RunView(
@@ -134,5 +148,5 @@ class RootReader:
             str(recorded.get("pipeline") or ""),
         )
         if status.ended:
-            self._ended[status.run_id] = view
+            self._ended[run_id] = view
         return view

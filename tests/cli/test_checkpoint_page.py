@@ -413,3 +413,21 @@ def test_the_page_of_a_root_on_an_object_store(on_s3: Any) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_reader_reads_the_files_of_an_ended_run_once(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = RootReader(str(root), DeltaCheckpointStore(str(root)))
+    first = reader.read()
+    read: list[str] = []
+    status = RunFiles.status
+
+    def counted(self: RunFiles) -> RunStatus | None:
+        read.append(self.run_id)
+        return status(self)
+
+    monkeypatch.setattr(RunFiles, "status", counted)
+    again = reader.read()
+    assert read == [RUNS[1]]  # the running one; RUNS[0] failed, its files are known
+    assert again.runs == first.runs
