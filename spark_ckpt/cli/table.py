@@ -4,29 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
+
+from spark_ckpt.monitoring.units import size, when
 
 Row = Mapping[str, Any]
 
-
-def when(ms: int | None) -> str:
-    """Epoch milliseconds as an ISO-8601 UTC time to the second ('' for None)."""
-    if ms is None:
-        return ""
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def size(n: int | None) -> str:
-    """A byte count with a binary unit."""
-    if n is None:
-        return ""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+__all__ = ["Row", "json_lines", "render", "size", "when"]
 
 
 def _cell(value: Any) -> str:

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from spark_ckpt.errors import ConfigError, EnvironmentSetupError
+from spark_ckpt.monitoring.units import SIZE_UNITS, unit_for
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -42,8 +43,6 @@ HEADROOM = 0.15
 #: seconds), with whole clock times where its defaults give bare or fractional seconds.
 _TICK_FORMATS = ["%Y", "%b", "%d", "%H:%M", "%H:%M", "%H:%M:%S"]
 _ZERO_FORMATS = ["", "%Y", "%b", "%b-%d", "%H:%M", "%H:%M:%S"]
-
-_SIZE_UNITS = (("B", 1), ("KiB", 1024), ("MiB", 1024**2), ("GiB", 1024**3))
 
 
 def _pyplot() -> Any:
@@ -66,15 +65,6 @@ def _pyplot() -> Any:
 
 def _time(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
-
-
-def _size_unit(largest: float) -> tuple[str, int]:
-    """The largest binary unit in which *largest* is at least 1."""
-    unit = _SIZE_UNITS[0]
-    for candidate in _SIZE_UNITS:
-        if largest >= candidate[1]:
-            unit = candidate
-    return unit
 
 
 def _from_zero(ax: Axes, values: Sequence[float]) -> None:
@@ -103,8 +93,9 @@ def checkpoint_stats_figure(records: Sequence[CheckpointRecord], title: str) -> 
     fig, axes = plt.subplots(4 if timed else 3, 1, figsize=(9, 10.5 if timed else 8), sharex=True)
     duration, size, alignment = axes[:3]
     bottom = axes[-1]
-    unit, scale = _size_unit(
-        max((max(r.figures.state_bytes, r.figures.bytes_written) for r in completed), default=0)
+    unit, scale = unit_for(
+        max((max(r.figures.state_bytes, r.figures.bytes_written) for r in completed), default=0),
+        SIZE_UNITS,
     )
     heights: dict[str, list[float]] = {"duration": [], "size": [], "alignment": [], "time": []}
     for savepoint, marker, label in ((False, "o", "checkpoint"), (True, "s", "savepoint")):

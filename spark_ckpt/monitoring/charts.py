@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 
+from spark_ckpt.monitoring.units import DURATION_UNITS, SIZE_UNITS, Unit, unit_for
 from spark_ckpt.storage.history import CheckpointRecord
 
 WIDTH, HEIGHT = 640, 220
@@ -97,22 +98,10 @@ def time_ticks(t0_ms: int, t1_ms: int, ticks: int = 6) -> list[tuple[int, str]]:
     return out
 
 
-def _unit(largest: float, units: Sequence[tuple[str, float]]) -> tuple[str, float]:
-    chosen = units[0]
-    for unit in units:
-        if largest >= unit[1]:
-            chosen = unit
-    return chosen
-
-
-SIZE_UNITS = (("B", 1.0), ("KiB", 1024.0), ("MiB", 1024.0**2), ("GiB", 1024.0**3))
-DURATION_UNITS = (("ms", 1.0), ("s", 1000.0), ("min", 60_000.0))
-
-
 def line_chart(
     title: str,
     series: Sequence[Sequence[Point]],
-    units: Sequence[tuple[str, float]],
+    units: Sequence[Unit],
     now_ms: int | None = None,
 ) -> str:
     """An SVG chart of *series* (each a line through its points, in time order) over a UTC
@@ -141,7 +130,7 @@ def line_chart(
     pad = (t1 - t0) * 0.03
     t0, t1 = int(t0 - pad), int(t1 + pad)
     largest = max(p.value for p in points)
-    unit_name, scale = _unit(largest, units)
+    unit_name, scale = unit_for(largest, units)
     step = _nice_step(largest / scale * 1.15 if largest > 0 else 1.0)
     top = step * math.ceil((largest / scale * 1.15 if largest > 0 else 1.0) / step)
 

@@ -14,28 +14,10 @@ from typing import Any
 
 from spark_ckpt.monitoring import charts, documents
 from spark_ckpt.monitoring.root_view import RootView
+from spark_ckpt.monitoring.units import size, when
 
 #: How many history entries the overview lists (newest first).
 HISTORY_ROWS = 10
-
-
-def _when(ms: int | None) -> str:
-    from datetime import UTC, datetime
-
-    if ms is None or ms < 0:
-        return "—"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "—"
-    value, unit = float(n), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def _table(head: list[str], rows: list[list[Any]]) -> str:
@@ -54,7 +36,7 @@ def overview_html(view: RootView) -> str:
     state = "running" if view.running else "stopped"
     head = (
         f"<h3>Checkpoints of {escape(view.pipeline)} ({state})</h3>"
-        f"<p>{escape(view.root)} · read {_when(view.read_ms)}</p>"
+        f"<p>{escape(view.root)} · read {when(view.read_ms)}</p>"
     )
     counts = _table(
         ["triggered", "in progress", "completed", "savepoints", "failed", "aborted", "restored"],
@@ -78,9 +60,9 @@ def overview_html(view: RootView) -> str:
                 [
                     name,
                     e["id"],
-                    _when(e.get("failure_timestamp") or e.get("latest_ack_timestamp")),
+                    when(e.get("failure_timestamp") or e.get("latest_ack_timestamp")),
                     f"{e['end_to_end_duration']} ms",
-                    f"{_size(e['checkpointed_size'])} / {_size(e['state_size'])}",
+                    f"{size(e['checkpointed_size'])} / {size(e['state_size'])}",
                     f"{e['failure_reason']}: {e['failure_message']}"
                     if e.get("failure_reason")
                     else "",
@@ -89,7 +71,7 @@ def overview_html(view: RootView) -> str:
     restored = doc["latest"]["restored"]
     if restored is not None:
         latest_rows.append(
-            ["restore", restored["id"], _when(restored["restore_timestamp"]), "", "", ""]
+            ["restore", restored["id"], when(restored["restore_timestamp"]), "", "", ""]
         )
     latest = _table(["latest", "id", "when", "duration", "written / full", "note"], latest_rows)
     history = _table(
@@ -100,9 +82,9 @@ def overview_html(view: RootView) -> str:
                 e["checkpoint_type"].lower(),
                 e["outcome"] + (f" ({e['failure_reason']})" if e.get("failure_reason") else ""),
                 f"{e['num_acknowledged_subtasks']}/{e['num_subtasks'] or '?'}",
-                _when(e["trigger_timestamp"]),
+                when(e["trigger_timestamp"]),
                 f"{e['end_to_end_duration']} ms",
-                f"{_size(e.get('checkpointed_size'))} / {_size(e.get('state_size'))}",
+                f"{size(e.get('checkpointed_size'))} / {size(e.get('state_size'))}",
                 f"{e.get('alignment_duration', 0)} ms",
             ]
             for e in doc["history"][:HISTORY_ROWS]
