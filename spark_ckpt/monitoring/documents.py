@@ -19,15 +19,15 @@ import numpy as np
 
 from spark_ckpt.coordination.live_report import InProgress
 from spark_ckpt.monitoring.root_view import RootView, RunView
+from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats
-from spark_ckpt.protocol.state_handles import ChangeMetrics, CheckpointMetrics
+from spark_ckpt.protocol.state_handles import ChangeMetrics
 from spark_ckpt.runtime.failure import is_aborted
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM
 from spark_ckpt.storage.history import CheckpointRecord
 
 #: The statistics of a summary (Flink's ``StatsSummaryDto``).
 SUMMARY_KEYS = ("min", "max", "avg", "p50", "p90", "p95", "p99", "p999")
-_NO_METRICS = CheckpointMetrics()
 _NO_CHANGES = ChangeMetrics()
 
 
@@ -98,12 +98,13 @@ def history_entry(record: CheckpointRecord, retained: Collection[int] = ()) -> d
 
 def in_progress_entry(p: InProgress, now_ms: int) -> dict[str, Any]:
     """A checkpoint in progress, as ``history`` shows one (Flink's ``IN_PROGRESS``)."""
+    savepoint = p.snapshot_type is SnapshotType.SAVEPOINT
     return {
         "id": p.checkpoint_id,
         "status": "IN_PROGRESS",
         "outcome": "in_progress",
-        "is_savepoint": p.snapshot_type.value == "savepoint",
-        "checkpoint_type": "SAVEPOINT" if p.snapshot_type.value == "savepoint" else "CHECKPOINT",
+        "is_savepoint": savepoint,
+        "checkpoint_type": "SAVEPOINT" if savepoint else "CHECKPOINT",
         "trigger_timestamp": p.trigger_ms,
         "end_to_end_duration": max(0, now_ms - p.trigger_ms),
         "num_subtasks": p.total,
@@ -119,8 +120,7 @@ def subtask_entries(record: CheckpointRecord) -> list[dict[str, Any]]:
     subtasks that had acknowledged."""
     s = record.figures
     out = []
-    for task in sorted(s.task_metrics, key=_task_order):
-        m = s.task_metrics.get(task, _NO_METRICS)
+    for task, m in sorted(s.task_metrics.items(), key=lambda item: _task_order(item[0])):
         c = s.task_changes.get(task, _NO_CHANGES)
         cache = s.task_cache.get(task)
         time = s.task_time.get(task)
@@ -225,8 +225,7 @@ def checkpoints(view: RootView) -> dict[str, Any]:
     checkpoints in progress on top), and spark-ckpt's own sections: the pipeline, the runs,
     the source channels' progress."""
     retained = {c.checkpoint_id for c in view.retained}
-    completed = [r for r in view.records if r.stats is not None]
-    stats = [r.stats for r in completed if r.stats is not None]
+    stats = [r.stats for r in view.records if r.stats is not None]
     finished = [history_entry(r, retained) for r in reversed(view.records)]
     live = [
         in_progress_entry(p, view.read_ms)

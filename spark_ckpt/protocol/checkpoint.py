@@ -58,7 +58,8 @@ class CheckpointStats:
     task_cache: Mapping[str, CacheMetrics] = field(default_factory=dict)
     #: a pipeline that keeps time: each subtask's watermark, late rows and timers
     task_time: Mapping[str, TimeMetrics] = field(default_factory=dict)
-    #: each subtask's keys changed and rows in flight (empty: written by an older version)
+    #: each subtask's keys changed, rows in flight and bytes written (empty: written by an
+    #: older version)
     task_changes: Mapping[str, ChangeMetrics] = field(default_factory=dict)
 
     @property

@@ -279,7 +279,9 @@ class ChangeMetrics:
     incremental checkpoint writes), *in_flight_rows*, the rows of its input channels
     stored as channel state (unaligned checkpoints; 0 when aligned), and *bytes_written*,
     the bytes of state it wrote for this checkpoint (the rest it reused from earlier ones:
-    Flink's checkpointed size against the full size)."""
+    Flink's checkpointed size against the full size). The keys are those the state backend of the
+    process that took the snapshot recorded as changed: a statistic, as Flink's figures are
+    (its state rebuilt on another executor, a subtask may count differently)."""
 
     keys_changed: int = 0
     in_flight_rows: int = 0
@@ -407,7 +409,7 @@ class AcknowledgeCheckpoint:
     sealed: tuple[str, ...] | None = None
     #: a pipeline that keeps event time: the subtask's watermark and late rows (None: none)
     time: TimeMetrics | None = None
-    #: keys changed and rows in flight (None: an older version)
+    #: keys changed, rows in flight, bytes written (None: an older version)
     changes: ChangeMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -130,6 +130,7 @@ class SourceRunner:
         self._stop_at: tuple[int, ...] | None = None
         self._drain_to: list[int] | None = None  # a stop with drain reads up to here
         self._heads: list[int] | None = None  # the channels' heads at the last latestOffset
+        self._starts: Sequence[int] | None = None  # the run's initial positions
         self._clock = SystemClock()  # the aligned-checkpoint timeout (recorded in the offsets)
         self._initial: dict[str, Any] | None = None  # initialOffset's answer
         self._next_discovery = 0.0  # monotonic: when to look for new channels next
@@ -259,7 +260,9 @@ class SourceRunner:
         """Hand the channels' progress to the coordinator's heartbeat report: where the run
         started, where this batch ends, where the input ends. O(channels)."""
         heads = self._heads
-        starts = StreamOffset.from_dict(self.initial_offset()).positions
+        if self._starts is None:
+            self._starts = StreamOffset.from_dict(self.initial_offset()).positions
+        starts = self._starts
         if heads is not None and len(starts) == len(positions) == len(heads):
             self.host.report_channels(channel_progress(starts, positions, heads))
 
