@@ -4,8 +4,8 @@ wrote).
 
 Drawn here rather than in the browser so that the page and the notebook view
 (:mod:`spark_ckpt.monitoring.notebook`) show the same picture from the same code, with no
-charting library to ship and nothing for the page to fetch but the server's API. A chart
-is a few kilobytes of text for the history's 100 records.
+charting library to ship and nothing for the page to fetch but the server's API. A chart's
+text is O(history records).
 
 What the axes promise (as the PNG of ``spark-ckpt stats --plot``): time in UTC at whole
 steps (``14:41:50``, ``14:42``; the date where it changes); every y axis starts at zero,
