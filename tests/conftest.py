@@ -1,14 +1,12 @@
 """The root of the test suite: how two pytest-xdist workers share the machine (``make test``
 and ``make test-fast`` both run ``-n 2``).
 
-Most tests can run side by side. Two kinds cannot, and each kind runs on one worker, one test
-after the other (a scope of xdist's scheduler):
-
-* ``connect`` — the tests that start a local Spark Connect server (``demo --remote
-  local[2]``): pyspark's local server listens on the fixed port 15002.
-* ``local-cluster`` — ``test_executor_faults.py``: a local cluster's executors work under
-  ``$SPARK_HOME/work``, shared by every local cluster on the machine, which those tests read
-  and clear.
+Most tests can run side by side, the ones that start a local Spark Connect server included
+(each listens on a free port of its own). One kind cannot, and runs on one worker, one test
+after the other (a scope of xdist's scheduler): ``local-cluster`` — ``test_executor_faults.py``
+and the time crash test that kills executor JVMs: a local cluster's executors work under
+``$SPARK_HOME/work``, shared by every local cluster on the machine, which those tests read and
+clear.
 
 (xdist's own ``xdist_group`` marker has no effect with pytest 9: it renames the items'
 ``_nodeid``, which pytest 9 no longer reads.)
@@ -43,8 +41,6 @@ def xdist_scope(nodeid: str) -> str:
     beside each other, the test itself otherwise."""
     if "test_executor_faults.py" in nodeid or "executor_jvms_are_killed" in nodeid:
         return "local-cluster"
-    if "connect" in nodeid.lower():
-        return "connect"
     return nodeid
 
 

@@ -7,14 +7,11 @@ from __future__ import annotations
 import os
 import threading
 
-import pytest
-
 from spark_ckpt.demo import HEADER, CheckpointLine
 from spark_ckpt.pipeline.supervisor import RunResult, StopReason
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.state_handles import SourceOffset, TaskId, TaskStateHandle
-from spark_ckpt.spark.session.builders import _INIT_CONF, _connect_server_settings
 from spark_ckpt.spark.session.spark_logs import DROPPED_LINES, filter_lines
 
 
@@ -131,29 +128,3 @@ def test_header_names_every_column() -> None:
         assert name in HEADER
     for name in ("rows/s", "lag rows", "lag s"):
         assert name in HEADER
-
-
-# -- a local Connect server's settings ----------------------------------------------------------
-
-
-@pytest.mark.parametrize("present", [None, '{"spark.sql.x": "1", "spark.ui.enabled": "true"}'])
-def test_connect_server_settings_are_handed_over_and_restored(
-    monkeypatch: pytest.MonkeyPatch, present: str | None
-) -> None:
-    import json
-
-    if present is None:
-        monkeypatch.delenv(f"{_INIT_CONF}_LEN", raising=False)
-        monkeypatch.delenv(f"{_INIT_CONF}_0", raising=False)
-    else:
-        monkeypatch.setenv(f"{_INIT_CONF}_LEN", "1")
-        monkeypatch.setenv(f"{_INIT_CONF}_0", present)
-    before = dict(os.environ)
-    with _connect_server_settings({"spark.ui.enabled": "false", "spark.log.level": "ERROR"}):
-        assert os.environ[f"{_INIT_CONF}_LEN"] == "1"
-        handed = json.loads(os.environ[f"{_INIT_CONF}_0"])
-        expected = {"spark.ui.enabled": "false", "spark.log.level": "ERROR"}
-        if present is not None:
-            expected["spark.sql.x"] = "1"
-        assert handed == expected
-    assert dict(os.environ) == before

@@ -1,6 +1,6 @@
 """Spark sessions for pipelines: the embedded default (local Spark, UI off, small shuffles)
 and Spark Connect (:func:`connect_session`: ``sc://host:port``, or ``local[N]`` for a local
-Connect server started in this process, as pyspark does).
+Connect server started in this process, reachable from this machine only).
 
 Both check Java first when they start Spark here (a clear
 :class:`~spark_ckpt.errors.EnvironmentSetupError` instead of a Py4J stack trace) and point
@@ -16,13 +16,11 @@ console output (the demo's ``--spark-logs``).
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 from spark_ckpt.spark.session.environment import ensure_java, ensure_pyspark_python
+from spark_ckpt.spark.session.local_connect import local_connect_url
 from spark_ckpt.spark.session.spark_home import local_spark_home
 from spark_ckpt.spark.session.spark_logs import environment, start_quiet_jvm
 
@@ -97,46 +95,28 @@ def connect_session(
 ) -> SparkSession:
     """A Spark Connect session (``SparkSession.builder.remote(remote)``), as on Databricks
     serverless and shared clusters. *remote* is a Connect URL (``sc://host:15002``) or
-    ``local[N]``: pyspark then starts a local Connect server (with a local Spark) in this
-    process, started with every setting of :func:`local_session` (UI and console progress
-    off, *log_level*, app name — settings a Connect session cannot change) and, *quiet*,
-    without Spark's console noise (see the module docstring). A session of a remote server
-    gets the settings a Connect session may change (the ``spark.sql.*`` ones); the server's
-    own settings and console are the server's. Needs ``pyspark[connect]``."""
+    ``local[N]``: a local Connect server (with a local Spark) is then started in this
+    process (:mod:`spark_ckpt.spark.session.local_connect`: on the loopback address only, on
+    a free port, with a token), with every setting of :func:`local_session` (UI and console
+    progress off, *log_level*, app name — settings a Connect session cannot change) and,
+    *quiet*, without Spark's console noise (see the module docstring); it stops with the
+    session. A session of a remote server gets the settings a Connect session may change
+    (the ``spark.sql.*`` ones); the server's own settings and console are the server's.
+    Needs ``pyspark[connect]``."""
     ensure_pyspark_python()
     settings = _settings(app_name, shuffle_partitions, log_level, remote)
-    session = {k: v for k, v in settings.items() if k.startswith("spark.sql.")}
+    session: dict[str, bool | float | int | str | None] = {
+        k: v for k, v in settings.items() if k.startswith("spark.sql.")
+    }
     from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    builder = SparkSession.builder.remote(remote)
-    for key, value in session.items():
-        builder = builder.config(key, value)
-    server: dict[str, str] = {}
-    with environment(local_spark_home(remote), override=False):  # a local server's JVM
-        if remote.startswith("local"):
-            ensure_java()
-            if quiet:
-                start_quiet_jvm(remote)
-            server = settings
-        with _connect_server_settings(server):
-            return builder.getOrCreate()
-
-
-#: pyspark's hand-over of settings to a local Connect server it starts (read by
-#: ``pyspark.sql.connect.session``: the last ``_<i>`` of ``_LEN`` counts; a session applies
-#: only its ``spark.sql.*`` entries).
-_INIT_CONF = "PYSPARK_REMOTE_INIT_CONF"
-
-
-@contextmanager
-def _connect_server_settings(settings: Mapping[str, str]) -> Iterator[None]:
-    """Hand *settings* to the local Connect server pyspark starts meanwhile (if it does),
-    on top of any already handed over; the environment is restored afterwards."""
-    if not settings:
-        yield
-        return
-    count = int(os.environ.get(f"{_INIT_CONF}_LEN", "0"))
-    present = json.loads(os.environ[f"{_INIT_CONF}_{count - 1}"]) if count else {}
-    handed = {f"{_INIT_CONF}_LEN": "1", f"{_INIT_CONF}_0": json.dumps({**present, **settings})}
-    with environment(handed):
-        yield
+    if not remote.startswith("local"):
+        return SparkSession.builder.remote(remote).config(map=session).getOrCreate()
+    ensure_java()
+    with environment(local_spark_home(remote), override=False):  # the server's JVM
+        if quiet:
+            start_quiet_jvm(remote)
+        url = local_connect_url(remote, settings)
+    connect = ConnectSession.builder.remote(url).config(map=session).getOrCreate()
+    return cast("SparkSession", connect)
