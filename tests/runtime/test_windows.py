@@ -15,6 +15,7 @@ import datetime as dt
 import math
 from collections import defaultdict
 
+import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 import pytest
@@ -284,3 +285,95 @@ def test_bad_window_settings_are_refused() -> None:
         WindowAggregate("w", "k", Windows.tumbling(10), [Agg.count(), Agg.count()])
     with pytest.raises(ConfigError, match="partial"):
         Accumulator("x", "v", "median", "sum")
+
+
+# -- offsets, as Flink takes them -------------------------------------------------------------
+
+
+def windows_of(assigner: WindowAssigner, t: int) -> list[tuple[int, int]]:
+    _, starts, ends = assigner.assign(np.array([t], dtype=np.int64))
+    return sorted(zip(starts.tolist(), ends.tolist(), strict=True))
+
+
+def test_tumbling_windows_take_flinks_negative_offset() -> None:
+    """Flink's ``TumblingEventTimeWindowsTest``: of(5000, -100)."""
+    assigner = Windows.tumbling(5000, -100)
+    assert windows_of(assigner, 0) == [(-100, 4900)]
+    assert windows_of(assigner, 4899) == [(-100, 4900)]
+    assert windows_of(assigner, 4900) == [(4900, 9900)]
+    assert assigner == Windows.tumbling(5000, 4900)  # the same windows as size - 100
+    assert windows_of(Windows.tumbling(5000, 100), 5099) == [(100, 5100)]
+
+
+def test_daily_windows_of_utc_plus_8_as_in_flinks_docs() -> None:
+    """``TumblingEventTimeWindows.of(Time.days(1), Time.hours(-8))``: days from midnight in
+    UTC+8, i.e. from 16:00 UTC of the day before."""
+    assigner = Windows.tumbling(dt.timedelta(days=1), dt.timedelta(hours=-8))
+    morning = millis(dt.datetime(2026, 3, 1, 3, 0, tzinfo=dt.UTC))  # 11:00 in UTC+8
+    evening = millis(dt.datetime(2026, 3, 1, 17, 0, tzinfo=dt.UTC))  # 01:00 next day
+    day = millis(dt.datetime(2026, 2, 28, 16, 0, tzinfo=dt.UTC))
+    assert windows_of(assigner, morning) == [(day, day + 86_400_000)]
+    assert windows_of(assigner, evening) == [(day + 86_400_000, day + 2 * 86_400_000)]
+
+
+def test_sliding_windows_take_flinks_negative_offset() -> None:
+    """Flink's ``SlidingEventTimeWindowsTest``: of(5000, 1000, -100)."""
+    assigner = Windows.sliding(5000, 1000, -100)
+    assert windows_of(assigner, 0) == [
+        (-4100, 900),
+        (-3100, 1900),
+        (-2100, 2900),
+        (-1100, 3900),
+        (-100, 4900),
+    ]
+    assert windows_of(assigner, 4899) == [
+        (-100, 4900),
+        (900, 5900),
+        (1900, 6900),
+        (2900, 7900),
+        (3900, 8900),
+    ]
+    assert windows_of(assigner, 4900) == [
+        (900, 5900),
+        (1900, 6900),
+        (2900, 7900),
+        (3900, 8900),
+        (4900, 9900),
+    ]
+    assert assigner == Windows.sliding(5000, 1000, 900)
+    # the example of Flink's docs: 12 h windows every hour, offset by -8 h (whole slides)
+    hour = 3_600_000
+    hours = Windows.sliding(dt.timedelta(hours=12), dt.timedelta(hours=1), dt.timedelta(hours=-8))
+    assert windows_of(hours, 5 * hour + 1) == [(s * hour, (s + 12) * hour) for s in range(-6, 6)]
+    assert Windows.sliding(20_000, 10_000, -11_000) == Windows.sliding(20_000, 10_000, 9_000)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Windows.tumbling(10_000, 20_000),  # Flink's invalid parameters
+        lambda: Windows.tumbling(10_000, -11_000),
+        lambda: Windows.tumbling(10_000, 10_000),
+        lambda: Windows.sliding(20_000, 10_000, -20_000),
+        lambda: Windows.sliding(20_000, 10_000, 25_000),
+    ],
+)
+def test_offsets_of_a_whole_period_or_more_are_refused(make) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=r"\|offset\| <"):
+        make()
+
+
+def test_a_window_operator_with_a_negative_offset_emits_flinks_windows() -> None:
+    """Tumbling 3 s windows with offset -100 through a job: the windows emitted start at
+    multiples of 3000 less 100, and hold the rows of their span."""
+    rows = {0: [(1, 10_050), (1, 11_899), (1, 11_900)], 1: [(1, 10_100)]}
+    later = {0: [(2, 30_000)], 1: [(2, 30_000)]}
+    batches = [Batch(rows, {}, False), Batch(later, {}, True)]
+    job = Job(
+        lambda: operator(Windows.tumbling(3000, -100)),
+        WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND_MS),
+        1,
+    )
+    run(job, batches, None, 1)
+    spans = [(r[1], r[2], r[3]) for r in emitted(job)]
+    assert spans == [(8900, 11_900, 3), (11_900, 14_900, 1)]

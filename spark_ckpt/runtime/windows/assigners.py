@@ -24,12 +24,32 @@ Millis = int | timedelta
 Int64s = npt.NDArray[np.int64]
 
 
-def _ms(what: str, value: Millis, *, zero: bool = False) -> int:
+def _ms(what: str, value: Millis) -> int:
+    """A duration in whole milliseconds, any sign (the caller checks the range)."""
     if isinstance(value, timedelta):
         value = value // timedelta(milliseconds=1)
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero else 1):
-        raise ConfigError(what, value, "a positive duration (ms or a timedelta)")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(what, value, "a duration (ms or a timedelta)")
     return value
+
+
+def _positive(what: str, value: Millis) -> int:
+    ms = _ms(what, value)
+    if ms < 1:
+        raise ConfigError(what, value, "a positive duration (ms or a timedelta)")
+    return ms
+
+
+def _offset(value: Millis, period: int, of: str) -> int:
+    """An offset of windows that repeat every *period* ms, as Flink takes it: any duration
+    with ``|offset| < period`` (``of`` names the period), normalized into ``[0, period)``
+    (offsets a whole period apart give the same windows)."""
+    ms = _ms("offset", value)
+    if abs(ms) >= period:
+        raise ConfigError(
+            "offset", value, f"a duration with |offset| < the {of} ({period} ms), as in Flink"
+        )
+    return ms % period
 
 
 class WindowAssigner(ABC):
@@ -103,17 +123,29 @@ class Windows:
 
     @staticmethod
     def tumbling(size: Millis, offset: Millis = 0) -> TumblingWindows:
-        return TumblingWindows(_ms("size", size), _ms("offset", offset, zero=True))
+        """Windows of *size*, starting at the epoch plus *offset* and every *size* after:
+        Flink's ``TumblingEventTimeWindows.of(size, offset)``. *offset* may be negative,
+        with ``|offset| < size`` (``timedelta(hours=-8)`` gives days of UTC+8); -100 gives
+        the windows of ``size - 100``."""
+        ms = _positive("size", size)
+        return TumblingWindows(ms, _offset(offset, ms, "size"))
 
     @staticmethod
     def sliding(size: Millis, slide: Millis, offset: Millis = 0) -> SlidingWindows:
-        return SlidingWindows(
-            _ms("size", size), _ms("slide", slide), _ms("offset", offset, zero=True)
-        )
+        """Windows of *size* starting every *slide* (which divides the size), at the epoch
+        plus *offset*: Flink's ``SlidingEventTimeWindows.of(size, slide, offset)``.
+        *offset* may be negative, with ``|offset| < size``, the rule of Flink's docs
+        (``of(hours(12), hours(1), hours(-8))``; its code asks ``|offset| < slide``): the
+        windows repeat every slide, so offsets a whole slide apart give the same ones."""
+        ms = _positive("size", size)
+        step = _positive("slide", slide)
+        return SlidingWindows(ms, step, _offset(offset, ms, "size") % step)
 
     @staticmethod
     def session(gap: Millis) -> SessionWindows:
-        return SessionWindows(_ms("gap", gap))
+        """Per key, windows that last while rows come less than *gap* apart: Flink's
+        ``EventTimeSessionWindows.withGap(gap)``."""
+        return SessionWindows(_positive("gap", gap))
 
 
 def merged_groups(keys: Int64s, starts: Int64s, ends: Int64s) -> Int64s:
