@@ -145,7 +145,7 @@ print(len(clicks), "clicks by", USERS, "users in", len(files), "files;", len(bef
 # MAGIC new rows out after a timeout, judged when the source plans a micro-batch; but an
 # MAGIC `available_now` run plans none without rows — it does not tick.) So both phases land at
 # MAGIC least one file per channel, and the final watermark is the lowest of the channels'
-# MAGIC latest clicks, less the bound: the sessions ending after it stay open.
+# MAGIC latest clicks, less the bound and 1 ms: the sessions ending after it stay open.
 
 # COMMAND ----------
 
@@ -357,8 +357,9 @@ print(open_windows[:2])
 # MAGIC %md
 # MAGIC ## 8. Checks
 # MAGIC The oracle is the plain sessionization above and the watermark rule: per channel (file
-# MAGIC *i* is channel `i % CHANNELS`'s) the latest click less the bound, the lowest over the
-# MAGIC channels. Sessions whose end - 1 the watermark reached are emitted, the others are open.
+# MAGIC *i* is channel `i % CHANNELS`'s) the latest click less the bound and 1 ms (Flink's
+# MAGIC rule), the lowest over the channels. Sessions whose end - 1 the watermark reached are
+# MAGIC emitted, the others are open.
 # MAGIC
 # MAGIC - no click was late; the watermark at the savepoint and at the end is the rule's;
 # MAGIC - before the savepoint: exactly the sessions of the clicks then that the watermark closed;
@@ -376,7 +377,7 @@ def watermark(landed):
         top = max(ts for _, _, ts, _ in part)
         tops[i % CHANNELS] = max(tops.get(i % CHANNELS, top), top)
     assert len(tops) == CHANNELS  # every channel has read clicks
-    return min(tops.values()) - BOUND_MS
+    return min(tops.values()) - BOUND_MS - 1
 
 
 def rows(frame):

@@ -13,7 +13,8 @@ How the watermark moves, deterministically under replay (``docs/time.md``):
   transformation (:func:`fill_progress`): every subtask receives every progress row, so every
   subtask computes the same watermark.
 * **The valve** (:class:`WatermarkValve`): a channel's watermark is the largest event time
-  seen on it less the bound; the subtask's is the minimum over its channels that are not
+  seen on it less the bound, less 1 ms (Flink's rule: a row the bound behind the largest
+  event time is on time); the subtask's is the minimum over its channels that are not
   idle (a channel with no rows yet holds it back), and it never decreases. It moves between
   micro-batches: a batch's rows are judged against the watermark its previous batches left,
   so both placements see the same watermark whatever order their channels arrive in.
@@ -79,7 +80,8 @@ class WatermarkStrategy:
       (:meth:`no_watermarks`): the pipeline keeps processing time only — no watermark, no
       late rows, processing-time timers;
     * *out_of_orderness_ms*: the bound — a channel's watermark is the largest event time seen
-      on it less this (``forBoundedOutOfOrderness``);
+      on it less this, less 1 ms (``forBoundedOutOfOrderness``): rows up to the bound behind
+      the largest event time are on time;
     * *idleness_ms*: a channel that has had no new row for this long is left out of the
       subtask's watermark until it has rows again (``withIdleness``; None: never);
     * *allowed_lateness_ms*: a late row (event time at or below the watermark when it
@@ -110,7 +112,8 @@ class WatermarkStrategy:
 
     @staticmethod
     def for_bounded_out_of_orderness(column: str, bound: Duration) -> WatermarkStrategy:
-        """The watermark trails the largest event time seen on each channel by *bound*."""
+        """The watermark trails the largest event time seen on each channel by *bound* and
+        1 ms (Flink's ``max - bound - 1``): a row *bound* behind is on time."""
         return WatermarkStrategy(column, _ms(BOUND_OPTION, bound))
 
     @staticmethod
@@ -126,7 +129,9 @@ class WatermarkStrategy:
 
     @staticmethod
     def for_monotonous_timestamps(column: str) -> WatermarkStrategy:
-        """Event time never goes back on a channel: the watermark is its largest event time."""
+        """Event time never goes back on a channel: the watermark is its largest event time
+        less 1 ms (Flink's ``forMonotonousTimestamps``): a row at the largest event time
+        seen so far is on time."""
         return WatermarkStrategy(column, 0)
 
     def with_idleness(self, timeout: Duration) -> WatermarkStrategy:
@@ -274,6 +279,11 @@ VALVE_SCHEMA: Final = pa.schema(
     ]
 )
 _WATERMARK_KEY: Final = b"watermark_us"
+
+#: How far below "the largest event time less the bound" a channel's watermark is: Flink's
+#: ``BoundedOutOfOrdernessWatermarks`` emits ``max - bound - 1`` ms, so a row exactly the
+#: bound behind the largest event time is still on time.
+WATERMARK_GAP_US: Final = 1000
 _PROCESSING_KEY: Final = b"processing_ms"
 
 
@@ -313,7 +323,7 @@ class WatermarkValve:
         active = [s for s in self._channels.values() if not s.idle]
         if active and all(s.max_event_time_us is not None for s in active):
             low = min(s.max_event_time_us for s in active if s.max_event_time_us is not None)
-            candidate = low - self.bound_us
+            candidate = low - self.bound_us - WATERMARK_GAP_US
             if self.watermark_us is None or candidate > self.watermark_us:
                 self.watermark_us = candidate
         return self.watermark_us

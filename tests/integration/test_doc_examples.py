@@ -236,7 +236,7 @@ def _check_time(ns: dict[str, Any], base: Path) -> None:
                 last[user] = max(last.get(user, t), t)
                 top[channel] = max(top.get(channel, t), t)
         if len(top) == 2:
-            watermark = min(top.values()) - 1000
+            watermark = min(top.values()) - 1000 - 1  # max - bound (1 s) - 1 ms
             for user in [u for u, t in last.items() if t + 5000 <= watermark]:
                 expected[user] = last.pop(user)
     out = read_delta(base / "lake" / "silent_users")
@@ -267,12 +267,12 @@ def _check_time(ns: dict[str, Any], base: Path) -> None:
         for c, (_, end) in enumerate(ends)
     )
     frame["ms"] = frame.event_ts.astype("int64") // 1000
-    # the final watermark: the lowest channel's last event time less the 1 s bound
+    # the final watermark: the lowest channel's last event time less the 1 s bound and 1 ms
     tops = [
         spec.rows(c, end - 1, end)["event_ts"].cast("int64")[0].as_py()
         for c, (_, end) in enumerate(ends)
     ]
-    mark = min(tops) // 1000 - 1000
+    mark = min(tops) // 1000 - 1000 - 1  # max - bound (1 s) - 1 ms
     frame["start"] = frame.ms - frame.ms % 5000
     grouped = frame.groupby(["user_id", "start"]).amount.agg(["count", "sum", "mean"])
     expected = sorted(

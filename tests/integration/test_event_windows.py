@@ -80,9 +80,9 @@ def rows_of(spec: GeneratorSpec, channel: int, start: int, end: int) -> pd.DataF
 
 def final_watermark(spec: GeneratorSpec, batches: list[LoggedBatch]) -> int:
     """The watermark (µs) after the last batch: per channel its largest event time less the
-    bound, the lowest over the channels."""
+    bound and 1 ms, the lowest over the channels."""
     top = [max(rows_of(spec, c, 0, batches[-1].slices[c][1]).us) for c in range(CHANNELS)]
-    return min(top) - BOUND_MS * 1000
+    return min(top) - BOUND_MS * 1000 - 1000
 
 
 def millis(when: dt.datetime) -> int:
@@ -167,7 +167,7 @@ def session_oracle(
                     mine.remove(w)
                 mine.append(merged)
         if len(top) == CHANNELS:
-            mark = (min(top.values()) - BOUND_MS * 1000) // 1000
+            mark = (min(top.values()) - BOUND_MS * 1000 - 1000) // 1000
             for key, mine in sessions.items():
                 for w in [w for w in mine if w[1] - 1 <= mark]:
                     out.append((key, w[0], w[1], w[2]))

@@ -77,7 +77,7 @@ def windows_expected(
         tops.append(max(ms))
     frame = pd.concat(frames)
     frame["start"] = frame.ms - frame.ms % WINDOW_MS
-    mark = min(tops) - BOUND_MS
+    mark = min(tops) - BOUND_MS - 1  # the watermark: max - bound - 1 ms, in whole ms
     grouped = frame.groupby(["user", "start"]).amount.agg(["count", "sum"])
     return Counter(
         (int(user), int(start), int(r["count"]), int(r["sum"]))

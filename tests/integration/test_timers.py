@@ -133,7 +133,7 @@ def session_oracle(runs: list[tuple[int, list[LoggedBatch]]]) -> Counter[tuple[i
                 last[key] = max(last.get(key, us // 1000), us // 1000)
                 rows[key] += 1
         if len(top) == CHANNELS:
-            candidate = min(top.values()) - BOUND_MS * 1000
+            candidate = min(top.values()) - BOUND_MS * 1000 - 1000  # max - bound - 1 ms
             watermark = candidate if watermark is None else max(watermark, candidate)
             # timers are whole ms: they fire once the watermark's ms reach them
             for key in [k for k, t in last.items() if t + GAP_MS <= watermark // 1000]:

@@ -110,7 +110,7 @@ def late_and_kept(
         for channel, t in seen.items():
             top[channel] = max(top.get(channel, t), t)
         if len(top) == CHANNELS:
-            candidate = min(top.values()) - bound_us
+            candidate = min(top.values()) - bound_us - 1000  # Flink's max - bound - 1 ms
             watermark = candidate if watermark is None else max(watermark, candidate)
     return late, kept
 

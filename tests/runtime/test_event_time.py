@@ -39,7 +39,7 @@ SCHEMA = stream_schema(USER)
 
 
 def us(seconds: float) -> int:
-    return int((EPOCH + dt.timedelta(seconds=seconds)).timestamp() * 1_000_000)
+    return round((EPOCH + dt.timedelta(seconds=seconds)).timestamp() * 1_000_000)
 
 
 def rows(channel: int, start: int, times: Sequence[float], progress: ChannelProgress | None):
@@ -164,7 +164,8 @@ def test_the_valve_matches_a_plain_model(
 ) -> None:
     """Per batch, progress of some channels (largest event time or none, idle or not); the
     watermark after each batch is the model's: per channel the largest event time so far,
-    the minimum over channels not idle less the bound once they all have one, never back."""
+    the minimum over channels not idle less the bound and 1 ms once they all have one (Flink's
+    ``max - bound - 1``), never back."""
     valve = WatermarkValve(range(channels), bound)
     top: dict[int, int | None] = dict.fromkeys(range(channels))
     idle: dict[int, bool] = dict.fromkeys(range(channels), False)
@@ -178,7 +179,7 @@ def test_the_valve_matches_a_plain_model(
             idle[channel] = is_idle
         active = [c for c in range(channels) if not idle[c]]
         if active and all(top[c] is not None for c in active):
-            low = min(top[c] for c in active if top[c] is not None) - bound
+            low = min(top[c] for c in active if top[c] is not None) - bound - 1000
             mark = low if mark is None else max(mark, low)
         assert valve.advance() == mark
 
@@ -192,7 +193,7 @@ def test_the_valve_restores_from_every_subtask_of_a_checkpoint() -> None:
     restored = WatermarkValve([0, 1, 2], 10)
     restored.restore([a.to_table(), b.to_table()])
     assert restored.channel_maxima() == {0: 120, 1: 50, 2: None}
-    assert restored.watermark_us == 40 and restored.processing_ms == 6
+    assert restored.watermark_us == 50 - 10 - 1000 and restored.processing_ms == 6
     copy = WatermarkValve([], 10)
     copy.load_state_dict(json.loads(json.dumps(restored.state_dict())))
     assert copy.state_dict() == restored.state_dict()
@@ -241,9 +242,10 @@ def make_task(
 
 
 def test_a_task_drops_rows_late_beyond_the_allowed_lateness_and_counts_them() -> None:
-    """Batch 1 moves the watermark to min(20, 30) - 5 = 15 s; batch 2's rows at or below it
-    are late, those more than 2 s below it (at or below 13 s) dropped; the checkpoint
-    records the watermark and the counts, and a task restored from it resumes there."""
+    """Batch 1 moves the watermark to min(20, 30) - 5 s - 1 ms = 14.999 s; batch 2's rows at
+    or below it are late (a row at 15 s, exactly the bound behind, is not), those more than
+    2 s below it (at or below 12.999 s) dropped; the checkpoint records the watermark and
+    the counts, and a task restored from it resumes there."""
     strategy = WatermarkStrategy.for_bounded_out_of_orderness("ts", "5s").with_allowed_lateness(
         "2s"
     )
@@ -252,23 +254,23 @@ def test_a_task_drops_rows_late_beyond_the_allowed_lateness_and_counts_them() ->
     p = ChannelProgress(1000)
     # the progress rows get their event times where the rows are routed (fill_progress)
     task.process(fill(pa.concat_tables([rows(0, 0, [10, 20], p), rows(1, 0, [30], p)])))
-    assert task.watermark_ms == us(15) // 1000
+    assert task.watermark_ms == us(15) // 1000 - 1
     assert op.seen == [0, 1, 0]
-    times = [12, 13, 14, 15, 16]  # late: 12..15; dropped: 12, 13
+    times = [12, 12.999, 13, 14.999, 15, 16]  # late: 12..14.999; dropped: 12, 12.999
     barrier = CheckpointBarrier(1, 1)
     batch = pa.concat_tables(
         [
             channel_rows(
                 pa.table(
                     {
-                        "k": pa.array(range(2, 7), pa.int64()),
+                        "k": pa.array(range(2, 8), pa.int64()),
                         "ts": pa.array([us(t) for t in times], USER.field("ts").type),
                     }
                 ),
                 SCHEMA,
                 0,
                 2,
-                [(7, barrier)],
+                [(8, barrier)],
                 progress=ChannelProgress(2000),
             ),
             channel_rows(
@@ -277,11 +279,11 @@ def test_a_task_drops_rows_late_beyond_the_allowed_lateness_and_counts_them() ->
         ]
     )
     task.process(fill(batch))
-    assert op.seen == [0, 1, 0, 4, 5, 6]
+    assert op.seen == [0, 1, 0, 4, 5, 6, 7]
     [ack] = acks
     assert ack.time is not None
     assert (ack.time.late_rows, ack.time.dropped_rows) == (4, 2)
-    assert ack.time.watermark_ms == us(15) // 1000 and ack.time.processing_ms == 2000
+    assert ack.time.watermark_ms == us(15) // 1000 - 1 and ack.time.processing_ms == 2000
     assert [b.state_name for b in ack.state.blobs if b.state_name == EVENT_TIME] == [EVENT_TIME]
 
     lease = store.acquire()
@@ -290,11 +292,41 @@ def test_a_task_drops_rows_late_beyond_the_allowed_lateness_and_counts_them() ->
     for subtask in (0, 1, 2):  # any subtask of any parallelism resumes the same watermark
         restored, _, _ = make_task(strategy, store, subtask, parallelism=3)
         restored.restore(cp)
-        assert restored.watermark_ms == us(15) // 1000
+        assert restored.watermark_ms == us(15) // 1000 - 1
         assert restored.time is not None and restored.time.valve.channel_maxima() == {
             0: us(20),
             1: us(30),
         }
+
+
+def test_a_row_exactly_the_bound_behind_is_on_time() -> None:
+    """A 2 s bound and rows up to 2 s out of order: none is late (Flink's ``max - bound - 1``
+    watermark); a row 2 s and 1 ms behind is."""
+    valve = WatermarkValve([0], 2_000_000)
+    valve.observe(0, ChannelProgress(1, max_event_time_us=us(10)))
+    valve.advance()
+    assert valve.watermark_us == us(8) - 1000
+    column = pa.array([us(8), us(8.001), us(7.999), us(7)], pa.timestamp("us", tz="UTC"))
+    assert valve.late(column).to_pylist() == [False, False, True, True]
+
+
+def test_a_watermark_restored_from_before_the_rule_changed_never_goes_back() -> None:
+    """A checkpoint taken when the watermark was ``max - bound`` (no 1 ms below it): the
+    restored valve keeps that watermark, which the new rule gives only once the largest
+    event time moved on by more than 1 ms."""
+    old = WatermarkValve([0], 2_000_000)
+    old.observe(0, ChannelProgress(1, max_event_time_us=us(10)))
+    old.advance()
+    table = old.to_table()
+    meta = dict(table.schema.metadata)
+    meta[b"watermark_us"] = str(us(8)).encode()  # what the old rule stored
+    restored = WatermarkValve([0], 2_000_000)
+    restored.restore([table.replace_schema_metadata(meta)])
+    assert restored.watermark_us == us(8)
+    restored.observe(0, ChannelProgress(2, max_event_time_us=us(10.0005)))
+    assert restored.advance() == us(8)
+    restored.observe(0, ChannelProgress(3, max_event_time_us=us(10.5)))
+    assert restored.advance() == us(8.5) - 1000
 
 
 def test_a_null_event_time_is_never_late() -> None:

@@ -5,7 +5,7 @@ at another parallelism neither loses nor repeats a timer.
 
 The oracle is a plain loop over the input applying the documented rules (``docs/time.md``):
 after each micro-batch a channel's watermark is the largest event time it has seen less the
-bound, the subtask's the minimum over channels not idle, never decreasing; rows at or below
+bound and 1 ms, the subtask's the minimum over channels not idle, never decreasing; rows at or below
 the watermark the previous batches left are late (dropped: no allowed lateness)."""
 
 from __future__ import annotations

@@ -222,7 +222,8 @@ def run(job: Job, batches: list[Batch], crash: int | None, new_parallelism: int)
 
 def watermarks(batches: list[Batch], bound_ms: int) -> list[int | None]:
     """The watermark (ms) after each batch by the documented rule: per channel the largest
-    event time seen less the bound; the lowest over the channels not idle; never lower."""
+    event time seen less the bound and 1 ms (Flink's); the lowest over the channels not idle;
+    never lower."""
     top: dict[int, int] = {}
     idle: dict[int, bool] = {}
     mark: int | None = None
@@ -235,7 +236,7 @@ def watermarks(batches: list[Batch], bound_ms: int) -> list[int | None]:
             idle[channel] = batch.idle.get(channel, False)
         active = [c for c in CHANNELS if not idle[c]]
         if active and all(c in top for c in active):
-            candidate = min(top[c] for c in active) - bound_ms
+            candidate = min(top[c] for c in active) - bound_ms - 1
             mark = candidate if mark is None else max(mark, candidate)
         out.append(mark)
     return out
