@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +37,16 @@ from spark_ckpt.state.descriptor import ValueStateDescriptor
 
 class KeyedOperator(ABC):
     """Base of keyed operators. ``key_type`` is the Arrow type of ``key_column``."""
+
+    #: Whether the operator, first in its chain, receives the rows late beyond the allowed
+    #: lateness, as Flink's operators see every element, instead of the task dropping them
+    #: before it (the default, as Spark drops rows behind its watermark). Such an operator
+    #: decides per row: :meth:`StateContext.late_rows
+    #: <spark_ckpt.state.context.StateContext.late_rows>` marks them,
+    #: :meth:`~spark_ckpt.state.context.StateContext.output_late` drops rows into the late
+    #: output. :class:`~spark_ckpt.runtime.windows.WindowAggregate` does (lateness per
+    #: window). Further down a chain an operator receives what the one before it emits.
+    receives_late_rows: ClassVar[bool] = False
 
     def __init__(self, uid: str, key_column: str, key_type: pa.DataType) -> None:
         if not uid:

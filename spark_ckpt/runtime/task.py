@@ -14,7 +14,9 @@ The task turns the aligner's steps into work:
   task's time (:mod:`spark_ckpt.runtime.task_time`), which moves at the end of each input
   batch (a micro-batch) and before each snapshot; then the operators' timers that are due
   fire (``on_timers``), their output going down the chain like a batch's. Rows late beyond
-  the allowed lateness are dropped before the operators and counted; the watermark valve's
+  the allowed lateness are dropped before the operators and counted, unless the first
+  operator receives late rows and decides itself (``KeyedOperator.receives_late_rows``:
+  windows, per window); the watermark valve's
   state is part of the task's checkpoint, the timers part of the operators' keyed state.
 
 ``notify_complete(n)`` makes *n* the base of the next incremental snapshot and forgets the
@@ -27,6 +29,7 @@ scheduler in tests) and are single-threaded.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -76,7 +79,7 @@ from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.image_history import ImageHistory
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM, output_checkpoint
-from spark_ckpt.runtime.task_time import TaskTime
+from spark_ckpt.runtime.task_time import TaskTime, own_columns
 from spark_ckpt.sinks.two_phase_commit import (
     SinkCommitter,
     Transaction,
@@ -197,7 +200,7 @@ class OperatorTask:
         self.time = None if watermark is None else TaskTime(watermark, channels)
         self.backends: dict[str, KeyedStateBackend] = {}
         self._handles: dict[str, StateContext] = {}  # what the operators see of their backends
-        for op in self.operators:
+        for position, op in enumerate(self.operators):
             backend = KeyedStateBackend(
                 op.uid,
                 task_id.subtask,
@@ -206,12 +209,13 @@ class OperatorTask:
                 max_parallelism,
                 parallelism=parallelism,
             )
-            timers = ttl = None
+            timers = ttl = late_output = None
             if self.time is not None:
                 ttl = self.time.add_ttl(op.uid, backend)
                 if op.handles_timers:
                     timers = self.time.add_timers(op.uid, backend)
-            handle = StateContext(backend, timers, self.time, ttl)
+                late_output = functools.partial(self._dropped_late, position)
+            handle = StateContext(backend, timers, self.time, ttl, late_output)
             op.open(handle)
             self.backends[op.uid] = backend
             self._handles[op.uid] = handle
@@ -405,11 +409,29 @@ class OperatorTask:
             return
         self.rows_processed += table.num_rows
         if self.time is not None:
-            table, late = self.time.drop_late(table)
-            if late is not None and self.late_sink is not None:
-                with self.tracer.span(Phase.SINK_WRITE):
-                    self.late_sink.writer.write(self.late_uid, self.task_id.subtask, late)
+            if self.operators[0].receives_late_rows:
+                self.time.count_late(table)  # the operator drops late rows itself
+            else:
+                table, late = self.time.drop_late(table)
+                if late is not None:
+                    self._write_late(late)
         self._emit(table, 0)
+
+    def _dropped_late(self, position: int, rows: pa.Table) -> None:
+        """The operator at *position* of the chain dropped *rows* as late
+        (``StateContext.output_late``): counted; the first operator's (with the columns of
+        the rows the task receives) go to the late-output table."""
+        assert self.time is not None
+        self.time.count_dropped(rows.num_rows)
+        if position == 0:
+            self._write_late(own_columns(rows))
+
+    def _write_late(self, rows: pa.Table) -> None:
+        """Rows dropped as late (their own columns) into the open transaction of the
+        late-output table, when the pipeline has one."""
+        if self.late_sink is not None:
+            with self.tracer.span(Phase.SINK_WRITE):
+                self.late_sink.writer.write(self.late_uid, self.task_id.subtask, rows)
 
     def _emit(self, rows: pa.Table | None, start: int) -> None:
         """*rows* through the operators from position *start* of the chain on, then into
@@ -478,7 +500,7 @@ class OperatorTask:
                 StateBlob(vertex, subtask, BlobKind.OPERATOR, EVENT_TIME, progress.event_time)
             )
         sealed: tuple[str, ...] | None = None
-        if self.sink is not None:
+        if self.sink is not None or self.late_sink is not None:
             sealed = tuple(
                 t.to_json() for c, txns in sorted(self._sealed.items()) if c <= cid for t in txns
             )

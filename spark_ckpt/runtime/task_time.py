@@ -6,7 +6,9 @@ time (a :class:`~spark_ckpt.runtime.event_time.WatermarkStrategy`, with an event
 or :meth:`~spark_ckpt.runtime.event_time.WatermarkStrategy.no_watermarks`) and calls it
 
 * with each channel's progress as it arrives (:meth:`TaskTime.observe`);
-* on each batch of rows, before the operators (:meth:`TaskTime.drop_late`);
+* on each batch of rows, before the operators: :meth:`TaskTime.drop_late`, or only
+  :meth:`TaskTime.count_late` when the first operator receives late rows itself
+  (``KeyedOperator.receives_late_rows``: it drops them, :meth:`TaskTime.count_dropped`);
 * at the end of each micro-batch and before each snapshot: :meth:`TaskTime.advance`, then
   :meth:`TaskTime.due` per operator until no timer is due (the task hands them to the
   operator's ``on_timers``);
@@ -124,28 +126,47 @@ class TaskTime:
         """Channel *channel*'s progress arrived; the next :meth:`advance` applies it."""
         self.valve.observe(channel, progress)
 
-    def drop_late(self, table: pa.Table) -> tuple[pa.Table, pa.Table | None]:
-        """*table* without its rows late beyond the allowed lateness, and those rows (their
-        own columns, none of the engine's; None: none); counts the late rows (event time at
-        or below the watermark) and the dropped ones. Vectorized: one comparison per row;
-        nothing without an event-time column or a watermark."""
+    def count_late(self, table: pa.Table) -> pa.Array | None:
+        """Count the rows of *table* that arrive late (event time at or below the watermark)
+        and return that mask (None: none late, no event-time column or no watermark yet).
+        Vectorized: one comparison per row."""
         column = self.strategy.column
         if column is None or self.valve.watermark_us is None:
-            return table, None
-        times = table.column(column)
-        late = self.valve.late(times)
+            return None
+        late = self.valve.late(table.column(column))
         n_late = pc.sum(late).as_py() or 0
         if not n_late:
+            return None
+        self.metrics = self.metrics.add(late=n_late)
+        return late
+
+    def drop_late(self, table: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+        """*table* without its rows late beyond the allowed lateness, and those rows (their
+        own columns, none of the engine's; None: none); counts the late rows
+        (:meth:`count_late`) and the dropped ones. Vectorized: one comparison per row;
+        nothing without an event-time column or a watermark."""
+        late = self.count_late(table)
+        if late is None:
             return table, None
         lateness = self.strategy.allowed_lateness_ms * 1000
-        dropped = late if lateness == 0 else self.valve.late(times, lateness)
+        column = self.strategy.column
+        assert column is not None
+        dropped = late if lateness == 0 else self.valve.late(table.column(column), lateness)
         n_dropped = pc.sum(dropped).as_py() or 0
-        self.metrics = self.metrics.add(late=n_late, dropped=n_dropped)
         if not n_dropped:
             return table, None
-        gone = table.filter(dropped)
-        gone = gone.drop_columns([c for c in gone.column_names if c in BARRIER_COLUMNS])
-        return table.filter(pc.invert(dropped)), gone
+        self.count_dropped(n_dropped)
+        return table.filter(pc.invert(dropped)), own_columns(table.filter(dropped))
+
+    def count_dropped(self, rows: int) -> None:
+        """*rows* late rows were dropped (by the task, or by an operator that receives late
+        rows and decided so: ``StateContext.output_late``)."""
+        self.metrics = self.metrics.add(dropped=rows)
+
+    def late(self, event_times: pa.ChunkedArray | pa.Array, lateness_ms: int) -> pa.Array:
+        """Per event time, whether it is at or below the watermark less *lateness_ms* (all
+        False before a watermark; a null time is never late). Vectorized."""
+        return self.valve.late(event_times, lateness_ms * 1000)
 
     def advance(self) -> None:
         """Apply the progress observed since the last call (the end of a micro-batch, or a
@@ -235,6 +256,12 @@ class TaskTime:
         metrics = meta.get("time")
         self.metrics = TimeMetrics() if metrics is None else TimeMetrics.from_dict(metrics)
         self.state_replaced()
+
+
+def own_columns(rows: pa.Table) -> pa.Table:
+    """*rows* without the engine's columns (the barrier columns): the columns the late-output
+    table holds."""
+    return rows.drop_columns([c for c in rows.column_names if c in BARRIER_COLUMNS])
 
 
 def _named(due: pa.Table, key_column: str, domain: str) -> pa.Table:

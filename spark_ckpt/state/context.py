@@ -11,6 +11,7 @@ business.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
@@ -59,6 +60,15 @@ class TimeView(Protocol):
         """How far behind the watermark a row may arrive and still be processed (ms)."""
         ...
 
+    def late(self, event_times: pa.ChunkedArray | pa.Array, lateness_ms: int) -> pa.Array:
+        """Per event time, whether it is at or below the watermark less *lateness_ms*."""
+        ...
+
+
+#: Where the rows an operator drops as late go (:meth:`StateContext.output_late`): the task
+#: counts them, and writes those of the chain's first operator to the late-output table.
+LateOutput = Callable[[pa.Table], None]
+
 
 #: Why a timer call fails in a pipeline that keeps no time.
 NO_TIME = (
@@ -80,7 +90,8 @@ class StateContext:
       :meth:`clear_values` for any keyed state — whole Arrow key arrays, no per-row Python;
     * operator (non-keyed) list state: :meth:`operator_list_state`;
     * time, in a pipeline that keeps it: :attr:`current_watermark`,
-      :attr:`current_processing_time`, and timers per key — vectorized
+      :attr:`current_processing_time`, late rows (:meth:`late_rows`, :meth:`output_late`,
+      for an operator that receives them), and timers per key — vectorized
       (:meth:`register_event_time_timers` and the like, arrays of keys and timestamps) or for
       the current key (:meth:`register_event_time_timer` and the like). Fired timers reach
       the operator's ``on_timers`` (:mod:`spark_ckpt.state.timers`); states whose
@@ -89,7 +100,7 @@ class StateContext:
     All keys must belong to the subtask's key groups (the task routes them so);
     :class:`~spark_ckpt.errors.StateError` otherwise."""
 
-    __slots__ = ("_backend", "_time", "_timers", "_ttl")
+    __slots__ = ("_backend", "_late_output", "_time", "_timers", "_ttl")
 
     def __init__(
         self,
@@ -97,14 +108,17 @@ class StateContext:
         timers: TimerService | None = None,
         time: TimeView | None = None,
         ttl: TtlStates | None = None,
+        late_output: LateOutput | None = None,
     ) -> None:
         """*timers*: the operator's timers (it handles them); *time*: the subtask's time (the
         pipeline keeps it); *ttl*: the operator's states with a TTL (a pipeline that keeps
+        time); *late_output*: where the rows it drops as late go (a pipeline that keeps
         time)."""
         self._backend = backend
         self._timers = timers
         self._time = time
         self._ttl = ttl
+        self._late_output = late_output
 
     def __repr__(self) -> str:
         return f"StateContext({self._backend!r})"
@@ -217,9 +231,38 @@ class StateContext:
 
     @property
     def allowed_lateness_ms(self) -> int:
-        """The pipeline's allowed lateness (ms): rows this far behind the watermark still
-        reach the operators."""
+        """The pipeline's allowed lateness (ms): rows less than this behind the watermark
+        still reach an operator that does not receive late rows; a window closes this long
+        after its end."""
         return 0 if self._time is None else self._time.allowed_lateness_ms
+
+    def late_rows(self, batch: pa.Table, lateness_ms: int | None = None) -> pa.Array:
+        """Per row of *batch*, whether it is late: its event time (the pipeline's event-time
+        column) at or below the watermark less *lateness_ms* — by default the allowed
+        lateness, which marks the rows the task drops before an operator that does not
+        receive late rows; 0 marks every row behind the watermark (Flink's ``timestamp <=
+        currentWatermark``). All False before the first watermark and in a pipeline without
+        event time; a null event time is never late. Vectorized: one comparison per row."""
+        column = self.event_time_column
+        if self._time is None or column is None:
+            return pa.array([False] * batch.num_rows, pa.bool_())
+        lateness = self.allowed_lateness_ms if lateness_ms is None else lateness_ms
+        return self._time.late(batch.column(column), lateness)
+
+    def output_late(self, rows: pa.Table) -> None:
+        """Drop *rows* as late, into the pipeline's late output (Flink's side output of late
+        data): counted as dropped in the checkpoint's statistics and, when the pipeline has a
+        late-output table and this operator is the first of its chain, written there with
+        their own columns, exactly once with the next checkpoint (the rows must have the
+        columns this operator receives). For operators that receive late rows
+        (``KeyedOperator.receives_late_rows``); a row given twice is written twice."""
+        if self._late_output is None:
+            raise StateError(
+                "late rows need a pipeline that keeps event time: give it "
+                "watermark=WatermarkStrategy.for_bounded_out_of_orderness(column, bound)"
+            )
+        if rows.num_rows:
+            self._late_output(rows)
 
     @property
     def current_processing_time(self) -> int:

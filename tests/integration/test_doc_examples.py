@@ -256,6 +256,12 @@ def _check_time(ns: dict[str, Any], base: Path) -> None:
     assert late_table.num_rows == sum(s.late_rows for s in late_stats) > 0
     on_time = read_delta(base / "lake" / "clicks_on_time")
     assert on_time.num_rows + late_table.num_rows == 2 * 1000  # every input row, one place
+    # the operator that receives late rows: every row, none dropped, the late ones marked
+    marked_stats = [r.stats for r in ns["marked"].client.history() if r.stats is not None]
+    marked = read_delta(base / "lake" / "marked_clicks")
+    assert marked.num_rows == 2 * 1000 and sum(s.dropped_rows for s in marked_stats) == 0
+    assert sum(marked["late"].to_pylist()) == sum(s.late_rows for s in marked_stats) > 0
+    assert sum(marked["late"].to_pylist()) == late_table.num_rows  # the same input, late alike
     # windows: pandas' 5 s counts, sums and means of every window the final watermark passed
     per_user = ns["per_user"]
     spec = GeneratorSpec.from_options(

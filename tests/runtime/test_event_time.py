@@ -28,7 +28,8 @@ from spark_ckpt.protocol.clock import ManualClock
 from spark_ckpt.protocol.state_handles import AcknowledgeCheckpoint, TaskId
 from spark_ckpt.runtime.event_time import WatermarkStrategy, WatermarkValve, fill_progress
 from spark_ckpt.runtime.operator import KeyedOperator
-from spark_ckpt.runtime.task import EVENT_TIME, OperatorTask
+from spark_ckpt.runtime.task import EVENT_TIME, OperatorTask, commit_checkpoint
+from spark_ckpt.sinks.memory_sink import MemorySink
 from spark_ckpt.sources.channel_batch import channel_rows, stream_schema
 from spark_ckpt.state.context import StateContext
 from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
@@ -327,6 +328,87 @@ def test_a_watermark_restored_from_before_the_rule_changed_never_goes_back() -> 
     assert restored.advance() == us(8)
     restored.observe(0, ChannelProgress(3, max_event_time_us=us(10.5)))
     assert restored.advance() == us(8.5) - 1000
+
+
+class Judging(KeyedOperator):
+    """Receives late rows (``receives_late_rows``), as a ``KeyedProcessFunction`` sees
+    every element: keeps the rows marked late whose key is even, drops the odd ones into the
+    late output, and remembers the marks it saw."""
+
+    receives_late_rows = True
+
+    def __init__(self, uid: str = "judge") -> None:
+        super().__init__(uid, "k", pa.int64())
+        self.seen: list[tuple[int, bool, bool]] = []  # key, late, late beyond the lateness
+
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
+        behind = state.late_rows(batch, 0).to_pylist()
+        beyond = state.late_rows(batch).to_pylist()
+        keys = batch.column("k").to_pylist()
+        self.seen.extend(zip(keys, behind, beyond, strict=True))
+        odd = pc.equal(pc.bit_wise_and(batch.column("k"), 1), 1)
+        state.output_late(batch.filter(pc.and_(pa.array(beyond), odd)))
+        return batch.select(["k"])
+
+
+def test_an_operator_that_receives_late_rows_sees_them_marked_and_drops_what_it_chooses() -> None:
+    """The same input as the task test above (watermark 14.999 s, 2 s of allowed lateness)
+    with an operator that receives late rows: it gets every row, each marked late (behind
+    the watermark) and late beyond the allowed lateness; the rows it drops go to the late
+    output with their own columns and count as dropped; the statistics count the late rows
+    as before. An operator further down the chain receives only what the first emits."""
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness("ts", "5s").with_allowed_lateness(
+        "2s"
+    )
+    acks: list[AcknowledgeCheckpoint] = []
+    judge, after = Judging(), Passing()
+    late, store = MemorySink("late"), InMemoryCheckpointStore()
+    task = OperatorTask(
+        TaskId("chain", 0),
+        channels=[0, 1],
+        operators=[judge, after],
+        parallelism=1,
+        store=store,
+        respond=acks.append,  # type: ignore[arg-type]
+        clock=ManualClock(0),
+        watermark=strategy,
+        late_sink=late,
+    )
+    p = ChannelProgress(1000)
+    task.process(fill(pa.concat_tables([rows(0, 0, [10, 20], p), rows(1, 0, [30], p)])))
+    assert judge.seen == [(0, False, False), (1, False, False), (0, False, False)]
+    barrier = CheckpointBarrier(1, 1)
+    times = [12, 12.999, 13, 14.999, 15, 16]  # keys 2..7
+    user = pa.table(
+        {"k": pa.array(range(2, 8), pa.int64()), "ts": pa.array([us(t) for t in times])},
+        schema=USER,
+    )
+    batch = pa.concat_tables(
+        [
+            channel_rows(user, SCHEMA, 0, 2, [(8, barrier)], progress=ChannelProgress(2000)),
+            channel_rows(
+                USER.empty_table(), SCHEMA, 1, 1, [(1, barrier)], progress=ChannelProgress(2000)
+            ),
+        ]
+    )
+    task.process(fill(batch))
+    assert judge.seen[3:] == [
+        (2, True, True),
+        (3, True, True),
+        (4, True, False),
+        (5, True, False),
+        (6, False, False),
+        (7, False, False),
+    ]
+    assert after.seen == [0, 1, 0, 2, 3, 4, 5, 6, 7]  # the first operator's output, all of it
+    [ack] = acks
+    assert ack.time is not None
+    assert (ack.time.late_rows, ack.time.dropped_rows) == (4, 1)  # key 3 dropped, by the judge
+    cp = CompletedCheckpoint(1, SnapshotType.CHECKPOINT, (ack.state,), CheckpointStats(1, 1))
+    store.commit(store.acquire(), cp)
+    commit_checkpoint(late.committer, cp, store, legacy=False)
+    out = late.committer.output()
+    assert out is not None and out.column_names == ["k", "ts"] and out["k"].to_pylist() == [3]
 
 
 def test_a_null_event_time_is_never_late() -> None:

@@ -3,11 +3,13 @@ sum, min, max, mean and a user's aggregate, each window emitted once when the wa
 passes its end plus the allowed lateness — through crashes past the last checkpoint,
 restores at another parallelism and subtasks rebuilt from images.
 
-Oracles: a plain loop applying the documented rules (``docs/time.md``) — rows at or below
-the previous batches' watermark less the allowed lateness are dropped, a window takes the
-rows of its span (session windows: of a key, rows less than a gap apart), and fires once the
-watermark reaches its end - 1 + lateness; and, where disorder stays within the bound, pandas'
-per-window aggregates of the input."""
+Oracles: a plain loop applying the documented rules (``docs/time.md``) — lateness per window,
+as Flink decides it: a row counts in each of its windows not yet emitted (end - 1 + lateness
+above the previous batches' watermark) and goes to the late output when it has none; a
+window takes the rows of its span (session windows: of a key, rows less than a gap apart,
+a late row kept when its merged session is open), and fires once the watermark reaches its
+end - 1 + lateness; and, where disorder stays within the bound, pandas' per-window
+aggregates of the input."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from spark_ckpt.runtime.windows import (
     WindowAssigner,
     Windows,
 )
+from spark_ckpt.sinks.memory_sink import MemorySink
 
 BOUND_MS = 2000
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -74,52 +77,93 @@ def result(key: int, start: int, end: int, values: list[int]) -> Row:
     )
 
 
-def oracle(batches: list[Batch], name: str, allowed: int | list[int]) -> list[Row]:
-    """The windows a plain loop emits over *batches* (see the module docstring); *allowed*:
-    the allowed lateness, or the one in force at each batch."""
+def spans_of(name: str, t: int) -> list[tuple[int, int]]:
+    """The windows of a row at *t* (ms) by the assigners of :data:`ASSIGNERS`."""
+    if name == "tumbling":
+        return [(t - t % 3000, t - t % 3000 + 3000)]
+    if name == "sliding":
+        last = t - t % 2000
+        return [(last, last + 4000), (last - 2000, last + 2000)]
+    return [(t, t + 1500)]
+
+
+def merge_sessions(windows: list[list]) -> list[list]:
+    """Session windows ``[start, end, times, held]`` of one key merged while any two touch
+    (a start at or before the other's end): ``held`` when any merged one was."""
+    merged: list[list] = []
+    for w in sorted(windows, key=lambda w: w[0]):
+        if merged and w[0] <= merged[-1][1]:
+            last = merged[-1]
+            merged[-1] = [last[0], max(last[1], w[1]), last[2] + w[2], last[3] or w[3]]
+        else:
+            merged.append(list(w))
+    return merged
+
+
+def oracle(
+    batches: list[Batch], name: str, allowed: int | list[int]
+) -> tuple[list[Row], list[tuple[int, int]]]:
+    """The windows a plain loop emits over *batches* (see the module docstring), and the
+    rows it drops as late (key, event time); *allowed*: the allowed lateness, or the one in
+    force at each batch. Lateness is decided per window against the watermark the previous
+    batches left: a row counts in each of its windows whose end - 1 + lateness is above it,
+    and is dropped when it has none; a session row counts when its session — merged with
+    the key's open sessions and the batch's other rows — is open (holds an open session, or
+    ends above it)."""
     marks = watermarks(batches, BOUND_MS)
-    open_windows: dict[int, list[list]] = defaultdict(list)  # key -> [[start, end, values]]
+    open_windows: dict[int, list[list]] = defaultdict(list)  # key -> [[start, end, times]]
     out: list[Row] = []
+    dropped: list[tuple[int, int]] = []
     for index, batch in enumerate(batches):
         lateness = allowed if isinstance(allowed, int) else allowed[index]
         before = marks[index - 1] if index else None
+
+        def emitted(end: int, lateness: int = lateness, before: int | None = before) -> bool:
+            return before is not None and end - 1 + lateness <= before
+
+        arrived: dict[int, list[int]] = defaultdict(list)  # key -> event times
         for rows in batch.rows.values():
             for k, t in rows:
-                if before is not None and t <= before - lateness:
-                    continue  # dropped
-                mine = open_windows[k]
-                if name == "tumbling":
-                    spans = [(t - t % 3000, t - t % 3000 + 3000)]
-                elif name == "sliding":
-                    last = t - t % 2000
-                    spans = [(last, last + 4000), (last - 2000, last + 2000)]
-                else:
-                    spans = [(t, t + 1500)]
+                arrived[k].append(t)
+        for k, times in arrived.items():
+            mine = open_windows[k]
+            if name == "session":
+                windows = [[s, e, v, True] for s, e, v in mine]
+                windows += [[t, t + 1500, [t], False] for t in times]
+                mine.clear()
+                for s, e, members, held in merge_sessions(windows):
+                    if not held and emitted(e):
+                        dropped += [(k, t) for t in members]
+                    else:
+                        mine.append([s, e, members])
+                continue
+            for t in times:
+                spans = [(s, e) for s, e in spans_of(name, t) if not emitted(e)]
+                if not spans:
+                    dropped.append((k, t))
                 for s, e in spans:
-                    if name != "session":
-                        found = [w for w in mine if w[0] == s]
-                        if found:
-                            found[0][2].append(value_of(t))
-                        else:
-                            mine.append([s, e, [value_of(t)]])
-                        continue
-                    touching = [w for w in mine if w[0] <= e and s <= w[1]]
-                    merged = [
-                        min([s, *(w[0] for w in touching)]),
-                        max([e, *(w[1] for w in touching)]),
-                    ]
-                    values = [value_of(t)] + [v for w in touching for v in w[2]]
-                    for w in touching:
-                        mine.remove(w)
-                    mine.append([merged[0], merged[1], values])
+                    found = [w for w in mine if w[0] == s]
+                    if found:
+                        found[0][2].append(t)
+                    else:
+                        mine.append([s, e, [t]])
         mark = marks[index]
         if mark is None:
             continue
         for k, mine in open_windows.items():
             for w in [w for w in mine if w[1] - 1 + lateness <= mark]:
-                out.append(result(k, w[0], w[1], w[2]))
+                out.append(result(k, w[0], w[1], [value_of(t) for t in w[2]]))
                 mine.remove(w)
-    return sorted(out)
+    return sorted(out), sorted(dropped)
+
+
+def late_output(job: Job) -> list[tuple[int, int]]:
+    """The (key, event time) of the rows the job committed to its late output."""
+    assert job.late is not None
+    table = job.late.committer.output()
+    if table is None:
+        return []
+    return sorted(zip(table["k"].to_pylist(), map(millis, table["ts"].to_pylist()), strict=True))
 
 
 def millis(when: dt.datetime) -> int:
@@ -165,8 +209,11 @@ def test_windows_are_emitted_once_as_the_loop_says(
         strategy = strategy.with_allowed_lateness(lateness)
     assigner = ASSIGNERS[name]
     job = Job(lambda: operator(assigner), strategy, parallelism, rebuild=rebuild)
+    job.late = MemorySink("late")
     run(job, batches, crash, new_parallelism)
-    assert emitted(job) == oracle(batches, name, lateness)
+    windows, dropped = oracle(batches, name, lateness)
+    assert emitted(job) == windows
+    assert late_output(job) == dropped  # each row in no open window, once
 
 
 def run_relaxed(name: str, case: tuple[list[Batch], int | None, int, int]) -> None:
@@ -189,7 +236,7 @@ def run_relaxed(name: str, case: tuple[list[Batch], int | None, int, int]) -> No
     for index in range(resume, len(batches)):
         job.feed(index, batches[index], positions)
     allowed = [0 if index < resume else 1000 for index in range(len(batches))]
-    assert emitted(job) == oracle(batches, name, allowed)
+    assert emitted(job) == oracle(batches, name, allowed)[0]
 
 
 @settings(max_examples=100)
@@ -272,6 +319,174 @@ def test_within_the_bound_windows_equal_pandas_aggregates() -> None:
         got = emitted(job)
         assert got == expected and len(got) > 20
         assert not any(math.isnan(r[7]) for r in got)
+
+
+def pandas_windows(
+    batches: list[Batch], name: str, lateness: int
+) -> tuple[list[Row], list[tuple[int, int]]]:
+    """The windows emitted and the rows dropped as late, by pandas: per (row, window) the
+    watermark the row's batch arrived under; a row counts in the windows whose end - 1 +
+    lateness is above it and is dropped with none left; windows fire once a watermark
+    reaches that. Session windows batch by batch, merged by pandas' gaps and islands."""
+    marks = watermarks(batches, BOUND_MS)
+    frame = pd.DataFrame(
+        [
+            (i, k, t, marks[i - 1] if i and marks[i - 1] is not None else -(2**62))
+            for i, b in enumerate(batches)
+            for rows in b.rows.values()
+            for k, t in rows
+        ],
+        columns=["batch", "k", "ts", "before"],
+    )
+    frame["row"] = range(len(frame))
+    frame["v"] = frame.ts % 13 - 4
+    final = marks[-1] if marks[-1] is not None else -(2**62)
+    if name == "session":
+        return _pandas_sessions(frame, marks, lateness)
+    size, slide = (3000, 3000) if name == "tumbling" else (4000, 2000)
+    pairs = pd.concat(
+        [frame.assign(start=frame.ts - frame.ts % slide - back) for back in range(0, size, slide)]
+    )
+    pairs["end"] = pairs.start + size
+    kept = pairs[pairs.end - 1 + lateness > pairs.before]
+    dropped = frame[~frame.row.isin(kept.row)]
+    grouped = kept.assign(sq=kept.v * kept.v).groupby(["k", "start", "end"])
+    windows = [
+        (
+            int(k),
+            int(s),
+            int(e),
+            *_aggregates(g.v.count(), g.v.sum(), g.v.min(), g.v.max(), g.sq.sum()),
+        )
+        for (k, s, e), g in grouped
+        if e - 1 + lateness <= final
+    ]
+    return sorted(windows), sorted(zip(dropped.k.tolist(), dropped.ts.tolist(), strict=True))
+
+
+def _aggregates(count: int, total: int, low: int, high: int, squares: int) -> tuple:
+    return (int(count), int(total), int(low), int(high), round(total / count, 9), int(squares))
+
+
+def _pandas_sessions(
+    frame: pd.DataFrame, marks: list[int | None], lateness: int
+) -> tuple[list[Row], list[tuple[int, int]]]:
+    columns = ["k", "start", "end", "count", "sum", "min", "max", "sq", "ts", "held"]
+    never = -(2**62)
+    open_sessions = pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
+    windows: list[Row] = []
+    dropped: list[tuple[int, int]] = []
+    for index, mark in enumerate(marks):
+        before = marks[index - 1] if index and marks[index - 1] is not None else never
+        rows = frame[frame.batch == index]
+        arrived = pd.DataFrame(
+            {
+                "k": rows.k,
+                "start": rows.ts,
+                "end": rows.ts + 1500,
+                "count": 1,
+                "sum": rows.v,
+                "min": rows.v,
+                "max": rows.v,
+                "sq": rows.v * rows.v,
+                "ts": rows.ts,
+                "held": 0,
+            }
+        ).astype("int64")
+        both = pd.concat([open_sessions.assign(held=1), arrived], ignore_index=True)
+        if len(both):
+            both = both.sort_values(["k", "start"], kind="stable").reset_index(drop=True)
+            reach = both.groupby("k").end.cummax().groupby(both.k).shift()
+            both["group"] = (reach.isna() | (both.start > reach)).cumsum()
+            sessions = both.groupby("group").agg(
+                k=("k", "first"),
+                start=("start", "min"),
+                end=("end", "max"),
+                count=("count", "sum"),
+                sum=("sum", "sum"),
+                min=("min", "min"),
+                max=("max", "max"),
+                sq=("sq", "sum"),
+                ts=("ts", "max"),
+                held=("held", "max"),
+            )
+            closed = (sessions.held == 0) & (sessions.end - 1 + lateness <= before)
+            late = both[both.group.isin(sessions.index[closed])]
+            dropped += list(zip(late.k.tolist(), late.ts.tolist(), strict=True))
+            live = sessions[~closed]
+        else:
+            live = open_sessions
+        due = live.end - 1 + lateness <= (never if mark is None else mark)
+        for r in live[due].itertuples():
+            aggs = _aggregates(r.count, r.sum, r.min, r.max, r.sq)
+            windows.append((int(r.k), int(r.start), int(r.end), *aggs))
+        open_sessions = live[~due][columns].reset_index(drop=True)
+    return sorted(windows), sorted(dropped)
+
+
+@settings(max_examples=120)
+@given(STREAMS, st.sampled_from(sorted(ASSIGNERS)), st.sampled_from([0, 1000]))
+def test_late_rows_count_in_their_open_windows_as_pandas_says(
+    case: tuple[list[Batch], int | None, int, int], name: str, lateness: int
+) -> None:
+    """Rows up to 4 s out of order against a 2 s bound, through a crash and a restore at
+    another parallelism: a row behind the watermark still counts in its windows not yet
+    emitted (a sliding window's later ones, a session it extends or joins), and goes to the
+    late output only when it has none, each once; against pandas."""
+    batches, crash, parallelism, new_parallelism = case
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND_MS)
+    if lateness:
+        strategy = strategy.with_allowed_lateness(lateness)
+    job = Job(lambda: operator(ASSIGNERS[name]), strategy, parallelism, late=MemorySink("late"))
+    run(job, batches, crash, new_parallelism)
+    windows, dropped = pandas_windows(batches, name, lateness)
+    assert emitted(job) == windows
+    assert late_output(job) == dropped
+
+
+def test_a_sliding_row_behind_the_watermark_counts_in_its_windows_still_open() -> None:
+    """Sliding 4 s windows every 2 s, a 2 s bound: after batch 1 the watermark is 6.999 s.
+    A row at 5.5 s is behind it: window [2 s, 6 s) was emitted (it fired at 5.999 s), so the
+    row is dropped from it, but [4 s, 8 s) is open and counts it (Flink's rule; a per-row
+    rule dropped it from both)."""
+    batches = [
+        Batch({0: [(1, 2100), (1, 5000), (3, 9000)], 1: [(2, 9000)]}, {}, False),
+        Batch({0: [(1, 5500)], 1: [(2, 9000)]}, {}, False),
+        Batch({0: [(1, 30_000)], 1: [(2, 30_000)]}, {}, True),
+    ]
+    job = Job(
+        lambda: operator(Windows.sliding(4000, 2000)),
+        WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND_MS),
+        1,
+        late=MemorySink("late"),
+    )
+    run(job, batches, None, 1)
+    counts = {(r[0], r[1], r[2]): r[3] for r in emitted(job)}
+    assert counts[(1, 2000, 6000)] == 2  # 2.1 s and 5 s: 5.5 s came after it was emitted
+    assert counts[(1, 4000, 8000)] == 2  # 5 s and the late 5.5 s
+    assert late_output(job) == []  # 5.5 s had a window open: not late for the late output
+
+
+def test_a_session_row_behind_the_watermark_extends_an_open_session() -> None:
+    """Sessions with a 1.5 s gap, a 2 s bound: after batch 1 the watermark is 6.999 s and
+    key 1's session [6.5 s, 8 s) is open. A row at 5.2 s is behind the watermark, and its own
+    window [5.2 s, 6.7 s) would have closed; it touches the open session, which it extends
+    to start at 5.2 s. A row at 1 s touches nothing open: late."""
+    batches = [
+        Batch({0: [(1, 6500), (3, 9000)], 1: [(2, 9000)]}, {}, False),
+        Batch({0: [(1, 5200), (1, 1000)], 1: [(2, 9000)]}, {}, False),
+        Batch({0: [(1, 30_000)], 1: [(2, 30_000)]}, {}, True),
+    ]
+    job = Job(
+        lambda: operator(Windows.session(1500)),
+        WatermarkStrategy.for_bounded_out_of_orderness("ts", BOUND_MS),
+        1,
+        late=MemorySink("late"),
+    )
+    run(job, batches, None, 1)
+    sessions = [(r[0], r[1], r[2], r[3]) for r in emitted(job) if r[0] == 1]
+    assert sessions == [(1, 5200, 8000, 2)]
+    assert late_output(job) == [(1, 1000)]
 
 
 def test_bad_window_settings_are_refused() -> None:

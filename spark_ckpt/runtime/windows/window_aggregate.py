@@ -8,13 +8,18 @@ Built on the pieces under it, as Flink builds windows on keyed state and timers:
 * **State**: one keyed value state, ``windows``: per key, the list of its open windows, each
   ``start``, ``end`` and the accumulator columns (:mod:`.aggregates`). Its types follow the
   input's; a restore reads them from the stored state.
-* **Timers**: an event-time timer per open window at ``end - 1 + allowed lateness``, the
-  last event time the window may still take rows for (a row is dropped before the operators
-  once it is that far behind the watermark). Session windows that merge move their timers.
+* **Timers**: an event-time timer per open window at ``end - 1 + allowed lateness``, when
+  it is emitted. Session windows that merge move their timers.
+* **Lateness, per window** (Flink's ``WindowOperator``): the operator receives every row,
+  late ones included (``receives_late_rows``). A row counts in each of its windows that is
+  not yet emitted, and is dropped from those that are: their fire time is at or below the
+  watermark. A row that falls in no open window goes to the late output. A session row
+  behind the watermark still counts when its session — merged with the key's open sessions
+  and the batch's other rows — is open.
 * **Per batch** (vectorized: pyarrow kernels and numpy, a Python call per key only inside
-  the state backend): assign windows (:mod:`.assigners`), reduce the batch per (key,
-  window), merge with the keys' open windows (session windows: merge those that touch),
-  register the new windows' timers, store the lists back.
+  the state backend): assign windows (:mod:`.assigners`), drop the windows already emitted,
+  reduce the batch per (key, window), merge with the keys' open windows (session windows:
+  merge those that touch), register the new windows' timers, store the lists back.
 * **Firing**: the timers that fire name their keys; every window of those keys whose
   ``end - 1 + lateness`` the watermark reached is emitted and leaves the state.
 
@@ -29,6 +34,7 @@ from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -52,7 +58,10 @@ _WINDOW_TIME: Final = pa.timestamp("ms", tz="UTC")
 class WindowAggregate(KeyedOperator):
     """Per *key_column*, the *aggregates* of the rows of each window *windows* assigns
     (see the module docstring). *time_column*: the event-time column (default: the
-    pipeline's watermark column). Needs a pipeline with an event-time watermark strategy."""
+    pipeline's watermark column). Needs a pipeline with an event-time watermark strategy.
+    Receives late rows: it decides lateness per window, as Flink does."""
+
+    receives_late_rows = True
 
     def __init__(
         self,
@@ -124,6 +133,22 @@ class WindowAggregate(KeyedOperator):
             return None
         times = _millis(batch.column(column))
         rows, starts, ends = self.windows.assign(times)
+        keys = pc.unique(batch.column(self.key_column))
+        held = _explode(keys, state.get_values(descriptor, keys), descriptor)
+        lateness = state.allowed_lateness_ms
+        watermark = state.current_watermark
+        if watermark is not None:
+            emitted = _fire_times_of(ends, lateness) <= watermark
+            if emitted.any():
+                if self.windows.merges:
+                    row_keys = batch.column(self.key_column).take(pa.array(rows))
+                    emitted = _closed_sessions(row_keys, starts, ends, held, lateness, watermark)
+                rows, starts, ends = self._drop_late(batch, rows, starts, ends, emitted, state)
+                if len(rows) == 0:
+                    return None
+                kept = pc.unique(batch.column(self.key_column).take(pa.array(rows)))
+                if len(kept) < len(keys):
+                    keys, held = kept, held.filter(pc.is_in(held.column(_KEY), value_set=kept))
         picked = batch.take(pa.array(rows))
         parts = {_KEY: picked.column(self.key_column), _START: starts, _END: ends}
         for agg in self.aggregates:
@@ -131,10 +156,7 @@ class WindowAggregate(KeyedOperator):
                 parts[agg.column(acc)] = acc.values(picked)
         reduce = [(agg.column(acc), acc.partial) for agg, acc in self._accumulators()]
         partial = _grouped(pa.table(parts), [_KEY, _START, _END], reduce)
-        keys = pc.unique(partial.column(_KEY))
-        held = _explode(keys, state.get_values(descriptor, keys), descriptor)
         partial = partial.cast(held.schema)
-        lateness = state.allowed_lateness_ms
         if self.windows.merges:
             merged = self._merge_sessions(pa.concat_tables([held, partial]))
             gone = _anti_join(held, merged, [_KEY, _END])
@@ -147,6 +169,25 @@ class WindowAggregate(KeyedOperator):
             state.register_event_time_timers(new.column(_KEY), _fire_times(new, lateness))
         state.put_values(descriptor, keys, _collect(keys, merged, descriptor))
         return None
+
+    @staticmethod
+    def _drop_late(
+        batch: pa.Table,
+        rows: Int64s,
+        starts: Int64s,
+        ends: Int64s,
+        emitted: npt.NDArray[np.bool_],
+        state: StateContext,
+    ) -> tuple[Int64s, Int64s, Int64s]:
+        """The (row, window) pairs of windows not yet emitted; the rows of *batch* that have
+        none go to the late output (Flink drops an element only when every window it falls
+        in is late)."""
+        taken = np.zeros(batch.num_rows, dtype=bool)
+        taken[rows[~emitted]] = True
+        if not taken.all():
+            state.output_late(batch.filter(pa.array(~taken)))
+        keep = ~emitted
+        return rows[keep], starts[keep], ends[keep]
 
     def _accumulators(self) -> list[tuple[Aggregate, Accumulator]]:
         return [(agg, acc) for agg in self.aggregates for acc in agg.accumulators]
@@ -231,6 +272,47 @@ def _millis(column: pa.ChunkedArray | pa.Array) -> Int64s:
 def _fire_times(windows: pa.Table, lateness: int) -> pa.Array:
     """When each window fires: the watermark passed its last millisecond plus *lateness*."""
     return pc.add(windows.column(_END), lateness - 1)
+
+
+def _fire_times_of(ends: Int64s, lateness: int) -> Int64s:
+    """:func:`_fire_times` of windows ending at *ends*."""
+    return ends + (lateness - 1)
+
+
+def _closed_sessions(
+    row_keys: pa.ChunkedArray,
+    starts: Int64s,
+    ends: Int64s,
+    held: pa.Table,
+    lateness: int,
+    watermark: int,
+) -> npt.NDArray[np.bool_]:
+    """Per session window of a batch's rows (key, ``[t, t + gap)``), whether it belongs to
+    a session already emitted: once merged with the key's open sessions *held* and with the
+    batch's other windows, its session holds none of the open ones and its fire time is at
+    or below *watermark*. So a row behind the watermark that extends or joins an open
+    session — or a session that the batch's rows on time open — still counts in it.
+    Independent of the rows' order within the batch. Vectorized: one sort."""
+    n_held = held.num_rows
+    key_type = held.schema.field(_KEY).type
+    keys = pa.concat_arrays(
+        [held.column(_KEY).combine_chunks(), row_keys.combine_chunks().cast(key_type)]
+    )
+    codes = pc.dictionary_encode(keys).indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    all_starts = np.concatenate([held.column(_START).to_numpy(), starts]).astype(np.int64)
+    all_ends = np.concatenate([held.column(_END).to_numpy(), ends]).astype(np.int64)
+    is_held = np.arange(len(codes)) < n_held
+    order = np.lexsort((all_starts, codes))
+    group = merged_groups(codes[order], all_starts[order], all_ends[order])
+    count = int(group[-1]) + 1
+    group_end = np.full(count, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(group_end, group, all_ends[order])
+    group_held = np.zeros(count, dtype=bool)
+    np.logical_or.at(group_held, group, is_held[order])
+    closed = (_fire_times_of(group_end, lateness) <= watermark) & ~group_held
+    out = np.empty(len(codes), dtype=bool)
+    out[order] = closed[group]
+    return out[n_held:]
 
 
 def _grouped(table: pa.Table, by: list[str], how: list[tuple[str, str]]) -> pa.Table:
