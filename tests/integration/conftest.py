@@ -165,6 +165,25 @@ def stop_with_savepoint(run: Any, directory: Path) -> Any:
     return savepoint
 
 
+def newest_segment_meta(root: Path | str) -> dict[str, Any] | None:
+    """The metadata of the newest changelog segment of any subtask under the local pipeline
+    root *root* (None: none). The product folds and evicts segments while a job runs, so a
+    segment listed here may be gone by the time it is read: such a one is passed over for
+    the next newest, never an error."""
+    stamped = []
+    for meta in Path(root).glob("_changelog/*/*/b*/meta.json"):
+        try:
+            stamped.append((meta.stat().st_mtime, meta))
+        except FileNotFoundError:
+            continue  # evicted between the listing and the stat
+    for _, meta in sorted(stamped, key=lambda s: s[0], reverse=True):
+        try:
+            return dict(json.loads(meta.read_text())["meta"])
+        except FileNotFoundError:
+            continue  # evicted between the stat and the read
+    return None
+
+
 def output_rows(table: pa.Table, key_column: str = "user_id") -> Counter[tuple[int, int]]:
     """The ``(key, count)`` rows of a running-count output table, as a multiset."""
     if table.num_rows == 0:

@@ -10,7 +10,6 @@ a plain fold over the generator's rows up to the final checkpoint's positions: e
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -26,6 +25,7 @@ import pytest
 from conftest import (
     DemoLauncher,
     generated_keys,
+    newest_segment_meta,
     output_rows,
     read_delta,
     running_count_rows,
@@ -91,13 +91,10 @@ def block_managers(executor: int) -> set[str]:
 
 def newest_segment_executor(root: Path) -> str | None:
     """The executor that wrote the newest changelog segment of any subtask (None: none)."""
-    segments = list(root.glob("_changelog/*/*/b*/meta.json"))
-    if not segments:
-        return None
-    newest = max(segments, key=lambda p: p.stat().st_mtime)
+    meta = newest_segment_meta(root)
     try:
-        return str(json.loads(newest.read_text())["meta"]["changelog"]["executor"])
-    except (OSError, ValueError, KeyError):
+        return None if meta is None else str(meta["changelog"]["executor"])
+    except (KeyError, TypeError):
         return None
 
 

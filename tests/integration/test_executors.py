@@ -22,6 +22,7 @@ from conftest import (
     DemoLauncher,
     delta_txn_versions,
     generated_keys,
+    newest_segment_meta,
     output_rows,
     read_delta,
     running_count_rows,
@@ -192,10 +193,9 @@ def test_subtasks_on_executors_are_exactly_once(
 def _host_locks(root: str, run_id: str) -> list[Path]:
     """The lock files of the subtask hosts of *run_id* on the executor that wrote the
     newest changelog segment (a host holds its lock file while it lives)."""
-    import json
-
-    metas = sorted(Path(root).glob("_changelog/*/*/b*/meta.json"), key=lambda m: m.stat().st_mtime)
-    executor = json.loads(metas[-1].read_text())["meta"]["changelog"]["executor"]
+    meta = newest_segment_meta(root)
+    assert meta is not None, "no changelog segment yet"
+    executor = meta["changelog"]["executor"]
     return [
         host_address(CacheKey(root, run_id, subtask), executor).with_suffix(".lock")
         for subtask in (0, 1)
