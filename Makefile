@@ -4,14 +4,27 @@
 VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.installed-stamp
+# The oldest supported PySpark, in a venv of its own: `make test` runs the tests marked
+# `compat` there too (what differs between PySpark versions), the whole suite in .venv on the
+# newest one.
+NEWEST_PYSPARK ?= pyspark[connect]>=4.3,<4.4
+COMPAT_PYSPARK ?= pyspark[connect]>=4.2,<4.3
+COMPAT_VENV ?= .venv-pyspark4.2
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-stamp
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e ".[dev]" --config-settings editable_mode=compat
+	$(VENV)/bin/pip install -q -e ".[dev]" "$(NEWEST_PYSPARK)" --config-settings editable_mode=compat
 	touch $(STAMP)
 
-.PHONY: setup bytecode browser demo test test-fast lint bench
+$(COMPAT_STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install -q --upgrade pip
+	$(COMPAT_VENV)/bin/pip install -q -e ".[dev]" "$(COMPAT_PYSPARK)" --config-settings editable_mode=compat
+	touch $(COMPAT_STAMP)
+
+.PHONY: setup bytecode browser demo test test-compat test-fast lint bench
 setup: $(STAMP)
 
 # Headless Chromium for the checkpoint page's browser test: Debian's package, installed when
@@ -39,7 +52,14 @@ demo: bytecode
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -n 2 --durations=15
 
 test: bytecode browser
+	@$(VENV)/bin/python -c "import pyspark; print('the whole suite on PySpark', pyspark.__version__)"
 	$(PYTEST)
+	$(MAKE) --no-print-directory test-compat
+
+# The tests marked `compat` on the oldest supported PySpark (COMPAT_PYSPARK).
+test-compat: $(COMPAT_STAMP) bytecode
+	@$(COMPAT_VENV)/bin/python -c "import pyspark; print('the compat tests on PySpark', pyspark.__version__)"
+	env -u PYTHONDONTWRITEBYTECODE $(COMPAT_VENV)/bin/python -m pytest -q -n 2 --durations=5 -m compat
 
 test-fast: bytecode
 	$(PYTEST) -m "not spark and not slow"

@@ -21,7 +21,7 @@ from spark_ckpt.coordination.requests import STOP
 from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.demo import HEADER, LEGEND
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.compat]
 
 RUN_TIMEOUT_S = 300.0
 

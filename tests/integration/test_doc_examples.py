@@ -85,6 +85,7 @@ def _rows(path: Path) -> int:
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.compat
 @pytest.mark.parametrize("document", [d for d in DOCUMENTS if python_blocks(d)])
 def test_examples_run_as_written(
     document: str, spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

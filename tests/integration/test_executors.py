@@ -321,6 +321,7 @@ def test_a_savepoint_restores_on_executors_at_another_parallelism(
     check_exactly_once(again, tmp_path / "out")
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize("remote", [None, "local[2]"], ids=["classic", "connect"])
 def test_exactly_once_under_repeated_sigkill_on_executors(
     demo: DemoLauncher, tmp_path: Path, remote: str | None

@@ -223,6 +223,7 @@ def restarts_of(run: DemoRun) -> int:
 # -- processes dying -------------------------------------------------------------------------
 
 
+@pytest.mark.compat
 def test_killed_source_runner_and_python_worker_restart_from_the_checkpoint(job: Job) -> None:
     """The Python streaming source runner (``latestOffset``) dies, and later a Python worker
     running ``read()``: each time the query fails and the pipeline restarts it in-process

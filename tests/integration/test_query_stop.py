@@ -20,7 +20,7 @@ from spark_ckpt.spark.session.quiet_stop import silence_task_kill_logs
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.compat]
 
 #: Messages Spark logs for a task killed by ``query.stop()`` (as observed with PySpark 4.2).
 KILLED = [

@@ -180,7 +180,11 @@ def test_time_is_exactly_once_when_executor_jvms_are_killed(
 
 @pytest.mark.parametrize(
     ("job", "placement"),
-    [("window", "executors"), ("window", "driver"), ("follow-up", "executors")],
+    [
+        ("window", "executors"),
+        pytest.param("window", "driver", marks=pytest.mark.compat),  # Connect's foreachBatch
+        ("follow-up", "executors"),
+    ],
 )
 def test_time_is_exactly_once_under_sigkill_with_spark_connect(
     demo: DemoLauncher, tmp_path: Path, job: str, placement: str

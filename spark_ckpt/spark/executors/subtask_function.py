@@ -82,11 +82,16 @@ from spark_ckpt.spark.executors.subtask_errors import SubtaskStateLostError
 from spark_ckpt.spark.executors.subtask_host import SUBTASK_HOSTS, BatchDone, MicroBatch
 from spark_ckpt.spark.subtask_spec import AlignerSpec
 
-# pyspark's own pandas serializer of applyInPandasWithState concatenates the group's (empty)
-# state frame with its rows and trips a pandas FutureWarning on every micro-batch, in the
-# executors' Python workers (which import this module when they unpickle the function)
+# pyspark's own applyInPandasWithState concatenates a group's output with empty (all-NA)
+# padding frames and trips pandas' FutureWarning on concatenation of empty entries, twice per
+# micro-batch, in the executors' Python workers (which import this module when they unpickle
+# the function): in its pandas serializer up to PySpark 4.2, in ``pyspark.worker`` from 4.3.
+# Only that warning of those two modules is silenced.
 warnings.filterwarnings(
-    "ignore", category=FutureWarning, module=r"pyspark\.sql\.pandas\.serializers"
+    "ignore",
+    message="The behavior of DataFrame concatenation with empty or all-NA entries",
+    category=FutureWarning,
+    module=r"pyspark\.(sql\.pandas\.serializers|worker)",
 )
 
 #: What each subtask reports per micro-batch (the query's output, discarded by ``noop``).
