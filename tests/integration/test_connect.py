@@ -6,7 +6,8 @@ Python process; stop, drain and status reach it through the pipeline's files (ma
 files), never through a Python object in the client. Each test runs
 ``python -m spark_ckpt.demo --remote local[2]`` in subprocesses (pyspark starts a local Connect
 server inside the job's process, so a kill takes the server, its JVM and its Python workers
-along). Oracles as in the crash tests: a plain fold over the generator's rows.
+along). Oracles as in the crash tests: a plain fold over the generator's rows. (SIGKILLs under
+Connect: ``test_executors.py``.)
 """
 
 from __future__ import annotations
@@ -25,12 +26,7 @@ from conftest import (
     running_count_rows,
 )
 from test_crash import (
-    LAGGING_BACKLOG,
-    _args,
     _diff,
-    _final_positions,
-    _finish,
-    _kill_repeatedly,
 )
 from test_requests import assert_paused_and_resumed, cli, latest_id
 
@@ -80,21 +76,6 @@ def test_quickstart_under_spark_connect(demo: DemoLauncher, tmp_path: Path) -> N
     assert final is not None
     versions = [v for _, v in delta_txn_versions(args.output)]
     assert max(versions) >= final.checkpoint_id, versions
-
-
-def test_exactly_once_under_sigkill_with_spark_connect(demo: DemoLauncher, tmp_path: Path) -> None:
-    """SIGKILLs of the job (client, local Connect server, JVM and Python workers) at random
-    moments, with a lagging channel, then a final ``--available-now`` run — all under Spark
-    Connect: every ``(user_id, count)`` row exactly once."""
-    args = _args(tmp_path, "aligned", remote=REMOTE)
-    story = _kill_repeatedly(demo, args, kills=3, seed=31)
-    final = _finish(demo, args)
-    assert any(f"on Spark Connect {REMOTE}" in log.read_text() for log in tmp_path.glob("**/*.log"))
-    positions = _final_positions(final, LAGGING_BACKLOG)
-
-    expected = running_count_rows(generated_keys(args.spec(), positions))
-    actual = output_rows(read_delta(args.output))
-    assert actual == expected, f"{_diff(actual, expected)}\n" + "\n".join(story)
 
 
 def test_pause_and_resume_under_spark_connect(demo: DemoLauncher, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from spark_ckpt.coordination.requests import STOP
 from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.demo import HEADER, LEGEND
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.compat]
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 RUN_TIMEOUT_S = 300.0
 
@@ -92,6 +92,7 @@ def assert_legend_and_lines(lines: list[str]) -> list[tuple[int, re.Match[str]]]
     return matched
 
 
+@pytest.mark.compat  # quiet under every PySpark
 def test_ctrl_c_prints_stopping_then_the_final_checkpoint_and_exits_cleanly(
     demo: DemoLauncher, tmp_path: Path
 ) -> None:
@@ -139,6 +140,7 @@ def test_spark_logs_brings_spark_console_back(demo: DemoLauncher, tmp_path: Path
     assert_legend_and_lines(text.splitlines())
 
 
+@pytest.mark.compat  # quiet under every PySpark
 def test_spark_connect_console_is_quiet(demo: DemoLauncher, tmp_path: Path) -> None:
     run = demo.start(args(tmp_path, rate=0.0, available_now=True, remote="local[2]"))
     assert run.wait(RUN_TIMEOUT_S) == 0, run.tail()

@@ -322,15 +322,15 @@ def test_a_savepoint_restores_on_executors_at_another_parallelism(
 
 
 @pytest.mark.compat
-@pytest.mark.parametrize("remote", [None, "local[2]"], ids=["classic", "connect"])
-def test_exactly_once_under_repeated_sigkill_on_executors(
-    demo: DemoLauncher, tmp_path: Path, remote: str | None
+def test_exactly_once_under_repeated_sigkill_on_executors_under_connect(
+    demo: DemoLauncher, tmp_path: Path
 ) -> None:
-    """SIGKILLs of the whole job (driver, source runner, executors' Python workers; under
-    Spark Connect the local server too) at random moments with a lagging channel and
+    """SIGKILLs of the whole job under Spark Connect (client, local Connect server, JVM,
+    source runner, executors' Python workers) at random moments with a lagging channel and
     subtasks on the executors, then a final ``--available-now`` run: every
-    ``(user_id, count)`` row exactly once."""
-    args = replace(_args(tmp_path, "aligned"), placement="executors", remote=remote)
+    ``(user_id, count)`` row exactly once. (Classic Spark: ``test_crash.py``, whose jobs'
+    subtasks are on the executors too.)"""
+    args = replace(_args(tmp_path, "aligned"), placement="executors", remote="local[2]")
     story = _kill_repeatedly(demo, args, 3, seed=41)
     final = _finish(demo, args)
     positions = _final_positions(final, LAGGING_BACKLOG)

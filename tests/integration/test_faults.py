@@ -535,7 +535,7 @@ def test_no_intact_checkpoint_is_a_clear_error_and_changes_nothing(job: Job) -> 
 def test_stopping_prints_no_stack_trace(job: Job, how: str) -> None:
     """Ctrl-C, or the end of ``--seconds``, while micro-batches run: the job stops with a
     final checkpoint and its console shows no Java or Python stack trace."""
-    run = job.start(seconds=40.0 if how == "duration" else 900.0)
+    run = job.start(seconds=15.0 if how == "duration" else 900.0)
     job.wait_processed_past_checkpoint(run)
     if how == "sigint":
         job.feed.append(2000)

@@ -23,7 +23,7 @@ from local_connect_job import SOURCE
 from spark_ckpt.sources.generator import GeneratorSpec
 from spark_ckpt.testing.processes import session_processes
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.compat]
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 SCRIPT = Path(__file__).with_name("local_connect_job.py")
 
