@@ -112,6 +112,12 @@ TICK_MS = 1000
 #: ``Trigger.AvailableNow``: how long the final checkpoint waits for a consumer to appear
 #: in the coordinator before the query fails for want of one.
 CONSUMER_WAIT_S = 10.0
+#: ``Trigger.AvailableNow``: how long past the longest the coordinator may take to decide
+#: the final checkpoint (twice its timeout, plus the minimum pause: one pending checkpoint
+#: ahead of it, then its own) the source runner waits for a decision before it calls the
+#: coordinator stuck. The coordinator's polls expire the checkpoint at its timeout and a
+#: failed one is triggered again, so this never shortens a checkpoint's own timeout.
+FINAL_DECISION_GRACE_S = 30.0
 
 
 class SourceRunner:
@@ -127,6 +133,7 @@ class SourceRunner:
         self._host: HostThread | None = None
         self._target: list[int] | None = None  # Trigger.AvailableNow: read up to here
         self._final: CheckpointRequest | None = None
+        self._final_deadline = 0.0  # monotonic: when the final request is overdue
         self._stop_at: tuple[int, ...] | None = None
         self._drain_to: list[int] | None = None  # a stop with drain reads up to here
         self._heads: list[int] | None = None  # the channels' heads at the last latestOffset
@@ -336,10 +343,17 @@ class SourceRunner:
         data is admitted, trigger it and let a batch carry its barriers; once they are emitted,
         wait here (polling the coordinator) until it completed. Spark ends the query when the
         end offset equals the start. *heads*: what this batch may read; *target*: where the
-        query ends."""
+        query ends.
+
+        The coordinator decides the final checkpoint: it completes, or fails (expired at its
+        timeout, declined) and is triggered again, as long as the tolerable failures allow
+        (beyond them the coordinator fails the query). However late its polls make that
+        decision, the wait goes on; only a request left undecided past twice the timeout
+        (and :data:`FINAL_DECISION_GRACE_S`) fails the query, as a coordinator that hangs."""
         if list(offset.positions) != list(target):
             return offset
-        deadline = time.monotonic() + self.options.config.timeout_ms / 1000
+        config = self.options.config
+        decision_s = (2 * config.timeout_ms + config.min_pause_ms) / 1000 + FINAL_DECISION_GRACE_S
         # a consumer that publishes its topology as the query starts (ckpt-sink) is installed
         # by the host's next poll, which may not have run yet (a second apart on an object
         # store): wait for it that long, polling, before calling it missing
@@ -365,6 +379,7 @@ class SourceRunner:
                 if final is not None:
                     log.warning("final checkpoint failed (%s); retrying", final.failure)
                 self._final = self.host.call(lambda host: host.request_final_checkpoint())
+                self._final_deadline = time.monotonic() + decision_s
                 if self._final is None and time.monotonic() > consumer_deadline:
                     raise CheckpointError(
                         "Trigger.AvailableNow needs a checkpointing consumer (ckpt-sink or the "
@@ -376,9 +391,12 @@ class SourceRunner:
                 # the next batch emits them: the final barrier, or a periodic one the (queued)
                 # final checkpoint waits for; barriers emitted already need no batch
                 return offset
-            if time.monotonic() > deadline:
+            if self._final is not None and time.monotonic() > self._final_deadline:
+                # neither completed nor failed (expired, declined: then it is triggered
+                # again, as long as the tolerable failures allow): the coordinator is stuck
                 raise CheckpointError(
-                    "the final checkpoint of Trigger.AvailableNow did not complete"
+                    f"the final checkpoint of Trigger.AvailableNow was not decided within "
+                    f"{decision_s:.0f} s: the coordinator neither completed nor expired it"
                 )
             time.sleep(0.05)
 
