@@ -89,7 +89,9 @@ def _latest_id(root: Path) -> int:
     return latest.checkpoint_id if latest else 0
 
 
-@pytest.mark.parametrize(("mode", "seed"), [("aligned", 21), ("unaligned", 22)])
+# aligned only: the other modes under SIGKILL share the Kafka source's code paths with it and
+# run in test_crash.py (each kill is a job start, the suite's largest cost)
+@pytest.mark.parametrize(("mode", "seed"), [("aligned", 21)])
 def test_exactly_once_from_kafka_under_sigkill_with_a_new_topic(
     demo: DemoLauncher, broker: Broker, tmp_path: Path, mode: str, seed: int
 ) -> None:

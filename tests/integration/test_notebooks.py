@@ -116,6 +116,9 @@ def test_quickstart_notebook(spark: Any, where: Where) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
+# a local BASE only: savepoints on S3, and moved between S3 and a local root, run in
+# test_object_store.py (each run of a notebook starts several pipelines)
+@pytest.mark.parametrize("where", ["local"], indirect=True)
 def test_savepoint_and_upgrade_notebook(spark: Any, where: Where) -> None:
     ns = run(
         NOTEBOOKS / "02_savepoint_and_upgrade.py",
@@ -131,6 +134,9 @@ def test_savepoint_and_upgrade_notebook(spark: Any, where: Where) -> None:
 
 @pytest.mark.spark
 @pytest.mark.slow
+# on S3 only: the statistics, the plot and the page read from the store there, and the
+# notebook's code is the same on a local BASE
+@pytest.mark.parametrize("where", ["s3"], indirect=True)
 def test_monitoring_notebook(spark: Any, where: Where, tmp_path: Path) -> None:
     plot = tmp_path / "checkpoints.png"
     ns = run(
@@ -141,7 +147,7 @@ def test_monitoring_notebook(spark: Any, where: Where, tmp_path: Path) -> None:
         where.params(
             BATCHES=[300, 600, 900],
             PLOT=str(plot),
-            TIMEOUT_S=1 if where.storage_options is None else 3,
+            TIMEOUT_S=3,
         ),
     )
     assert plot.read_bytes()[:4] == b"\x89PNG"

@@ -149,7 +149,9 @@ def start_ui(root: str) -> tuple[subprocess.Popen[str], str]:
     return server, found.group(0)
 
 
-@pytest.mark.parametrize("remote", [None, "local[2]"], ids=["classic", "connect"])
+# classic only: the page reads the pipeline's root (its checkpoints, the coordinator's
+# heartbeat), which the source runner writes the same under Spark Connect
+@pytest.mark.parametrize("remote", [None], ids=["classic"])
 def test_the_page_of_a_running_pipeline(tmp_path: Path, remote: str | None) -> None:
     launcher = DemoLauncher(tmp_path)
     args = DemoArgs(
