@@ -613,7 +613,6 @@ def run_mode(
         input=base / "input",
         channels=3,
         interval=s.interval,
-        trigger=None,  # the default trigger: each micro-batch as soon as the last ended
         restarts=1_000_000,
         restart_delay="500ms",
         retained=3,

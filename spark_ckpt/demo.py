@@ -244,13 +244,6 @@ def main(argv: Sequence[str] | None = None, *, components: str | None = None) ->
     )
     p.add_argument("--max-rows-per-trigger", type=int, default=None)
     p.add_argument(
-        "--trigger",
-        metavar="DURATION",
-        default=None,
-        help="a processing-time trigger: a micro-batch starts at most this often (e.g. 1s); "
-        "by default each starts as soon as the last one ended",
-    )
-    p.add_argument(
         "--restarts", type=int, default=3, help="restart attempts after a failure (fixed delay)"
     )
     p.add_argument("--restart-delay", default="1s")
@@ -575,7 +568,6 @@ def run(
         parallelism=args.parallelism,
         placement=args.placement,
         available_now=args.available_now,
-        trigger_s=None if args.trigger is None else parse_duration("trigger", args.trigger) / 1000,
         duration_s=None if args.available_now or args.seconds <= 0 else args.seconds,
         on_checkpoint=progress,
         on_stop=stopping,

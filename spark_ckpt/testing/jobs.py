@@ -48,10 +48,6 @@ class DemoArgs:
     aligned_timeout: str = "200ms"
     max_rows_per_trigger: int | None = None
     barrier_placement: str = "read"
-    #: a processing-time trigger (``--trigger``). Tests' jobs start a micro-batch at most
-    #: once a second: each costs the driver's JVM about as much CPU however few rows it
-    #: has, and two jobs share the machine's cores. None: each starts as the last ends.
-    trigger: str | None = "1s"
     available_now: bool = False
     seconds: float = 600.0
     #: tail this Delta table instead of the generator (``--input``)
@@ -158,8 +154,6 @@ class DemoArgs:
         if self.max_rows_per_trigger is not None:
             args += ["--max-rows-per-trigger", str(self.max_rows_per_trigger)]
             args += ["--barrier-placement", self.barrier_placement]
-        if self.trigger is not None:
-            args += ["--trigger", self.trigger]
         if self.available_now:
             args.append("--available-now")
         else:

@@ -177,12 +177,8 @@ def test_exactly_once_under_repeated_sigkill(
     after a completed checkpoint, odd ones anywhere from the start), with a lagging channel;
     afterwards the output holds every expected ``(user_id, count)`` row exactly once — so
     every keyed count equals the failure-free running count — and every checkpoint's output
-    is committed. The aligned job starts each micro-batch as soon as the last ended (the
-    others, as every job of the suite, at most once a second): a kill lands in one more
-    often than between them."""
+    is committed."""
     args = _args(tmp_path, mode)
-    if mode == "aligned":
-        args = replace(args, trigger=None)
     story = _kill_repeatedly(demo, args, KILLS if mode == "aligned" else OTHER_MODE_KILLS, seed)
     final = _finish(demo, args)
     positions = _final_positions(final, LAGGING_BACKLOG)
