@@ -331,7 +331,7 @@ def test_exactly_once_under_repeated_sigkill_on_executors_under_connect(
     ``(user_id, count)`` row exactly once. (Classic Spark: ``test_crash.py``, whose jobs'
     subtasks are on the executors too.)"""
     args = replace(_args(tmp_path, "aligned"), placement="executors", remote="local[2]")
-    story = _kill_repeatedly(demo, args, 3, seed=41)
+    story = _kill_repeatedly(demo, args, 2, seed=41)
     final = _finish(demo, args)
     positions = _final_positions(final, LAGGING_BACKLOG)
     expected = running_count_rows(generated_keys(args.spec(), positions))

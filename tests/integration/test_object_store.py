@@ -305,7 +305,7 @@ def test_exactly_once_under_repeated_driver_sigkill_with_everything_on_s3(
     rows up to the final checkpoint's positions: 0 lost, 0 duplicated."""
     args = _args(tmp_path, "aligned", root=f"s3://{BUCKET}/crash/root")
     args = replace(args, output=f"s3://{BUCKET}/crash/out")
-    story = _kill_repeatedly(demo, args, 3, seed=42)
+    story = _kill_repeatedly(demo, args, 2, seed=42)
     final = _finish(demo, args)
     positions = _final_positions(final, LAGGING_BACKLOG)
     expected = running_count_rows(generated_keys(args.spec(), positions))
@@ -379,7 +379,8 @@ def wait_for_requests(s3: S3Endpoint, first: int, n: int) -> list[Served]:
 
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.parametrize("credentials", ["environment", "explicit"])
+# explicit credentials only: the environment's reach every other test on the endpoint
+@pytest.mark.parametrize("credentials", ["explicit"])
 def test_offline_state_and_the_stateless_sink_on_s3(
     s3: S3Endpoint, tmp_path: Path, credentials: str
 ) -> None:

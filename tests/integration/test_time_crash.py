@@ -114,7 +114,7 @@ def test_windows_are_exactly_once_under_repeated_sigkill_of_the_driver(
     demo: DemoLauncher, tmp_path: Path
 ) -> None:
     args = window_args(tmp_path)
-    story = _kill_repeatedly(demo, args, 3, seed=31)
+    story = _kill_repeatedly(demo, args, 2, seed=31)
     final = _finish(demo, args)
     expected = windows_expected(args, final)
     assert len(expected) > 50  # the test means something
@@ -125,7 +125,7 @@ def test_follow_up_timers_fire_once_under_repeated_sigkill_of_the_driver(
     demo: DemoLauncher, tmp_path: Path
 ) -> None:
     args = replace(_args(tmp_path, "aligned"), follow_up="300ms")
-    story = _kill_repeatedly(demo, args, 3, seed=32)
+    story = _kill_repeatedly(demo, args, 2, seed=32)
     final = _finish(demo, args)
     check_follow_ups(args, final, "\n".join(story))
 
