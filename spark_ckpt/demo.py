@@ -186,6 +186,53 @@ def main(argv: Sequence[str] | None = None, *, components: str | None = None) ->
     """The demo with the command line *argv*; returns the exit status. *components*: the
     job's ``module:name`` of :class:`~spark_ckpt.runtime.components.Components` (see
     :mod:`spark_ckpt.testing.faulty_job`), None for the pipeline's own."""
+    args = parse_args(argv)
+    try:
+        settings = restore_settings(args)
+    except ConfigError as e:
+        return fail(str(e), 2)
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from spark_ckpt.spark.session.builders import connect_session, local_session
+
+    app = f"spark-ckpt-{args.pipeline}"
+    if args.remote:
+        spark = connect_session(args.remote, app, log_level="ERROR", quiet=not args.spark_logs)
+    else:
+        spark = local_session(
+            app,
+            master=args.master,
+            log_level="ERROR",
+            quiet=not args.spark_logs,
+            conf=dict(args.conf),
+        )
+    # The one line goes last, after Spark stopped: stopping a failed query's tasks logs their
+    # interrupts, which would otherwise come below it.
+    failure: SparkCkptError | None = None
+    try:
+        return run(spark, args, settings, components)
+    except SparkCkptError as e:  # a failed pipeline, a restore refused, a damaged store, ...
+        failure = e
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping
+        pass
+    finally:  # whatever happened (other errors end in spark_ckpt.cli.main's one line)
+        stop_spark(spark)
+    if failure is not None:
+        return fail(str(failure), 1)
+    print("interrupted", file=sys.stderr, flush=True)
+    return 130
+
+
+def run_in(spark: SparkSession, argv: Sequence[str], components: str | None = None) -> int:
+    """The job of the command line *argv* on *spark*, a session the caller started and
+    keeps (its ``--master``, ``--remote``, ``--conf`` and ``--spark-logs`` are ignored);
+    returns 0 when it stopped as asked. Raises what failed it, as :func:`run`."""
+    args = parse_args(argv)
+    return run(spark, args, restore_settings(args), components)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The demo's command line (a usage error exits with status 2 and one ``error:`` line)."""
     p = _Parser(prog="spark-ckpt demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--pipeline", default="demo")
     p.add_argument(
@@ -340,41 +387,7 @@ def main(argv: Sequence[str] | None = None, *, components: str | None = None) ->
         action="store_true",
         help="show Spark's own console output (log4j notices, WARN lines, Connect worker lines)",
     )
-    args = p.parse_args(argv)
-    try:
-        settings = restore_settings(args)
-    except ConfigError as e:
-        return fail(str(e), 2)
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from spark_ckpt.spark.session.builders import connect_session, local_session
-
-    app = f"spark-ckpt-{args.pipeline}"
-    if args.remote:
-        spark = connect_session(args.remote, app, log_level="ERROR", quiet=not args.spark_logs)
-    else:
-        spark = local_session(
-            app,
-            master=args.master,
-            log_level="ERROR",
-            quiet=not args.spark_logs,
-            conf=dict(args.conf),
-        )
-    # The one line goes last, after Spark stopped: stopping a failed query's tasks logs their
-    # interrupts, which would otherwise come below it.
-    failure: SparkCkptError | None = None
-    try:
-        return run(spark, args, settings, components)
-    except SparkCkptError as e:  # a failed pipeline, a restore refused, a damaged store, ...
-        failure = e
-    except KeyboardInterrupt:  # a second Ctrl-C while stopping
-        pass
-    finally:  # whatever happened (other errors end in spark_ckpt.cli.main's one line)
-        stop_spark(spark)
-    if failure is not None:
-        return fail(str(failure), 1)
-    print("interrupted", file=sys.stderr, flush=True)
-    return 130
+    return p.parse_args(argv)
 
 
 def _spark_setting(text: str) -> tuple[str, str]:

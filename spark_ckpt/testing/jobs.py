@@ -21,10 +21,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spark_ckpt.sources.generator import GeneratorSpec
 from spark_ckpt.testing.jvm import jvm_options
 from spark_ckpt.testing.processes import kill_session, processes_under, session_processes
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # -- the demo job in a subprocess ----------------------------------------------------------
 
@@ -86,10 +90,12 @@ class DemoArgs:
     extra: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
+        """The job's command line: the faulty job with :meth:`options`."""
+        return [sys.executable, "-m", "spark_ckpt.testing.faulty_job", *self.options()]
+
+    def options(self) -> list[str]:
+        """The job's options, as the demo takes them."""
         args = [
-            sys.executable,
-            "-m",
-            "spark_ckpt.testing.faulty_job",
             "--pipeline",
             self.pipeline,
             "--root",
@@ -159,6 +165,27 @@ class DemoArgs:
         else:
             args += ["--seconds", repr(self.seconds)]
         return args + list(self.extra)
+
+    @property
+    def runs_in_a_shared_session(self) -> bool:
+        """Whether :meth:`run_in` can run this job in a session of the caller's: classic
+        Spark with no settings of its own, the root and output local (an object store's
+        credentials are in a job's own environment, not in a running session's workers)."""
+        remote_paths = "://" in str(self.root) or "://" in str(self.output)
+        return self.remote is None and not self.conf and not remote_paths
+
+    def run_in(self, spark: SparkSession) -> int:
+        """The job (with the fail points of :mod:`spark_ckpt.testing.faults`, armed or not)
+        on *spark*, a classic session of the calling process, instead of in a process of its
+        own; returns the job's exit status. For the final run of a crash test: a driver
+        other than the killed ones restores what they left, without a JVM to start. Only
+        when :attr:`runs_in_a_shared_session`; the session's master is the job's."""
+        from spark_ckpt.demo import run_in
+        from spark_ckpt.testing.faults import COMPONENTS
+
+        if not self.runs_in_a_shared_session:
+            raise ValueError("this job needs a process of its own (see runs_in_a_shared_session)")
+        return run_in(spark, self.options(), COMPONENTS)
 
     def spec(self) -> GeneratorSpec:
         """The generator behind the job's input (same parsing rules as the job's options)."""

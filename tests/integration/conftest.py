@@ -41,13 +41,19 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """A local SparkSession shared by the whole test session (``local[2]``, 2 shuffle
-    partitions, UI off); stopped at the end."""
+def shared_session() -> SparkSession:
+    """The test process's local SparkSession (``local[2]``, 2 shuffle partitions, UI off),
+    started on first use: the ``spark`` fixture's, and where a crash test's final run
+    restores what its killed jobs left (:func:`test_crash._finish`)."""
     from spark_ckpt.spark.session.builders import local_session
 
-    session = local_session("spark-ckpt-tests", log_level="ERROR")
+    return local_session("spark-ckpt-tests", log_level="ERROR")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """:func:`shared_session`, for the whole test session; stopped at the end."""
+    session = shared_session()
     yield session
     session.stop()
 

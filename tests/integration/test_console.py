@@ -92,7 +92,6 @@ def assert_legend_and_lines(lines: list[str]) -> list[tuple[int, re.Match[str]]]
     return matched
 
 
-@pytest.mark.compat  # quiet under every PySpark
 def test_ctrl_c_prints_stopping_then_the_final_checkpoint_and_exits_cleanly(
     demo: DemoLauncher, tmp_path: Path
 ) -> None:

@@ -43,6 +43,7 @@ from conftest import (
     output_rows,
     read_delta,
     running_count_rows,
+    shared_session,
 )
 
 from spark_ckpt.coordination.requests import STOP
@@ -140,12 +141,21 @@ def _kill_repeatedly(demo: DemoLauncher, args: DemoArgs, kills: int, seed: int) 
 
 def _finish(demo: DemoLauncher, args: DemoArgs) -> CompletedCheckpoint:
     """A final ``--available-now`` run: it restores, processes what is available and ends
-    with a final checkpoint whose output is committed; returns that checkpoint."""
-    run = demo.start(replace(args, available_now=True))
-    code = run.wait(FINAL_RUN_TIMEOUT_S)
-    assert code == 0, f"final run failed ({code})\n{run.tail()}"
+    with a final checkpoint whose output is committed; returns that checkpoint. The faults
+    are behind it: it runs in this test process's own Spark session (another driver than
+    the killed ones, as a job restarted elsewhere, with no JVM to start) when the job needs
+    nothing of a process of its own (:attr:`DemoArgs.runs_in_a_shared_session`; a job
+    on a local cluster finishes on ``local[2]``), in a process of its own otherwise."""
+    final_args = replace(args, available_now=True)
+    if final_args.runs_in_a_shared_session:
+        code = final_args.run_in(shared_session())
+        assert code == 0, f"final run failed ({code})"
+    else:
+        run = demo.start(final_args)
+        code = run.wait(FINAL_RUN_TIMEOUT_S)
+        assert code == 0, f"final run failed ({code})\n{run.tail()}"
     final = _latest(args.root)
-    assert final is not None and STOP in final.properties, run.tail()
+    assert final is not None and STOP in final.properties, final
     return final
 
 
