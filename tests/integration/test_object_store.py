@@ -272,21 +272,13 @@ def count_rows(uri: str, s3: S3Endpoint) -> Counter[tuple[int, int]]:
 
 @pytest.mark.spark
 @pytest.mark.slow
-# from S3 into a local root; a savepoint restored into a new root on S3:
-# test_the_files_source_on_s3_and_its_savepoint_into_a_new_root
-@pytest.mark.parametrize("direction", ["s3-to-local"])
-def test_a_savepoint_moves_between_s3_and_a_local_root(
-    on_s3: S3Endpoint, tmp_path: Path, direction: str
-) -> None:
-    """A savepoint taken by a pipeline on one store restores into a pipeline whose root is
-    on the other, at another parallelism; the output goes on exactly once."""
-    s3_base, local = f"s3://{BUCKET}/{direction}", tmp_path / "local"
-    if direction == "s3-to-local":
-        first, savepoints, second = f"{s3_base}/root", f"{s3_base}/sp", str(local / "root")
-        out = f"{s3_base}/out"
-    else:
-        first, savepoints, second = str(local / "root"), str(local / "sp"), f"{s3_base}/root"
-        out = str(local / "out")
+def test_a_savepoint_moves_from_s3_into_a_local_root(on_s3: S3Endpoint, tmp_path: Path) -> None:
+    """A savepoint taken by a pipeline on S3 restores into a pipeline whose root is local, at
+    another parallelism; the output goes on exactly once. (A savepoint restored into a new
+    root on S3: :func:`test_the_files_source_on_s3_and_its_savepoint_into_a_new_root`.)"""
+    s3_base, local = f"s3://{BUCKET}/s3-to-local", tmp_path / "local"
+    first, savepoints, second = f"{s3_base}/root", f"{s3_base}/sp", str(local / "root")
+    out = f"{s3_base}/out"
     env = {**os.environ, **on_s3.environment()}
     done = job("s3_savepoint_job.py", first, savepoints, second, out, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -432,7 +424,7 @@ def test_the_files_source_on_s3_and_its_savepoint_into_a_new_root(
     """Files landing in an ``s3://`` directory, the root and the output on the endpoint,
     ``cleanSource=delete``: a pipeline stops with a savepoint on S3; more files land; a
     pipeline at a new root on S3 restores from the savepoint (a savepoint restored into a
-    local root: ``test_a_savepoint_moves_between_s3_and_a_local_root``). The files the
+    local root: ``test_a_savepoint_moves_from_s3_into_a_local_root``). The files the
     first one deleted are gone from the directory, yet every row counts exactly once: the
     savepoint carries the listing its positions mean."""
     base = f"s3://{BUCKET}/files"
