@@ -45,8 +45,9 @@ class JobOptions(TypedDict, total=False):
     placement: Placement | str
     transform: Callable[[Any], Any] | None
     components: str | None
-    watermark: WatermarkStrategy | None
+    watermark: WatermarkStrategy | Mapping[str, WatermarkStrategy | None] | None
     late_output: str | None
+    sources: Mapping[str, Source] | None
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,14 @@ class JobSpec:
     the rows the first operator receives
     (:class:`~spark_ckpt.runtime.event_time.WatermarkStrategy`; ``docs/time.md``).
     *late_output*: a Delta table that receives, exactly once, the rows dropped as late (those
-    rows' own columns; Flink's side output of late data), another table than *output*."""
+    rows' own columns; Flink's side output of late data), another table than *output*.
+
+    *inputs*: several named inputs instead of one *source* (``sources={"clicks": {...},
+    "impressions": {...}}``, each a ``ckpt-source``'s options; :mod:`spark_ckpt.sources.inputs`),
+    read by an operator over several inputs
+    (:class:`~spark_ckpt.runtime.co_operator.KeyedCoOperator`) or, when they have one schema,
+    by a one-input operator over their union; *input_watermarks*: each input's strategy (a
+    single *watermark* applies to every input)."""
 
     source: Source
     operators: tuple[KeyedOperator, ...]
@@ -83,10 +91,16 @@ class JobSpec:
     components: str | None = None
     watermark: WatermarkStrategy | None = None
     late_output: str | None = None
+    inputs: tuple[tuple[str, Source], ...] = ()
+    input_watermarks: tuple[tuple[str, WatermarkStrategy | None], ...] = ()
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.inputs)
 
     @staticmethod
     def of(
-        source: Source, operators: Operators, *, output: str, **options: Unpack[JobOptions]
+        source: Source | None, operators: Operators, *, output: str, **options: Unpack[JobOptions]
     ) -> JobSpec:
         """A validated spec: at least one operator, distinct uids, a known placement; a
         local *output* made absolute."""
@@ -115,6 +129,15 @@ class JobSpec:
             raise ConfigError(
                 "operators", uids, f"operators with distinct uids ({repeated[0]!r} is repeated)"
             )
+        named = options.get("sources")
+        if (named is None) == (source is None):
+            raise ConfigError(
+                "sources",
+                None if named is None else sorted(named),
+                "either one source (its options) or named inputs (sources={name: options}), "
+                "not both",
+            )
+        inputs, watermarks = _inputs(named, options.get("watermark"), ops)
         keys = sorted({op.key_column for op in ops})
         if len(keys) > 1:
             raise ConfigError(
@@ -126,12 +149,14 @@ class JobSpec:
         out = normalized(output)
         components = options.get("components", JobSpec.components) or None
         load_components(components)  # a ConfigError names it before anything runs
-        watermark = options.get("watermark", JobSpec.watermark)
+        watermark = None if inputs else options.get("watermark", JobSpec.watermark)
         if watermark is not None and not isinstance(watermark, WatermarkStrategy):
             raise ConfigError(
                 "watermark", watermark, "a WatermarkStrategy (e.g. forBoundedOutOfOrderness)"
             )
-        if watermark is not None and any(k.lower().startswith("watermark.") for k in source):
+        if watermark is not None and any(
+            k.lower().startswith("watermark.") for k in (source or {})
+        ):
             raise ConfigError(
                 "watermark", watermark, "one strategy: the source options name one already"
             )
@@ -142,8 +167,19 @@ class JobSpec:
             late = normalized(late)
             if late == out:
                 raise ConfigError("late_output", late, "another table than the output")
+            if inputs:
+                raise ConfigError(
+                    "late_output", late, "no late output with several inputs (not yet supported)"
+                )
+        if inputs and options.get("transform") is not None:
+            raise ConfigError(
+                "transform",
+                options.get("transform"),
+                "no transform with several inputs (not yet supported: parse the rows in the "
+                "operator)",
+            )
         return JobSpec(
-            dict(source),
+            dict(source or {}),
             ops,
             out,
             options.get("parallelism", JobSpec.parallelism),  # the fields' defaults
@@ -154,4 +190,80 @@ class JobSpec:
             components,
             watermark,
             late,
+            inputs,
+            watermarks,
         )
+
+
+def _inputs(
+    named: Mapping[str, Source] | None,
+    watermark: object,
+    operators: tuple[KeyedOperator, ...],
+) -> tuple[tuple[tuple[str, Source], ...], tuple[tuple[str, WatermarkStrategy | None], ...]]:
+    """The named inputs and each one's watermark strategy, checked against the first
+    operator: an operator over several inputs reads exactly the pipeline's inputs; a one-input
+    operator reads their union. Nothing without named inputs."""
+    from spark_ckpt.runtime.co_operator import KeyedCoOperator
+    from spark_ckpt.sources.inputs import check_input_name
+
+    if named is None:
+        return (), ()
+    if not isinstance(named, Mapping) or not named:
+        raise ConfigError("sources", named, "a mapping of input names to source options")
+    inputs: list[tuple[str, Source]] = []
+    for name, options in named.items():
+        check_input_name(name)
+        if not isinstance(options, Mapping):
+            raise ConfigError(f"sources[{name!r}]", options, "the input's ckpt-source options")
+        stray = [k for k in options if str(k).lower().startswith("watermark.")]
+        if stray:
+            raise ConfigError(
+                f"sources[{name!r}].{stray[0]}",
+                options[stray[0]],
+                "no value: give the input's strategy as watermark={name: WatermarkStrategy}",
+            )
+        inputs.append((name, dict(options)))
+    names = [n for n, _ in inputs]
+    first = operators[0]
+    if isinstance(first, KeyedCoOperator):
+        unknown = [n for n in first.inputs if n not in names]
+        if unknown:
+            raise ConfigError(
+                f"operator {first.uid!r}", unknown[0], f"an input of sources: {', '.join(names)}"
+            )
+        unread = [n for n in names if n not in first.inputs]
+        if unread:
+            raise ConfigError(
+                "sources",
+                unread[0],
+                f"inputs that operator {first.uid!r} reads: {list(first.inputs)}",
+            )
+    if watermark is None or isinstance(watermark, WatermarkStrategy):
+        strategies = {n: watermark for n in names}
+    elif isinstance(watermark, Mapping):
+        unknown = [n for n in watermark if n not in names]
+        if unknown:
+            raise ConfigError("watermark", unknown[0], f"an input of sources: {', '.join(names)}")
+        strategies = {n: watermark.get(n) for n in names}
+    else:
+        raise ConfigError("watermark", watermark, "a WatermarkStrategy, or one per input name")
+    for name, strategy in strategies.items():
+        if strategy is not None and not isinstance(strategy, WatermarkStrategy):
+            raise ConfigError(f"watermark[{name!r}]", strategy, "a WatermarkStrategy")
+    given = [s for s in strategies.values() if s is not None]
+    if given and len(given) < len(names):
+        missing = [n for n, s in strategies.items() if s is None]
+        raise ConfigError(
+            "watermark",
+            missing[0],
+            "a strategy for every input, or for none (event time is kept for all or none)",
+        )
+    if len({s.allowed_lateness_ms for s in given}) > 1:
+        raise ConfigError(
+            "watermark",
+            [s.allowed_lateness_ms for s in given],
+            "one allowed lateness for every input",
+        )
+    if len({s.event_time for s in given}) > 1:
+        raise ConfigError("watermark", "no_watermarks()", "event time on every input, or on none")
+    return tuple(inputs), tuple(strategies.items())

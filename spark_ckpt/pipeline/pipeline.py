@@ -79,9 +79,11 @@ from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
+from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
 from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK
 from spark_ckpt.runtime.task_time import time_needed
+from spark_ckpt.sources.inputs import INPUT_KEY, same_schemas
 from spark_ckpt.sources.kafka_options import PINNED
 from spark_ckpt.spark.datasource.channel_sources import open_channel_source, user_schema
 from spark_ckpt.spark.datasource.source_options import (
@@ -268,7 +270,12 @@ class Pipeline:
         return self.spark.readStream.format("ckpt-source").options(**opts).load()
 
     def prepare(
-        self, source: Source, operators: Operators, *, output: str, **options: Unpack[JobOptions]
+        self,
+        source: Source | None,
+        operators: Operators,
+        *,
+        output: str,
+        **options: Unpack[JobOptions],
     ) -> PreparedRun:
         """Everything one run of the job needs before its query starts (see
         :class:`~spark_ckpt.pipeline.job.JobSpec` for the arguments). Callers that drive the
@@ -289,18 +296,33 @@ class Pipeline:
         self._cover(job)
         Runs(self.root).prune(on_ended=partial(remove_run, self.root))
         run_id = new_run_id()
-        opts = self.source_options(**job.source)
+        opts = self._job_source_options(job)
         if job.watermark is not None:
             opts.update(job.watermark.to_options())
         opts["run"] = run_id
         parsed = SourceOptions.parse(opts)
         channels, names = _channels(parsed)
-        if names is not None:  # the run reads these partitions, whatever appears meanwhile
-            opts[PINNED] = json.dumps(names)
+        if names is not None and parsed.inputs is None:
+            opts[PINNED] = json.dumps(names)  # the run reads these, whatever appears meanwhile
+        inputs = parsed.inputs
         if job.components is not None:
             opts[COMPONENTS] = job.components
         components = load_components(job.components)
         operators = tuple(components.operator(op, self.root) for op in job.operators)
+        if inputs is not None:
+            schemas = {
+                n: user_schema(o) for n, o in zip(inputs.names, parsed.input_options, strict=True)
+            }
+            bind = getattr(operators[0], "bind_inputs", None)
+            if bind is not None:  # the inputs' own columns, known before any row
+                bind(schemas)
+            elif not same_schemas(list(schemas.values())):
+                raise ConfigError(
+                    "sources",
+                    {n: s.names for n, s in schemas.items()},
+                    f"inputs of one schema for operator {operators[0].uid!r}, which reads their "
+                    "union (or an operator over several inputs: KeyedCoOperator)",
+                )
         if job.late_output is not None and (
             parsed.watermark is None or not parsed.watermark.column
         ):
@@ -337,13 +359,14 @@ class Pipeline:
             watermark=parsed.watermark,
             late_output=job.late_output,
             storage=self.storage,
+            inputs=inputs,
         )
         function: RunFunction
         if job.placement is Placement.EXECUTORS:
             ship_by_value([*job.operators, job.tracer])  # the job's own code, to executors
             function = SubtaskFunction(spec)
             # the source's read() hands the rows on routed to the subtasks
-            key = job.operators[0].key_column
+            key = job.operators[0].key_column if inputs is None else INPUT_KEY
             partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions") or 200)
             router = Router(
                 key,
@@ -365,6 +388,12 @@ class Pipeline:
         df = self.spark.readStream.format("ckpt-source").options(**opts).load()
         if job.transform is not None:
             df = apply_transform(job.transform, df, job.operators[0].key_column)
+        if inputs is not None:  # each input's strategy on its own columns, before it runs
+            for (_, strategy), inner in zip(
+                job.input_watermarks, parsed.input_options, strict=True
+            ):
+                if strategy is not None:
+                    strategy.check_schema(user_schema(inner))
         if parsed.watermark is not None:  # before the query starts: the rows' schema
             rows = user_schema(parsed) if job.transform is None else arrow_schema(df.schema)
             parsed.watermark.check_schema(rows)
@@ -380,8 +409,8 @@ class Pipeline:
 
     def start(
         self,
-        source: Source,
-        operators: Operators,
+        source: Source | None = None,
+        operators: Operators = (),
         *,
         output: str,
         available_now: bool = False,
@@ -410,7 +439,7 @@ class Pipeline:
         """What a restore of *job* is checked against (uids, channels, max parallelism). A
         source that names its channels (Kafka partitions) resumes them by name, whatever
         their number: its channel count is not checked."""
-        channels, names = _channels(SourceOptions.parse(self.source_options(**job.source)))
+        channels, names = _channels(SourceOptions.parse(self._job_source_options(job)))
         return PipelineShape(
             pipeline=self.name,
             operator_uids=tuple(op.uid for op in job.operators),
@@ -427,16 +456,65 @@ class Pipeline:
             if output is not None:
                 check_commit_safety(output)
                 check_writable(output)
-        parsed = SourceOptions.parse(self.source_options(**job.source))
-        for options in (parsed.delta, parsed.files):
-            if options.get("path"):
-                check_readable(options["path"])
+        parsed = SourceOptions.parse(self._job_source_options(job))
+        for each in parsed.input_options or (parsed,):
+            for options in (each.delta, each.files):
+                if options.get("path"):
+                    check_readable(options["path"])
+
+    def _job_source_options(self, job: JobSpec, *, count: bool = True) -> dict[str, str]:
+        """The ``ckpt-source`` options of *job*'s source: its own, or (named inputs) those of
+        ``source=inputs``, each input's channels counted now (*count*; Kafka partitions
+        pinned by name), keys and event-time columns taken from the first operator and the
+        inputs' strategies, the per-channel bounds and idleness in the watermark options."""
+        if not job.inputs:
+            return self.source_options(**job.source)
+        from spark_ckpt.runtime.co_operator import KeyedCoOperator
+        from spark_ckpt.sources.inputs import INPUT_TIME
+        from spark_ckpt.spark.datasource.source_options import INPUTS, INPUTS_KIND
+
+        first = job.operators[0]
+        items: list[dict[str, object]] = []
+        per_channel: list[tuple[int, int | None]] = []
+        strategies = dict(job.input_watermarks)
+        for name, source in job.inputs:
+            own = {k: str(v) for k, v in source.items()}
+            channels = 0
+            if count:
+                inner = SourceOptions.parse(self.source_options(**own))
+                channels, names = _channels(inner)
+                if names is not None:
+                    own[PINNED] = json.dumps(names)
+            key = first.keys[name] if isinstance(first, KeyedCoOperator) else first.key_column
+            strategy = strategies.get(name)
+            items.append(
+                {
+                    "name": name,
+                    "channels": channels,
+                    "key": key,
+                    "time": None if strategy is None else strategy.column,
+                    "options": own,
+                }
+            )
+            if strategy is not None:
+                per_channel += [(strategy.out_of_orderness_ms, strategy.idleness_ms)] * channels
+        opts = self.source_options(source=INPUTS_KIND)
+        opts[INPUTS] = json.dumps(items)
+        given = [s for s in strategies.values() if s is not None]
+        if given:
+            combined = WatermarkStrategy(
+                INPUT_TIME if given[0].event_time else None,
+                allowed_lateness_ms=given[0].allowed_lateness_ms,
+                channels=tuple(per_channel),
+            )
+            opts.update(combined.to_options())
+        return opts
 
     def _cover(self, job: JobSpec) -> None:
         """Extend the explicit storage options to the buckets of *job*'s outputs and
         source, and install them here."""
         if self.storage:
-            parsed = SourceOptions.parse(self.source_options(**job.source))
+            parsed = SourceOptions.parse(self._job_source_options(job, count=False))
             self.storage = self.storage.covering(
                 job.output, job.late_output, *parsed.storage.buckets
             )
@@ -497,8 +575,8 @@ class Pipeline:
     # -- running ----------------------------------------------------------------------------
     def run(
         self,
-        source: Source,
-        operators: Operators,
+        source: Source | None = None,
+        operators: Operators = (),
         *,
         output: str,
         available_now: bool = False,

@@ -52,7 +52,10 @@ COLUMN_OPTION: Final = "watermark.column"
 BOUND_OPTION: Final = "watermark.outOfOrderness"
 IDLENESS_OPTION: Final = "watermark.idleness"
 LATENESS_OPTION: Final = "watermark.allowedLateness"
-OPTIONS: Final = (COLUMN_OPTION, BOUND_OPTION, IDLENESS_OPTION, LATENESS_OPTION)
+#: Several inputs (:mod:`spark_ckpt.sources.inputs`): each channel's own bound and idleness,
+#: a JSON list of ``[bound_ms, idleness_ms or null]`` per channel (set by the pipeline).
+CHANNELS_OPTION: Final = "watermark.channels"
+OPTIONS: Final = (COLUMN_OPTION, BOUND_OPTION, IDLENESS_OPTION, LATENESS_OPTION, CHANNELS_OPTION)
 
 
 def _ms(option: str, value: Duration) -> int:
@@ -90,12 +93,18 @@ class WatermarkStrategy:
       has one. Windows emit once the watermark passes their end plus this.
 
     Build it with :meth:`for_bounded_out_of_orderness` or :meth:`for_monotonous_timestamps`,
-    then :meth:`with_idleness` / :meth:`with_allowed_lateness`. Frozen and picklable."""
+    then :meth:`with_idleness` / :meth:`with_allowed_lateness`. Frozen and picklable.
+
+    A pipeline of several inputs (:mod:`spark_ckpt.sources.inputs`) gives each input a strategy
+    of its own; the pipeline combines them into one whose *channels* hold, per channel, its
+    input's bound and idleness (``(bound_ms, idleness_ms)``; empty: every channel has this
+    strategy's)."""
 
     column: str | None
     out_of_orderness_ms: int = 0
     idleness_ms: int | None = None
     allowed_lateness_ms: int = 0
+    channels: tuple[tuple[int, int | None], ...] = ()
 
     def __post_init__(self) -> None:
         if self.column is not None and (not isinstance(self.column, str) or not self.column):
@@ -146,6 +155,21 @@ class WatermarkStrategy:
     def bound_us(self) -> int:
         return self.out_of_orderness_ms * 1000
 
+    def channel_bounds_us(self) -> dict[int, int]:
+        """Per channel with a bound of its own (several inputs), that bound in µs."""
+        return {c: bound * 1000 for c, (bound, _) in enumerate(self.channels)}
+
+    def idleness_of(self, channel: int) -> int | None:
+        """Channel *channel*'s idleness timeout in ms (None: never idle)."""
+        if channel < len(self.channels):
+            return self.channels[channel][1]
+        return self.idleness_ms
+
+    @property
+    def keeps_idleness(self) -> bool:
+        """Whether any channel can become idle."""
+        return self.idleness_ms is not None or any(i is not None for _, i in self.channels)
+
     def to_options(self) -> dict[str, str]:
         """The ``ckpt-source`` options that carry this strategy (:meth:`from_options`)."""
         options = {
@@ -155,6 +179,8 @@ class WatermarkStrategy:
         }
         if self.idleness_ms is not None:
             options[IDLENESS_OPTION] = str(self.idleness_ms)
+        if self.channels:
+            options[CHANNELS_OPTION] = json.dumps([list(c) for c in self.channels])
         return options
 
     @staticmethod
@@ -177,6 +203,9 @@ class WatermarkStrategy:
         lateness = lower.get(LATENESS_OPTION.lower())
         if lateness is not None:
             strategy = strategy.with_allowed_lateness(lateness)
+        per_channel = lower.get(CHANNELS_OPTION.lower())
+        if per_channel is not None:
+            strategy = replace(strategy, channels=_channel_times(per_channel))
         return strategy
 
     def check_schema(self, schema: pa.Schema) -> None:
@@ -198,6 +227,18 @@ class WatermarkStrategy:
                 f"a timestamp column (it is {column_type}): cast it in the transform, e.g. "
                 f"withColumn({self.column!r}, F.col({self.column!r}).cast('timestamp'))",
             )
+
+
+def _channel_times(text: str) -> tuple[tuple[int, int | None], ...]:
+    """The ``watermark.channels`` option: per channel ``[bound_ms, idleness_ms or null]``."""
+    try:
+        items = json.loads(text)
+        result = tuple((int(b), None if i is None else int(i)) for b, i in items)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(CHANNELS_OPTION, text, "a JSON list of [bound_ms, idleness_ms]") from e
+    if any(b < 0 or (i is not None and i < 1) for b, i in result):
+        raise ConfigError(CHANNELS_OPTION, text, "bounds >= 0 and idleness timeouts >= 1 ms")
+    return result
 
 
 def event_times_us(column: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -293,8 +334,13 @@ class WatermarkValve:
     applies it (the task calls it at the end of each micro-batch and before each snapshot).
     :attr:`watermark_us` is None until every channel that is not idle has had a row."""
 
-    def __init__(self, channels: Iterable[int], bound_us: int) -> None:
+    def __init__(
+        self, channels: Iterable[int], bound_us: int, bounds: Mapping[int, int] | None = None
+    ) -> None:
+        """*bounds*: channels with a bound of their own (µs; several inputs), the others
+        have *bound_us*."""
         self.bound_us = bound_us
+        self._bounds = dict(bounds or {})
         self._channels: dict[int, _Channel] = {c: _Channel() for c in channels}
         self._pending: list[tuple[int, ChannelProgress]] = []
         #: the subtask's watermark (microseconds since the epoch), never decreasing
@@ -320,10 +366,14 @@ class WatermarkValve:
             state.idle = progress.idle
             self.processing_ms = max(self.processing_ms, progress.batch_ms)
         self._pending.clear()
-        active = [s for s in self._channels.values() if not s.idle]
-        if active and all(s.max_event_time_us is not None for s in active):
-            low = min(s.max_event_time_us for s in active if s.max_event_time_us is not None)
-            candidate = low - self.bound_us - WATERMARK_GAP_US
+        active = [(c, s) for c, s in self._channels.items() if not s.idle]
+        if active and all(s.max_event_time_us is not None for _, s in active):
+            low = min(
+                s.max_event_time_us - self._bounds.get(c, self.bound_us)
+                for c, s in active
+                if s.max_event_time_us is not None
+            )
+            candidate = low - WATERMARK_GAP_US
             if self.watermark_us is None or candidate > self.watermark_us:
                 self.watermark_us = candidate
         return self.watermark_us

@@ -39,7 +39,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_ckpt.errors import SparkCkptError
+from spark_ckpt.errors import ConfigError, SparkCkptError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, task_state_uid
 from spark_ckpt.protocol.clock import Clock
 from spark_ckpt.protocol.state_handles import (
@@ -74,6 +74,7 @@ from spark_ckpt.runtime.carried_transactions import (
     CarriedTransactions,
     sealed_table,
 )
+from spark_ckpt.runtime.co_operator import KeyedCoOperator
 from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.image_history import ImageHistory
@@ -85,6 +86,7 @@ from spark_ckpt.sinks.two_phase_commit import (
     Transaction,
     TransactionalSink,
 )
+from spark_ckpt.sources.inputs import INPUT_KEY, Inputs
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.keygroup import key_groups, range_for_subtask
@@ -167,8 +169,14 @@ class OperatorTask:
         tracer: Tracer = NOOP_TRACER,
         watermark: WatermarkStrategy | None = None,
         late_sink: TransactionalSink | None = None,
+        inputs: Inputs | None = None,
     ) -> None:
-        """*source_vertex*: when the task reads source channels directly (the foreachBatch
+        """*inputs*: the pipeline reads several named inputs, whose rows arrive in their union
+        form (:mod:`spark_ckpt.sources.inputs`): the first operator receives them apart (an
+        operator over several inputs, :class:`~spark_ckpt.runtime.co_operator.KeyedCoOperator`)
+        or merged (inputs of one schema).
+
+        *source_vertex*: when the task reads source channels directly (the foreachBatch
         aligner), its acknowledgements also carry the source positions — each channel's
         barrier offset — under that vertex name, since the source itself does not ack.
 
@@ -182,8 +190,12 @@ class OperatorTask:
         own two-phase-commit transaction, sealed and carried like the output's."""
         if not operators:
             raise SparkCkptError("an operator task needs at least one operator")
+        check_chain(operators, inputs)
         self.task_id = task_id
         self.operators = tuple(operators)
+        self.inputs = inputs
+        #: the column that routes the rows to subtasks (the union form's key, several inputs)
+        self.route_key = operators[0].key_column if inputs is None else INPUT_KEY
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self.key_group_range = range_for_subtask(max_parallelism, parallelism, task_id.subtask)
@@ -197,7 +209,7 @@ class OperatorTask:
         #: the pipeline's watermark strategy, and the task's time under it (None: the pipeline
         #: keeps no time): watermark, processing time, counts, the operators' timers
         self.watermark = watermark
-        self.time = None if watermark is None else TaskTime(watermark, channels)
+        self.time = None if watermark is None else TaskTime(watermark, channels, inputs)
         self.backends: dict[str, KeyedStateBackend] = {}
         self._handles: dict[str, StateContext] = {}  # what the operators see of their backends
         for position, op in enumerate(self.operators):
@@ -281,10 +293,9 @@ class OperatorTask:
             key=lambda b: (b.channel, b.subtask),
         )
         if channel_refs:
-            first = self.operators[0]
             tables = self.store.read_blobs(channel_refs)
             table = pa.concat_tables(tables, promote_options="default")
-            kg = key_groups(table.column(first.key_column), self.max_parallelism)
+            kg = key_groups(table.column(self.route_key), self.max_parallelism)
             mine = pc.and_(
                 pc.greater_equal(kg, self.key_group_range.start),
                 pc.less_equal(kg, self.key_group_range.end),
@@ -437,7 +448,16 @@ class OperatorTask:
         """*rows* through the operators from position *start* of the chain on, then into
         the sink's open transaction."""
         out = rows
-        for op in self.operators[start:]:
+        operators = self.operators[start:]
+        if start == 0 and self.inputs is not None and rows is not None and rows.num_rows:
+            first = self.operators[0]
+            with self.tracer.span(Phase.OPERATOR):
+                if isinstance(first, KeyedCoOperator):
+                    out = first.process_inputs(self.inputs.split(rows), self._handles[first.uid])
+                else:
+                    out = first.process_batch(self.inputs.merged(rows), self._handles[first.uid])
+            operators = operators[1:]
+        for op in operators:
             if out is None or out.num_rows == 0:
                 return
             with self.tracer.span(Phase.OPERATOR):
@@ -648,6 +668,32 @@ class OperatorTask:
 
 def _run_inline(job: Callable[[], None]) -> None:
     job()
+
+
+def check_chain(operators: Sequence[KeyedOperator], inputs: Inputs | None) -> None:
+    """:class:`~spark_ckpt.errors.ConfigError` unless an operator over several inputs is the
+    first of its chain, in a pipeline that has those inputs, and one over one input reads
+    several inputs only of one schema (checked where the schemas are known)."""
+    for position, op in enumerate(operators):
+        if isinstance(op, KeyedCoOperator):
+            if position > 0:
+                raise ConfigError(
+                    "operators", op.uid, "an operator over several inputs first in the chain"
+                )
+            if inputs is None:
+                raise ConfigError(
+                    "operators",
+                    op.uid,
+                    f"a pipeline with the named inputs {list(op.inputs)} "
+                    "(Pipeline.run(sources={...}))",
+                )
+            unknown = [n for n in op.inputs if n not in inputs.names]
+            if unknown:
+                raise ConfigError(
+                    f"operator {op.uid!r}",
+                    unknown[0],
+                    f"an input of the pipeline: {', '.join(inputs.names)}",
+                )
 
 
 def sealed_transactions(

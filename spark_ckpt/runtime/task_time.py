@@ -38,6 +38,7 @@ from spark_ckpt.protocol.barrier import (
 from spark_ckpt.protocol.state_handles import TimeMetrics
 from spark_ckpt.runtime.event_time import WatermarkStrategy, WatermarkValve
 from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.sources.inputs import Inputs, common_time
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.descriptor import (
     ListStateDescriptor,
@@ -58,9 +59,19 @@ class TaskTime:
     docstring). Implements :class:`~spark_ckpt.state.context.TimeView` for the operators'
     state contexts."""
 
-    def __init__(self, strategy: WatermarkStrategy, channels: Iterable[int]) -> None:
+    def __init__(
+        self,
+        strategy: WatermarkStrategy,
+        channels: Iterable[int],
+        inputs: Inputs | None = None,
+    ) -> None:
+        """*inputs*: several inputs, whose rows the task judges by their union form's event
+        time (the strategy's column); the operators receive each input's own columns, whose
+        event-time column is the one the inputs name alike (none where they differ: the
+        operators name theirs)."""
         self.strategy = strategy
-        self.valve = WatermarkValve(channels, strategy.bound_us)
+        self._operator_column = strategy.column if inputs is None else common_time(inputs)
+        self.valve = WatermarkValve(channels, strategy.bound_us, strategy.channel_bounds_us())
         #: what the subtask counted since its previous checkpoint
         self.metrics = TimeMetrics()
         #: per operator uid: its timers (operators that handle timers only)
@@ -79,7 +90,7 @@ class TaskTime:
     @property
     def event_time_column(self) -> str | None:
         """The event-time column of the rows the first operator receives."""
-        return self.strategy.column
+        return self._operator_column
 
     @property
     def allowed_lateness_ms(self) -> int:

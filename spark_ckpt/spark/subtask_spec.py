@@ -14,6 +14,7 @@ from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.sources.inputs import Inputs
 from spark_ckpt.storage.checkpoint_store import WorkerStorage
 
 
@@ -46,6 +47,8 @@ class AlignerSpec:
     late_output: str | None = None
     #: the pipeline's explicit storage options, installed wherever the subtasks run
     storage: StorageOptions = NO_STORAGE_OPTIONS
+    #: several named inputs, in their union form (:mod:`spark_ckpt.sources.inputs`), or None
+    inputs: Inputs | None = None
 
     def store(self) -> WorkerStorage:
         """The checkpoint store of the subtasks, in the calling process."""

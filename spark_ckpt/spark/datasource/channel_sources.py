@@ -21,6 +21,10 @@ def open_channel_source(options: SourceOptions) -> ChannelSource:
 
 
 def _channel_source(options: SourceOptions) -> ChannelSource:
+    if options.inputs is not None:
+        from spark_ckpt.sources.inputs_source import InputsSource
+
+        return InputsSource(options.inputs, [_channel_source(o) for o in options.input_options])
     if options.source == "delta":
         from spark_ckpt.delta.tail_driver import DeltaTailSource
 
@@ -41,7 +45,15 @@ def _channel_source(options: SourceOptions) -> ChannelSource:
 
 
 def user_schema(options: SourceOptions) -> pa.Schema:
-    """The inner source's own columns. Kafka's are Spark's Kafka columns: no broker to ask."""
+    """The inner source's own columns. Kafka's are Spark's Kafka columns: no broker to ask.
+    Several inputs: their union form (:mod:`spark_ckpt.sources.inputs`)."""
+    if options.inputs is not None:
+        from spark_ckpt.sources.inputs_source import key_type
+
+        own = [user_schema(o) for o in options.input_options]
+        return options.inputs.union_schema(
+            dict(zip(options.inputs.names, own, strict=True)), key_type(options.inputs, own)
+        )
     if options.source == "kafka":
         from spark_ckpt.kafka.kafka_client import record_schema
         from spark_ckpt.sources.kafka_options import KafkaOptions

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from spark_ckpt.errors import ConfigError
@@ -57,6 +57,7 @@ from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.sources.files.files_options import OPTION_KEYS as FILES_OPTION_KEYS
 from spark_ckpt.sources.files.files_options import FilesSpec
 from spark_ckpt.sources.generator import GeneratorSpec
+from spark_ckpt.sources.inputs import Inputs
 from spark_ckpt.sources.kafka_options import OPTION_KEYS as KAFKA_OPTION_KEYS
 from spark_ckpt.sources.kafka_options import PINNED, KafkaOptions
 from spark_ckpt.sources.kafka_options import PREFIX as KAFKA_PREFIX
@@ -71,6 +72,10 @@ from spark_ckpt.spark.executors.routing import (
 )
 
 SOURCE_KINDS: Final = ("generator", "delta", "kafka", "files")
+#: ``source=inputs``: several named inputs (:mod:`spark_ckpt.sources.inputs_source`), the
+#: option :data:`INPUTS` set by the pipeline from ``Pipeline.run(sources=...)``.
+INPUTS_KIND: Final = "inputs"
+INPUTS: Final = "inputs"
 #: The option naming the job's components (:mod:`spark_ckpt.runtime.components`).
 COMPONENTS: Final = "components"
 _ROUTE_KEYS: Final = frozenset(k.lower() for k in ROUTE_OPTIONS)
@@ -83,6 +88,8 @@ _OWN_KEYS: Final = (
     | _WATERMARK_KEYS
     | {STORAGE_OPTION}
 )
+#: Options of the whole ``ckpt-source`` that an input's own options may not set.
+_PIPELINE_KEYS: Final = _OWN_KEYS - {"source", "maxrowspertrigger"}
 _DELTA_KEYS: Final = frozenset({"path", "channels", "startingversion"})
 _GENERATOR_KEYS: Final = frozenset(k.lower() for k in GeneratorSpec.OPTION_KEYS)
 DISCOVERY_INTERVAL_NAME: Final = "partitionDiscoveryIntervalMs"
@@ -188,6 +195,9 @@ class SourceOptions:
     #: the pipeline's explicit storage options (:data:`STORAGE_OPTION`), for the buckets of
     #: the root and the source; installed by whoever opens the source
     storage: StorageOptions = NO_STORAGE_OPTIONS
+    #: ``source=inputs``: the inputs, and each one's own options (parsed), in channel order
+    inputs: Inputs | None = None
+    input_options: tuple[SourceOptions, ...] = ()
 
     @property
     def components(self) -> Components:
@@ -208,6 +218,8 @@ class SourceOptions:
         if not pipeline or "/" in pipeline or pipeline.startswith("."):
             raise ConfigError("pipeline", opts.get("pipeline"), "a non-empty name without '/'")
         source = opts.get("source", "generator").strip().lower()
+        if source == INPUTS_KIND:
+            return _parse_inputs(opts)
         if source not in SOURCE_KINDS:
             raise ConfigError("source", opts.get("source"), " or ".join(SOURCE_KINDS))
         kind_keys = {
@@ -303,6 +315,62 @@ class SourceOptions:
             watermark=watermark,
             storage=storage,
         )
+
+
+def _parse_inputs(opts: dict[str, str]) -> SourceOptions:
+    """``source=inputs``: the :data:`INPUTS` option (a JSON list of ``{"name", "channels",
+    "key", "time", "options"}``, set by the pipeline) and the options of the whole source.
+    Each input's options are parsed as a source of their own, with the pipeline's name, root
+    and configuration; they may not set what belongs to the whole source."""
+    import json
+
+    from spark_ckpt.sources.inputs import InputSpec
+
+    text = opts.get(INPUTS)
+    try:
+        items = json.loads(text or "")
+        specs = [
+            (
+                InputSpec(str(i["name"]), int(i["channels"]), i.get("key"), i.get("time")),
+                {str(k): str(v) for k, v in dict(i["options"]).items()},
+            )
+            for i in items
+        ]
+    except (TypeError, ValueError, KeyError) as e:
+        raise ConfigError(INPUTS, text, "the inputs as the pipeline sets them (sources=)") from e
+    shared = {k: v for k, v in opts.items() if k != INPUTS and k != "source"}
+    parsed_inputs: list[SourceOptions] = []
+    for spec, own in specs:
+        stray = [k for k in own if k.strip().lower() in _PIPELINE_KEYS]
+        if stray:
+            raise ConfigError(
+                f"sources.{spec.name}.{stray[0]}",
+                own[stray[0]],
+                "no value: it is the pipeline's, set for every input at once",
+            )
+        inner: dict[str, str] = {
+            **{k: v for k, v in shared.items() if k.startswith(RESERVED_PREFIXES)},
+            **own,
+            **{k: shared[k] for k in ("pipeline", "store", STORAGE_OPTION) if k in shared},
+        }
+        parsed_inputs.append(SourceOptions.parse(inner))
+    inputs = Inputs(tuple(spec for spec, _ in specs))
+    base = SourceOptions.parse({k: v for k, v in shared.items()})
+    return replace(
+        base,
+        source=INPUTS_KIND,
+        raw={k: v for k, v in opts.items() if k != STORAGE_OPTION},
+        inputs=inputs,
+        input_options=tuple(parsed_inputs),
+        storage=StorageOptions(
+            base.storage.options,
+            tuple(
+                sorted(
+                    {*base.storage.buckets, *(b for p in parsed_inputs for b in p.storage.buckets)}
+                )
+            ),
+        ),
+    )
 
 
 def _components(opts: Mapping[str, str]) -> str | None:

@@ -279,15 +279,20 @@ class SourceRunner:
         """Event time: the channels that have had no new row for the strategy's idleness
         timeout as of *now* (none without one). A channel is active while the batch reads
         rows of it or it has rows not read yet."""
-        timeout = None if self.options.watermark is None else self.options.watermark.idleness_ms
-        if timeout is None:
+        strategy = self.options.watermark
+        if strategy is None or not strategy.keeps_idleness:
             return []
         if len(self._active_ms) != end.channels:
             self._active_ms = [now] * end.channels
         for c in range(end.channels):
             if end.positions[c] > begin.positions[c] or heads[c] > end.positions[c]:
                 self._active_ms[c] = now
-        return [c for c in range(end.channels) if now - self._active_ms[c] >= timeout]
+        timeouts = [strategy.idleness_of(c) for c in range(end.channels)]
+        return [
+            c
+            for c, timeout in enumerate(timeouts)
+            if timeout is not None and now - self._active_ms[c] >= timeout
+        ]
 
     def _discover(self) -> None:
         """Every ``partitionDiscoveryIntervalMs``, for a source that discovers channels

@@ -61,6 +61,7 @@ from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
 from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK, OperatorTask, Response
 from spark_ckpt.sinks.two_phase_commit import TransactionalSink
+from spark_ckpt.sources.inputs import INPUT_KEY, Inputs
 from spark_ckpt.state.keygroup import subtasks_for_keys
 from spark_ckpt.storage.checkpoint_store import WorkerStorage
 
@@ -93,11 +94,13 @@ class BatchAligner:
         tracer: Tracer = NOOP_TRACER,
         watermark: WatermarkStrategy | None = None,
         late_sink: TransactionalSink | None = None,
+        inputs: Inputs | None = None,
     ) -> None:
         """*watermark*: the pipeline keeps event time; the batches' progress rows get the
         largest event time of each channel's rows here, before they are split among the
         subtasks (:func:`~spark_ckpt.runtime.event_time.fill_progress`). *late_sink*: the
         rows dropped as late go there (see :class:`~spark_ckpt.runtime.task.OperatorTask`).
+        *inputs*: several named inputs, in their union form (:mod:`spark_ckpt.sources.inputs`).
 
         *run_id*: acknowledgements go to the run's mailbox box and abort notifications
         are read from the run's files (see :mod:`spark_ckpt.coordination.runs`). *tracer* receives
@@ -114,7 +117,7 @@ class BatchAligner:
         self.vertex = vertex or CHAIN_VERTEX
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
-        self.key_column = self.operators[0].key_column
+        self.key_column = self.operators[0].key_column if inputs is None else INPUT_KEY
         self.mailbox = Mailbox(root, run_id)
         self.run = RunFiles(root, run_id) if run_id else None
         self._aborted_seen: set[int] = set()
@@ -143,6 +146,7 @@ class BatchAligner:
                 tracer=tracer,
                 watermark=watermark,
                 late_sink=late_sink,
+                inputs=inputs,
             )
             for s in range(parallelism)
         ]

@@ -78,6 +78,7 @@ def _aligner(
         run_id=spec.run_id,
         tracer=spec.tracer,
         watermark=spec.watermark,
+        inputs=spec.inputs,
         late_sink=(
             None
             if spec.late_output is None

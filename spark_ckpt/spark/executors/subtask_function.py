@@ -238,6 +238,7 @@ class SubtaskFunction:
             tracer=self.spec.tracer,
             watermark=self.spec.watermark,
             late_sink=late_sink,
+            inputs=self.spec.inputs,
         )
         if fence is None:
             files = RunFiles(self.spec.root, self.spec.run_id)
