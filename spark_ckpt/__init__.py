@@ -45,6 +45,10 @@ _EXPORTS: dict[str, str] = {
     "CheckpointingMode": "spark_ckpt.runtime.config",
     "minutes": "spark_ckpt.runtime.config",
     "seconds": "spark_ckpt.runtime.config",
+    "KeyedCoOperator": "spark_ckpt.runtime.co_operator",
+    "RecordCoOperator": "spark_ckpt.runtime.co_operator",
+    "IntervalJoin": "spark_ckpt.runtime.joins",
+    "JoinType": "spark_ckpt.runtime.joins",
     "KeyedOperator": "spark_ckpt.runtime.operator",
     "RecordOperator": "spark_ckpt.runtime.operator",
     "RunningCount": "spark_ckpt.runtime.operator",
@@ -103,8 +107,10 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from spark_ckpt.pipeline.pipeline_run import PipelineRun, stop_query
     from spark_ckpt.pipeline.supervisor import RunResult
     from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
+    from spark_ckpt.runtime.co_operator import KeyedCoOperator, RecordCoOperator
     from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode, minutes, seconds
     from spark_ckpt.runtime.event_time import WatermarkStrategy
+    from spark_ckpt.runtime.joins import IntervalJoin, JoinType
     from spark_ckpt.runtime.operator import KeyedOperator, RecordOperator, RunningCount
     from spark_ckpt.runtime.restart import RestartStrategies
     from spark_ckpt.runtime.restore_settings import RestoreSettings

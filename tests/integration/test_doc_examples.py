@@ -103,6 +103,8 @@ def test_examples_run_as_written(
         _check_time(ns, tmp_path)
     elif document == "docs/monitoring.md":
         _check_monitoring(ns, lake)
+    elif document == "docs/graphs.md":
+        _check_graphs(lake)
 
 
 def _check_readme(ns: dict[str, Any], spark: SparkSession, lake: Path) -> None:
@@ -196,6 +198,38 @@ def _check_upgrades(ns: dict[str, Any], base: Path) -> None:
     got = Counter(zip(out["user_id"].to_pylist(), out["count"].to_pylist(), strict=True))
     assert got == expected
     assert {1, 2, 3} & {key for key, _ in got}  # the seeded keys are in the input
+
+
+def _check_graphs(lake: Path) -> None:
+    """The interval join equals pandas' join with the time condition over the two tables;
+    the unpaid orders are those a plain loop finds: no payment by the deadline, and the
+    deadline behind the final watermark (the lower of the inputs' latest event times)."""
+    clicks = read_delta(lake / "clicks").to_pandas()
+    shown = read_delta(lake / "impressions").to_pandas()
+    pairs = clicks.merge(shown, on="ad_id")
+    pairs = pairs[
+        (pairs.shown_at >= pairs.clicked_at - pd.Timedelta("10s"))
+        & (pairs.shown_at <= pairs.clicked_at)
+    ]
+    out = read_delta(lake / "attributed").to_pandas()
+    assert out.columns.tolist() == ["ad_id", "clicked_at", "click_id", "shown_at", "impression_id"]
+    assert (
+        sorted(zip(out.click_id, out.impression_id, strict=True))
+        == sorted(zip(pairs.click_id, pairs.impression_id, strict=True))
+        == [(1, 100), (3, 103), (4, 104)]
+    )
+
+    orders = read_delta(lake / "orders").to_pylist()
+    payments = {p["order_id"]: p["paid_at"] for p in read_delta(lake / "payments").to_pylist()}
+    latest = min(max(o["ordered_at"] for o in orders), max(payments.values()))
+    timeout = pd.Timedelta("10min")
+    expected = sorted(
+        o["order_id"]
+        for o in orders
+        if o["ordered_at"] + timeout <= latest
+        and (o["order_id"] not in payments or payments[o["order_id"]] > o["ordered_at"] + timeout)
+    )
+    assert sorted(read_delta(lake / "unpaid").column("order_id").to_pylist()) == expected == [2, 4]
 
 
 def _check_monitoring(ns: dict[str, Any], lake: Path) -> None:
