@@ -3,6 +3,10 @@ running count (keyed state) → Delta, exactly-once. With ``--window SIZE`` the 
 event-time tumbling window (count and sum of the generator's rows per user and window, on
 its ``event_ts``, ``--out-of-orderness`` behind); with ``--follow-up DELAY`` a row per user
 DELAY of processing time after the micro-batch it first appears in (processing-time timers).
+With ``--job join`` it reads two generated inputs, ``clicks`` and ``impressions`` (seeds
+``--seed`` and ``--seed + 1``), and joins each click with the impressions of its user within
+``--join-interval`` either side of it on ``event_ts`` (an interval join, each input's
+watermark ``--out-of-orderness`` behind).
 
 Runs on the embedded default: local Spark (``local[2]``) and a Delta checkpoint store in a
 local folder. Prints a legend, then one line per completed checkpoint (id, duration, state
@@ -352,7 +356,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--out-of-orderness",
         default="1s",
-        help="with --window: how far the watermark trails the largest event time",
+        help="with --window or --job join: how far the watermark trails the largest event time",
+    )
+    p.add_argument(
+        "--job",
+        choices=("count", "join"),
+        default="count",
+        help="count: the keyed running count (or --window, --follow-up); join: an interval "
+        "join of two generated inputs, clicks and impressions, by user",
+    )
+    p.add_argument(
+        "--join-interval",
+        default="1s",
+        help="with --job join: a click joins its user's impressions this far either side of it",
     )
     p.add_argument("--savepoint-dir", default=None, help="default directory of savepoints")
     restore = p.add_argument_group(
@@ -484,6 +500,27 @@ def job_operator(
     return RunningCount(args.uid, key, key_type), None
 
 
+def join_job(
+    args: argparse.Namespace, source: dict[str, object]
+) -> tuple[KeyedOperator, dict[str, dict[str, object]], dict[str, WatermarkStrategy | None]]:
+    """``--job join``: the interval join of two generated inputs, clicks and impressions."""
+    from spark_ckpt.runtime.joins import IntervalJoin
+
+    if args.input or args.kafka or args.files or args.window or args.follow_up:
+        raise ConfigError("job", "join", "the generator's inputs, without --window/--follow-up")
+    reach = parse_duration("join-interval", args.join_interval)
+    bound = parse_duration("out-of-orderness", args.out_of_orderness)
+    sources = {
+        "clicks": dict(source),
+        "impressions": {**source, "seed": args.seed + 1},
+    }
+    join = IntervalJoin(
+        "clicks", "impressions", key="user_id", lower=-reach, upper=reach, time="event_ts"
+    )
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness("event_ts", bound)
+    return join, sources, {"clicks": strategy, "impressions": strategy}
+
+
 def run(
     spark: SparkSession,
     args: argparse.Namespace,
@@ -559,7 +596,7 @@ def run(
     rate = (
         None
         if args.input or args.kafka or args.files or args.rate <= 0
-        else args.rate * args.channels
+        else args.rate * args.channels * (2 if args.job == "join" else 1)
     )
     line = CheckpointLine(lambda: source_heads(spark, args.pipeline), rate)
 
@@ -573,10 +610,15 @@ def run(
             say(f"stopping... (--seconds {args.seconds:g} reached; final checkpoint)")
 
     operator, watermark = job_operator(args, key, key_type)
+    sources: dict[str, dict[str, object]] | None = None
+    watermarks: WatermarkStrategy | dict[str, WatermarkStrategy | None] | None = watermark
+    if args.job == "join":
+        operator, sources, watermarks = join_job(args, source)
     result = pipeline.run(
-        source,
+        None if sources is not None else source,
         operator,
-        watermark=watermark,
+        sources=sources,
+        watermark=watermarks,
         output=output,
         parallelism=args.parallelism,
         placement=args.placement,

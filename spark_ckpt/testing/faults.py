@@ -54,6 +54,7 @@ from typing import Any, cast
 import pyarrow as pa
 
 from spark_ckpt.errors import SparkCkptError, StoreError
+from spark_ckpt.runtime.co_operator import KeyedCoOperator
 from spark_ckpt.runtime.components import Components
 from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.sinks.two_phase_commit import SinkCommitter, Transaction
@@ -339,6 +340,45 @@ class FaultyOperator(KeyedOperator):
         self.inner.close()
 
 
+class FaultyCoOperator(KeyedCoOperator):
+    """*inner*, an operator over several inputs, with the ``operator`` fail point before
+    each micro-batch and each round of its timers (same uid, keys, state and timers)."""
+
+    def __init__(self, inner: KeyedCoOperator, root: str) -> None:
+        super().__init__(inner.uid, inner.keys, inner.key_type, inner.key_column)
+        self.inner = inner
+        self.root = root
+
+    @property
+    def output_schema(self) -> pa.Schema | None:
+        return self.inner.output_schema
+
+    def bind_inputs(self, schemas: Mapping[str, pa.Schema]) -> None:
+        bind = getattr(self.inner, "bind_inputs", None)
+        if bind is not None:
+            bind(schemas)
+
+    def open(self, state: StateContext) -> None:
+        self.inner.open(state)
+
+    def process_inputs(
+        self, batches: Mapping[str, pa.Table], state: StateContext
+    ) -> pa.Table | None:
+        hit(self.root, Fault.OPERATOR, lambda: {"rows": sum(t.num_rows for t in batches.values())})
+        return self.inner.process_inputs(batches, state)
+
+    @property
+    def handles_timers(self) -> bool:
+        return self.inner.handles_timers
+
+    def on_timers(self, timers: pa.Table, state: StateContext) -> pa.Table | None:
+        hit(self.root, Fault.OPERATOR, lambda: {"timers": timers.num_rows})
+        return self.inner.on_timers(timers, state)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class FaultyComponents(Components):
     """Every component with its fail points (module docstring)."""
 
@@ -352,6 +392,8 @@ class FaultyComponents(Components):
         return FaultySource(source, root)
 
     def operator(self, operator: KeyedOperator, root: str) -> KeyedOperator:
+        if isinstance(operator, KeyedCoOperator):
+            return FaultyCoOperator(operator, root)
         return FaultyOperator(operator, root)
 
 

@@ -86,6 +86,9 @@ class DemoArgs:
     out_of_orderness: str = "1s"
     #: processing-time follow-ups this long after a user's first row (``--follow-up``)
     follow_up: str | None = None
+    #: ``"join"``: the interval join of two generated inputs (``--job``, ``--join-interval``)
+    job: str = "count"
+    join_interval: str = "1s"
     #: further command-line arguments (e.g. ``("--restore-savepoint", path)``)
     extra: tuple[str, ...] = ()
 
@@ -155,6 +158,9 @@ class DemoArgs:
             args += ["--window", self.window, "--out-of-orderness", self.out_of_orderness]
         if self.follow_up is not None:
             args += ["--follow-up", self.follow_up]
+        if self.job != "count":
+            args += ["--job", self.job, "--join-interval", self.join_interval]
+            args += ["--out-of-orderness", self.out_of_orderness]
         if self.savepoint_dir is not None:
             args += ["--savepoint-dir", str(self.savepoint_dir)]
         if self.max_rows_per_trigger is not None:
