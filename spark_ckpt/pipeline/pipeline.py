@@ -445,6 +445,7 @@ class Pipeline:
             operator_uids=tuple(op.uid for op in job.operators),
             channels={} if names is not None else {SOURCE_TASK.vertex: channels},
             max_parallelism=self.config.max_parallelism,
+            inputs=job.input_names,
         )
 
     def _check_locations(self, job: JobSpec) -> None:

@@ -156,6 +156,8 @@ class PipelineShape:
     operator_uids: tuple[str, ...]
     channels: Mapping[str, int]
     max_parallelism: int
+    #: the names of the pipeline's inputs (several named inputs; empty: one source)
+    inputs: tuple[str, ...] = ()
 
 
 def state_uids(checkpoint: CompletedCheckpoint) -> set[str]:
@@ -197,6 +199,7 @@ def check_restorable(
             f"{what} at {settings.path} belongs to pipeline {owner!r}, not {shape.pipeline!r} "
             "(restore it with force to adopt it)"
         )
+    _check_inputs(checkpoint, shape, settings, what)
     before = channel_counts(checkpoint)
     for source, count in sorted(shape.channels.items()):
         old = before.get(source)
@@ -222,6 +225,56 @@ def check_restorable(
             "allow_non_restored_state to drop it"
         )
     return unclaimed
+
+
+def checkpoint_inputs(checkpoint: CompletedCheckpoint) -> list[str] | None:
+    """The names of the inputs whose channels *checkpoint* holds (channels named
+    ``<input>/<channel>``), in channel order; None for a checkpoint of a pipeline with one
+    source."""
+    import json
+
+    from spark_ckpt.sources.kafka_options import CHANNEL_NAMES
+
+    recorded = checkpoint.properties.get(CHANNEL_NAMES)
+    if recorded is None:
+        return None
+    try:
+        names = [str(n) for n in json.loads(recorded)]
+    except (TypeError, ValueError) as e:
+        raise RestoreError(f"checkpoint {checkpoint.checkpoint_id}: damaged channel names") from e
+    if not names or not all("/" in n for n in names):
+        return None
+    return list(dict.fromkeys(n.split("/", 1)[0] for n in names))
+
+
+def _check_inputs(
+    checkpoint: CompletedCheckpoint, shape: PipelineShape, settings: RestoreSettings, what: str
+) -> None:
+    """Inputs by name (``docs/upgrades.md``): an input the checkpoint does not know starts from
+    its own start; one it holds that the pipeline no longer reads is refused unless
+    ``allow_non_restored_state``. A checkpoint of one source does not restore into a pipeline
+    of named inputs, nor the reverse: channels are not matched across the two."""
+    before = checkpoint_inputs(checkpoint)
+    if not shape.inputs:
+        if before is not None:
+            raise RestoreError(
+                f"{what} holds the channels of the named inputs {before}: it restores into a "
+                "pipeline with those inputs (sources={...}), not into one with a single source"
+            )
+        return
+    if before is None:
+        if checkpoint.offsets():
+            raise RestoreError(
+                f"{what} was taken by a pipeline with a single source: its channels do not "
+                f"restore into the named inputs {list(shape.inputs)} (not supported yet)"
+            )
+        return
+    removed = [n for n in before if n not in shape.inputs]
+    if removed and not settings.allow_non_restored_state:
+        raise RestoreError(
+            f"{what} holds the positions of input {removed[0]!r}, which the pipeline no longer "
+            "reads: restore with allow_non_restored_state to drop them"
+        )
 
 
 def without_uids(checkpoint: CompletedCheckpoint, uids: Iterable[str]) -> CompletedCheckpoint:

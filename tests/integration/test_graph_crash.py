@@ -99,10 +99,9 @@ def check_state_is_bounded(args: DemoArgs, final: CompletedCheckpoint) -> None:
     """No buffered row whose cleanup time (event time + reach) the final watermark passed:
     the watermark is the lowest over the channels of their last event time, less the bound
     and 1 ms."""
-    clicks, shown = _inputs(args, final)
     n = args.channels
     tops = []
-    for frame, seed in ((clicks, args.seed), (shown, args.seed + 1)):
+    for seed in (args.seed, args.seed + 1):
         spec = replace(args, seed=seed).spec()
         offsets = final.offsets()
         base = 0 if seed == args.seed else n
