@@ -49,14 +49,16 @@ def _positions(offset: Any) -> list[int] | None:
 
 def batch_rows(progress: dict[str, Any]) -> int:
     """The data rows the batch read: from ``ckpt-source``'s channel positions (end offset
-    minus start offset, a first batch's start being the channels' zeros) when the query
-    reads one, else Spark's ``numInputRows``."""
+    minus start offset, a first batch's start being the channels' zeros), summed over every
+    ``ckpt-source`` the query reads (Spark's stream-stream join reads two), else Spark's
+    ``numInputRows``."""
+    rows: int | None = None
     for source in progress.get("sources") or ():
         end = _positions(source.get("endOffset"))
         if end is not None:
             start = _positions(source.get("startOffset")) or [0] * len(end)
-            return sum(e - s for e, s in zip(end, start, strict=True))
-    return int(progress.get("numInputRows", 0))
+            rows = (rows or 0) + sum(e - s for e, s in zip(end, start, strict=True))
+    return int(progress.get("numInputRows", 0)) if rows is None else rows
 
 
 class ProgressLog:

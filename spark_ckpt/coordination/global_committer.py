@@ -80,6 +80,8 @@ class GlobalCommitter:
         self.sink: SinkCommitter | None = None
         #: the table of the rows dropped as late (None: the pipeline names none)
         self.late: SinkCommitter | None = None
+        #: the tables of the operators' named outputs (side outputs)
+        self.sides: dict[str, SinkCommitter] = {}
         self.run = run
         self.pipeline = pipeline
         self.max_parallelism = max_parallelism
@@ -94,20 +96,28 @@ class GlobalCommitter:
         restored: CompletedCheckpoint | None,
         *,
         late: SinkCommitter | None = None,
+        sides: dict[str, SinkCommitter] | None = None,
     ) -> None:
         """A coordinator starts with *sink* (its topology's; ``None``: none) and *late* (the
         late-output table's): roll each back to *restored* and commit its transactions
         (Flink's recover-and-commit; see :func:`~spark_ckpt.runtime.task.recover_sink`),
-        then publish it as committed. Idempotent."""
+        and each of *sides* (the named outputs' tables) likewise, then publish it as
+        committed. Idempotent."""
         self.sink = sink
         self.late = late
+        self.sides = dict(sides or {})
         if sink is None:
             return
         recover_sink(sink, restored, self.store, staged_before_ms=self.staged_before_ms)
-        if late is not None:
-            recover_sink(
-                late, restored, self.store, staged_before_ms=self.staged_before_ms, legacy=False
-            )
+        for extra in [late, *self.sides.values()]:
+            if extra is not None:
+                recover_sink(
+                    extra,
+                    restored,
+                    self.store,
+                    staged_before_ms=self.staged_before_ms,
+                    legacy=False,
+                )
         if restored is not None:
             self._committed.add(restored.checkpoint_id)
             self._publish(restored.checkpoint_id)
@@ -130,6 +140,8 @@ class GlobalCommitter:
             commit_checkpoint(self.sink, cp, self.store, self._carried)
         if self.late is not None:
             commit_checkpoint(self.late, cp, self.store, self._carried, legacy=False)
+        for side in self.sides.values():
+            commit_checkpoint(side, cp, self.store, self._carried, legacy=False)
         self._carried.forget_upto(checkpoint_id)
         self._publish(checkpoint_id)
         if cp.is_savepoint:

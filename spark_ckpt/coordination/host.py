@@ -259,7 +259,8 @@ class CoordinatorHost:
         latest = self._choose_restore_point()
         coordinator.restored_from(latest)
         late = self.sink_factory(topology.late_sink) if topology.late_sink else None
-        self.committer.install(sink, latest, late=late)
+        sides = {name: self.sink_factory(spec) for name, spec in topology.side_sinks}
+        self.committer.install(sink, latest, late=late, sides=sides)
         if self.run is not None and self.restore_point is not None:
             self.run.write_restore_point(self.restore_point)
             self.run.write_config(self.pipeline, self.config.to_dict())

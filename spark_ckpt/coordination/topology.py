@@ -44,14 +44,16 @@ class SinkSpec:
 @dataclass(frozen=True)
 class Topology:
     """The tasks that acknowledge checkpoints: subtasks ``0..parallelism-1`` of ``vertex``.
-    ``sink`` (and ``late_sink``, the table of the rows dropped as late) is committed by the
-    coordinator when a checkpoint completes."""
+    ``sink`` (and ``late_sink``, the table of the rows dropped as late, and ``side_sinks``,
+    the tables of the operators' named outputs) is committed by the coordinator when a
+    checkpoint completes."""
 
     vertex: str
     parallelism: int
     sink: SinkSpec | None = None
     run_id: str = ""
     late_sink: SinkSpec | None = None
+    side_sinks: tuple[tuple[str, SinkSpec], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -62,6 +64,8 @@ class Topology:
         }
         if self.late_sink is not None:
             d["late_sink"] = self.late_sink.to_dict()
+        if self.side_sinks:
+            d["side_sinks"] = {name: spec.to_dict() for name, spec in self.side_sinks}
         return d
 
     @staticmethod
@@ -74,6 +78,10 @@ class Topology:
                 SinkSpec.from_dict(sink) if sink else None,
                 str(d.get("run_id", "")),
                 SinkSpec.from_dict(late) if late else None,
+                tuple(
+                    (str(n), SinkSpec.from_dict(s))
+                    for n, s in dict(d.get("side_sinks", {})).items()
+                ),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ProtocolError(f"malformed topology: {e}") from e

@@ -48,6 +48,7 @@ class JobOptions(TypedDict, total=False):
     watermark: WatermarkStrategy | Mapping[str, WatermarkStrategy | None] | None
     late_output: str | None
     sources: Mapping[str, Source] | None
+    outputs: Mapping[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,12 @@ class JobSpec:
     read by an operator over several inputs
     (:class:`~spark_ckpt.runtime.co_operator.KeyedCoOperator`) or, when they have one schema,
     by a one-input operator over their union; *input_watermarks*: each input's strategy (a
-    single *watermark* applies to every input)."""
+    single *watermark* applies to every input).
+
+    *side_outputs*: the operators' named outputs (``outputs={name: path}``, Flink's side
+    outputs: rows an operator gives ``StateContext.output(name, rows)``), each a Delta table of
+    its own, committed exactly once with the same checkpoint as *output*, rolled back with it
+    on a restore."""
 
     source: Source
     operators: tuple[KeyedOperator, ...]
@@ -93,6 +99,7 @@ class JobSpec:
     late_output: str | None = None
     inputs: tuple[tuple[str, Source], ...] = ()
     input_watermarks: tuple[tuple[str, WatermarkStrategy | None], ...] = ()
+    side_outputs: tuple[tuple[str, str], ...] = ()
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -178,6 +185,7 @@ class JobSpec:
                 "no transform with several inputs (not yet supported: parse the rows in the "
                 "operator)",
             )
+        sides = _side_outputs(options.get("outputs"), ops, out, late, inputs)
         return JobSpec(
             dict(source or {}),
             ops,
@@ -192,7 +200,51 @@ class JobSpec:
             late,
             inputs,
             watermarks,
+            sides,
         )
+
+
+def _side_outputs(
+    outputs: Mapping[str, str] | None,
+    operators: tuple[KeyedOperator, ...],
+    output: str,
+    late: str | None,
+    inputs: tuple[tuple[str, Source], ...],
+) -> tuple[tuple[str, str], ...]:
+    """The named outputs and their tables, checked: each a name some operator declares
+    (``side_outputs``), each table another than every other output's and than a Delta or
+    files input's."""
+    from spark_ckpt.sources.inputs import check_input_name
+
+    if not outputs:
+        return ()
+    if not isinstance(outputs, Mapping):
+        raise ConfigError("outputs", outputs, "a mapping of output names to Delta table paths")
+    declared = {name for op in operators for name in op.side_outputs}
+    taken = {output: "the output"}
+    if late is not None:
+        taken[late] = "the late output"
+    for name, source in inputs:
+        path = source.get("path")
+        if path:
+            taken[normalized(str(path))] = f"input {name!r}"
+    sides: list[tuple[str, str]] = []
+    for name, path in outputs.items():
+        check_input_name(name, "outputs")
+        if name not in declared:
+            raise ConfigError(
+                "outputs",
+                name,
+                f"a named output an operator declares (side_outputs): {sorted(declared)}",
+            )
+        if not isinstance(path, str) or not path:
+            raise ConfigError(f"outputs[{name!r}]", path, "the path of a Delta table")
+        table = normalized(path)
+        if table in taken:
+            raise ConfigError(f"outputs[{name!r}]", path, f"another table than {taken[table]}")
+        taken[table] = f"output {name!r}"
+        sides.append((name, table))
+    return tuple(sides)
 
 
 def _inputs(

@@ -77,6 +77,7 @@ from spark_ckpt.pipeline.transform import RouteBatches, apply_transform
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.aligner import AlignmentMode
+from spark_ckpt.runtime.co_operator import KeyedCoOperator
 from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.event_time import WatermarkStrategy
@@ -316,7 +317,9 @@ class Pipeline:
             bind = getattr(operators[0], "bind_inputs", None)
             if bind is not None:  # the inputs' own columns, known before any row
                 bind(schemas)
-            elif not same_schemas(list(schemas.values())):
+            if not isinstance(operators[0], KeyedCoOperator) and not same_schemas(
+                list(schemas.values())
+            ):
                 raise ConfigError(
                     "sources",
                     {n: s.names for n, s in schemas.items()},
@@ -360,6 +363,7 @@ class Pipeline:
             late_output=job.late_output,
             storage=self.storage,
             inputs=inputs,
+            side_outputs=job.side_outputs,
         )
         function: RunFunction
         if job.placement is Placement.EXECUTORS:
@@ -381,7 +385,9 @@ class Pipeline:
             function = ForeachBatchFunction(spec)
         sink = SinkSpec("delta", job.output, CHAIN_VERTEX)
         late = None if job.late_output is None else SinkSpec("delta", job.late_output, CHAIN_VERTEX)
-        topology = Topology(CHAIN_VERTEX, job.parallelism, sink, run_id, late)
+        sides = tuple((n, SinkSpec("delta", p, CHAIN_VERTEX)) for n, p in job.side_outputs)
+        topology = Topology(CHAIN_VERTEX, job.parallelism, sink, run_id, late, sides)
+        self._ensure_side_tables(job)
         write_topology(self.root, topology, run_id)
         mark_starting(self.root, run_id)  # live for requests until its coordinator beats
         self._run_ids.add(run_id)
@@ -453,7 +459,7 @@ class Pipeline:
         files source readable; else one :class:`~spark_ckpt.errors.StoreError` line naming
         the location (:mod:`spark_ckpt.locations.preflight`)."""
         self._cover(job)
-        for output in (job.output, job.late_output):
+        for output in (job.output, job.late_output, *(p for _, p in job.side_outputs)):
             if output is not None:
                 check_commit_safety(output)
                 check_writable(output)
@@ -470,7 +476,6 @@ class Pipeline:
         inputs' strategies, the per-channel bounds and idleness in the watermark options."""
         if not job.inputs:
             return self.source_options(**job.source)
-        from spark_ckpt.runtime.co_operator import KeyedCoOperator
         from spark_ckpt.sources.inputs import INPUT_TIME
         from spark_ckpt.spark.datasource.source_options import INPUTS, INPUTS_KIND
 
@@ -511,13 +516,24 @@ class Pipeline:
             opts.update(combined.to_options())
         return opts
 
+    def _ensure_side_tables(self, job: JobSpec) -> None:
+        """Each named output's table, created with the schema its operator declares, so that
+        its commits record every checkpoint, rows or none."""
+        schemas = {n: s for op in job.operators for n, s in op.side_outputs.items()}
+        for name, path in job.side_outputs:
+            target = DeltaSinkTarget(path, pipeline=self.name)
+            DeltaSinkCommitter(target).ensure_table(schemas[name])
+
     def _cover(self, job: JobSpec) -> None:
         """Extend the explicit storage options to the buckets of *job*'s outputs and
         source, and install them here."""
         if self.storage:
             parsed = SourceOptions.parse(self._job_source_options(job, count=False))
             self.storage = self.storage.covering(
-                job.output, job.late_output, *parsed.storage.buckets
+                job.output,
+                job.late_output,
+                *(p for _, p in job.side_outputs),
+                *parsed.storage.buckets,
             )
             self.storage.install()
 

@@ -290,6 +290,7 @@ def wait_committed(
     sinks = [sink_from_spec(topology.sink, pipeline=pipeline)]
     if topology.late_sink is not None:  # the late rows' table commits right after
         sinks.append(sink_from_spec(topology.late_sink, pipeline=pipeline))
+    sinks += [sink_from_spec(spec, pipeline=pipeline) for _, spec in topology.side_sinks]
     run = RunFiles(root, str(run_id)) if run_id else None
     target = checkpoint.checkpoint_id
     deadline = time.monotonic() + timeout_s

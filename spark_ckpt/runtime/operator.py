@@ -23,7 +23,7 @@ deterministic functions of (state, input) for exactly-once output to be reproduc
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -97,6 +97,14 @@ class KeyedOperator(ABC):
     def output_schema(self) -> pa.Schema | None:
         """Schema of the output, when known up front (sinks create tables with it)."""
         return None
+
+    @property
+    def side_outputs(self) -> Mapping[str, pa.Schema]:
+        """The operator's named outputs and their schemas (Flink's ``OutputTag``): rows it
+        gives one with :meth:`StateContext.output <spark_ckpt.state.context.StateContext.output>`
+        go to the table the pipeline maps it to (``outputs={name: path}``), or nowhere when
+        it maps none. Default: none."""
+        return {}
 
 
 class RecordOperator(KeyedOperator):

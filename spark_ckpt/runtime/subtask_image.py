@@ -161,6 +161,7 @@ def _image(
         "sealed": [t.to_json() for t in task.sealed_transactions()],
         "open": list(staged),
         "open_late": list(_detach_late(task)),
+        "open_sides": _detach_sides(task),
         "cache": None if task.cache is None else task.cache.to_dict(),
         "last_snapshot": task.last_snapshot_id,
     }
@@ -336,6 +337,7 @@ def _adopt_newest(
         if detach:
             late.detach(task.late_uid, task.task_id.subtask)
         late.attach(task.late_uid, task.task_id.subtask, tuple(meta.get("open_late", ())))
+    _attach_sides(task, meta, detach=detach)
 
 
 def reattach(task: OperatorTask, writer: DetachableWriter | None, image: SubtaskImage) -> None:
@@ -346,6 +348,34 @@ def reattach(task: OperatorTask, writer: DetachableWriter | None, image: Subtask
     late = _late_writer(task)
     if late is not None:
         late.attach(task.late_uid, task.task_id.subtask, tuple(image.meta.get("open_late", ())))
+    _attach_sides(task, image.meta, detach=False)
+
+
+def _side_writers(task: OperatorTask) -> dict[str, DetachableWriter]:
+    """The writers of *task*'s named outputs that hand their open files over."""
+    return {
+        name: sink.writer
+        for name, sink in task.side_sinks.items()
+        if isinstance(sink.writer, DetachableWriter)
+    }
+
+
+def _detach_sides(task: OperatorTask) -> dict[str, list[str]]:
+    """The files of *task*'s open transactions of its named outputs, per output."""
+    return {
+        name: list(writer.detach(task.side_uid(name), task.task_id.subtask))
+        for name, writer in _side_writers(task).items()
+    }
+
+
+def _attach_sides(task: OperatorTask, meta: Mapping[str, Any], *, detach: bool) -> None:
+    """Give *task*'s named outputs' writers the open files the image holds (*detach*: first
+    dropping those they hold)."""
+    opened = meta.get("open_sides", {})
+    for name, writer in _side_writers(task).items():
+        if detach:
+            writer.detach(task.side_uid(name), task.task_id.subtask)
+        writer.attach(task.side_uid(name), task.task_id.subtask, tuple(opened.get(name, ())))
 
 
 def _late_writer(task: OperatorTask) -> DetachableWriter | None:

@@ -32,14 +32,14 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_ckpt.errors import ConfigError, SparkCkptError
+from spark_ckpt.errors import ConfigError, SparkCkptError, StateError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, task_state_uid
 from spark_ckpt.protocol.clock import Clock
 from spark_ckpt.protocol.state_handles import (
@@ -170,6 +170,7 @@ class OperatorTask:
         watermark: WatermarkStrategy | None = None,
         late_sink: TransactionalSink | None = None,
         inputs: Inputs | None = None,
+        side_sinks: Mapping[str, TransactionalSink] | None = None,
     ) -> None:
         """*inputs*: the pipeline reads several named inputs, whose rows arrive in their union
         form (:mod:`spark_ckpt.sources.inputs`): the first operator receives them apart (an
@@ -187,7 +188,11 @@ class OperatorTask:
         *watermark*: the pipeline keeps event time (see the module docstring).
 
         *late_sink*: where the rows dropped as late go (Flink's side output), through their
-        own two-phase-commit transaction, sealed and carried like the output's."""
+        own two-phase-commit transaction, sealed and carried like the output's.
+
+        *side_sinks*: per name, the table of an operator's named output (``StateContext.output``,
+        Flink's side outputs), each through its own transaction, sealed, carried and committed
+        with the same checkpoint as the output's."""
         if not operators:
             raise SparkCkptError("an operator task needs at least one operator")
         check_chain(operators, inputs)
@@ -202,6 +207,7 @@ class OperatorTask:
         self.store = store
         self.sink = sink
         self.late_sink = late_sink
+        self.side_sinks: dict[str, TransactionalSink] = dict(side_sinks or {})
         self.respond = respond
         self.clock = clock
         self.tracer = tracer
@@ -227,7 +233,14 @@ class OperatorTask:
                 if op.handles_timers:
                     timers = self.time.add_timers(op.uid, backend)
                 late_output = functools.partial(self._dropped_late, position)
-            handle = StateContext(backend, timers, self.time, ttl, late_output)
+            handle = StateContext(
+                backend,
+                timers,
+                self.time,
+                ttl,
+                late_output,
+                self._write_side if self.side_sinks else None,
+            )
             op.open(handle)
             self.backends[op.uid] = backend
             self._handles[op.uid] = handle
@@ -260,6 +273,15 @@ class OperatorTask:
         """Whose transactions of late rows (distinct from the output's: a transaction is
         named by uid, subtask and checkpoint)."""
         return f"{self.task_id.vertex}:late"
+
+    def side_uid(self, name: str) -> str:
+        """Whose transactions of the named output *name*."""
+        return f"{self.task_id.vertex}:out:{name}"
+
+    def _extra_sinks(self) -> list[tuple[TransactionalSink, str]]:
+        """The late rows' sink and the named outputs' sinks, with their transactions' uids."""
+        extra = [] if self.late_sink is None else [(self.late_sink, self.late_uid)]
+        return extra + [(s, self.side_uid(n)) for n, s in sorted(self.side_sinks.items())]
 
     @property
     def state_uid(self) -> str:
@@ -444,6 +466,21 @@ class OperatorTask:
             with self.tracer.span(Phase.SINK_WRITE):
                 self.late_sink.writer.write(self.late_uid, self.task_id.subtask, rows)
 
+    def _write_side(self, name: str, rows: pa.Table) -> None:
+        """An operator's *rows* for its named output *name*, into that table's open
+        transaction; dropped when the pipeline maps no table to it (as Flink drops a side
+        output nobody reads)."""
+        sink = self.side_sinks.get(name)
+        if sink is None:
+            if any(name in op.side_outputs for op in self.operators):
+                return
+            raise StateError(
+                f"no output named {name!r}: the operators declare "
+                f"{sorted(n for op in self.operators for n in op.side_outputs)} (side_outputs)"
+            )
+        with self.tracer.span(Phase.SINK_WRITE):
+            sink.writer.write(self.side_uid(name), self.task_id.subtask, rows)
+
     def _emit(self, rows: pa.Table | None, start: int) -> None:
         """*rows* through the operators from position *start* of the chain on, then into
         the sink's open transaction."""
@@ -478,7 +515,7 @@ class OperatorTask:
         base = min(s.base_checkpoint_id for s in strategies)
         snaps = [s.snapshot(cid, full=full) for s in strategies]
         self.last_snapshot_id = cid
-        sinks = [(s, u) for s, u in ((self.sink, self.sink_uid), (self.late_sink, self.late_uid))]
+        sinks = [(self.sink, self.sink_uid), *self._extra_sinks()]
         if any(s is not None for s, _ in sinks):
             with self.tracer.span(Phase.SINK_PRE_COMMIT):
                 self._sealed[cid] = [
@@ -520,7 +557,7 @@ class OperatorTask:
                 StateBlob(vertex, subtask, BlobKind.OPERATOR, EVENT_TIME, progress.event_time)
             )
         sealed: tuple[str, ...] | None = None
-        if self.sink is not None or self.late_sink is not None:
+        if self.sink is not None or self._extra_sinks():
             sealed = tuple(
                 t.to_json() for c, txns in sorted(self._sealed.items()) if c <= cid for t in txns
             )
@@ -581,9 +618,8 @@ class OperatorTask:
             if sink_committed is None:
                 with self.tracer.span(Phase.COMMITTED_CHECKPOINT):
                     sink_committed = self.sink.committer.committed_checkpoint()
-                    if self.late_sink is not None:  # both commit each checkpoint
-                        late = self.late_sink.committer.committed_checkpoint()
-                        sink_committed = min(sink_committed, late)
+                    for extra, _ in self._extra_sinks():  # all commit each checkpoint
+                        sink_committed = min(sink_committed, extra.committer.committed_checkpoint())
             self.forget_committed(min(checkpoint_id, sink_committed))
         with self._acked_lock:
             handle = self._acked.pop(checkpoint_id, None)

@@ -47,12 +47,12 @@ TIME_TYPE: Final = pa.timestamp("us", tz="UTC")
 _NAME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
-def check_input_name(name: object) -> str:
-    """*name* if it can name an input (a letter, then letters, digits and ``_``);
-    :class:`ConfigError` otherwise."""
+def check_input_name(name: object, option: str = "sources") -> str:
+    """*name* if it can name an input or an output (a letter, then letters, digits and
+    ``_``); :class:`ConfigError` naming *option* otherwise."""
     if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(
-            "sources", name, "input names of a letter then letters, digits or '_' (e.g. 'clicks')"
+            option, name, "names of a letter then letters, digits or '_' (e.g. 'clicks')"
         )
     return name
 

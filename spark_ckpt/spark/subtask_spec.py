@@ -14,6 +14,7 @@ from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.sinks.two_phase_commit import TransactionalSink
 from spark_ckpt.sources.inputs import Inputs
 from spark_ckpt.storage.checkpoint_store import WorkerStorage
 
@@ -49,6 +50,14 @@ class AlignerSpec:
     storage: StorageOptions = NO_STORAGE_OPTIONS
     #: several named inputs, in their union form (:mod:`spark_ckpt.sources.inputs`), or None
     inputs: Inputs | None = None
+    #: the operators' named outputs and their Delta tables (side outputs)
+    side_outputs: tuple[tuple[str, str], ...] = ()
+
+    def side_sinks(self) -> dict[str, TransactionalSink]:
+        """The named outputs' sinks, in the calling process."""
+        from spark_ckpt.delta.delta_sink import DeltaSink
+
+        return {name: DeltaSink(path, pipeline=self.pipeline) for name, path in self.side_outputs}
 
     def store(self) -> WorkerStorage:
         """The checkpoint store of the subtasks, in the calling process."""

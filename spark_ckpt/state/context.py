@@ -68,6 +68,8 @@ class TimeView(Protocol):
 #: Where the rows an operator drops as late go (:meth:`StateContext.output_late`): the task
 #: counts them, and writes those of the chain's first operator to the late-output table.
 LateOutput = Callable[[pa.Table], None]
+#: Where an operator's rows for a named output go (the task writes them to its table).
+SideOutput = Callable[[str, pa.Table], None]
 
 
 #: Why a timer call fails in a pipeline that keeps no time.
@@ -100,7 +102,7 @@ class StateContext:
     All keys must belong to the subtask's key groups (the task routes them so);
     :class:`~spark_ckpt.errors.StateError` otherwise."""
 
-    __slots__ = ("_backend", "_late_output", "_time", "_timers", "_ttl")
+    __slots__ = ("_backend", "_late_output", "_side_output", "_time", "_timers", "_ttl")
 
     def __init__(
         self,
@@ -109,12 +111,14 @@ class StateContext:
         time: TimeView | None = None,
         ttl: TtlStates | None = None,
         late_output: LateOutput | None = None,
+        side_output: SideOutput | None = None,
     ) -> None:
         """*timers*: the operator's timers (it handles them); *time*: the subtask's time (the
         pipeline keeps it); *ttl*: the operator's states with a TTL (a pipeline that keeps
         time); *late_output*: where the rows it drops as late go (a pipeline that keeps
-        time)."""
+        time); *side_output*: where the rows it gives a named output go (:meth:`output`)."""
         self._backend = backend
+        self._side_output = side_output
         self._timers = timers
         self._time = time
         self._ttl = ttl
@@ -263,6 +267,20 @@ class StateContext:
             )
         if rows.num_rows:
             self._late_output(rows)
+
+    def output(self, name: str, rows: pa.Table) -> None:
+        """Emit *rows* to the operator's named output *name* (Flink's side output): one of the
+        operator's ``side_outputs``, which the pipeline maps to a Delta table of its own
+        (``outputs={name: path}``), committed exactly once with the same checkpoint as the
+        main output and rolled back with it on a restore. The rows must have the schema the
+        operator declares for it. Costs one staged write per call."""
+        if self._side_output is None:
+            raise StateError(
+                f"no output named {name!r}: declare it in the operator's side_outputs and give "
+                "the pipeline its table (outputs={name: path})"
+            )
+        if rows.num_rows:
+            self._side_output(name, rows)
 
     @property
     def current_processing_time(self) -> int:

@@ -321,6 +321,10 @@ class FaultyOperator(KeyedOperator):
     def output_schema(self) -> pa.Schema | None:
         return self.inner.output_schema
 
+    @property
+    def side_outputs(self) -> Mapping[str, pa.Schema]:
+        return self.inner.side_outputs
+
     def open(self, state: StateContext) -> None:
         self.inner.open(state)
 
@@ -352,6 +356,10 @@ class FaultyCoOperator(KeyedCoOperator):
     @property
     def output_schema(self) -> pa.Schema | None:
         return self.inner.output_schema
+
+    @property
+    def side_outputs(self) -> Mapping[str, pa.Schema]:
+        return self.inner.side_outputs
 
     def bind_inputs(self, schemas: Mapping[str, pa.Schema]) -> None:
         bind = getattr(self.inner, "bind_inputs", None)

@@ -231,6 +231,13 @@ def _check_graphs(lake: Path) -> None:
     )
     assert sorted(read_delta(lake / "unpaid").column("order_id").to_pylist()) == expected == [2, 4]
 
+    amounts = read_delta(lake / "amounts").to_pylist()
+    assert sorted(r["order_id"] for r in read_delta(lake / "all_orders").to_pylist()) == list(
+        range(10)
+    )
+    alerts = sorted(r["order_id"] for r in read_delta(lake / "alerts").to_pylist())
+    assert alerts == sorted(r["order_id"] for r in amounts if r["amount"] > 500) == [6, 7, 8, 9]
+
 
 def _check_monitoring(ns: dict[str, Any], lake: Path) -> None:
     """The API's counts are the client's; the second run read the rest of the backlog and

@@ -73,7 +73,7 @@ def test_bad_inputs_are_refused_before_anything_runs() -> None:
         JobSpec.of(None, JOIN, output="/o", sources={**sources, "other": {}})
     with pytest.raises(ConfigError, match="not both"):
         JobSpec.of({"source": "generator"}, JOIN, output="/o", sources=sources)
-    with pytest.raises(ConfigError, match="input names"):
+    with pytest.raises(ConfigError, match="names of a letter"):
         JobSpec.of(None, JOIN, output="/o", sources={"clicks": {}, "no way": {}})
     with pytest.raises(ConfigError, match="an input of sources"):
         JobSpec.of(None, JOIN, output="/o", sources=sources, watermark={"shows": WM})

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -95,12 +95,14 @@ class BatchAligner:
         watermark: WatermarkStrategy | None = None,
         late_sink: TransactionalSink | None = None,
         inputs: Inputs | None = None,
+        side_sinks: Mapping[str, TransactionalSink] | None = None,
     ) -> None:
         """*watermark*: the pipeline keeps event time; the batches' progress rows get the
         largest event time of each channel's rows here, before they are split among the
         subtasks (:func:`~spark_ckpt.runtime.event_time.fill_progress`). *late_sink*: the
         rows dropped as late go there (see :class:`~spark_ckpt.runtime.task.OperatorTask`).
         *inputs*: several named inputs, in their union form (:mod:`spark_ckpt.sources.inputs`).
+        *side_sinks*: the operators' named outputs' tables (see the task's).
 
         *run_id*: acknowledgements go to the run's mailbox box and abort notifications
         are read from the run's files (see :mod:`spark_ckpt.coordination.runs`). *tracer* receives
@@ -147,6 +149,7 @@ class BatchAligner:
                 watermark=watermark,
                 late_sink=late_sink,
                 inputs=inputs,
+                side_sinks=side_sinks,
             )
             for s in range(parallelism)
         ]

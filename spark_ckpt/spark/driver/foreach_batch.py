@@ -79,6 +79,7 @@ def _aligner(
         tracer=spec.tracer,
         watermark=spec.watermark,
         inputs=spec.inputs,
+        side_sinks=spec.side_sinks(),
         late_sink=(
             None
             if spec.late_output is None

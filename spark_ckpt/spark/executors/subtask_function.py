@@ -239,6 +239,7 @@ class SubtaskFunction:
             watermark=self.spec.watermark,
             late_sink=late_sink,
             inputs=self.spec.inputs,
+            side_sinks=self.spec.side_sinks(),
         )
         if fence is None:
             files = RunFiles(self.spec.root, self.spec.run_id)

@@ -1,0 +1,163 @@
+"""Named outputs (Flink's side outputs): an operator's rows for ``StateContext.output(name,
+rows)`` land in a Delta table of their own, committed exactly once with the same checkpoint as
+the main output, and rolled back with it when an earlier checkpoint is restored.
+
+The oracle is a plain fold over the input table: the running count per user (the main
+output), the counts that reach a multiple of 5 (``milestones``) and the rows with an amount
+of 90 or more (``big``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import read_delta
+from deltalake import write_deltalake
+
+from spark_ckpt import (
+    CheckpointConfig,
+    KeyedOperator,
+    Pipeline,
+    RestoreSettings,
+    StateContext,
+    ValueStateDescriptor,
+)
+from spark_ckpt.errors import ConfigError
+from spark_ckpt.runtime.operator import rank_within_key
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+COUNTS = pa.schema([("user_id", pa.int64()), ("count", pa.int64())])
+BIG = pa.schema([("user_id", pa.int64()), ("amount", pa.int64())])
+ROWS = 1200
+
+
+class CountWithSides(KeyedOperator):
+    """The running count, with two named outputs: milestones and big amounts."""
+
+    COUNT = ValueStateDescriptor("count", pa.int64())
+
+    def __init__(self) -> None:
+        super().__init__("counter", "user_id", pa.int64())
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        return COUNTS
+
+    @property
+    def side_outputs(self) -> dict[str, pa.Schema]:
+        return {"milestones": COUNTS, "big": BIG}
+
+    def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
+        keys = batch.column("user_id")
+        distinct, codes, rank = rank_within_key(keys)
+        before = state.get_values(self.COUNT, distinct).fill_null(0).to_numpy(zero_copy_only=False)
+        state.put_values(
+            self.COUNT, distinct, pa.array(before + np.bincount(codes, minlength=len(distinct)))
+        )
+        counts = pa.array(before[codes] + rank + 1, pa.int64())
+        out = pa.table([keys.cast(pa.int64()), counts], schema=COUNTS)
+        state.output("milestones", out.filter(pa.array(counts.to_numpy() % 5 == 0)))
+        amounts = batch.column("amount").to_numpy()
+        big = batch.select(["user_id", "amount"]).cast(BIG).filter(pa.array(amounts >= 90))
+        state.output("big", big)
+        return out
+
+
+def _input(path: Path) -> pa.Table:
+    rng = np.random.default_rng(5)
+    table = pa.table(
+        {
+            "user_id": pa.array(rng.integers(0, 40, ROWS), pa.int64()),
+            "amount": pa.array(rng.integers(0, 100, ROWS), pa.int64()),
+        }
+    )
+    write_deltalake(str(path), table)
+    return table
+
+
+def _expected(table: pa.Table) -> tuple[Counter[tuple[int, int]], ...]:
+    seen: Counter[int] = Counter()
+    counts, milestones, big = Counter(), Counter(), Counter()
+    for user, amount in zip(table["user_id"].to_pylist(), table["amount"].to_pylist(), strict=True):
+        seen[user] += 1
+        counts[(user, seen[user])] += 1
+        if seen[user] % 5 == 0:
+            milestones[(user, seen[user])] += 1
+        if amount >= 90:
+            big[(user, amount)] += 1
+    return counts, milestones, big
+
+
+def _pairs(path: Path, second: str) -> Counter[tuple[int, int]]:
+    t = read_delta(path)
+    return Counter(zip(t["user_id"].to_pylist(), t[second].to_pylist(), strict=True))
+
+
+@pytest.mark.parametrize("placement", ["executors", "driver"])
+def test_named_outputs_are_exactly_once_and_roll_back_with_the_output(
+    spark: SparkSession, tmp_path: Path, placement: str
+) -> None:
+    """A run in several checkpoints; then a restore of its first checkpoint, which rolls
+    every table back to it and replays the rest: each table holds its fold exactly once."""
+    table = _input(tmp_path / "in")
+    lake = tmp_path / "lake"
+    outputs = {"milestones": str(lake / "milestones"), "big": str(lake / "big")}
+    source = {
+        "source": "delta",
+        "path": str(tmp_path / "in"),
+        "channels": 2,
+        "maxRowsPerTrigger": 200,
+    }
+    p = Pipeline(
+        spark,
+        "sides",
+        config=CheckpointConfig(interval_ms=200, retained_checkpoints=50),
+        root=str(tmp_path / "root"),
+    )
+    job = {"output": str(lake / "counts"), "outputs": outputs, "placement": placement}
+    p.run(source, CountWithSides(), available_now=True, **job)  # type: ignore[arg-type]
+    counts, milestones, big = _expected(table)
+    assert _pairs(lake / "counts", "count") == counts
+    assert _pairs(lake / "milestones", "count") == milestones and milestones
+    assert _pairs(lake / "big", "amount") == big and big
+
+    first = min(c.checkpoint_id for c in p.client.checkpoints())
+    assert first < max(c.checkpoint_id for c in p.client.checkpoints())
+    p.run(
+        source,
+        CountWithSides(),
+        available_now=True,
+        restore=RestoreSettings.checkpoint(first),
+        **job,  # type: ignore[arg-type]
+    )
+    assert _pairs(lake / "counts", "count") == counts
+    assert _pairs(lake / "milestones", "count") == milestones
+    assert _pairs(lake / "big", "amount") == big
+
+
+def test_bad_named_outputs_are_refused_before_anything_runs(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    p = Pipeline(spark, "bad-sides", root=str(tmp_path / "root"))
+    source = {"source": "delta", "path": str(tmp_path / "in")}
+    _input(tmp_path / "in")
+    out = str(tmp_path / "out")
+    with pytest.raises(ConfigError, match="an operator declares"):
+        p.run(source, CountWithSides(), output=out, outputs={"other": str(tmp_path / "o")})
+    with pytest.raises(ConfigError, match="another table than the output"):
+        p.run(source, CountWithSides(), output=out, outputs={"big": out})
+    with pytest.raises(ConfigError, match="another table than output 'big'"):
+        p.run(
+            source,
+            CountWithSides(),
+            output=out,
+            outputs={"big": str(tmp_path / "x"), "milestones": str(tmp_path / "x")},
+        )
