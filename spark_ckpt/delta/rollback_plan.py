@@ -18,10 +18,14 @@ so the table's state "as of checkpoint *c*" is found walking the sink's commits 
   goes on to find it; the files the roll back removed come back from the base.
 
 When the walk passes a roll back below *c* and then finds no commit of *c* (the log was
-cleaned up, or *c*'s own commit was lost before that roll back), the table cannot tell
-whether *c* belongs to the lineage that roll back ended or the one it began: the plan is
-**ambiguous**, a restore of *c* is refused (:attr:`RollbackPlan.withdrawn_to`), and a roll back
-to *c* keeps the roll back's state (a restart restoring *c* of the later lineage)."""
+cleaned up, or *c*'s own commit was lost before that roll back), the table may not tell
+whether *c* belongs to the lineage that roll back ended or the one it began. It does when the
+walk, past the roll back, meets a commit whose top is above *c*: that id was issued before the
+roll back, and every id issued after it is above it, so *c* was issued before the roll back
+too and belongs to the lineage it ended; the newest state before *c* there is the base, and
+the files the roll backs since withdrew come back. Otherwise the plan is **ambiguous**, a
+restore of *c* is refused (:attr:`RollbackPlan.withdrawn_to`), and a roll back to *c* keeps
+the roll back's state (a restart restoring *c* of the later lineage)."""
 
 from __future__ import annotations
 
@@ -91,9 +95,10 @@ def plan_rollback(commits: Iterable[OwnCommit], checkpoint_id: int) -> RollbackP
     after: list[OwnCommit] = []
     pending: list[OwnCommit] = []  # normal commits sharing one top below c, newest first
     rolled_back: tuple[int, int] | None = None  # (top, newest version) of a roll back's state
+    ended = False  # past the roll back, a commit above c: c is of the lineage it ended
 
     def at(version: int | None) -> RollbackPlan:
-        if rolled_back is None:
+        if rolled_back is None or ended:
             return RollbackPlan(c, version, tuple(after))
         top, newest = rolled_back
         return RollbackPlan(c, newest, tuple(a for a in after if a.version > newest), top)
@@ -104,8 +109,10 @@ def plan_rollback(commits: Iterable[OwnCommit], checkpoint_id: int) -> RollbackP
         if commit.probe and commit.top > c:
             if rolled_back is None:
                 raise CleanedUpLog
+            ended = False  # the base is in the cleaned-up part: ambiguous
             return at(None)
         if commit.top > c:
+            ended = ended or rolled_back is not None
             after.append(commit)
         elif commit.top == c:
             return RollbackPlan(c, commit.version, tuple(after))

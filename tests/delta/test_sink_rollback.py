@@ -15,7 +15,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from test_delta_sink import (
     OP,
@@ -417,6 +417,32 @@ lineage_steps = st.lists(
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=lineage_steps)
+# a lost checkpoint of a lineage an earlier restore left, restored after a restore past it
+@example(
+    steps=[
+        ("checkpoint", 0),
+        ("checkpoint", 0),
+        ("checkpoint", 1),
+        ("lost", 0),
+        ("checkpoint", 0),
+        ("restore", 0),
+        ("restore", 4),
+        ("restore", 3),
+    ]
+)
+# a checkpoint with no output of that lineage, restored likewise
+@example(
+    steps=[
+        ("checkpoint", 0),
+        ("checkpoint", 0),
+        ("checkpoint", 0),
+        ("checkpoint", 0),
+        ("checkpoint", 1),
+        ("restore", 0),
+        ("restore", 4),
+        ("restore", 1),
+    ]
+)
 def test_restores_across_lineages_match_a_plain_model(steps: list[Step]) -> None:
     """The model: a checkpoint's output is its lineage's rows up to it (a plain fold over the
     steps); a restore of *r* leaves the table holding exactly *r*'s output and the other
