@@ -28,6 +28,7 @@ __version__ = "0.2.0"
 #: loading below are made from (``tests/test_public_api.py`` checks the ``TYPE_CHECKING``
 #: block against it).
 _EXPORTS: dict[str, str] = {
+    "LookupJoin": "spark_ckpt.delta.lookup_join",
     "Savepoint": "spark_ckpt.delta.savepoint",
     "list_savepoints": "spark_ckpt.delta.savepoint",
     "SparkCkptError": "spark_ckpt.errors",
@@ -99,6 +100,7 @@ _DEPRECATED: dict[str, str] = {
 
 if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from spark_ckpt.client.pipeline_client import PipelineClient
+    from spark_ckpt.delta.lookup_join import LookupJoin
     from spark_ckpt.delta.savepoint import Savepoint, list_savepoints
     from spark_ckpt.errors import SparkCkptError
     from spark_ckpt.locations.credentials import StorageOptions

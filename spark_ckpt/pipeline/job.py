@@ -145,7 +145,7 @@ class JobSpec:
                 "not both",
             )
         inputs, watermarks = _inputs(named, options.get("watermark"), ops)
-        keys = sorted({op.key_column for op in ops})
+        keys = sorted({op.key_column for op in ops if op.keyed})
         if len(keys) > 1:
             raise ConfigError(
                 "operators",

@@ -61,6 +61,7 @@ from spark_ckpt.coordination.heartbeats import mark_starting
 from spark_ckpt.coordination.runs import RunFiles, Runs, RunState, new_run_id
 from spark_ckpt.coordination.topology import SinkSpec, Topology, write_topology
 from spark_ckpt.delta.commit_safety import check_commit_safety
+from spark_ckpt.delta.lookup_join import LookupJoin
 from spark_ckpt.delta.sink_committer import DeltaSinkCommitter
 from spark_ckpt.delta.sink_target import DeltaSinkTarget
 from spark_ckpt.errors import ConfigError
@@ -81,6 +82,7 @@ from spark_ckpt.runtime.co_operator import KeyedCoOperator
 from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.event_time import WatermarkStrategy
+from spark_ckpt.runtime.operator import chain_key
 from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
 from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK
 from spark_ckpt.runtime.task_time import time_needed
@@ -89,6 +91,7 @@ from spark_ckpt.sources.kafka_options import PINNED
 from spark_ckpt.spark.datasource.channel_sources import open_channel_source, user_schema
 from spark_ckpt.spark.datasource.source_options import (
     COMPONENTS,
+    LOOKUP_TABLES,
     SourceOptions,
     check_pipeline_options,
     default_root,
@@ -298,8 +301,15 @@ class Pipeline:
         Runs(self.root).prune(on_ended=partial(remove_run, self.root))
         run_id = new_run_id()
         opts = self._job_source_options(job)
+        lookups = _lookup_tables(job)
+        if lookups:  # the source records the version of each that a micro-batch joins with
+            opts[LOOKUP_TABLES] = json.dumps(lookups)
         if job.watermark is not None:
             opts.update(job.watermark.to_options())
+        elif any(op.needs_processing_time for op in job.operators) and not any(
+            k.lower().startswith("watermark.") for k in opts
+        ):  # a lookup join picks its table's version by the batch's processing time
+            opts.update(WatermarkStrategy.no_watermarks().to_options())
         opts["run"] = run_id
         parsed = SourceOptions.parse(opts)
         channels, names = _channels(parsed)
@@ -370,7 +380,7 @@ class Pipeline:
             ship_by_value([*job.operators, job.tracer])  # the job's own code, to executors
             function = SubtaskFunction(spec)
             # the source's read() hands the rows on routed to the subtasks
-            key = job.operators[0].key_column if inputs is None else INPUT_KEY
+            key = chain_key(job.operators) if inputs is None else INPUT_KEY
             partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions") or 200)
             router = Router(
                 key,
@@ -393,7 +403,7 @@ class Pipeline:
         self._run_ids.add(run_id)
         df = self.spark.readStream.format("ckpt-source").options(**opts).load()
         if job.transform is not None:
-            df = apply_transform(job.transform, df, job.operators[0].key_column)
+            df = apply_transform(job.transform, df, chain_key(job.operators))
         if inputs is not None:  # each input's strategy on its own columns, before it runs
             for (_, strategy), inner in zip(
                 job.input_watermarks, parsed.input_options, strict=True
@@ -463,6 +473,9 @@ class Pipeline:
             if output is not None:
                 check_commit_safety(output)
                 check_writable(output)
+        for lookup in job.operators:
+            if isinstance(lookup, LookupJoin):
+                lookup.check_table()
         parsed = SourceOptions.parse(self._job_source_options(job))
         for each in parsed.input_options or (parsed,):
             for options in (each.delta, each.files):
@@ -491,7 +504,9 @@ class Pipeline:
                 channels, names = _channels(inner)
                 if names is not None:
                     own[PINNED] = json.dumps(names)
-            key = first.keys[name] if isinstance(first, KeyedCoOperator) else first.key_column
+            key = (
+                first.keys[name] if isinstance(first, KeyedCoOperator) else chain_key(job.operators)
+            )
             strategy = strategies.get(name)
             items.append(
                 {
@@ -533,6 +548,7 @@ class Pipeline:
                 job.output,
                 job.late_output,
                 *(p for _, p in job.side_outputs),
+                *_lookup_tables(job),
                 *parsed.storage.buckets,
             )
             self.storage.install()
@@ -641,6 +657,11 @@ class Pipeline:
         )
         with Interrupts(supervisor.on_interrupt) as interrupts:
             return supervisor.run(interrupts.requested)
+
+
+def _lookup_tables(job: JobSpec) -> list[str]:
+    """The tables of *job*'s lookup joins, in chain order, each once."""
+    return list(dict.fromkeys(op.table for op in job.operators if isinstance(op, LookupJoin)))
 
 
 def arrow_schema(struct: Any) -> pa.Schema:

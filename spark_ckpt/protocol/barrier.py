@@ -141,22 +141,31 @@ class ChannelProgress:
     replayed batch carries the same); *idle*, whether the source found the channel idle;
     *max_event_time_us*, the largest event time (microseconds since the epoch) of the
     channel's data rows since its previous control row (None: no such row, or not known yet:
-    it is filled in where the event-time column exists, after any transformation)."""
+    it is filled in where the event-time column exists, after any transformation);
+    *lookups*: the version of each lookup table (by its path) the micro-batch joins with,
+    recorded in the offsets as the processing time is."""
 
     batch_ms: int
     idle: bool = False
     max_event_time_us: int | None = None
+    lookups: tuple[tuple[str, int], ...] = ()
 
     def options_json(self) -> str:
-        return json.dumps({"idle": self.idle, "max": self.max_event_time_us}, sort_keys=True)
+        options: dict[str, Any] = {"idle": self.idle, "max": self.max_event_time_us}
+        if self.lookups:
+            options["lookups"] = dict(self.lookups)
+        return json.dumps(options, sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "kind": RecordKind.PROGRESS.value,
             "batch_ms": self.batch_ms,
             "idle": self.idle,
             "max_event_time_us": self.max_event_time_us,
         }
+        if self.lookups:
+            d["lookups"] = dict(self.lookups)
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -183,7 +192,10 @@ def decode_event(data: str | dict[str, Any]) -> Event:
         if kind == RecordKind.PROGRESS.value:
             top = d.get("max_event_time_us")
             return ChannelProgress(
-                int(d["batch_ms"]), bool(d.get("idle", False)), None if top is None else int(top)
+                int(d["batch_ms"]),
+                bool(d.get("idle", False)),
+                None if top is None else int(top),
+                _lookups(d.get("lookups")),
             )
     except ProtocolError:
         raise
@@ -219,6 +231,13 @@ BARRIER_DDL = (
     f"{CHECKPOINT_ID} bigint, "
     f"{BARRIER_TS} timestamp, {BARRIER_OPTIONS} string"
 )
+
+
+def _lookups(d: Any) -> tuple[tuple[str, int], ...]:
+    """A progress event's lookup table versions (``{path: version}``), sorted by path."""
+    if not d:
+        return ()
+    return tuple(sorted((str(path), int(version)) for path, version in dict(d).items()))
 
 
 def barrier_row_values(event: Event, channel: int, offset: int) -> dict[str, Any]:
@@ -276,7 +295,10 @@ def event_from_row(row: dict[str, Any]) -> Event | None:
         if kind is RecordKind.PROGRESS:
             top = opts.get("max")
             return ChannelProgress(
-                ts_ms, bool(opts.get("idle", False)), None if top is None else int(top)
+                ts_ms,
+                bool(opts.get("idle", False)),
+                None if top is None else int(top),
+                _lookups(opts.get("lookups")),
             )
         return CheckpointBarrier(
             checkpoint_id=int(cid),

@@ -23,7 +23,7 @@ deterministic functions of (state, input) for exactly-once output to be reproduc
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -47,6 +47,14 @@ class KeyedOperator(ABC):
     #: output. :class:`~spark_ckpt.runtime.windows.WindowAggregate` does (lateness per
     #: window). Further down a chain an operator receives what the one before it emits.
     receives_late_rows: ClassVar[bool] = False
+    #: Whether the operator keeps keyed state, so its rows must be routed by its key column
+    #: (the chain's key, :func:`chain_key`). An operator without keyed state (a lookup join)
+    #: takes its rows wherever the chain's key routes them.
+    keyed: ClassVar[bool] = True
+    #: Whether the operator needs the micro-batch's processing time (a lookup join picks
+    #: the table version by it): the pipeline then keeps processing time even without a
+    #: watermark strategy.
+    needs_processing_time: ClassVar[bool] = False
 
     def __init__(self, uid: str, key_column: str, key_type: pa.DataType) -> None:
         if not uid:
@@ -143,6 +151,15 @@ class RecordOperator(KeyedOperator):
         if schema is None:
             return pa.Table.from_pylist(out) if out else None
         return pa.Table.from_pylist(out, schema=schema)
+
+
+def chain_key(operators: Sequence[KeyedOperator]) -> str:
+    """The column that routes a chain's rows to subtasks: the key of its keyed operators
+    (the first operator's when none keeps keyed state)."""
+    for op in operators:
+        if op.keyed:
+            return op.key_column
+    return operators[0].key_column
 
 
 def rank_within_key(keys: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, np.ndarray, np.ndarray]:

@@ -78,7 +78,7 @@ from spark_ckpt.runtime.co_operator import KeyedCoOperator
 from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.image_history import ImageHistory
-from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.runtime.operator import KeyedOperator, chain_key
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM, output_checkpoint
 from spark_ckpt.runtime.task_time import TaskTime, own_columns
 from spark_ckpt.sinks.two_phase_commit import (
@@ -200,7 +200,7 @@ class OperatorTask:
         self.operators = tuple(operators)
         self.inputs = inputs
         #: the column that routes the rows to subtasks (the union form's key, several inputs)
-        self.route_key = operators[0].key_column if inputs is None else INPUT_KEY
+        self.route_key = chain_key(operators) if inputs is None else INPUT_KEY
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
         self.key_group_range = range_for_subtask(max_parallelism, parallelism, task_id.subtask)

@@ -22,6 +22,7 @@ class only decides when they are due. Single-threaded, as the task. Pure: pyarro
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -30,6 +31,7 @@ import pyarrow.compute as pc
 
 from spark_ckpt.protocol.barrier import (
     BARRIER_COLUMNS,
+    BARRIER_OPTIONS,
     BARRIER_TS,
     KIND,
     ChannelProgress,
@@ -80,6 +82,8 @@ class TaskTime:
         self.ttl: dict[str, TtlStates] = {}
         #: the processing time of the micro-batch being processed (0: not known)
         self._batch_ms = 0
+        #: the lookup tables' versions of the newest micro-batch seen (by path)
+        self._lookups: dict[str, int] = {}
 
     # -- the operators' view -------------------------------------------------------------------
     @property
@@ -132,10 +136,21 @@ class TaskTime:
         top = pc.max(pc.cast(stamps, pa.int64())).as_py()
         if top is not None:
             self._batch_ms = max(self._batch_ms, top // 1000)
+        # the lookup tables' versions of this micro-batch hold for all its rows, those
+        # before a barrier in it too (its progress rows, which carry them, come last)
+        for options in batch.column(BARRIER_OPTIONS).filter(progress).to_pylist()[:1]:
+            found = json.loads(options or "{}").get("lookups")
+            if found:
+                self._lookups.update({str(k): int(v) for k, v in found.items()})
 
     def observe(self, channel: int, progress: ChannelProgress) -> None:
         """Channel *channel*'s progress arrived; the next :meth:`advance` applies it."""
         self.valve.observe(channel, progress)
+
+    def lookup_version(self, table: str) -> int | None:
+        """The version of lookup table *table* the micro-batch joins with (None: none
+        recorded)."""
+        return self._lookups.get(table)
 
     def count_late(self, table: pa.Table) -> pa.Array | None:
         """Count the rows of *table* that arrive late (event time at or below the watermark)

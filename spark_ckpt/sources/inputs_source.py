@@ -95,12 +95,6 @@ class InputsSource:
             names.extend(f"{spec.name}/{n}" for n in local)
         return names
 
-    @property
-    def max_rows_per_trigger(self) -> int | None:
-        limits = [getattr(s, "max_rows_per_trigger", None) for s in self.sources]
-        given = [n for n in limits if n is not None]
-        return min(given) if given else None
-
     def heads(self) -> list[int]:
         return [h for source in self.sources for h in source.heads()]
 

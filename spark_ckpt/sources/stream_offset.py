@@ -121,6 +121,9 @@ class StreamOffset:
     #: the channels found idle when it was planned
     batch_ms: int = 0
     idle: tuple[int, ...] = ()
+    #: the version of each lookup table (by path) the batch joins with (see
+    #: :class:`~spark_ckpt.protocol.barrier.ChannelProgress`)
+    lookups: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.positions) != len(self.emitted):
@@ -153,6 +156,8 @@ class StreamOffset:
         if self.batch_ms:  # only with event time: other offsets stay as they were
             d["time"] = self.batch_ms
             d["idle"] = list(self.idle)
+        if self.lookups:
+            d["lookups"] = dict(self.lookups)
         return d
 
     def to_json(self) -> str:
@@ -169,6 +174,7 @@ class StreamOffset:
                 tuple(PlacedBarrier.from_dict(b) for b in d.get("barriers", ())),
                 int(d.get("time", 0)),
                 tuple(int(c) for c in d.get("idle", ())),
+                tuple(sorted((str(p), int(v)) for p, v in dict(d.get("lookups") or {}).items())),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ProtocolError(f"not a ckpt-source offset: {d!r}") from e
@@ -268,7 +274,11 @@ class StreamOffset:
                 for b in end.barriers
                 if self.emitted[c] < b.checkpoint_id <= end.emitted[c]
             )
-            progress = ChannelProgress(end.batch_ms, c in end.idle) if end.batch_ms else None
+            progress = (
+                ChannelProgress(end.batch_ms, c in end.idle, None, end.lookups)
+                if end.batch_ms
+                else None
+            )
             slices.append(
                 ChannelSlice(
                     c,

@@ -60,6 +60,10 @@ class TimeView(Protocol):
         """How far behind the watermark a row may arrive and still be processed (ms)."""
         ...
 
+    def lookup_version(self, table: str) -> int | None:
+        """The version of lookup table *table* the micro-batch joins with."""
+        ...
+
     def late(self, event_times: pa.ChunkedArray | pa.Array, lateness_ms: int) -> pa.Array:
         """Per event time, whether it is at or below the watermark less *lateness_ms*."""
         ...
@@ -281,6 +285,12 @@ class StateContext:
             )
         if rows.num_rows:
             self._side_output(name, rows)
+
+    def lookup_version(self, table: str) -> int | None:
+        """The version of the lookup table *table* (its path) that this micro-batch joins
+        with, as the source recorded it in the batch's offsets (None: none recorded: the
+        pipeline names no lookup join on it)."""
+        return None if self._time is None else self._time.lookup_version(table)
 
     @property
     def current_processing_time(self) -> int:

@@ -238,6 +238,12 @@ def _check_graphs(lake: Path) -> None:
     alerts = sorted(r["order_id"] for r in read_delta(lake / "alerts").to_pylist())
     assert alerts == sorted(r["order_id"] for r in amounts if r["amount"] > 500) == [6, 7, 8, 9]
 
+    countries = {1: "FR", 2: "DE", 3: "FR"}
+    enriched = {
+        r["order_id"]: r["country"] for r in read_delta(lake / "orders_by_country").to_pylist()
+    }
+    assert enriched == {r["order_id"]: countries.get(r["order_id"]) for r in amounts}
+
 
 def _check_monitoring(ns: dict[str, Any], lake: Path) -> None:
     """The API's counts are the client's; the second run read the rest of the backlog and

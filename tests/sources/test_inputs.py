@@ -121,3 +121,27 @@ def test_restores_follow_the_inputs_by_name() -> None:
         check_restorable(_checkpoint(None), SHAPE, latest)
     with pytest.raises(RestoreError, match="named inputs"):
         check_restorable(_checkpoint(["clicks/0"]), replace(SHAPE, inputs=()), latest)
+
+
+def test_the_inputs_limits_add_up() -> None:
+    from spark_ckpt.spark.datasource.source_options import INPUTS, SourceOptions
+
+    items = [
+        {
+            "name": "a",
+            "channels": 1,
+            "key": "user_id",
+            "time": None,
+            "options": {"source": "generator", "maxRowsPerTrigger": "100"},
+        },
+        {
+            "name": "b",
+            "channels": 1,
+            "key": "user_id",
+            "time": None,
+            "options": {"source": "generator", "maxRowsPerTrigger": "50"},
+        },
+    ]
+    parsed = SourceOptions.parse({"pipeline": "p", "source": "inputs", INPUTS: json.dumps(items)})
+    assert parsed.max_rows_per_trigger == 150
+    assert parsed.inputs is not None and parsed.inputs.names == ("a", "b")

@@ -76,13 +76,25 @@ SOURCE_KINDS: Final = ("generator", "delta", "kafka", "files")
 #: option :data:`INPUTS` set by the pipeline from ``Pipeline.run(sources=...)``.
 INPUTS_KIND: Final = "inputs"
 INPUTS: Final = "inputs"
+#: The lookup tables of the job's lookup joins (a JSON list of paths, set by the pipeline): the
+#: source records the version of each that a micro-batch joins with in its offsets.
+LOOKUP_TABLES: Final = "lookup.tables"
 #: The option naming the job's components (:mod:`spark_ckpt.runtime.components`).
 COMPONENTS: Final = "components"
 _ROUTE_KEYS: Final = frozenset(k.lower() for k in ROUTE_OPTIONS)
 _WATERMARK_KEYS: Final = frozenset(k.lower() for k in WATERMARK_OPTIONS)
 _OWN_KEYS: Final = (
     frozenset(
-        {"pipeline", "store", "source", "maxrowspertrigger", "barrierplacement", "run", COMPONENTS}
+        {
+            "pipeline",
+            "store",
+            "source",
+            "maxrowspertrigger",
+            "barrierplacement",
+            "run",
+            COMPONENTS,
+            LOOKUP_TABLES,
+        }
     )
     | _ROUTE_KEYS
     | _WATERMARK_KEYS
@@ -140,6 +152,8 @@ def check_pipeline_options(
             raise ConfigError(key, raw, "no value: name them with the job's components=")
         if lowered in _ROUTE_KEYS:
             raise ConfigError(key, raw, "no value: the pipeline routes its rows itself")
+        if lowered == LOOKUP_TABLES:
+            raise ConfigError(key, raw, "no value: the pipeline names its lookup joins' tables")
         if lowered == STORAGE_OPTION:
             raise ConfigError(key, "(hidden)", "no value: give Pipeline(..., storage_options=)")
         parsed = parse_option(key, value)
@@ -198,6 +212,8 @@ class SourceOptions:
     #: ``source=inputs``: the inputs, and each one's own options (parsed), in channel order
     inputs: Inputs | None = None
     input_options: tuple[SourceOptions, ...] = ()
+    #: the lookup joins' tables, whose versions the micro-batches record (:data:`LOOKUP_TABLES`)
+    lookup_tables: tuple[str, ...] = ()
 
     @property
     def components(self) -> Components:
@@ -314,7 +330,24 @@ class SourceOptions:
             components_name=_components(opts),
             watermark=watermark,
             storage=storage,
+            lookup_tables=_lookup_tables(opts),
         )
+
+
+def _lookup_tables(opts: Mapping[str, str]) -> tuple[str, ...]:
+    """The :data:`LOOKUP_TABLES` option: a JSON list of table paths (none: no lookup join)."""
+    import json
+
+    text = opts.get(LOOKUP_TABLES)
+    if not text:
+        return ()
+    try:
+        tables = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(LOOKUP_TABLES, text, "a JSON list of Delta table paths") from e
+    if not isinstance(tables, list) or not all(isinstance(t, str) and t for t in tables):
+        raise ConfigError(LOOKUP_TABLES, text, "a JSON list of Delta table paths")
+    return tuple(tables)
 
 
 def _parse_inputs(opts: dict[str, str]) -> SourceOptions:
@@ -356,9 +389,12 @@ def _parse_inputs(opts: dict[str, str]) -> SourceOptions:
         parsed_inputs.append(SourceOptions.parse(inner))
     inputs = Inputs(tuple(spec for spec, _ in specs))
     base = SourceOptions.parse({k: v for k, v in shared.items()})
+    limits = [p.max_rows_per_trigger for p in parsed_inputs if p.max_rows_per_trigger]
     return replace(
         base,
         source=INPUTS_KIND,
+        # the inputs' limits add up, shared fairly over all their channels
+        max_rows_per_trigger=sum(limits) if limits else base.max_rows_per_trigger,
         raw={k: v for k, v in opts.items() if k != STORAGE_OPTION},
         inputs=inputs,
         input_options=tuple(parsed_inputs),

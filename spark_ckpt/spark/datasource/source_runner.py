@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -36,7 +36,7 @@ from spark_ckpt.coordination.global_committer import sink_from_spec
 from spark_ckpt.coordination.host import HOST_RETAIN_EVERY_MS, CoordinatorHost
 from spark_ckpt.coordination.host_thread import HostThread, exit_quietly_if_channel_closed
 from spark_ckpt.coordination.live_report import channel_progress
-from spark_ckpt.errors import CheckpointError, ProtocolError
+from spark_ckpt.errors import CheckpointError, ProtocolError, StoreError
 from spark_ckpt.locations.credentials import NO_STORAGE_OPTIONS, StorageOptions
 from spark_ckpt.protocol.barrier import ChannelProgress, CheckpointBarrier
 from spark_ckpt.protocol.clock import SystemClock
@@ -144,6 +144,7 @@ class SourceRunner:
         self._restarting = False  # new channels found: the run ends with a final checkpoint
         self._notified = 0  # the last completed checkpoint the source was told of
         self._active_ms: list[int] = []  # event time: per channel, when it last had rows
+        self._lookups: dict[str, Any] = {}  # the lookup joins' tables (FollowedTable)
 
     # -- lazily opened, in the source runner ---------------------------------------------------
     @property
@@ -261,7 +262,32 @@ class SourceRunner:
             # no row, no barrier, and no tick due (Trigger.AvailableNow never ticks: it ends
             # when the offset stops moving)
             return start
-        return end.at_time(now, idle).to_dict()
+        return replace(end.at_time(now, idle), lookups=self._lookup_versions()).to_dict()
+
+    def _lookup_versions(self) -> tuple[tuple[str, int], ...]:
+        """The newest version of each lookup table, which the micro-batch being planned
+        joins with (recorded in its offsets: a replay joins with the same). One incremental
+        log read per table."""
+        if not self.options.lookup_tables:
+            return ()
+        from deltalake.exceptions import DeltaError
+
+        from spark_ckpt.delta.followed_table import FollowedTable
+
+        versions = []
+        for path in self.options.lookup_tables:
+            followed = self._lookups.get(path)
+            if followed is None:
+                followed = self._lookups[path] = FollowedTable(path, None)
+            try:
+                table = followed.newest()
+            except (OSError, DeltaError) as e:
+                followed.forget()
+                raise StoreError(f"lookup table {path}: {e}") from e
+            if table is None:
+                raise StoreError(f"lookup table {path} does not exist (any more)")
+            versions.append((path, int(table.version())))
+        return tuple(versions)
 
     def _report_channels(self, positions: Sequence[int]) -> None:
         """Hand the channels' progress to the coordinator's heartbeat report: where the run

@@ -57,7 +57,7 @@ from spark_ckpt.protocol.state_handles import AcknowledgeCheckpoint, DeclineChec
 from spark_ckpt.protocol.trace import NOOP_TRACER, Phase, Tracer
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.event_time import WatermarkStrategy, fill_progress
-from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.runtime.operator import KeyedOperator, chain_key
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
 from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK, OperatorTask, Response
 from spark_ckpt.sinks.two_phase_commit import TransactionalSink
@@ -119,7 +119,7 @@ class BatchAligner:
         self.vertex = vertex or CHAIN_VERTEX
         self.parallelism = parallelism
         self.max_parallelism = max_parallelism
-        self.key_column = self.operators[0].key_column if inputs is None else INPUT_KEY
+        self.key_column = chain_key(self.operators) if inputs is None else INPUT_KEY
         self.mailbox = Mailbox(root, run_id)
         self.run = RunFiles(root, run_id) if run_id else None
         self._aborted_seen: set[int] = set()
