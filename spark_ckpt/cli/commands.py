@@ -9,6 +9,7 @@ Each command takes the parsed arguments, prints a readable table (or JSON lines 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from spark_ckpt.locations.preflight import check_readable
 from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.state_handles import CheckpointMetrics, TimeMetrics
+from spark_ckpt.sources.kafka_options import CHANNEL_NAMES
 
 if TYPE_CHECKING:
     from spark_ckpt.client.pipeline_client import PipelineClient
@@ -202,12 +204,26 @@ def checkpoints_show(args: argparse.Namespace) -> int:
         )
     )
     print("\nsource positions")
-    print(
-        render(
-            [{"source": s, "channel": c, "offset": o} for (s, c), o in sorted(cp.offsets().items())]
-        )
-    )
+    names = channel_names(cp)  # Kafka partitions, several inputs' channels
+    rows = [
+        {"source": s, "channel": c, "offset": o}
+        | ({} if names is None else {"name": names[c] if c < len(names) else ""})
+        for (s, c), o in sorted(cp.offsets().items())
+    ]
+    print(render(rows))
     return 0
+
+
+def channel_names(cp: CompletedCheckpoint) -> list[str] | None:
+    """The names of *cp*'s source channels, when the source names them (None: it does
+    not)."""
+    recorded = cp.properties.get(CHANNEL_NAMES)
+    if recorded is None:
+        return None
+    try:
+        return [str(n) for n in json.loads(recorded)]
+    except (TypeError, ValueError):
+        return None
 
 
 # -- requests ---------------------------------------------------------------------------------

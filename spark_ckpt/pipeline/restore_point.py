@@ -49,6 +49,7 @@ from spark_ckpt.runtime.restore_settings import (
 from spark_ckpt.runtime.task import sealed_transactions
 from spark_ckpt.sinks.two_phase_commit import Transaction
 from spark_ckpt.sources.files.file_listing import seed_listing
+from spark_ckpt.sources.kafka_options import CHANNEL_NAMES
 from spark_ckpt.state.descriptor import META_MAX_PARALLELISM
 from spark_ckpt.storage.checkpoint_store import CheckpointStore
 from spark_ckpt.storage.transfer import copy_checkpoint, derive_checkpoint
@@ -152,6 +153,9 @@ def prepare_restore(
         PIPELINE: shape.pipeline,
         OUTPUT_AS_OF: str(output_checkpoint(checkpoint)),
     }
+    names = checkpoint.properties.get(CHANNEL_NAMES)
+    if names is not None:  # channels resume by name (Kafka partitions, several inputs)
+        properties[CHANNEL_NAMES] = names
     # the restore point holds the restored watermarks (its own counts are nothing yet)
     time = {
         t: TimeMetrics().at(m.watermark_ms, m.processing_ms)

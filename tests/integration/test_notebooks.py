@@ -1,4 +1,4 @@
-"""The four notebooks (Databricks source format) run as written: their code cells, in order,
+"""The five notebooks (Databricks source format) run as written: their code cells, in order,
 in one namespace with the test session's ``spark`` and small parameters. Each notebook ends
 with its own checks against simple oracles (every input row counted once, gapless running
 counts, drained savepoint positions, counts from 1 again when state is dropped, an expired
@@ -58,6 +58,7 @@ def run(path: Path, spark: Any, params: dict[str, Any]) -> dict[str, Any]:
         "02_savepoint_and_upgrade.py",
         "03_monitoring.py",
         "04_sessionization.py",
+        "05_attribution.py",
     ],
 )
 def test_notebooks_are_in_databricks_source_format(name: str) -> None:
@@ -195,3 +196,15 @@ def test_sessionization_notebook(spark: Any, where: Where) -> None:
         f"savepoint {ns['savepoint_path']}"
     ]
     assert ns["result"].restored_from == (restored[0].checkpoint_id,)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["local"], indirect=True)
+def test_attribution_notebook(spark: Any, where: Where) -> None:
+    """Two inputs, an interval join, a savepoint, a restore into a job with one more
+    operator at another parallelism (the notebook checks its tables against pandas)."""
+    ns = run(NOTEBOOKS / "05_attribution.py", spark, where.params(ADS=5, MINUTES=4))
+    assert ns["savepoint"].checkpoint.is_savepoint and ns["spanning"]
+    assert ns["v2"].restored_from[0] is not None
+    assert where.exists(f"{where.base}/attributions_per_ad")
