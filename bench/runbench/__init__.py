@@ -1,6 +1,7 @@
 """The benches of pipeline runs observed from outside: overhead, scaling, state size,
-recovery and time (``bench/overhead.py``, ``bench/scaling.py``, ``bench/state_size.py``,
-``bench/recovery.py``, ``bench/time.py``; figures and commands in ``bench/README.md``).
+recovery, time and graphs (``bench/overhead.py``, ``bench/scaling.py``,
+``bench/state_size.py``, ``bench/recovery.py``, ``bench/time.py``, ``bench/graphs.py``;
+figures and commands in ``bench/README.md``).
 
 Each bench runs a keyed job (the running count; the time bench its window and dedup
 operators, next to Spark's own) the way users run a pipeline (``Pipeline.start`` /
@@ -23,7 +24,8 @@ Modules:
   :mod:`~runbench.recovery` (which restores the state-size bench's savepoint), and
   :mod:`~runbench.timebench` (event-time windows, timers, state TTL) with its variants
   (:mod:`~runbench.time_variants`, :mod:`~runbench.tws`, :mod:`~runbench.dedup`) and its
-  arithmetic (:mod:`~runbench.timestats`).
+  arithmetic (:mod:`~runbench.timestats`), and :mod:`~runbench.graphbench` (two inputs
+  joined, a one-stage graph) with its variants (:mod:`~runbench.graph_variants`).
 
 Shared with the other benches through :mod:`benchcommon` only; nothing here imports
 :mod:`pipelinebench`.

@@ -28,12 +28,10 @@
   operator receives them through ``Inputs.merged``.
 
 **The read limit of named inputs.** With ``sources=`` the pipeline reads every input through
-one ``ckpt-source`` (``source=inputs``), whose read limit is that source's own
-``maxRowsPerTrigger``; the inputs' ``maxRowsPerTrigger`` do not reach it (at ``53a09f1``: a
-run over a backlog reads all of it in its first micro-batch). :class:`ReadLimitedPipeline`
-sets the whole source's limit to the sum of the inputs' (:func:`lifted_read_limit`), which the
-source shares equally over all channels: with equal inputs every input then reads its own
-limit per micro-batch, as each of Spark's two sources does with its own.
+one ``ckpt-source`` (``source=inputs``); the inputs' ``maxRowsPerTrigger`` add up to that
+source's read limit (as of ``5882cd6``), which it shares fairly over all channels: with equal
+inputs every input reads its own limit per micro-batch, as each of Spark's two sources does
+with its own.
 """
 
 from __future__ import annotations
@@ -53,7 +51,6 @@ from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.joins import IntervalJoin
 from spark_ckpt.runtime.operator import RunningCount
-from spark_ckpt.spark.datasource.source_options import INPUTS_KIND
 
 #: The join's inputs (left, right), their key and event-time columns.
 LEFT, RIGHT = "clicks", "impressions"
@@ -70,50 +67,22 @@ PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 
 @dataclass
 class GraphStarted(Started):
-    """A started variant, and the Delta table its output goes to (spark-ckpt variants; None:
-    Spark's sink, whose rows its query progress counts)."""
+    """A started variant, and where its output goes: *output*, a Delta table (spark-ckpt
+    variants) or the directory of Spark's file sink (*output_format* ``"parquet"``); None:
+    Spark's ``noop`` sink."""
 
     output: str | None = None
+    output_format: str = "delta"
 
 
-def lifted_read_limit(inputs: Mapping[str, Mapping[str, object]]) -> int | None:
-    """The read limit of the whole ``source=inputs`` for named *inputs* that each set
-    ``maxRowsPerTrigger``: their sum (None: none sets one). ValueError when only some do (the
-    others would read without a limit)."""
-    limits = [opts.get("maxRowsPerTrigger") for opts in inputs.values()]
-    given = [int(str(n)) for n in limits if n is not None]
-    if not given:
-        return None
-    if len(given) != len(limits):
-        raise ValueError("maxRowsPerTrigger on every input or on none")
-    return sum(given)
-
-
-class ReadLimitedPipeline(Pipeline):
-    """A :class:`Pipeline` whose ``source=inputs`` (named inputs) reads at most *read_limit*
-    rows per micro-batch over all its channels (see the module docstring); a pipeline of one
-    source is not affected."""
-
-    def __init__(self, *args: Any, read_limit: int | None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.read_limit = read_limit
-
-    def source_options(self, **options: object) -> dict[str, str]:
-        opts = super().source_options(**options)
-        if self.read_limit is not None and str(options.get("source", "")).lower() == INPUTS_KIND:
-            opts.setdefault("maxRowsPerTrigger", str(self.read_limit))
-        return opts
-
-
-def _pipeline(spark: Any, root: str, w: Workload, read_limit: int | None) -> ReadLimitedPipeline:
+def _pipeline(spark: Any, root: str, w: Workload) -> Pipeline:
     if w.interval_ms is None:
         raise ValueError("the graphs bench runs with checkpoints")
-    return ReadLimitedPipeline(
+    return Pipeline(
         spark,
         PIPELINE,
         config=CheckpointConfig.from_options(checkpoint_options(w.interval_ms)),
         root=os.path.join(root, "pipeline"),
-        read_limit=read_limit,
     )
 
 
@@ -133,7 +102,7 @@ def ckpt_join(placement: str) -> VariantStart:
 
     def run(spark: Any, root: str, w: Workload) -> Started:
         inputs = _inputs(w)
-        pipeline = _pipeline(spark, root, w, lifted_read_limit(inputs))
+        pipeline = _pipeline(spark, root, w)
         bounded = WatermarkStrategy.for_bounded_out_of_orderness(TIME, BOUND_MS)
         output = os.path.join(root, "out")
         started = pipeline.start(
@@ -216,7 +185,8 @@ def spark_join(state_store: str, sink: str) -> VariantStart:
         }
         with session_conf(spark, conf):
             query = _write(pairs, root, sink)
-        return GraphStarted(query, query.stop)
+        out = os.path.join(root, "out") if sink == "parquet" else None  # _write's path
+        return GraphStarted(query, query.stop, output=out, output_format=sink)
 
     return run
 
@@ -228,7 +198,7 @@ def graph_count(placement: str) -> VariantStart:
 
     def run(spark: Any, root: str, w: Workload) -> Started:
         inputs = {ONLY: dict(w.source)}
-        pipeline = _pipeline(spark, root, w, lifted_read_limit(inputs))
+        pipeline = _pipeline(spark, root, w)
         output = os.path.join(root, "out")
         started = pipeline.start(
             sources=inputs,
@@ -248,7 +218,7 @@ def today_count(placement: str) -> VariantStart:
     with :func:`graph_count`'s checkpoint configuration."""
 
     def run(spark: Any, root: str, w: Workload) -> Started:
-        pipeline = _pipeline(spark, root, w, None)
+        pipeline = _pipeline(spark, root, w)
         output = os.path.join(root, "out")
         started = PLACEMENTS[placement](
             pipeline, dict(w.source), output=output, parallelism=w.parallelism

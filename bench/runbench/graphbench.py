@@ -86,9 +86,9 @@ NOTES = {
         "Spark JAR here); noop: nothing written. spark-ckpt writes Delta (two-phase commit)"
     ),
     "read_limit": (
-        "with sources= the pipeline reads through one ckpt-source (source=inputs) whose read "
-        "limit the inputs' maxRowsPerTrigger do not set; the bench sets it to their sum "
-        "(runbench.graph_variants.ReadLimitedPipeline), shared equally by all channels"
+        "with sources= the inputs' maxRowsPerTrigger add up to the read limit of their one "
+        "ckpt-source (source=inputs), shared fairly by all channels: each input reads its own "
+        "limit per micro-batch, as each of spark-join's two sources does"
     ),
 }
 
@@ -200,14 +200,38 @@ RATIOS = {
 
 
 # -- what a run did besides its rows/s ----------------------------------------------------------
-def output_rows(started: Started, batches: Sequence[dict[str, Any]]) -> int | None:
-    """The rows a stopped run wrote: those of its Delta table (spark-ckpt), else the sum of
-    its sink's ``numOutputRows`` over *batches* (None: a batch without the figure)."""
-    output = started.output if isinstance(started, GraphStarted) else None
-    if output is not None:
-        from deltalake import DeltaTable
+def file_sink_files(path: str) -> list[str]:
+    """The files Spark's file sink committed to *path*: those its ``_spark_metadata`` log
+    adds (its batch files and compactions, which repeat them) less those it deletes, as
+    local paths. A file of a batch the stop interrupted is in no log entry."""
+    from urllib.parse import unquote, urlparse
 
-        return int(DeltaTable(output).to_pyarrow_dataset().count_rows())
+    added: set[str] = set()
+    removed: set[str] = set()
+    for entry in sorted(Path(path, "_spark_metadata").iterdir()):
+        if entry.name.startswith(".") or not entry.is_file():
+            continue
+        for line in entry.read_text().splitlines()[1:]:  # the first line is the version
+            if not line.strip():
+                continue
+            f = json.loads(line)
+            (removed if f.get("action") == "delete" else added).add(f["path"])
+    return sorted(unquote(urlparse(p).path) for p in added - removed)
+
+
+def output_rows(started: Started, batches: Sequence[dict[str, Any]]) -> int | None:
+    """The rows a stopped run wrote: those of its Delta table (spark-ckpt), of the files
+    Spark's file sink committed, else the sum of its sink's ``numOutputRows`` over *batches*
+    (None: a batch without the figure; Spark's file sink reports -1)."""
+    if isinstance(started, GraphStarted) and started.output is not None:
+        if started.output_format == "delta":
+            from deltalake import DeltaTable
+
+            return int(DeltaTable(started.output).to_pyarrow_dataset().count_rows())
+        import pyarrow.parquet as pq
+
+        files = file_sink_files(started.output)
+        return sum(int(pq.ParquetFile(f).metadata.num_rows) for f in files)
     counts = [int((b.get("sink") or {}).get("numOutputRows", -1)) for b in batches]
     return sum(counts) if counts and min(counts) >= 0 else None
 
