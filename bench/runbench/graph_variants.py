@@ -24,8 +24,9 @@
 * :func:`today_count` — the job as written today, ``Pipeline.start(source,
   RunningCount(...))`` (:func:`runbench.variants.start_pipeline`);
 * :func:`graph_count` — the same job given as a one-input graph, ``sources={"only":
-  source}``: the rows travel in the union form (:mod:`spark_ckpt.sources.inputs`) and the
-  operator receives them through ``Inputs.merged``.
+  source}``, which the pipeline runs as a pipeline of that one source (as of the commit after
+  ``a8a7d18``; before, its rows travelled in the union form of
+  :mod:`spark_ckpt.sources.inputs`).
 
 **The read limit of named inputs.** With ``sources=`` the pipeline reads every input through
 one ``ckpt-source`` (``source=inputs``); the inputs' ``maxRowsPerTrigger`` add up to that

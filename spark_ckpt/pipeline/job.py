@@ -16,6 +16,7 @@ from typing import Any, TypedDict, Unpack
 from spark_ckpt.errors import ConfigError
 from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.trace import NOOP_TRACER, Tracer
+from spark_ckpt.runtime.co_operator import KeyedCoOperator
 from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.operator import KeyedOperator
@@ -145,6 +146,11 @@ class JobSpec:
                 "not both",
             )
         inputs, watermarks = _inputs(named, options.get("watermark"), ops)
+        given_watermark = options.get("watermark", JobSpec.watermark)
+        if len(inputs) == 1 and not isinstance(ops[0], KeyedCoOperator):
+            # a graph of one input is a pipeline of one source: it runs as one, at no cost
+            (_, source), ((_, given_watermark),) = inputs[0], watermarks
+            inputs, watermarks = (), ()
         keys = sorted({op.key_column for op in ops if op.keyed})
         if len(keys) > 1:
             raise ConfigError(
@@ -156,7 +162,7 @@ class JobSpec:
         out = normalized(output)
         components = options.get("components", JobSpec.components) or None
         load_components(components)  # a ConfigError names it before anything runs
-        watermark = None if inputs else options.get("watermark", JobSpec.watermark)
+        watermark = None if inputs else given_watermark
         if watermark is not None and not isinstance(watermark, WatermarkStrategy):
             raise ConfigError(
                 "watermark", watermark, "a WatermarkStrategy (e.g. forBoundedOutOfOrderness)"
@@ -255,7 +261,6 @@ def _inputs(
     """The named inputs and each one's watermark strategy, checked against the first
     operator: an operator over several inputs reads exactly the pipeline's inputs; a one-input
     operator reads their union. Nothing without named inputs."""
-    from spark_ckpt.runtime.co_operator import KeyedCoOperator
     from spark_ckpt.sources.inputs import check_input_name
 
     if named is None:

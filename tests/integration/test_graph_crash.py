@@ -167,7 +167,6 @@ def test_an_interval_join_is_exactly_once_when_executor_jvms_are_killed(
     _check(args, final, run.tail())
 
 
-@pytest.mark.compat
 def test_an_interval_join_in_the_driver_under_spark_connect(
     demo: DemoLauncher, tmp_path: Path
 ) -> None:

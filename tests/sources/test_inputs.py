@@ -94,6 +94,15 @@ def test_bad_inputs_are_refused_before_anything_runs() -> None:
     # a one-input operator reads the union of its inputs
     union = JobSpec.of(None, RunningCount("c", "user_id"), output="/o", sources=sources)
     assert union.input_names == ("clicks", "views")
+    # a graph of one input is a pipeline of one source
+    one = JobSpec.of(
+        None,
+        RunningCount("c", "user_id"),
+        output="/o",
+        sources={"only": {"source": "delta"}},
+        watermark={"only": WM},
+    )
+    assert one.inputs == () and one.source == {"source": "delta"} and one.watermark == WM
 
 
 def _checkpoint(names: list[str] | None) -> CompletedCheckpoint:
