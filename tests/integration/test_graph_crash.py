@@ -116,7 +116,10 @@ def check_state_is_bounded(args: DemoArgs, final: CompletedCheckpoint) -> None:
         flat = pc.list_flatten(values.combine_chunks())
         times = flat.field("_time_us").to_numpy(zero_copy_only=False)
         assert len(times) > 0  # rows within reach of the watermark still wait
-        assert (times // 1000 + REACH_MS > watermark_ms).all(), (side, watermark_ms, times.min())
+        # the timers are in ms and the watermark they fire at is whole ms: a row stays until
+        # its cleanup time (event time + reach, in µs) is at or below the watermark's ms
+        cleanup_us = times + REACH_MS * 1000
+        assert (cleanup_us > watermark_ms * 1000).all(), (side, watermark_ms, times.min())
 
 
 def _check(args: DemoArgs, final: CompletedCheckpoint, story: str) -> None:
@@ -135,10 +138,11 @@ def _check(args: DemoArgs, final: CompletedCheckpoint, story: str) -> None:
 def test_an_interval_join_is_exactly_once_under_driver_sigkill(
     demo: DemoLauncher, tmp_path: Path
 ) -> None:
-    """Three SIGKILLs of the whole job at random moments, then a final run restoring at
-    parallelism 3 (the killed runs had 2): every pair exactly once, the state bounded."""
+    """Two SIGKILLs of the whole job at random moments (one after a completed checkpoint, one
+    anywhere from the start), then a final run restoring at parallelism 3 (the killed runs
+    had 2): every pair exactly once, the state bounded."""
     args = join_args(_args(tmp_path, "aligned"))
-    story = "\n".join(_kill_repeatedly(demo, args, 3, seed=51))
+    story = "\n".join(_kill_repeatedly(demo, args, 2, seed=51))
     final = _finish(demo, replace(args, parallelism=3))
     _check(args, final, story)
 
@@ -170,12 +174,12 @@ def test_an_interval_join_is_exactly_once_when_executor_jvms_are_killed(
 def test_an_interval_join_in_the_driver_under_spark_connect(
     demo: DemoLauncher, tmp_path: Path
 ) -> None:
-    """Under Spark Connect, the subtasks in the server's foreachBatch process: one SIGKILL,
-    then a final run. Every pair exactly once."""
+    """Under Spark Connect, the subtasks in the server's foreachBatch process: one run of
+    the input available (SIGKILLs under Connect: test_time_crash.py). Every pair exactly
+    once."""
     args = replace(join_args(_args(tmp_path, "aligned")), remote="local[2]", placement="driver")
-    story = "\n".join(_kill_repeatedly(demo, args, 1, seed=52))
     final = _finish(demo, args)
-    _check(args, final, story)
+    _check(args, final, "")
 
 
 def test_generator_event_times_only_grow() -> None:
