@@ -266,7 +266,7 @@ def _sorted(rows: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
 
 
 @pytest.mark.parametrize("how", list(JoinType))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(stream=join_streams())
 def test_interval_join_equals_pandas_through_crashes_and_rescales(
     how: JoinType, stream: tuple[list[Batch], int | None, int, int, int, int]
@@ -403,7 +403,7 @@ def _feed_log(
 
 
 @pytest.mark.parametrize("how", [JoinType.INNER, JoinType.LEFT_OUTER])
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(drawn=logs())
 def test_barriers_anywhere_in_a_batch_of_two_inputs_keep_the_join_exactly_once(
     how: JoinType,
