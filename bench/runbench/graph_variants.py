@@ -24,13 +24,12 @@
 * :func:`today_count` — the job as written today, ``Pipeline.start(source,
   RunningCount(...))`` (:func:`runbench.variants.start_pipeline`);
 * :func:`graph_count` — the same job given as a one-input graph, ``sources={"only":
-  source}``, which the pipeline runs as a pipeline of that one source (as of the commit after
-  ``a8a7d18``; before, its rows travelled in the union form of
-  :mod:`spark_ckpt.sources.inputs`).
+  source}``, which the pipeline runs as a pipeline of that one source (history of this
+  line's figures: ``bench/README.md``, *Graphs*).
 
 **The read limit of named inputs.** With ``sources=`` the pipeline reads every input through
 one ``ckpt-source`` (``source=inputs``); the inputs' ``maxRowsPerTrigger`` add up to that
-source's read limit (as of ``5882cd6``), which it shares fairly over all channels: with equal
+source's read limit, which it shares fairly over all channels: with equal
 inputs every input reads its own limit per micro-batch, as each of Spark's two sources does
 with its own.
 """

@@ -455,13 +455,20 @@ class Pipeline:
         """What a restore of *job* is checked against (uids, channels, max parallelism). A
         source that names its channels (Kafka partitions) resumes them by name, whatever
         their number: its channel count is not checked."""
-        channels, names = _channels(SourceOptions.parse(self._job_source_options(job)))
+        if job.inputs:  # named inputs resume their channels by name: nothing to count
+            return PipelineShape(
+                pipeline=self.name,
+                operator_uids=tuple(op.uid for op in job.operators),
+                channels={},
+                max_parallelism=self.config.max_parallelism,
+                inputs=job.input_names,
+            )
+        channels, names = _channels(SourceOptions.parse(self.source_options(**job.source)))
         return PipelineShape(
             pipeline=self.name,
             operator_uids=tuple(op.uid for op in job.operators),
             channels={} if names is not None else {SOURCE_TASK.vertex: channels},
             max_parallelism=self.config.max_parallelism,
-            inputs=job.input_names,
         )
 
     def _check_locations(self, job: JobSpec) -> None:
@@ -476,7 +483,7 @@ class Pipeline:
         for lookup in job.operators:
             if isinstance(lookup, LookupJoin):
                 lookup.check_table()
-        parsed = SourceOptions.parse(self._job_source_options(job))
+        parsed = SourceOptions.parse(self._job_source_options(job, count=False))  # paths only
         for each in parsed.input_options or (parsed,):
             for options in (each.delta, each.files):
                 if options.get("path"):

@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from spark_ckpt.errors import ConfigError, StateError
-from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.runtime.operator import KeyedOperator, fired_per_record, rows_of
 from spark_ckpt.state.context import StateContext
 
 
@@ -95,7 +95,7 @@ class RecordCoOperator(KeyedCoOperator):
             for row in batch.to_pylist():
                 state.set_current_key(row[key])
                 out.extend(method(row, state))
-        return self._rows(out)
+        return rows_of(self.output_schema, out)
 
     def on_timer(
         self, key: Any, timestamp: int, domain: str, state: StateContext
@@ -104,19 +104,8 @@ class RecordCoOperator(KeyedCoOperator):
         return ()
 
     def on_timers(self, timers: pa.Table, state: StateContext) -> pa.Table | None:
-        out: list[dict[str, Any]] = []
-        for timer in timers.to_pylist():
-            key = timer[self.key_column]
-            state.set_current_key(key)
-            out.extend(self.on_timer(key, timer["timestamp"], timer["domain"], state))
-        return self._rows(out)
+        return rows_of(self.output_schema, fired_per_record(self, timers, state))
 
     @property
     def handles_timers(self) -> bool:
         return type(self).on_timer is not RecordCoOperator.on_timer
-
-    def _rows(self, out: list[dict[str, Any]]) -> pa.Table | None:
-        schema = self.output_schema
-        if schema is None:
-            return pa.Table.from_pylist(out) if out else None
-        return pa.Table.from_pylist(out, schema=schema)

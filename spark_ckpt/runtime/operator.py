@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -139,18 +139,38 @@ class RecordOperator(KeyedOperator):
         return ()
 
     def on_timers(self, timers: pa.Table, state: StateContext) -> pa.Table | None:
-        out: list[dict[str, Any]] = []
-        for timer in timers.to_pylist():
-            key = timer[self.key_column]
-            state.set_current_key(key)
-            out.extend(self.on_timer(key, timer["timestamp"], timer["domain"], state))
-        return self._rows(out)
+        return rows_of(self.output_schema, fired_per_record(self, timers, state))
 
     def _rows(self, out: list[dict[str, Any]]) -> pa.Table | None:
-        schema = self.output_schema
-        if schema is None:
-            return pa.Table.from_pylist(out) if out else None
-        return pa.Table.from_pylist(out, schema=schema)
+        return rows_of(self.output_schema, out)
+
+
+class _PerRecordTimers(Protocol):
+    key_column: str
+
+    def on_timer(
+        self, key: Any, timestamp: int, domain: str, state: StateContext
+    ) -> Iterable[dict[str, Any]]: ...
+
+
+def fired_per_record(
+    op: _PerRecordTimers, timers: pa.Table, state: StateContext
+) -> list[dict[str, Any]]:
+    """The rows *op*'s ``on_timer`` yields for each of *timers*, the current key set to the
+    timer's (the per-record operators' timers: a Python call per timer)."""
+    out: list[dict[str, Any]] = []
+    for timer in timers.to_pylist():
+        key = timer[op.key_column]
+        state.set_current_key(key)
+        out.extend(op.on_timer(key, timer["timestamp"], timer["domain"], state))
+    return out
+
+
+def rows_of(schema: pa.Schema | None, out: list[dict[str, Any]]) -> pa.Table | None:
+    """Per-record output rows as a table of *schema* (None: inferred; no rows: None)."""
+    if schema is None:
+        return pa.Table.from_pylist(out) if out else None
+    return pa.Table.from_pylist(out, schema=schema)
 
 
 def chain_key(operators: Sequence[KeyedOperator]) -> str:

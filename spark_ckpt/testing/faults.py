@@ -308,7 +308,37 @@ class FaultySource:
         return FaultyPlan(self._source.plan(channel, start, end), self._root)
 
 
-class FaultyOperator(KeyedOperator):
+class _Delegated:
+    """What a faulty operator hands to the operator it wraps unchanged (its schemas, its
+    lifecycle, its timers behind the ``operator`` fail point)."""
+
+    inner: KeyedOperator
+    root: str
+
+    @property
+    def output_schema(self) -> pa.Schema | None:
+        return self.inner.output_schema
+
+    @property
+    def side_outputs(self) -> Mapping[str, pa.Schema]:
+        return self.inner.side_outputs
+
+    def open(self, state: StateContext) -> None:
+        self.inner.open(state)
+
+    @property
+    def handles_timers(self) -> bool:
+        return self.inner.handles_timers
+
+    def on_timers(self, timers: pa.Table, state: StateContext) -> pa.Table | None:
+        hit(self.root, Fault.OPERATOR, lambda: {"timers": timers.num_rows})
+        return self.inner.on_timers(timers, state)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FaultyOperator(_Delegated, KeyedOperator):
     """*inner* with the ``operator`` fail point before each batch it processes and each round
     of its timers (same uid, key, state and timers: a job restores it like *inner*)."""
 
@@ -317,74 +347,32 @@ class FaultyOperator(KeyedOperator):
         self.inner = inner
         self.root = root
 
-    @property
-    def output_schema(self) -> pa.Schema | None:
-        return self.inner.output_schema
-
-    @property
-    def side_outputs(self) -> Mapping[str, pa.Schema]:
-        return self.inner.side_outputs
-
-    def open(self, state: StateContext) -> None:
-        self.inner.open(state)
-
     def process_batch(self, batch: pa.Table, state: StateContext) -> pa.Table | None:
         hit(self.root, Fault.OPERATOR, lambda: {"rows": batch.num_rows})
         return self.inner.process_batch(batch, state)
 
-    @property
-    def handles_timers(self) -> bool:
-        return self.inner.handles_timers
 
-    def on_timers(self, timers: pa.Table, state: StateContext) -> pa.Table | None:
-        hit(self.root, Fault.OPERATOR, lambda: {"timers": timers.num_rows})
-        return self.inner.on_timers(timers, state)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class FaultyCoOperator(KeyedCoOperator):
+class FaultyCoOperator(_Delegated, KeyedCoOperator):
     """*inner*, an operator over several inputs, with the ``operator`` fail point before
     each micro-batch and each round of its timers (same uid, keys, state and timers)."""
+
+    inner: KeyedCoOperator
 
     def __init__(self, inner: KeyedCoOperator, root: str) -> None:
         super().__init__(inner.uid, inner.keys, inner.key_type, inner.key_column)
         self.inner = inner
         self.root = root
 
-    @property
-    def output_schema(self) -> pa.Schema | None:
-        return self.inner.output_schema
-
-    @property
-    def side_outputs(self) -> Mapping[str, pa.Schema]:
-        return self.inner.side_outputs
-
     def bind_inputs(self, schemas: Mapping[str, pa.Schema]) -> None:
         bind = getattr(self.inner, "bind_inputs", None)
         if bind is not None:
             bind(schemas)
-
-    def open(self, state: StateContext) -> None:
-        self.inner.open(state)
 
     def process_inputs(
         self, batches: Mapping[str, pa.Table], state: StateContext
     ) -> pa.Table | None:
         hit(self.root, Fault.OPERATOR, lambda: {"rows": sum(t.num_rows for t in batches.values())})
         return self.inner.process_inputs(batches, state)
-
-    @property
-    def handles_timers(self) -> bool:
-        return self.inner.handles_timers
-
-    def on_timers(self, timers: pa.Table, state: StateContext) -> pa.Table | None:
-        hit(self.root, Fault.OPERATOR, lambda: {"timers": timers.num_rows})
-        return self.inner.on_timers(timers, state)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class FaultyComponents(Components):
