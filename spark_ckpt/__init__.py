@@ -55,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "RunningCount": "spark_ckpt.runtime.operator",
     "RestartStrategies": "spark_ckpt.runtime.restart",
     "RestoreSettings": "spark_ckpt.runtime.restore_settings",
+    "Stage": "spark_ckpt.runtime.stage",
     "WatermarkStrategy": "spark_ckpt.runtime.event_time",
     "Accumulator": "spark_ckpt.runtime.windows",
     "Agg": "spark_ckpt.runtime.windows",
@@ -116,6 +117,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and IDEs
     from spark_ckpt.runtime.operator import KeyedOperator, RecordOperator, RunningCount
     from spark_ckpt.runtime.restart import RestartStrategies
     from spark_ckpt.runtime.restore_settings import RestoreSettings
+    from spark_ckpt.runtime.stage import Stage
     from spark_ckpt.runtime.windows import Accumulator, Agg, WindowAggregate, Windows
     from spark_ckpt.spark.session.builders import connect_session, local_session
     from spark_ckpt.state.context import StateContext

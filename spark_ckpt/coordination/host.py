@@ -248,7 +248,7 @@ class CoordinatorHost:
             self.store,
             self,
             tasks_to_trigger=[SOURCE_TASK],
-            tasks_to_ack=[TaskId(topology.vertex, s) for s in range(topology.parallelism)],
+            tasks_to_ack=[TaskId(v, s) for v, s in topology.tasks],
             clock=self.clock,
             defer_after_completion=self.defer_after_completion,
             retain_every_ms=self.retain_every_ms,

@@ -43,7 +43,8 @@ class SinkSpec:
 
 @dataclass(frozen=True)
 class Topology:
-    """The tasks that acknowledge checkpoints: subtasks ``0..parallelism-1`` of ``vertex``.
+    """The tasks that acknowledge checkpoints: subtasks ``0..parallelism-1`` of ``vertex``,
+    and those of each later stage (``stages``).
     ``sink`` (and ``late_sink``, the table of the rows dropped as late, and ``side_sinks``,
     the tables of the operators' named outputs) is committed by the coordinator when a
     checkpoint completes."""
@@ -54,6 +55,14 @@ class Topology:
     run_id: str = ""
     late_sink: SinkSpec | None = None
     side_sinks: tuple[tuple[str, SinkSpec], ...] = ()
+    #: the job's later stages (several keyed stages): each one's vertex and parallelism
+    stages: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def tasks(self) -> list[tuple[str, int]]:
+        """(vertex, subtask) of every task that acknowledges a checkpoint, stage by stage."""
+        vertices = [(self.vertex, self.parallelism), *self.stages]
+        return [(v, s) for v, p in vertices for s in range(p)]
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -66,6 +75,8 @@ class Topology:
             d["late_sink"] = self.late_sink.to_dict()
         if self.side_sinks:
             d["side_sinks"] = {name: spec.to_dict() for name, spec in self.side_sinks}
+        if self.stages:
+            d["stages"] = [[v, p] for v, p in self.stages]
         return d
 
     @staticmethod
@@ -82,6 +93,7 @@ class Topology:
                     (str(n), SinkSpec.from_dict(s))
                     for n, s in dict(d.get("side_sinks", {})).items()
                 ),
+                tuple((str(v), int(p)) for v, p in d.get("stages", [])),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ProtocolError(f"malformed topology: {e}") from e

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from itertools import pairwise
 from typing import Any, TypedDict, Unpack
 
 from spark_ckpt.errors import ConfigError
@@ -20,6 +21,7 @@ from spark_ckpt.runtime.co_operator import KeyedCoOperator
 from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.runtime.stage import Stage
 
 
 class Placement(StrEnum):
@@ -33,7 +35,7 @@ class Placement(StrEnum):
 
 
 Source = Mapping[str, object]
-Operators = KeyedOperator | Sequence[KeyedOperator]
+Operators = KeyedOperator | Sequence[KeyedOperator] | Sequence[Stage]
 
 
 class JobOptions(TypedDict, total=False):
@@ -101,10 +103,21 @@ class JobSpec:
     inputs: tuple[tuple[str, Source], ...] = ()
     input_watermarks: tuple[tuple[str, WatermarkStrategy | None], ...] = ()
     side_outputs: tuple[tuple[str, str], ...] = ()
+    #: several keyed stages (``operators=[Stage(...), Stage(...)]``): every stage, named, the
+    #: first one's operators and parallelism being *operators* and *parallelism*, each later
+    #: one's output table (a Stage's ``output``) made absolute; empty: one stage
+    stages: tuple[Stage, ...] = ()
 
     @property
     def input_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.inputs)
+
+    @property
+    def all_operators(self) -> tuple[KeyedOperator, ...]:
+        """The operators of every stage, stage by stage."""
+        if not self.stages:
+            return self.operators
+        return tuple(op for stage in self.stages for op in stage.operators)
 
     @staticmethod
     def of(
@@ -125,13 +138,20 @@ class JobSpec:
             raise ConfigError(
                 "placement", placement, " or ".join(p.value for p in Placement)
             ) from None
-        ops = (operators,) if isinstance(operators, KeyedOperator) else tuple(operators)
+        stages = _stages(operators)
+        if stages:
+            ops = stages[0].operators
+            if stages[0].parallelism is not None:
+                options = {**options, "parallelism": stages[0].parallelism}
+        else:
+            ops = (operators,) if isinstance(operators, KeyedOperator) else tuple(operators)  # type: ignore[arg-type]
         if not ops:
             raise ConfigError("operators", (), "at least one KeyedOperator")
         for op in ops:
             if not isinstance(op, KeyedOperator):
                 raise ConfigError("operators", type(op).__name__, "KeyedOperator instances")
-        uids = [op.uid for op in ops]
+        every = tuple(op for st in stages for op in st.operators) if stages else ops
+        uids = [op.uid for op in every]
         repeated = sorted({u for u in uids if uids.count(u) > 1})
         if repeated:
             raise ConfigError(
@@ -157,7 +177,8 @@ class JobSpec:
                 "operators",
                 uids,
                 "a chain keyed by one column (the rows are routed to subtasks by it before "
-                f"the first operator; these are keyed by {', '.join(map(repr, keys))})",
+                f"the first operator; these are keyed by {', '.join(map(repr, keys))}: "
+                "re-key them in stages of their own, operators=[Stage(...), Stage(...)])",
             )
         out = normalized(output)
         components = options.get("components", JobSpec.components) or None
@@ -191,7 +212,8 @@ class JobSpec:
                 "no transform with several inputs (not yet supported: parse the rows in the "
                 "operator)",
             )
-        sides = _side_outputs(options.get("outputs"), ops, out, late, inputs)
+        sides = _side_outputs(options.get("outputs"), every, out, late, inputs)
+        stages = _stage_outputs(stages, out, late, sides, inputs)
         return JobSpec(
             dict(source or {}),
             ops,
@@ -207,7 +229,112 @@ class JobSpec:
             inputs,
             watermarks,
             sides,
+            stages,
         )
+
+
+def _stages(operators: Operators) -> tuple[Stage, ...]:
+    """The stages of a job of several (``operators=[Stage(...), ...]``), named; empty for a
+    job of one stage given as operators. One Stage is a job of one stage."""
+    if isinstance(operators, (KeyedOperator, Stage)):
+        given: list[object] = [operators]
+    else:
+        given = list(operators)
+    if not any(isinstance(s, Stage) for s in given):
+        return ()
+    if not all(isinstance(s, Stage) for s in given):
+        raise ConfigError(
+            "operators",
+            [type(s).__name__ for s in given],
+            "operators, or stages (Stage(...) objects), not both",
+        )
+    stages: list[Stage] = [s for s in given if isinstance(s, Stage)]
+    names = [s.name or f"stage_{i + 1}" for i, s in enumerate(stages)]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError("Stage.name", repeated[0], "stages of distinct names")
+    for stage in stages[1:]:
+        first = stage.operators[0]
+        if isinstance(first, KeyedCoOperator) or any(
+            isinstance(op, KeyedCoOperator) for op in stage.operators
+        ):
+            raise ConfigError(
+                f"Stage({stage.name!r})",
+                first.uid,
+                "an operator over several inputs only first in the first stage (a later "
+                "stage reads the one stage before it)",
+            )
+    for before, stage in pairwise(stages):
+        emitted = before.operators[-1].output_schema
+        if emitted is not None and stage.key_column not in emitted.names:
+            raise ConfigError(
+                f"Stage({stage.name!r})",
+                stage.key_column,
+                f"a key column of the rows the stage before it emits: {emitted.names}",
+            )
+    named = []
+    for name, stage in zip(names, stages, strict=True):
+        copy = Stage(
+            stage.operators,
+            name=name,
+            parallelism=stage.parallelism,
+            max_parallelism=stage.max_parallelism,
+            output=stage.output,
+            event_time=stage.event_time,
+        )
+        named.append(copy)
+    return tuple(named)
+
+
+def _stage_outputs(
+    stages: tuple[Stage, ...],
+    output: str,
+    late: str | None,
+    sides: tuple[tuple[str, str], ...],
+    inputs: tuple[tuple[str, Source], ...],
+) -> tuple[Stage, ...]:
+    """*stages* with their own output tables made absolute, each checked: not the last
+    stage's (its output is the job's), another table than every other output's and than a
+    Delta or files input's."""
+    if not stages:
+        return ()
+    if stages[-1].output is not None:
+        raise ConfigError(
+            f"Stage({stages[-1].name!r}).output",
+            stages[-1].output,
+            "no value: the last stage's output goes to the job's output",
+        )
+    taken = {output: "the output"}
+    if late is not None:
+        taken[late] = "the late output"
+    for name, table in sides:
+        taken[table] = f"output {name!r}"
+    for name, source in inputs:
+        found = source.get("path")
+        if found:
+            taken[normalized(str(found))] = f"input {name!r}"
+    placed = []
+    for stage in stages:
+        own = None if stage.output is None else normalized(stage.output)
+        if own is not None:
+            if own in taken:
+                raise ConfigError(
+                    f"Stage({stage.name!r}).output",
+                    stage.output,
+                    f"another table than {taken[own]}",
+                )
+            taken[own] = f"the output of stage {stage.name!r}"
+        placed.append(
+            Stage(
+                stage.operators,
+                name=stage.name,
+                parallelism=stage.parallelism,
+                max_parallelism=stage.max_parallelism,
+                output=own,
+                event_time=stage.event_time,
+            )
+        )
+    return tuple(placed)
 
 
 def _side_outputs(

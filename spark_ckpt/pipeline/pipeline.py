@@ -79,11 +79,12 @@ from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.co_operator import KeyedCoOperator
-from spark_ckpt.runtime.components import load_components
+from spark_ckpt.runtime.components import Components, load_components
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.operator import chain_key
 from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
+from spark_ckpt.runtime.stage import Stage, stage_output_name
 from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK
 from spark_ckpt.runtime.task_time import time_needed
 from spark_ckpt.sources.inputs import INPUT_KEY, same_schemas
@@ -100,8 +101,13 @@ from spark_ckpt.spark.driver.foreach_batch import ForeachBatchFunction
 from spark_ckpt.spark.executors.changelog import remove_run
 from spark_ckpt.spark.executors.routing import ROUTED_DDL, Router
 from spark_ckpt.spark.executors.shipping import ship_by_value
-from spark_ckpt.spark.executors.subtask_function import SubtaskFunction, subtask_query
-from spark_ckpt.spark.session.query_settings import ROUTING_SETTINGS, query_settings
+from spark_ckpt.spark.executors.subtask_function import SubtaskFunction
+from spark_ckpt.spark.executors.subtask_query import output_mode, subtask_query
+from spark_ckpt.spark.session.query_settings import (
+    ROUTING_SETTINGS,
+    STAGES_SETTINGS,
+    query_settings,
+)
 from spark_ckpt.spark.session.quiet_stop import silence_task_kill_logs
 from spark_ckpt.spark.subtask_spec import AlignerSpec
 
@@ -157,7 +163,8 @@ class PreparedRun:
         (subtasks on executors) the subtasks' stateful query into ``noop``."""
         if isinstance(self.function, SubtaskFunction):
             query = subtask_query(self.dataframe, self.function)
-            writer: DataStreamWriter = query.writeStream.format("noop").outputMode("update")
+            mode = output_mode(self.function)
+            writer: DataStreamWriter = query.writeStream.format("noop").outputMode(mode)
             return writer
         return self.dataframe.writeStream.foreachBatch(self.function)
 
@@ -306,7 +313,7 @@ class Pipeline:
             opts[LOOKUP_TABLES] = json.dumps(lookups)
         if job.watermark is not None:
             opts.update(job.watermark.to_options())
-        elif any(op.needs_processing_time for op in job.operators) and not any(
+        elif any(op.needs_processing_time for op in job.all_operators) and not any(
             k.lower().startswith("watermark.") for k in opts
         ):  # a lookup join picks its table's version by the batch's processing time
             opts.update(WatermarkStrategy.no_watermarks().to_options())
@@ -346,7 +353,7 @@ class Pipeline:
                 "for_bounded_out_of_orderness(column, bound)): only it has late rows",
             )
         if parsed.watermark is None:  # before anything runs
-            needs = {op.uid: why for op in job.operators if (why := time_needed(op))}
+            needs = {op.uid: why for op in job.all_operators if (why := time_needed(op))}
             if needs:
                 reasons = "; ".join(f"operator {uid!r} {why}" for uid, why in needs.items())
                 raise ConfigError(
@@ -356,6 +363,8 @@ class Pipeline:
                     "(WatermarkStrategy.for_bounded_out_of_orderness(column, bound), or "
                     "WatermarkStrategy.no_watermarks() for processing time only)",
                 )
+        stages = self._placed_stages(job, components)
+        partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions") or 200)
         spec = AlignerSpec(
             root=self.root,
             pipeline=self.name,
@@ -365,7 +374,7 @@ class Pipeline:
             output=job.output,
             parallelism=job.parallelism,
             mode=alignment_mode(self.config),
-            max_parallelism=self.config.max_parallelism,
+            max_parallelism=self._max_parallelism(job),
             pipelined=job.pipelined,
             tracer=job.tracer,
             components=job.components,
@@ -374,29 +383,50 @@ class Pipeline:
             storage=self.storage,
             inputs=inputs,
             side_outputs=job.side_outputs,
+            stages=stages,
+            stage_output=job.stages[0].output if stages else None,
+            partitions=partitions,
         )
         function: RunFunction
+        settings: dict[str, str] = {}
         if job.placement is Placement.EXECUTORS:
-            ship_by_value([*job.operators, job.tracer])  # the job's own code, to executors
+            ship_by_value([*job.all_operators, job.tracer])  # the job's own code, to executors
             function = SubtaskFunction(spec)
             # the source's read() hands the rows on routed to the subtasks
             key = chain_key(job.operators) if inputs is None else INPUT_KEY
-            partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions") or 200)
             router = Router(
                 key,
                 job.parallelism,
-                self.config.max_parallelism,
+                spec.max_parallelism,
                 partitions,
                 None if parsed.watermark is None else parsed.watermark.column,
             )
             if job.transform is None:  # read() routes; else the transformed rows are routed
                 opts.update(router.options())
+            if stages:
+                settings.update(STAGES_SETTINGS)
         else:
             function = ForeachBatchFunction(spec)
-        sink = SinkSpec("delta", job.output, CHAIN_VERTEX)
+        roles = spec.roles()
+        sink = SinkSpec("delta", job.output, roles[-1].vertex)
         late = None if job.late_output is None else SinkSpec("delta", job.late_output, CHAIN_VERTEX)
-        sides = tuple((n, SinkSpec("delta", p, CHAIN_VERTEX)) for n, p in job.side_outputs)
-        topology = Topology(CHAIN_VERTEX, job.parallelism, sink, run_id, late, sides)
+        sides = tuple(
+            (n, SinkSpec("delta", p, role.vertex)) for role in roles for n, p in role.side_outputs
+        )
+        sides += tuple(
+            (stage_output_name(role.vertex), SinkSpec("delta", role.output, role.vertex))
+            for role in roles[:-1]
+            if role.output is not None
+        )
+        topology = Topology(
+            CHAIN_VERTEX,
+            job.parallelism,
+            sink,
+            run_id,
+            late,
+            sides,
+            tuple((role.vertex, role.parallelism) for role in roles[1:]),
+        )
         self._ensure_side_tables(job)
         write_topology(self.root, topology, run_id)
         mark_starting(self.root, run_id)  # live for requests until its coordinator beats
@@ -417,11 +447,34 @@ class Pipeline:
                 columns = [f for f in rows if f.name not in BARRIER_COLUMNS]
                 target = DeltaSinkTarget(job.late_output, pipeline=self.name)
                 DeltaSinkCommitter(target).ensure_table(pa.schema(columns))
-        settings: Mapping[str, str] = {}
         if job.transform is not None and job.placement is Placement.EXECUTORS:
             df = df.mapInArrow(RouteBatches(router), ROUTED_DDL)
-            settings = ROUTING_SETTINGS
+            settings.update(ROUTING_SETTINGS)
         return PreparedRun(run_id, df, function, RunFiles(self.root, run_id), settings)
+
+    def _max_parallelism(self, job: JobSpec) -> int:
+        """The first stage's max parallelism: its Stage's, or the configuration's."""
+        own = job.stages[0].max_parallelism if job.stages else None
+        return own or self.config.max_parallelism
+
+    def _placed_stages(self, job: JobSpec, components: Components) -> tuple[Stage, ...]:
+        """The job's stages after the first, as its run runs them: their operators through the
+        components' hook, parallelism and max parallelism decided."""
+        placed = []
+        for position, stage in enumerate(job.stages[1:], start=1):
+            ops = tuple(components.operator(op, self.root) for op in stage.operators)
+            own = Stage(
+                ops,
+                name=stage.name,
+                parallelism=stage.parallelism,
+                max_parallelism=stage.max_parallelism,
+                output=stage.output,
+                event_time=stage.event_time,
+            )
+            placed.append(
+                own.placed(position, job.parallelism, self.config.max_parallelism, stage.output)
+            )
+        return tuple(placed)
 
     def start(
         self,
@@ -458,17 +511,19 @@ class Pipeline:
         if job.inputs:  # named inputs resume their channels by name: nothing to count
             return PipelineShape(
                 pipeline=self.name,
-                operator_uids=tuple(op.uid for op in job.operators),
+                operator_uids=tuple(op.uid for op in job.all_operators),
                 channels={},
                 max_parallelism=self.config.max_parallelism,
                 inputs=job.input_names,
+                operator_max_parallelism=_stage_max_parallelism(job),
             )
         channels, names = _channels(SourceOptions.parse(self.source_options(**job.source)))
         return PipelineShape(
             pipeline=self.name,
-            operator_uids=tuple(op.uid for op in job.operators),
+            operator_uids=tuple(op.uid for op in job.all_operators),
             channels={} if names is not None else {SOURCE_TASK.vertex: channels},
             max_parallelism=self.config.max_parallelism,
+            operator_max_parallelism=_stage_max_parallelism(job),
         )
 
     def _check_locations(self, job: JobSpec) -> None:
@@ -480,7 +535,7 @@ class Pipeline:
             if output is not None:
                 check_commit_safety(output)
                 check_writable(output)
-        for lookup in job.operators:
+        for lookup in job.all_operators:
             if isinstance(lookup, LookupJoin):
                 lookup.check_table()
         parsed = SourceOptions.parse(self._job_source_options(job, count=False))  # paths only
@@ -541,7 +596,7 @@ class Pipeline:
     def _ensure_side_tables(self, job: JobSpec) -> None:
         """Each named output's table, created with the schema its operator declares, so that
         its commits record every checkpoint, rows or none."""
-        schemas = {n: s for op in job.operators for n, s in op.side_outputs.items()}
+        schemas = {n: s for op in job.all_operators for n, s in op.side_outputs.items()}
         for name, path in job.side_outputs:
             target = DeltaSinkTarget(path, pipeline=self.name)
             DeltaSinkCommitter(target).ensure_table(schemas[name])
@@ -666,9 +721,19 @@ class Pipeline:
             return supervisor.run(interrupts.requested)
 
 
+def _stage_max_parallelism(job: JobSpec) -> tuple[tuple[str, int], ...]:
+    """Per operator of a stage with a max parallelism of its own, that max parallelism."""
+    return tuple(
+        (op.uid, stage.max_parallelism)
+        for stage in job.stages
+        if stage.max_parallelism is not None
+        for op in stage.operators
+    )
+
+
 def _lookup_tables(job: JobSpec) -> list[str]:
     """The tables of *job*'s lookup joins, in chain order, each once."""
-    return list(dict.fromkeys(op.table for op in job.operators if isinstance(op, LookupJoin)))
+    return list(dict.fromkeys(op.table for op in job.all_operators if isinstance(op, LookupJoin)))
 
 
 def arrow_schema(struct: Any) -> pa.Schema:

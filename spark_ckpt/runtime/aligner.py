@@ -180,7 +180,7 @@ class BarrierAligner:
 
         def run() -> None:
             table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
-            self._admission.admit(table)
+            table = self._admission.admit(table)
             self._handler.check_timeout()
             self._queue.extend(split_items(table))
             self._drain()

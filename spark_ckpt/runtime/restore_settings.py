@@ -158,6 +158,12 @@ class PipelineShape:
     max_parallelism: int
     #: the names of the pipeline's inputs (several named inputs; empty: one source)
     inputs: tuple[str, ...] = ()
+    #: operators whose stage has a max parallelism of its own (several stages): uid → it
+    operator_max_parallelism: tuple[tuple[str, int], ...] = ()
+
+    def max_parallelism_of(self, uid: str) -> int:
+        """The max parallelism of operator *uid*'s stage."""
+        return dict(self.operator_max_parallelism).get(uid, self.max_parallelism)
 
 
 def state_uids(checkpoint: CompletedCheckpoint) -> set[str]:
@@ -210,10 +216,10 @@ def check_restorable(
                 "position)"
             )
     for uid, stored in stored_max_parallelism:
-        if stored != shape.max_parallelism:
+        if stored != shape.max_parallelism_of(uid):
             raise RestoreError(
                 f"operator {uid!r} was checkpointed with max parallelism {stored} at {what}, "
-                f"the pipeline now has {shape.max_parallelism}: change it offline "
+                f"the pipeline now has {shape.max_parallelism_of(uid)}: change it offline "
                 "(SavepointWriter.with_max_parallelism) or keep it"
             )
     unclaimed = sorted(state_uids(checkpoint) - set(shape.operator_uids))

@@ -80,6 +80,8 @@ from spark_ckpt.runtime.failure import CheckpointFailureReason
 from spark_ckpt.runtime.image_history import ImageHistory
 from spark_ckpt.runtime.operator import KeyedOperator, chain_key
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM, output_checkpoint
+from spark_ckpt.runtime.stage import FIRST_STAGE_VERTEX, is_later_stage_vertex
+from spark_ckpt.runtime.stage_output import StageOutput
 from spark_ckpt.runtime.task_time import TaskTime, own_columns
 from spark_ckpt.sinks.two_phase_commit import (
     SinkCommitter,
@@ -98,7 +100,7 @@ log = logging.getLogger(__name__)
 #: The name of a pipeline's one task vertex: its operator chain and its sink. Internal (it
 #: names the tasks' acknowledgements and their own state); nothing depends on it across
 #: versions of the job — readers of the tasks' own state find it under any vertex name.
-CHAIN_VERTEX = "chain"
+CHAIN_VERTEX = FIRST_STAGE_VERTEX
 #: The task of a ``ckpt-source``: its coordinator triggers it, and its channel positions are
 #: acknowledged under this vertex.
 SOURCE_TASK: Final = TaskId("source", 0)
@@ -171,6 +173,7 @@ class OperatorTask:
         late_sink: TransactionalSink | None = None,
         inputs: Inputs | None = None,
         side_sinks: Mapping[str, TransactionalSink] | None = None,
+        forward: StageOutput | None = None,
     ) -> None:
         """*inputs*: the pipeline reads several named inputs, whose rows arrive in their union
         form (:mod:`spark_ckpt.sources.inputs`): the first operator receives them apart (an
@@ -192,7 +195,11 @@ class OperatorTask:
 
         *side_sinks*: per name, the table of an operator's named output (``StateContext.output``,
         Flink's side outputs), each through its own transaction, sealed, carried and committed
-        with the same checkpoint as the output's."""
+        with the same checkpoint as the output's.
+
+        *forward*: the job has a next stage (:mod:`spark_ckpt.runtime.stage`): the chain's
+        output, the task's barriers and its event time go there too, in order (read it with
+        :meth:`forwarded` after each input batch)."""
         if not operators:
             raise SparkCkptError("an operator task needs at least one operator")
         check_chain(operators, inputs)
@@ -208,6 +215,7 @@ class OperatorTask:
         self.sink = sink
         self.late_sink = late_sink
         self.side_sinks: dict[str, TransactionalSink] = dict(side_sinks or {})
+        self.forward = forward
         self.respond = respond
         self.clock = clock
         self.tracer = tracer
@@ -307,11 +315,12 @@ class OperatorTask:
                 self.store.read_blob,
                 incremental_base=incremental,
             )
+        own = self.own_task_blobs(checkpoint)
         if self.time is not None:
-            refs = [r for r in checkpoint.task_blobs() if r.state_name == EVENT_TIME]
+            refs = [r for r in own if r.state_name == EVENT_TIME]
             self.time.restore(self.store.read_blobs(refs) if refs else [])
         channel_refs = sorted(
-            (b for b in checkpoint.task_blobs() if b.kind is BlobKind.CHANNEL),
+            (b for b in own if b.kind is BlobKind.CHANNEL),
             key=lambda b: (b.channel, b.subtask),
         )
         if channel_refs:
@@ -323,6 +332,19 @@ class OperatorTask:
                 pc.less_equal(kg, self.key_group_range.end),
             )
             self._process_records(table.filter(mine))
+
+    def own_task_blobs(self, checkpoint: CompletedCheckpoint) -> list[BlobRef]:
+        """The blobs of *checkpoint* that hold this task's vertex's own state (watermark
+        valve, channel state): a later stage's under its vertex; the first stage's under any
+        vertex that is not a later stage's (older versions named it otherwise)."""
+        blobs = checkpoint.task_blobs()
+        if is_later_stage_vertex(self.task_id.vertex):
+            return [b for b in blobs if b.operator_uid == self.state_uid]
+        return [
+            b
+            for b in blobs
+            if not is_later_stage_vertex(b.operator_uid.removeprefix(task_state_uid("")))
+        ]
 
     # -- input -------------------------------------------------------------------------------
     def process(self, batch: pa.Table | pa.RecordBatch) -> None:
@@ -420,6 +442,8 @@ class OperatorTask:
                 self.time.give_back(given_up.time)  # counted with the next checkpoint
             for backend in self.backends.values():
                 backend.snapshots.notify_checkpoint_aborted(step.checkpoint_id)
+            if self.forward is not None:
+                self.forward.cancel(step.checkpoint_id)
             if step.reason is not AbortReason.COORDINATOR:
                 # tell the coordinator at once (Flink's decline on subsumption), instead of
                 # leaving the checkpoint pending until it times out
@@ -499,9 +523,26 @@ class OperatorTask:
                 return
             with self.tracer.span(Phase.OPERATOR):
                 out = op.process_batch(out, self._handles[op.uid])
-        if out is not None and out.num_rows and self.sink is not None:
+        if out is None or not out.num_rows:
+            return
+        if self.sink is not None:
             with self.tracer.span(Phase.SINK_WRITE):
                 self.sink.writer.write(self.sink_uid, self.task_id.subtask, out)
+        if self.forward is not None:
+            self.forward.rows(out)
+
+    def forwarded(self) -> pa.Table | None:
+        """What this task forwarded to the next stage since the previous call (the channel
+        of one input batch, :mod:`spark_ckpt.runtime.stage_output`); None: no next stage."""
+        if self.forward is None:
+            return None
+        return self.forward.drain(*self._time_now())
+
+    def _time_now(self) -> tuple[int | None, int]:
+        """The task's watermark (µs; None: none) and processing time (ms) now."""
+        if self.time is None:
+            return None, 0
+        return self.time.valve.watermark_us, self.time.processing_ms
 
     # -- checkpointing -------------------------------------------------------------------------
     def _snapshot(self, step: Snapshot) -> None:
@@ -524,6 +565,8 @@ class OperatorTask:
                     if s is not None
                 ]
         time_state, time = (None, None) if self.time is None else self.time.snapshot()
+        if self.forward is not None:  # after everything emitted before the snapshot
+            self.forward.barrier(step.barrier, *self._time_now())
         self._in_progress[cid] = _SnapshotInProgress(
             snaps,
             step,
@@ -614,12 +657,11 @@ class OperatorTask:
         """Checkpoint *checkpoint_id* completed: update the incremental base, and forget the
         sealed transactions the sink has committed (*sink_committed*, the sink's committed
         checkpoint, is read from the sink when not given)."""
-        if self.sink is not None:
+        sinks = [s for s, _ in [(self.sink, ""), *self._extra_sinks()] if s is not None]
+        if sinks:
             if sink_committed is None:
-                with self.tracer.span(Phase.COMMITTED_CHECKPOINT):
-                    sink_committed = self.sink.committer.committed_checkpoint()
-                    for extra, _ in self._extra_sinks():  # all commit each checkpoint
-                        sink_committed = min(sink_committed, extra.committer.committed_checkpoint())
+                with self.tracer.span(Phase.COMMITTED_CHECKPOINT):  # all commit each checkpoint
+                    sink_committed = min(s.committer.committed_checkpoint() for s in sinks)
             self.forget_committed(min(checkpoint_id, sink_committed))
         with self._acked_lock:
             handle = self._acked.pop(checkpoint_id, None)

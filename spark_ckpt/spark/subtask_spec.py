@@ -14,6 +14,8 @@ from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.components import load_components
 from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.operator import KeyedOperator
+from spark_ckpt.runtime.stage import FIRST_STAGE_VERTEX, Stage
+from spark_ckpt.runtime.stage_output import forwarded_strategy
 from spark_ckpt.sinks.two_phase_commit import TransactionalSink
 from spark_ckpt.sources.inputs import Inputs
 from spark_ckpt.storage.checkpoint_store import WorkerStorage
@@ -52,12 +54,54 @@ class AlignerSpec:
     inputs: Inputs | None = None
     #: the operators' named outputs and their Delta tables (side outputs)
     side_outputs: tuple[tuple[str, str], ...] = ()
+    #: the job's later stages (:mod:`spark_ckpt.runtime.stage`), placed; empty: one stage
+    stages: tuple[Stage, ...] = ()
+    #: several stages: the first stage's own output table (None: none; *output* is the last
+    #: stage's)
+    stage_output: str | None = None
+    #: the partitions of the subtasks' Spark stages (executors: routes between stages)
+    partitions: int = 200
 
-    def side_sinks(self) -> dict[str, TransactionalSink]:
-        """The named outputs' sinks, in the calling process."""
-        from spark_ckpt.delta.delta_sink import DeltaSink
+    def role(self, position: int) -> StageRole:
+        """What the subtasks of the stage at *position* (0: the first) are built from."""
+        last = position == len(self.stages)
+        following = None if last else self.stages[position]
+        if position == 0:
+            return StageRole(
+                position,
+                FIRST_STAGE_VERTEX,
+                self.operators,
+                self.parallelism,
+                self.max_parallelism,
+                self.channels,
+                self.output if last else self.stage_output,
+                self.watermark,
+                self.inputs,
+                self.late_output,
+                _declared(self.side_outputs, self.operators),
+                following,
+            )
+        stage = self.stages[position - 1]
+        upstream = self.role(position - 1)
+        assert stage.parallelism is not None and stage.max_parallelism is not None
+        return StageRole(
+            position,
+            stage.vertex,
+            stage.operators,
+            stage.parallelism,
+            stage.max_parallelism,
+            upstream.parallelism,
+            self.output if last else stage.output,
+            forwarded_strategy(self.watermark, stage.event_time),
+            None,
+            None,
+            _declared(self.side_outputs, stage.operators),
+            following,
+        )
 
-        return {name: DeltaSink(path, pipeline=self.pipeline) for name, path in self.side_outputs}
+    def roles(self) -> tuple[StageRole, ...]:
+        """Every stage's role, in order."""
+        return tuple(self.role(p) for p in range(len(self.stages) + 1))
 
     def store(self) -> WorkerStorage:
         """The checkpoint store of the subtasks, in the calling process."""
@@ -65,3 +109,48 @@ class AlignerSpec:
 
         components = load_components(self.components)
         return components.store(DeltaCheckpointStore(self.root), self.root)
+
+
+def _declared(
+    outputs: tuple[tuple[str, str], ...], operators: tuple[KeyedOperator, ...]
+) -> tuple[tuple[str, str], ...]:
+    """The named outputs of *outputs* that one of *operators* declares."""
+    names = {n for op in operators for n in op.side_outputs}
+    return tuple((n, p) for n, p in outputs if n in names)
+
+
+@dataclass(frozen=True)
+class StageRole:
+    """The subtasks of one stage of a run (:meth:`AlignerSpec.role`): at *position*, of
+    *vertex*, running *operators* on *parallelism* subtasks over *max_parallelism* key groups
+    and *channels* input channels (the source's, or the upstream stage's subtasks), into the
+    Delta table *output* (None: none of their own), keeping time under *watermark*; the first
+    stage also reads the *inputs*, and writes rows dropped as late to *late_output*. *following*:
+    the next stage, which the subtasks forward their output to (None: the last)."""
+
+    position: int
+    vertex: str
+    operators: tuple[KeyedOperator, ...]
+    parallelism: int
+    max_parallelism: int
+    channels: int
+    output: str | None
+    watermark: WatermarkStrategy | None
+    inputs: Inputs | None
+    late_output: str | None
+    side_outputs: tuple[tuple[str, str], ...]
+    following: Stage | None
+
+    def sinks(
+        self, pipeline: str
+    ) -> tuple[TransactionalSink | None, TransactionalSink | None, dict[str, TransactionalSink]]:
+        """The stage's output sink, late-row sink and named outputs' sinks, in the calling
+        process."""
+        from spark_ckpt.delta.delta_sink import DeltaSink
+
+        sink = None if self.output is None else DeltaSink(self.output, pipeline=pipeline)
+        late = None if self.late_output is None else DeltaSink(self.late_output, pipeline=pipeline)
+        sides: dict[str, TransactionalSink] = {
+            name: DeltaSink(path, pipeline=pipeline) for name, path in self.side_outputs
+        }
+        return sink, late, sides

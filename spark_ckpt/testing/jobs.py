@@ -89,6 +89,8 @@ class DemoArgs:
     #: ``"join"``: the interval join of two generated inputs (``--job``, ``--join-interval``)
     job: str = "count"
     join_interval: str = "1s"
+    #: ``job="stages"``: the second stage's parallelism (None: ``parallelism``)
+    stage_parallelism: int | None = None
     #: further command-line arguments (e.g. ``("--restore-savepoint", path)``)
     extra: tuple[str, ...] = ()
 
@@ -161,6 +163,8 @@ class DemoArgs:
         if self.job != "count":
             args += ["--job", self.job, "--join-interval", self.join_interval]
             args += ["--out-of-orderness", self.out_of_orderness]
+        if self.stage_parallelism is not None:
+            args += ["--stage-parallelism", str(self.stage_parallelism)]
         if self.savepoint_dir is not None:
             args += ["--savepoint-dir", str(self.savepoint_dir)]
         if self.max_rows_per_trigger is not None:

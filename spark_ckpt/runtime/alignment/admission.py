@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_ckpt.errors import ProtocolError
-from spark_ckpt.protocol.barrier import BARRIER_FIELDS, CHANNEL
+from spark_ckpt.protocol.barrier import BARRIER_FIELDS, CHANNEL, CHECKPOINT_ID
 
 __all__ = ["InputAdmission"]
 
@@ -17,7 +17,11 @@ class InputAdmission:
     """Checks each input table before it is processed.
 
     The first table fixes the schema (it must hold every barrier column with its type); later
-    tables must have exactly that schema. Every row's ``_ckpt_channel`` must be a known channel
+    tables must have exactly that schema, with two exceptions for the channels of a later
+    stage (:mod:`spark_ckpt.runtime.stage_output`), whose upstream subtasks may not have
+    emitted a row yet: while the schema has no column but the barrier columns, a table with
+    more fixes it instead; and a table of control rows only is given the schema (its other
+    columns null). Every row's ``_ckpt_channel`` must be a known channel
     that is still open: a channel closes when :meth:`close` is called (at the
     ``end_of_input`` call, before its in-band end is processed) and never reopens. The channel
     check is vectorized: 1-2 numpy passes per chunk when the open channels are a contiguous
@@ -44,18 +48,33 @@ class InputAdmission:
         self._closed.add(channel)
         self._refresh()
 
-    def admit(self, table: pa.Table) -> None:
-        """Check the schema and that every row's channel accepts rows (O(rows) in numpy).
-        Raises :class:`ProtocolError`."""
+    def admit(self, table: pa.Table) -> pa.Table:
+        """Check the schema and that every row's channel accepts rows (O(rows) in numpy);
+        returns *table*, or its control rows in the schema (see the class). Raises
+        :class:`ProtocolError`."""
         schema = table.schema
-        if self._schema is None:
+        if self._schema is None or (
+            len(self._schema) == len(BARRIER_FIELDS) and len(schema) > len(self._schema)
+        ):
             for f in BARRIER_FIELDS:
                 idx = schema.get_field_index(f.name)
                 if idx < 0 or not schema.field(idx).type.equals(f.type):
                     raise ProtocolError(f"input lacks barrier column {f.name}: {f.type}")
             self._schema = schema
         elif not schema.equals(self._schema):
-            raise ProtocolError(f"input schema changed: {schema} != {self._schema}")
+            if table.column(CHECKPOINT_ID).null_count or not set(schema.names) <= set(
+                self._schema.names
+            ):
+                raise ProtocolError(f"input schema changed: {schema} != {self._schema}")
+            table = pa.Table.from_arrays(
+                [
+                    table.column(f.name).cast(f.type)
+                    if f.name in schema.names
+                    else pa.nulls(table.num_rows, f.type)
+                    for f in self._schema
+                ],
+                schema=self._schema,
+            )
         col = table.column(CHANNEL)
         if col.null_count:
             raise ProtocolError(f"null {CHANNEL}")
@@ -69,6 +88,7 @@ class InputAdmission:
                 {int(v) for v in np.unique(values) if int(v) not in self._accepted}
             )  # error path: unique() is vectorized, the loop runs over distinct channels
             raise ProtocolError(f"rows on unknown or ended channels {bad}")
+        return table
 
     def _channels_accepted(self, values: Any) -> bool:
         """Whether every channel id in the int32 array *values* accepts rows (1-2 passes)."""

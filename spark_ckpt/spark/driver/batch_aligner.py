@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -59,11 +60,41 @@ from spark_ckpt.runtime.aligner import AlignmentMode
 from spark_ckpt.runtime.event_time import WatermarkStrategy, fill_progress
 from spark_ckpt.runtime.operator import KeyedOperator, chain_key
 from spark_ckpt.runtime.snapshot_worker import SnapshotWorker
+from spark_ckpt.runtime.stage_output import StageOutput, split_for_subtasks
 from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK, OperatorTask, Response
 from spark_ckpt.sinks.two_phase_commit import TransactionalSink
 from spark_ckpt.sources.inputs import INPUT_KEY, Inputs
 from spark_ckpt.state.keygroup import subtasks_for_keys
 from spark_ckpt.storage.checkpoint_store import WorkerStorage
+
+
+@dataclass(frozen=True)
+class StageSetup:
+    """The subtasks of one stage as :class:`BatchAligner` builds them: their vertex,
+    operators, parallelism, max parallelism, input channels, sinks and time; *forward*: they
+    forward their output to a next stage."""
+
+    vertex: str
+    operators: tuple[KeyedOperator, ...]
+    parallelism: int
+    max_parallelism: int
+    channels: int
+    sink: TransactionalSink | None
+    watermark: WatermarkStrategy | None
+    late_sink: TransactionalSink | None = None
+    inputs: Inputs | None = None
+    side_sinks: Mapping[str, TransactionalSink] = field(default_factory=dict)
+    forward: bool = False
+
+
+@dataclass
+class LaterStage:
+    """A later stage's subtasks in the aligner, and how rows reach them (by *key_column*'s
+    key groups of *max_parallelism*)."""
+
+    key_column: str
+    max_parallelism: int
+    tasks: list[OperatorTask]
 
 
 class BatchAligner:
@@ -96,8 +127,11 @@ class BatchAligner:
         late_sink: TransactionalSink | None = None,
         inputs: Inputs | None = None,
         side_sinks: Mapping[str, TransactionalSink] | None = None,
+        later_stages: Sequence[StageSetup] = (),
     ) -> None:
-        """*watermark*: the pipeline keeps event time; the batches' progress rows get the
+        """*later_stages*: the job's stages after the first (:mod:`spark_ckpt.runtime.stage`),
+        whose subtasks run here too, each micro-batch after the stage before them, on what
+        it forwarded. *watermark*: the pipeline keeps event time; the batches' progress rows get the
         largest event time of each channel's rows here, before they are split among the
         subtasks (:func:`~spark_ckpt.runtime.event_time.fill_progress`). *late_sink*: the
         rows dropped as late go there (see :class:`~spark_ckpt.runtime.task.OperatorTask`).
@@ -130,33 +164,39 @@ class BatchAligner:
         self.worker = SnapshotWorker() if async_snapshots else None
         self._batches = SnapshotWorker("spark-ckpt-batch") if pipelined else None
         respond = self._outbox.append if self.worker is None else self._post
-        self.tasks = [
-            OperatorTask(
-                TaskId(self.vertex, s),
-                channels=range(channels),
-                operators=self.operators,
-                parallelism=parallelism,
-                store=store,
-                respond=respond,
-                clock=self.clock,
-                mode=mode,
-                aligned_timeout_ms=0,  # the source cuts lagging channels (see above)
-                max_parallelism=max_parallelism,
-                sink=sink,
-                source_vertex=SOURCE_TASK.vertex,
-                run_async=None if self.worker is None else self.worker.submit,
-                tracer=tracer,
-                watermark=watermark,
-                late_sink=late_sink,
-                inputs=inputs,
-                side_sinks=side_sinks,
+        self._respond = respond
+        self.tasks = self._stage_tasks(
+            StageSetup(
+                self.vertex,
+                self.operators,
+                parallelism,
+                max_parallelism,
+                channels,
+                sink,
+                watermark,
+                late_sink,
+                inputs,
+                dict(side_sinks or {}),
+                forward=bool(later_stages),
+            ),
+            mode,
+            store,
+            SOURCE_TASK.vertex,
+        )
+        #: the job's later stages (:mod:`spark_ckpt.runtime.stage`): their subtasks, fed
+        #: with what the stage before them forwards, in this process
+        self.later = [
+            LaterStage(
+                chain_key(setup.operators),
+                setup.max_parallelism,
+                self._stage_tasks(setup, mode, store, None),
             )
-            for s in range(parallelism)
+            for setup in later_stages
         ]
         self.watermark = watermark
         latest = restore_from
         self.restored_from: CompletedCheckpoint | None = latest
-        for t in self.tasks:
+        for t in self.all_tasks:
             t.restore(latest)
         self._completed_seen = latest.checkpoint_id if latest else 0
         # filled by the worker's completion polls, applied by the batch's thread
@@ -168,6 +208,39 @@ class BatchAligner:
         self.channels = channels
         self.rows_processed = 0
         self.aborts_received = 0
+
+    @property
+    def all_tasks(self) -> list[OperatorTask]:
+        """The subtasks of every stage, stage by stage."""
+        return [*self.tasks, *(t for stage in self.later for t in stage.tasks)]
+
+    def _stage_tasks(
+        self, setup: StageSetup, mode: AlignmentMode, store: WorkerStorage, source: str | None
+    ) -> list[OperatorTask]:
+        return [
+            OperatorTask(
+                TaskId(setup.vertex, s),
+                channels=range(setup.channels),
+                operators=setup.operators,
+                parallelism=setup.parallelism,
+                store=store,
+                respond=self._respond,
+                clock=self.clock,
+                mode=mode,
+                aligned_timeout_ms=0,  # the source cuts lagging channels (see above)
+                max_parallelism=setup.max_parallelism,
+                sink=setup.sink,
+                source_vertex=source,
+                run_async=None if self.worker is None else self.worker.submit,
+                tracer=self.tracer,
+                watermark=setup.watermark,
+                late_sink=setup.late_sink,
+                inputs=setup.inputs,
+                side_sinks=setup.side_sinks,
+                forward=StageOutput(s) if setup.forward else None,
+            )
+            for s in range(setup.parallelism)
+        ]
 
     def submit(self, table: pa.Table) -> None:
         """Process one collected micro-batch: at once, or (``pipelined``) on the processing
@@ -197,6 +270,20 @@ class BatchAligner:
             self.rows_processed += table.num_rows
         for task in self.tasks:
             task.tick()
+        upstream = self.tasks
+        for stage in self.later:
+            with self.tracer.span(Phase.ROUTE):
+                forwarded = [t for t in (u.forwarded() for u in upstream) if t is not None]
+                channels = pa.concat_tables(forwarded, promote_options="default")
+                parts = split_for_subtasks(
+                    channels, stage.key_column, stage.max_parallelism, len(stage.tasks)
+                )
+            for task, part in zip(stage.tasks, parts, strict=True):
+                if part.num_rows:
+                    task.process(part)
+            for task in stage.tasks:
+                task.tick()
+            upstream = stage.tasks
         with self.tracer.span(Phase.MAILBOX):
             self._flush()
 
@@ -237,10 +324,10 @@ class BatchAligner:
                 self.worker.submit(self._poll_in_worker)
         for cid in aborts:
             self.aborts_received += 1
-            for task in self.tasks:
+            for task in self.all_tasks:
                 task.notify_aborted(cid, "aborted by the coordinator")
         for cid, committed in found:
-            for task in self.tasks:
+            for task in self.all_tasks:
                 task.notify_complete(cid, committed)
 
     def _poll_in_worker(self) -> None:
@@ -305,7 +392,7 @@ class BatchAligner:
             self.worker.close()
         if self._batches is not None:
             self._batches.drain()
-        for task in self.tasks:
+        for task in self.all_tasks:
             task.close()
 
     def _flush(self) -> None:

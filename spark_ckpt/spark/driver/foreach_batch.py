@@ -32,8 +32,8 @@ from spark_ckpt.coordination.runs import RunFiles
 from spark_ckpt.errors import ProtocolError, StateError
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.task import CHAIN_VERTEX
-from spark_ckpt.spark.driver.batch_aligner import BatchAligner, collect_arrow
-from spark_ckpt.spark.subtask_spec import AlignerSpec
+from spark_ckpt.spark.driver.batch_aligner import BatchAligner, StageSetup, collect_arrow
+from spark_ckpt.spark.subtask_spec import AlignerSpec, StageRole
 from spark_ckpt.storage.checkpoint_store import WorkerStorage
 
 
@@ -60,8 +60,8 @@ def build_aligner(spec: AlignerSpec) -> BatchAligner:
 def _aligner(
     spec: AlignerSpec, store: WorkerStorage, restored: CompletedCheckpoint | None
 ) -> BatchAligner:
-    from spark_ckpt.delta.delta_sink import DeltaSink
-
+    first, *later = spec.roles()
+    sink, late, sides = first.sinks(spec.pipeline)
     return BatchAligner(
         spec.root,
         store,
@@ -70,7 +70,7 @@ def _aligner(
         parallelism=spec.parallelism,
         mode=spec.mode,
         max_parallelism=spec.max_parallelism,
-        sink=DeltaSink(spec.output, pipeline=spec.pipeline),
+        sink=sink,
         vertex=CHAIN_VERTEX,
         async_snapshots=True,
         pipelined=spec.pipelined,
@@ -79,12 +79,25 @@ def _aligner(
         tracer=spec.tracer,
         watermark=spec.watermark,
         inputs=spec.inputs,
-        side_sinks=spec.side_sinks(),
-        late_sink=(
-            None
-            if spec.late_output is None
-            else DeltaSink(spec.late_output, pipeline=spec.pipeline)
-        ),
+        side_sinks=sides,
+        late_sink=late,
+        later_stages=[_setup(role, spec.pipeline) for role in later],
+    )
+
+
+def _setup(role: StageRole, pipeline: str) -> StageSetup:
+    """A later stage's subtasks as the aligner builds them."""
+    sink, _, sides = role.sinks(pipeline)
+    return StageSetup(
+        role.vertex,
+        role.operators,
+        role.parallelism,
+        role.max_parallelism,
+        role.channels,
+        sink,
+        role.watermark,
+        side_sinks=sides,
+        forward=role.following is not None,
     )
 
 

@@ -58,6 +58,7 @@ import pyarrow.fs as pafs
 from spark_ckpt.errors import StoreError
 from spark_ckpt.locations.objects import write_whole
 from spark_ckpt.locations.uris import filesystem, is_remote, join
+from spark_ckpt.runtime.stage import FIRST_STAGE_VERTEX
 from spark_ckpt.runtime.subtask_image import FULL, SubtaskImage
 from spark_ckpt.spark.executors.executor_cache import (
     ENTRY_META,
@@ -182,20 +183,29 @@ class ObjectSegments:
             self._fs.delete_dir(f"{self._base}/{name}")
 
 
-def segment_files(root: str, run_id: str, subtask: int) -> SegmentFiles:
-    """The segments of subtask *subtask* of run *run_id* under the pipeline root *root*."""
+def segment_files(
+    root: str, run_id: str, subtask: int, vertex: str = FIRST_STAGE_VERTEX
+) -> SegmentFiles:
+    """The segments of subtask *subtask* of *vertex* (a stage) of run *run_id* under the
+    pipeline root *root*: ``<run>/<subtask>`` for the first stage, ``<run>/<vertex>-<subtask>``
+    (the vertex made a file name) for a later one."""
+    name = str(subtask)
+    if vertex != FIRST_STAGE_VERTEX:
+        name = f"{vertex.replace(':', '_')}-{subtask}"
     if is_remote(root):
-        return ObjectSegments(join(root, CHANGELOG_DIR, run_id, str(subtask)))
-    return LocalSegments(Path(root) / CHANGELOG_DIR / run_id / str(subtask))
+        return ObjectSegments(join(root, CHANGELOG_DIR, run_id, name))
+    return LocalSegments(Path(root) / CHANGELOG_DIR / run_id / name)
 
 
 class SubtaskChangelog:
     """The changelog of one subtask of one run (see the module docstring). Runs on the
     executors (publish, rebuild) and in the driver (:func:`remove_run`)."""
 
-    def __init__(self, root: str, run_id: str, subtask: int) -> None:
+    def __init__(
+        self, root: str, run_id: str, subtask: int, vertex: str = FIRST_STAGE_VERTEX
+    ) -> None:
         self.run_id = run_id
-        self._files = segment_files(root, run_id, subtask)
+        self._files = segment_files(root, run_id, subtask, vertex)
         self.directory = self._files.where
 
     def publish(

@@ -56,6 +56,7 @@ from typing import Any
 import pyarrow as pa
 
 from spark_ckpt.errors import EnvironmentSetupError, StateError, StoreError
+from spark_ckpt.runtime.stage import FIRST_STAGE_VERTEX
 
 CACHE_DIR_NAME = "spark-ckpt-state-cache"
 FORMAT_VERSION = 1
@@ -88,11 +89,12 @@ class MissReason(StrEnum):
 
 @dataclass(frozen=True)
 class CacheKey:
-    """Whose state: a subtask of a run of the pipeline at *root*."""
+    """Whose state: a subtask of a stage (*vertex*) of a run of the pipeline at *root*."""
 
     root: str
     run_id: str
     subtask: int
+    vertex: str = FIRST_STAGE_VERTEX
 
     def __post_init__(self) -> None:
         if self.subtask < 0:

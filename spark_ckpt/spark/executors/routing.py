@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Final
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_ckpt.protocol.barrier import CHANNEL, CHECKPOINT_ID, OFFSET
 from spark_ckpt.protocol.state_handles import encode_table
 from spark_ckpt.runtime.event_time import fill_progress
-from spark_ckpt.state.keygroup import subtasks_for_keys
+from spark_ckpt.runtime.stage_output import split_for_subtasks
 
 #: The routed rows' columns: the shuffle's group key, the subtask, and its payload.
 GROUP: Final = "_ckpt_group"
@@ -124,17 +123,9 @@ class Router:
         largest event time of the rows before them (every subtask receives every one)."""
         if self.event_time_column is not None:
             table, _ = fill_progress(table, self.event_time_column)
-        control = pc.is_valid(table.column(CHECKPOINT_ID)).to_numpy(zero_copy_only=False)
-        owner = np.full(table.num_rows, -1, dtype=np.int64)
-        data = np.flatnonzero(~control)
-        if len(data):
-            keys = table.column(self.key_column).take(pa.array(data))
-            owner[data] = subtasks_for_keys(keys, self.max_parallelism, self.parallelism).to_numpy(
-                zero_copy_only=False
-            )
         subtasks, payloads = [], []
-        for s in range(self.parallelism):
-            mine = table.filter(pa.array(control | (owner == s)))
+        parts = split_for_subtasks(table, self.key_column, self.max_parallelism, self.parallelism)
+        for s, mine in enumerate(parts):
             if mine.num_rows:
                 subtasks.append(s)
                 payloads.append(encode_table(mine))
@@ -167,6 +158,20 @@ def subtask_rows(payloads: list[bytes]) -> pa.Table:
     data = [t.slice(0, n_data) for (_, n_data), t in ordered]
     control = pa.concat_tables([t.slice(n_data) for (_, n_data), t in ordered])
     return pa.concat_tables([*data, _sorted(control)]).combine_chunks()
+
+
+def stage_rows(payloads: list[bytes]) -> pa.Table:
+    """A later stage's subtask's rows of one micro-batch from its payloads (in any order):
+    each upstream subtask's channel whole and in its own order (data, progress and barrier
+    rows as it forwarded them, :mod:`spark_ckpt.runtime.stage_output`), channel after
+    channel. A channel's barrier may come before its last data rows (output after a
+    snapshot), so the rows are not reordered as :func:`subtask_rows` does."""
+    tables = [pa.ipc.open_stream(pa.py_buffer(p)).read_all() for p in payloads]
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return pa.table({})
+    tables.sort(key=lambda t: int(t.column(CHANNEL)[0].as_py()))
+    return pa.concat_tables(tables, promote_options="default").combine_chunks()
 
 
 def _in_order(table: pa.Table) -> tuple[int, int] | None:

@@ -201,16 +201,16 @@ class LostWriterScan:
         if not waiting or now < self._next or is_remote(self.root):  # /proc of this host
             return []
         self._next = now + self.interval_s
-        writers: dict[int, list[Writer]] = {}
+        writers: dict[TaskId, list[Writer]] = {}
         declines = []
         for cid, tasks in sorted(waiting.items()):
             for task in tasks:
-                if task.subtask not in writers:
-                    changelog = SubtaskChangelog(self.root, self.run_id, task.subtask)
+                if task not in writers:
+                    changelog = SubtaskChangelog(self.root, self.run_id, task.subtask, task.vertex)
                     metas = changelog.newest_segment_metas()
                     found = (Writer.from_meta(m) for m in metas)
-                    writers[task.subtask] = [w for w in found if w is not None and w.writing]
-                for writer in writers[task.subtask]:
+                    writers[task] = [w for w in found if w is not None and w.writing]
+                for writer in writers[task]:
                     if cid in writer.writing and writer.gone_from_here():
                         declines.append(writer.decline(cid, task))
                         break

@@ -46,6 +46,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from spark_ckpt.coordination.mailbox import Mailbox
@@ -58,6 +59,7 @@ from spark_ckpt.protocol.state_handles import (
     DeclineCheckpoint,
     TaskId,
 )
+from spark_ckpt.runtime.stage_output import StageOutput
 from spark_ckpt.runtime.subtask_image import (
     SubtaskImage,
     catch_up,
@@ -66,21 +68,28 @@ from spark_ckpt.runtime.subtask_image import (
     import_images,
     reattach,
 )
-from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK, OperatorTask
+from spark_ckpt.runtime.task import SOURCE_TASK, OperatorTask
 from spark_ckpt.spark.executors.changelog import MAX_CHAIN, Segment, SubtaskChangelog
 from spark_ckpt.spark.executors.executor_cache import (
-    FENCE_SCHEMA,
     CacheKey,
     Fence,
     attempt_token,
     current_batch_id,
     executor_identity,
 )
-from spark_ckpt.spark.executors.routing import GROUP, PAYLOAD, ROUTED_SCHEMA, SUBTASK, subtask_rows
+from spark_ckpt.spark.executors.routing import (
+    GROUP,
+    PAYLOAD,
+    ROUTED_SCHEMA,
+    SUBTASK,
+    Router,
+    stage_rows,
+    subtask_rows,
+)
 from spark_ckpt.spark.executors.snapshot_threads import SNAPSHOTS, WRITER, decline_lost_writes
 from spark_ckpt.spark.executors.subtask_errors import SubtaskStateLostError
 from spark_ckpt.spark.executors.subtask_host import SUBTASK_HOSTS, BatchDone, MicroBatch
-from spark_ckpt.spark.subtask_spec import AlignerSpec
+from spark_ckpt.spark.subtask_spec import AlignerSpec, StageRole
 
 # pyspark's own applyInPandasWithState concatenates a group's output with empty (all-NA)
 # padding frames and trips pandas' FutureWarning on concatenation of empty entries, twice per
@@ -106,25 +115,49 @@ class SubtaskFunction:
 
     #: the run's job, as for the subtasks in the driver (``pipelined`` does not apply)
     spec: AlignerSpec
+    #: which stage's subtasks this function runs (:mod:`spark_ckpt.runtime.stage`; 0: the
+    #: first, which reads the source)
+    position: int = 0
+
+    @cached_property
+    def role(self) -> StageRole:
+        """The stage whose subtasks this function runs."""
+        return self.spec.role(self.position)
+
+    @cached_property
+    def downstream(self) -> Router | None:
+        """How this stage's output reaches the next stage's subtasks (None: the last)."""
+        following = self.role.following
+        if following is None:
+            return None
+        assert following.parallelism is not None and following.max_parallelism is not None
+        return Router(
+            following.key_column,
+            following.parallelism,
+            following.max_parallelism,
+            self.spec.partitions,
+        )
 
     @property
     def parallelism(self) -> int:
-        return self.spec.parallelism
+        return self.role.parallelism
 
     @property
     def max_parallelism(self) -> int:
-        return self.spec.max_parallelism
+        return self.role.max_parallelism
 
     def __call__(self, key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
         """The Spark task's side (a Python worker): hands the subtask's micro-batch to the
         subtask's host on this executor (:mod:`spark_ckpt.spark.executors.subtask_host`), then keeps
-        the fence it answers in Spark's state."""
+        the fence it answers in Spark's state (*state*: ``GroupState``, or the value state of
+        a later stage, :mod:`spark_ckpt.spark.executors.stage_processor`). Yields the subtask's
+        report, or (a stage with a next one) its output routed to the next stage's subtasks."""
         import pandas as pd
 
         self.spec.storage.install()  # the pipeline's storage options, in this worker
         frames = list(pdfs)  # the group's rows: one subtask's (key: its group key)
-        subtask = int(frames[0][SUBTASK].iloc[0])
-        payloads = [p for pdf in frames for p in pdf[PAYLOAD].tolist()]
+        subtask = int(_column(frames[0], SUBTASK).iloc[0])
+        payloads = [p for pdf in frames for p in _column(pdf, PAYLOAD).tolist()]
         batch_id = current_batch_id()
         if batch_id is None:
             raise ProtocolError("a subtask runs inside a streaming query's task")
@@ -137,6 +170,15 @@ class SubtaskFunction:
         )
         done = SUBTASK_HOSTS.run(self._key(subtask), self, batch, payloads)
         state.update(done.fence.to_row())
+        if self.downstream is not None:
+            yield pd.DataFrame(
+                {
+                    GROUP: [self.downstream.groups[s] for s, _ in done.forwarded],
+                    SUBTASK: [s for s, _ in done.forwarded],
+                    PAYLOAD: [p for _, p in done.forwarded],
+                }
+            )
+            return
         yield pd.DataFrame(
             {
                 "subtask": [subtask],
@@ -169,10 +211,11 @@ class SubtaskFunction:
         load_ms = (time.perf_counter() - start) * 1000
         hit = outcome in (HIT, CAUGHT_UP)
         task.cache = (task.cache or CacheMetrics()).add(hit=hit, ms=round(load_ms))
-        table = subtask_rows(payloads)
+        table = subtask_rows(payloads) if self.position == 0 else stage_rows(payloads)
         _notify_committed(task, RunFiles(self.spec.root, self.spec.run_id))
         task.process(table)
         task.tick()
+        forwarded = self._forward(task)
         token = batch.token
         image, folded = _segment_image(task, writer, segment)
         image = SubtaskImage(
@@ -186,7 +229,22 @@ class SubtaskFunction:
         LIVE_SUBTASKS.keep(
             self._key(subtask), LiveSubtask(task, writer, batch_id, token, published)
         )
-        return BatchDone(fenced, table.num_rows, outcome, load_ms)
+        return BatchDone(fenced, table.num_rows, outcome, load_ms, forwarded)
+
+    def _forward(self, task: OperatorTask) -> tuple[tuple[int, bytes], ...]:
+        """What *task* forwarded in the micro-batch, as one payload per subtask of the next
+        stage (none: the last stage)."""
+        table = task.forwarded()
+        if table is None or self.downstream is None:
+            return ()
+        routed = self.downstream.route(table)
+        return tuple(
+            zip(
+                routed.column(1).to_pylist(),
+                routed.column(2).to_pylist(),
+                strict=True,
+            )
+        )
 
     def close(self) -> None:
         """The host ends in order (its run ended, or it was idle): the subtasks it kept
@@ -200,10 +258,10 @@ class SubtaskFunction:
         return status is not None and status.ended
 
     def _key(self, subtask: int) -> CacheKey:
-        return CacheKey(self.spec.root, self.spec.run_id, subtask)
+        return CacheKey(self.spec.root, self.spec.run_id, subtask, self.role.vertex)
 
     def _changelog(self, subtask: int) -> SubtaskChangelog:
-        return SubtaskChangelog(self.spec.root, self.spec.run_id, subtask)
+        return SubtaskChangelog(self.spec.root, self.spec.run_id, subtask, self.role.vertex)
 
     def _open(
         self, subtask: int, fence: Fence | None, changelog: SubtaskChangelog
@@ -211,36 +269,35 @@ class SubtaskFunction:
         """A new task for the subtask, with its state: the run's restore point (the run's
         first micro-batch: ``restored``), else the changelog's chain the fence names
         (``rebuilt``); and the changelog segment the state stands at (None: none yet)."""
-        from spark_ckpt.delta.delta_sink import DeltaSink
-
         store = self.spec.store()
-        sink = DeltaSink(self.spec.output, pipeline=self.spec.pipeline)
-        late = self.spec.late_output
-        late_sink = None if late is None else DeltaSink(late, pipeline=self.spec.pipeline)
+        role = self.role
+        sink, late_sink, sides = role.sinks(self.spec.pipeline)
         mailbox = Mailbox(self.spec.root, self.spec.run_id)
 
         def respond(message: AcknowledgeCheckpoint | DeclineCheckpoint) -> None:
             mailbox.post(message)
 
         task = OperatorTask(
-            TaskId(CHAIN_VERTEX, subtask),
-            channels=range(self.spec.channels),
-            operators=self.spec.operators,
-            parallelism=self.spec.parallelism,
+            TaskId(role.vertex, subtask),
+            channels=range(role.channels),
+            operators=role.operators,
+            parallelism=role.parallelism,
             store=store,
             respond=respond,
             clock=SystemClock(),
             mode=self.spec.mode,
-            max_parallelism=self.spec.max_parallelism,
+            max_parallelism=role.max_parallelism,
             sink=sink,
-            source_vertex=SOURCE_TASK.vertex,
+            source_vertex=SOURCE_TASK.vertex if role.position == 0 else None,
             run_async=SNAPSHOTS.run_async(self._key(subtask)),
             tracer=self.spec.tracer,
-            watermark=self.spec.watermark,
+            watermark=role.watermark,
             late_sink=late_sink,
-            inputs=self.spec.inputs,
-            side_sinks=self.spec.side_sinks(),
+            inputs=role.inputs,
+            side_sinks=sides,
+            forward=None if role.following is None else StageOutput(subtask),
         )
+        writer: Any = None if sink is None else sink.writer
         if fence is None:
             files = RunFiles(self.spec.root, self.spec.run_id)
             point = files.restore_point()
@@ -255,7 +312,7 @@ class SubtaskFunction:
                 # the state does not fit the operators: every restart would fail alike
                 files.write_fatal(f"{type(e).__name__}: {e}")
                 raise
-            return task, sink.writer, RESTORED, None
+            return task, writer, RESTORED, None
         try:
             images, segment = changelog.chain(fence.batch_id, fence.token)
         except StoreError as e:
@@ -264,8 +321,8 @@ class SubtaskFunction:
                 f"{fence.batch_id} is in no subtask host here and cannot be rebuilt from "
                 f"its changelog ({e}); the run restarts from the latest completed checkpoint"
             ) from e
-        import_images(task, sink.writer, images)
-        return task, sink.writer, REBUILT, segment
+        import_images(task, writer, images)
+        return task, writer, REBUILT, segment
 
     def _rebase(self, task: OperatorTask) -> None:
         """A task that other processes ran meanwhile (rebuilt, or caught up after
@@ -277,9 +334,12 @@ class SubtaskFunction:
         rebased onto."""
         from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 
-        if task.sink is None or any(b.snapshots.base_checkpoint_id for b in task.backends.values()):
+        if any(b.snapshots.base_checkpoint_id for b in task.backends.values()):
             return
-        committed = task.sink.committer.committed_checkpoint()
+        if task.sink is not None:
+            committed = task.sink.committer.committed_checkpoint()
+        else:
+            committed = RunFiles(self.spec.root, self.spec.run_id).committed() or 0
         if not committed or committed > task.last_snapshot_id:
             return
         try:
@@ -290,6 +350,15 @@ class SubtaskFunction:
 
     def retire(self) -> None:
         """Nothing to release in the driver: the runtime lives in the executors' tasks."""
+
+
+def _column(pdf: Any, name: str) -> Any:
+    """Column *name* of a routed frame (:data:`ROUTED_SCHEMA`), by name or, where Spark hands
+    the columns renamed by position (``transformWithStateInPandas`` from PySpark 4.3 rebuilds
+    the frames from row tuples, whose field names cannot start with ``_``), by position."""
+    if name in pdf.columns:
+        return pdf[name]
+    return pdf.iloc[:, ROUTED_SCHEMA.names.index(name)]
 
 
 #: Where a micro-batch found its subtask's state (the ``outcome`` of its report row): its
@@ -350,7 +419,7 @@ def _notify_committed(task: OperatorTask, run: RunFiles) -> None:
     after its sink commit (``committed.json``, a small file, where the sink's Delta log
     would take a read of its new commits); read only while the task awaits a completion or
     holds sealed transactions."""
-    if task.sink is None or not (task.sealed_transactions() or task.acknowledged_checkpoints()):
+    if not (task.sealed_transactions() or task.acknowledged_checkpoints()):
         return
     committed = run.committed()
     if committed:
@@ -408,18 +477,3 @@ class LiveSubtasks:
 
 #: This process's live subtasks (one registry per process: a subtask host holds one).
 LIVE_SUBTASKS = LiveSubtasks()
-
-
-def subtask_query(df: Any, function: SubtaskFunction) -> Any:
-    """The streaming DataFrame of the executor path over the routed ``ckpt-source``
-    DataFrame *df* (:mod:`spark_ckpt.spark.executors.routing`; see the module docstring); start it
-    with ``writeStream.format("noop")`` in update mode."""
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
-    if df.columns != ROUTED_SCHEMA.names:
-        raise ProtocolError(
-            f"the executor path reads a routed ckpt-source {ROUTED_SCHEMA.names}, got {df.columns}"
-        )
-    return df.groupBy(GROUP).applyInPandasWithState(
-        function, REPORT_SCHEMA, FENCE_SCHEMA, "update", GroupStateTimeout.NoTimeout
-    )

@@ -56,6 +56,7 @@ from typing import IO, Final, Protocol
 from spark_ckpt import errors
 from spark_ckpt.coordination.heartbeats import process_exists
 from spark_ckpt.errors import EnvironmentSetupError, SparkCkptError
+from spark_ckpt.runtime.stage import FIRST_STAGE_VERTEX
 from spark_ckpt.spark.executors import subtask_errors
 from spark_ckpt.spark.executors.executor_cache import CacheKey, Fence
 from spark_ckpt.spark.executors.subtask_errors import SubtaskHostError, SubtaskHostLostError
@@ -128,12 +129,34 @@ class MicroBatch:
 @dataclass(frozen=True)
 class BatchDone:
     """A micro-batch that ended well: the fence to keep in Spark's state, and its report
-    (rows processed, where the state was found, how long finding it took)."""
+    (rows processed, where the state was found, how long finding it took); a stage with a
+    next one: what it *forwarded*, one payload per subtask of the next stage (sent as parts
+    of their own after the JSON, :meth:`parts`)."""
 
     fence: Fence
     rows: int
     outcome: str
     load_ms: float
+    forwarded: tuple[tuple[int, bytes], ...] = ()
+
+    def parts(self) -> list[bytes]:
+        """The answer's parts: the JSON, then each forwarded payload."""
+        return [self.to_json(), *(p for _, p in self.forwarded)]
+
+    @staticmethod
+    def from_parts(parts: Sequence[bytes]) -> BatchDone:
+        """Inverse of :meth:`parts`."""
+        done = BatchDone.from_json(parts[0])
+        subtasks = json.loads(parts[0]).get("forwarded", [])
+        if len(subtasks) != len(parts) - 1:
+            raise errors.ProtocolError("a subtask host answered with payloads missing")
+        return BatchDone(
+            done.fence,
+            done.rows,
+            done.outcome,
+            done.load_ms,
+            tuple(zip((int(s) for s in subtasks), parts[1:], strict=True)),
+        )
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -142,6 +165,7 @@ class BatchDone:
                 "rows": self.rows,
                 "outcome": self.outcome,
                 "load_ms": self.load_ms,
+                "forwarded": [s for s, _ in self.forwarded],
             }
         ).encode()
 
@@ -214,6 +238,8 @@ def host_directory() -> Path:
 def host_address(key: CacheKey, executor: str) -> Path:
     """The socket of the host of *key*'s subtask on *executor*."""
     name = f"{key.root}\0{key.run_id}\0{key.subtask}\0{executor}"
+    if key.vertex != FIRST_STAGE_VERTEX:
+        name += f"\0{key.vertex}"
     return host_directory() / f"{hashlib.sha256(name.encode()).hexdigest()[:_NAME_DIGITS]}.sock"
 
 
@@ -268,15 +294,15 @@ class SubtaskHosts:
         with self._connect(address) as sock:
             try:
                 _send(sock, [batch.to_json(), cloudpickle.dumps(runner), *payloads])  # type: ignore[no-untyped-call]
-                kind, body = _receive(sock)
+                kind, *body = _receive(sock)
             except (OSError, EOFError, ValueError) as e:
                 raise SubtaskHostLostError(
                     f"the host of subtask {key.subtask} of run {key.run_id} ended before it "
                     f"finished micro-batch {batch.batch_id} ({e}); Spark retries the task"
                 ) from e
         if kind == b"done":
-            return BatchDone.from_json(body)
-        raise BatchFailed.from_json(body).exception()
+            return BatchDone.from_parts(body)
+        raise BatchFailed.from_json(body[0]).exception()
 
     def _connect(self, address: Path) -> socket.socket:
         self._reap()
@@ -435,7 +461,7 @@ class SubtaskHost:
         try:
             batch = MicroBatch.from_json(head)
             done = self._runner(runner_bytes).run_batch(batch, payloads)
-            reply = [b"done", done.to_json()]
+            reply = [b"done", *done.parts()]
         except Exception as e:  # the task raises it; the host goes on
             message = f"{e}\n(in the subtask host, process {os.getpid()})\n"
             message += "".join(traceback.format_exception(e)[-6:])

@@ -29,6 +29,15 @@ ROUTING_SETTINGS: Final[Mapping[str, str]] = {
     "spark.sql.execution.arrow.maxBytesPerBatch": str(_INT_MAX),
 }
 
+#: The state store of a query of several stages (:mod:`spark_ckpt.runtime.stage`): each later
+#: stage is a ``transformWithStateInPandas`` operator, which runs on RocksDB's state store
+#: only. Spark's state holds only each subtask's fence, a row per subtask.
+STAGES_SETTINGS: Final[Mapping[str, str]] = {
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+}
+
 
 @contextmanager
 def query_settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
