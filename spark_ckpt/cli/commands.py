@@ -22,6 +22,7 @@ from spark_ckpt.locations.preflight import check_readable
 from spark_ckpt.locations.uris import normalized
 from spark_ckpt.protocol.checkpoint import CheckpointStats, CompletedCheckpoint
 from spark_ckpt.protocol.state_handles import CheckpointMetrics, TimeMetrics
+from spark_ckpt.runtime.stage import stage_names, stage_rows
 from spark_ckpt.sources.kafka_options import CHANNEL_NAMES
 
 if TYPE_CHECKING:
@@ -165,6 +166,7 @@ def checkpoints_show(args: argparse.Namespace) -> int:
             for t in cp.tasks
         ]
         detail["blobs"] = [b.to_dict() for b in cp.blobs()]
+        detail["stages"] = _stages(cp)
         print(json_lines([detail]))
         return 0
     print(render([checkpoint_row(cp, timed=bool(cp.stats.task_time))]))
@@ -188,6 +190,10 @@ def checkpoints_show(args: argparse.Namespace) -> int:
             }
         )
     print(render(rows))
+    stages = _stages(cp)
+    if len(stages) > 1:
+        print("\nstages")
+        print(render([{**r, "state_bytes": size(int(str(r["state_bytes"])))} for r in stages]))
     print("\nstate")
     states: dict[tuple[str, str, str], list[int]] = {}
     for b in cp.blobs():
@@ -212,6 +218,12 @@ def checkpoints_show(args: argparse.Namespace) -> int:
     ]
     print(render(rows))
     return 0
+
+
+def _stages(cp: CompletedCheckpoint) -> list[dict[str, object]]:
+    """Per keyed stage of *cp*: its name, vertex, subtasks and state size."""
+    tasks = [(t.task.vertex, t.task.subtask, t.state_bytes()) for t in cp.tasks]
+    return stage_rows(tasks, stage_names(cp.properties))
 
 
 def channel_names(cp: CompletedCheckpoint) -> list[str] | None:

@@ -49,6 +49,7 @@ from spark_ckpt.runtime.coordinator import (
     CoordinatorStatus,
     JobStatus,
 )
+from spark_ckpt.runtime.stage import STAGES
 from spark_ckpt.runtime.task import SOURCE_TASK
 from spark_ckpt.sinks.two_phase_commit import SinkCommitter
 from spark_ckpt.storage.checkpoint_store import CheckpointStore
@@ -254,6 +255,8 @@ class CoordinatorHost:
             retain_every_ms=self.retain_every_ms,
         )
         coordinator.checkpoint_properties.update(self._checkpoint_properties)
+        if topology.stage_names:  # the offline tools and the page name the stages
+            coordinator.checkpoint_properties[STAGES] = json.dumps(dict(topology.stage_names))
         if self.run is not None:
             self.run.write_lease(coordinator.epoch)
         latest = self._choose_restore_point()

@@ -57,6 +57,8 @@ class Topology:
     side_sinks: tuple[tuple[str, SinkSpec], ...] = ()
     #: the job's later stages (several keyed stages): each one's vertex and parallelism
     stages: tuple[tuple[str, int], ...] = ()
+    #: several keyed stages: each stage's name, by vertex (the first stage's included)
+    stage_names: tuple[tuple[str, str], ...] = ()
 
     @property
     def tasks(self) -> list[tuple[str, int]]:
@@ -77,6 +79,8 @@ class Topology:
             d["side_sinks"] = {name: spec.to_dict() for name, spec in self.side_sinks}
         if self.stages:
             d["stages"] = [[v, p] for v, p in self.stages]
+        if self.stage_names:
+            d["stage_names"] = dict(self.stage_names)
         return d
 
     @staticmethod
@@ -94,6 +98,7 @@ class Topology:
                     for n, s in dict(d.get("side_sinks", {})).items()
                 ),
                 tuple((str(v), int(p)) for v, p in d.get("stages", [])),
+                tuple((str(v), str(n)) for v, n in dict(d.get("stage_names", {})).items()),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ProtocolError(f"malformed topology: {e}") from e

@@ -24,6 +24,7 @@ from spark_ckpt.protocol.checkpoint import CheckpointStats
 from spark_ckpt.protocol.state_handles import ChangeMetrics
 from spark_ckpt.runtime.failure import is_aborted
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM
+from spark_ckpt.runtime.stage import stage_names, stage_rows
 from spark_ckpt.storage.history import CheckpointRecord
 
 #: The statistics of a summary (Flink's ``StatsSummaryDto``).
@@ -143,6 +144,32 @@ def subtask_entries(record: CheckpointRecord) -> list[dict[str, Any]]:
     return out
 
 
+def stage_entries(record: CheckpointRecord) -> list[dict[str, Any]]:
+    """Per keyed stage of a finished checkpoint (Flink's per-vertex summary): its name,
+    vertex, subtasks that acknowledged, state size, bytes written and the longest alignment
+    and synchronous and asynchronous phases among its subtasks."""
+    s = record.figures
+    tasks = []
+    for task, m in s.task_metrics.items():
+        vertex, index = _task_order(task)
+        tasks.append((vertex, index, m.state_bytes))
+    out: list[dict[str, Any]] = []
+    for row in stage_rows(tasks, stage_names(record.properties)):
+        mine = [(t, m) for t, m in s.task_metrics.items() if _task_order(t)[0] == row["vertex"]]
+        out.append(
+            {
+                **row,
+                "checkpointed_size": sum(
+                    s.task_changes.get(t, _NO_CHANGES).bytes_written for t, _ in mine
+                ),
+                "alignment": max(m.alignment_ms for _, m in mine),
+                "sync": max(m.sync_ms for _, m in mine),
+                "async": max(m.async_ms for _, m in mine),
+            }
+        )
+    return out
+
+
 def _task_order(task: str) -> tuple[str, int]:
     """``vertex#3`` sorts as (vertex, 3)."""
     vertex, _, index = task.rpartition("#")
@@ -159,6 +186,7 @@ def details(view: RootView, checkpoint_id: int) -> dict[str, Any] | None:
     retained = {c.checkpoint_id: c for c in view.retained}
     entry = history_entry(record, retained)
     entry["subtasks"] = subtask_entries(record)
+    entry["stages"] = stage_entries(record)
     entry["properties"] = dict(sorted(record.properties.items()))
     cp = retained.get(checkpoint_id)
     entry["source_positions"] = (

@@ -215,6 +215,7 @@ async function renderDetails(doc) {
     $("details-id").textContent = selected;
     $("details-head").textContent = "not in the statistics history (still in progress?)";
     fill("subtasks", [], () => {});
+    fill("stages", [], () => {});
     return;
   }
   $("details-id").textContent = `${d.id} (${d.outcome})`;
@@ -223,6 +224,20 @@ async function renderDetails(doc) {
     `${d.num_acknowledged_subtasks}/${d.num_subtasks ?? "?"} subtasks acknowledged, ` +
     `end to end ${ms(d.end_to_end_duration)}` +
     (d.failure_reason ? `; failed: ${d.failure_reason}: ${d.failure_message}` : "");
+  // a job of several keyed stages: one row per stage (Flink's per-vertex summary)
+  const stages = (d.stages || []).length > 1 ? d.stages : [];
+  $("stages").hidden = stages.length === 0;
+  fill("stages", stages, (tr, g) => {
+    tr.dataset.stage = g.stage;
+    cell(tr, g.stage, "text");
+    cell(tr, g.vertex, "text");
+    cell(tr, num(g.subtasks));
+    cell(tr, bytes(g.state_bytes));
+    cell(tr, bytes(g.checkpointed_size));
+    cell(tr, ms(g.alignment));
+    cell(tr, ms(g.sync));
+    cell(tr, ms(g.async));
+  });
   fill("subtasks", d.subtasks, (tr, s) => {
     tr.dataset.subtask = s.subtask;
     cell(tr, s.subtask, "text");

@@ -47,6 +47,7 @@ from spark_ckpt.offline.savepoint_format import MAX_PARALLELISM
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint, is_task_state_uid
 from spark_ckpt.protocol.state_handles import BlobKind, BlobRef
+from spark_ckpt.runtime.stage import stage_names, stage_rows
 from spark_ckpt.state.descriptor import (
     KEYED_BLOB_KINDS,
     StateDescriptor,
@@ -204,6 +205,28 @@ class StateReader:
         ``_task:<vertex>``), which belongs to the pipeline's task vertex, not to an
         operator."""
         return sorted(u for u in self._uids if internal or not is_task_state_uid(u))
+
+    def stages(self) -> list[dict[str, object]]:
+        """Per keyed stage of the job (:mod:`spark_ckpt.runtime.stage`; a job of one stage has
+        one), in order: its ``stage`` name, ``vertex``, ``subtasks`` that acknowledged the
+        checkpoint, ``state_bytes``, and the uids of the ``operators`` whose state its
+        subtasks wrote."""
+        tasks = self.checkpoint.tasks
+        rows = stage_rows(
+            [(t.task.vertex, t.task.subtask, t.state_bytes()) for t in tasks],
+            stage_names(self.checkpoint.properties),
+        )
+        for row in rows:
+            row["operators"] = sorted(
+                {
+                    b.operator_uid
+                    for t in tasks
+                    if t.task.vertex == row["vertex"]
+                    for b in t.blobs
+                    if not is_task_state_uid(b.operator_uid)
+                }
+            )
+        return rows
 
     def _check_uid(self, uid: str) -> None:
         if uid not in self._uids:

@@ -426,6 +426,11 @@ class Pipeline:
             late,
             sides,
             tuple((role.vertex, role.parallelism) for role in roles[1:]),
+            tuple(
+                (role.vertex, stage.name or "")
+                for role, stage in zip(roles, job.stages, strict=False)
+                if len(roles) > 1
+            ),
         )
         self._ensure_side_tables(job)
         write_topology(self.root, topology, run_id)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -38,6 +38,8 @@ FIRST_STAGE_VERTEX: Final = "chain"
 STAGE_PREFIX: Final = "stage:"
 #: Limits of a stage's parallelism (Flink's upper bound of max parallelism).
 MAX_PARALLELISM_LIMIT: Final = 32768
+#: The checkpoint property naming a job's stages (JSON: stage name by vertex).
+STAGES: Final = "stages"
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
@@ -50,6 +52,41 @@ def stage_output_name(vertex: str) -> str:
     """How the run's topology names the own output table of the stage of *vertex* (not a
     stage's last output, which is the job's): a name no side output can have."""
     return f"stage-output:{vertex}"
+
+
+def stage_names(properties: Mapping[str, str]) -> dict[str, str]:
+    """The stages' names by vertex, as a checkpoint's *properties* record them (empty: a job
+    of one stage, or an unreadable record)."""
+    import json
+
+    try:
+        found = json.loads(properties.get(STAGES) or "{}")
+        return {str(v): str(n) for v, n in dict(found).items()}
+    except (TypeError, ValueError):
+        return {}
+
+
+def stage_rows(
+    tasks: Sequence[tuple[str, int, int]], names: Mapping[str, str]
+) -> list[dict[str, object]]:
+    """Per stage of a checkpoint, in order (the first stage's vertex first, then by vertex),
+    from (vertex, subtask, state bytes) per acknowledging task: its name (*names*, by vertex;
+    the vertex where none is recorded), vertex, subtasks and state size."""
+    per: dict[str, list[int]] = {}
+    for vertex, _, state in tasks:
+        agg = per.setdefault(vertex, [0, 0])
+        agg[0] += 1
+        agg[1] += state
+    order = sorted(per, key=lambda v: (is_later_stage_vertex(v), v))
+    return [
+        {
+            "stage": names.get(v, v.removeprefix(STAGE_PREFIX)),
+            "vertex": v,
+            "subtasks": per[v][0],
+            "state_bytes": per[v][1],
+        }
+        for v in order
+    ]
 
 
 def is_later_stage_vertex(vertex: str) -> bool:

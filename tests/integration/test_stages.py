@@ -9,6 +9,9 @@ a savepoint of a job of one stage restores into a job with one more stage."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,8 +25,12 @@ from deltalake import write_deltalake
 from stage_jobs import expected, two_stages
 
 from spark_ckpt import CheckpointConfig, Pipeline, RestoreSettings, RunningCount, Stage, StateReader
+from spark_ckpt.cli import main
+from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.demo import COUNTRIES, UserTotals
 from spark_ckpt.errors import ConfigError
+from spark_ckpt.monitoring.documents import details
+from spark_ckpt.monitoring.root_view import RootReader
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -91,11 +98,34 @@ def test_two_stages_are_exactly_once_and_restore_each_at_another_parallelism(
     assert _pairs(countries_out, "country", "count") == countries
     last = p.client.checkpoints()[-1]
     assert Counter(t.task.vertex for t in last.tasks) == {"chain": 3, "stage:countries": 2}
+    _shows_the_stages(tmp_path / "root", last.checkpoint_id, {"users": 3, "countries": 2})
     # the offline reader sees both stages' operators
     reader = StateReader.open(str(tmp_path / "root"))
+    assert [(s["stage"], s["subtasks"], s["operators"]) for s in reader.stages()] == [
+        ("users", 3, ["users"]),
+        ("countries", 2, ["countries"]),
+    ]
     state = reader.keyed("countries", "count")
     per_country = dict(zip(state["key"].to_pylist(), state["value"].to_pylist(), strict=True))
     assert per_country == Counter(u % COUNTRIES for u in table["user_id"].to_pylist())
+
+
+def _shows_the_stages(root: Path, checkpoint_id: int, subtasks: dict[str, int]) -> None:
+    """``spark-ckpt checkpoints show`` and the checkpoint page's details name the stages and
+    count their subtasks."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["checkpoints", "show", str(checkpoint_id), "--root", str(root), "--json"]) == 0
+    [detail] = [json.loads(line) for line in out.getvalue().splitlines() if line.strip()]
+    assert {s["stage"]: s["subtasks"] for s in detail["stages"]} == subtasks
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["checkpoints", "show", str(checkpoint_id), "--root", str(root)]) == 0
+    assert "stages" in out.getvalue() and "stage:countries" in out.getvalue()
+    view = RootReader(str(root), DeltaCheckpointStore(str(root))).read()
+    page = details(view, checkpoint_id)
+    assert page is not None
+    assert [(s["stage"], s["subtasks"]) for s in page["stages"]] == list(subtasks.items())
 
 
 def test_a_savepoint_of_one_stage_restores_into_a_job_with_one_more(

@@ -62,19 +62,7 @@ class InputAdmission:
                     raise ProtocolError(f"input lacks barrier column {f.name}: {f.type}")
             self._schema = schema
         elif not schema.equals(self._schema):
-            if table.column(CHECKPOINT_ID).null_count or not set(schema.names) <= set(
-                self._schema.names
-            ):
-                raise ProtocolError(f"input schema changed: {schema} != {self._schema}")
-            table = pa.Table.from_arrays(
-                [
-                    table.column(f.name).cast(f.type)
-                    if f.name in schema.names
-                    else pa.nulls(table.num_rows, f.type)
-                    for f in self._schema
-                ],
-                schema=self._schema,
-            )
+            table = self._conform(table)
         col = table.column(CHANNEL)
         if col.null_count:
             raise ProtocolError(f"null {CHANNEL}")
@@ -89,6 +77,28 @@ class InputAdmission:
             )  # error path: unique() is vectorized, the loop runs over distinct channels
             raise ProtocolError(f"rows on unknown or ended channels {bad}")
         return table
+
+    def _conform(self, table: pa.Table) -> pa.Table:
+        """*table* in the known schema: the same columns in another order, or control rows
+        only with fewer columns (their other columns null). Raises :class:`ProtocolError`
+        for anything else."""
+        known = self._schema
+        assert known is not None
+        schema = table.schema
+        names = set(schema.names)
+        fits = all(
+            schema.field(f.name).type.equals(f.type) for f in known if f.name in names
+        ) and names <= set(known.names)
+        control_only = table.column(CHECKPOINT_ID).null_count == 0
+        if not fits or (names != set(known.names) and not control_only):
+            raise ProtocolError(f"input schema changed: {schema} != {known}")
+        return pa.Table.from_arrays(
+            [
+                table.column(f.name) if f.name in names else pa.nulls(table.num_rows, f.type)
+                for f in known
+            ],
+            schema=known,
+        )
 
     def _channels_accepted(self, values: Any) -> bool:
         """Whether every channel id in the int32 array *values* accepts rows (1-2 passes)."""
