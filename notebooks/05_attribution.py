@@ -11,13 +11,15 @@
 # MAGIC 2. `IntervalJoin` over `sources={"clicks": ..., "impressions": ...}`, each input with
 # MAGIC    its own watermark; one checkpoint covers both inputs' positions;
 # MAGIC 3. stop with a **savepoint**, land more rows, and **restore** into a job with one more
-# MAGIC    operator: a running count of attributions per ad, at another parallelism. The
-# MAGIC    impressions buffered in the savepoint still match the clicks that come after it;
-# MAGIC 4. checks against pandas: the pairs are pandas' join with the time condition.
+# MAGIC    **stage**: the join (keyed by ad) at another parallelism, then its pairs re-keyed by
+# MAGIC    impression, a running count of the clicks each impression got. The impressions
+# MAGIC    buffered in the savepoint still match the clicks that come after it;
+# MAGIC 4. checks against pandas: the pairs are pandas' join with the time condition, and the
+# MAGIC    counts a plain fold over the pairs after the savepoint.
 # MAGIC
-# MAGIC See `docs/graphs.md` for several inputs, joins and several outputs. `BASE` may be on
-# MAGIC object storage (`s3://bucket/prefix`: a fresh prefix), with the store's credentials in
-# MAGIC the environment or in `STORAGE_OPTIONS`.
+# MAGIC See `docs/graphs.md` for several inputs, joins, several outputs and keyed stages.
+# MAGIC `BASE` may be on object storage (`s3://bucket/prefix`: a fresh prefix), with the
+# MAGIC store's credentials in the environment or in `STORAGE_OPTIONS`.
 
 # COMMAND ----------
 
@@ -26,7 +28,8 @@ BASE = "/tmp/spark-ckpt-notebooks/05_attribution"
 STORAGE_OPTIONS = None  # or {"AWS_ACCESS_KEY_ID": ..., "AWS_SECRET_ACCESS_KEY": ..., ...}
 ADS = 8
 MINUTES = 10  # minutes of event time
-PARALLELISM = (2, 3)  # subtasks before the savepoint, and after the restore
+PARALLELISM = (2, 3)  # the join's subtasks before the savepoint, and after the restore
+STAGE_PARALLELISM = 2  # the subtasks of the stage the restore adds
 SEED = 5
 
 # COMMAND ----------
@@ -157,6 +160,10 @@ run = p.start(
 )
 final = run.stop(savepoint=True, drain=True)
 [savepoint] = list_savepoints(f"{BASE}/savepoints")
+from deltalake import DeltaTable
+
+# the version of the pairs table that holds the first run's pairs (checked in part 4)
+first_version = DeltaTable(f"{BASE}/attributed", storage_options=STORAGE_OPTIONS).version()
 print(
     "savepoint",
     savepoint.checkpoint.checkpoint_id,
@@ -181,37 +188,53 @@ print(sum(len(v) for v in waiting["value"]), "impressions wait in the savepoint"
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC ## 3. More rows, and a job with one more operator
-# MAGIC Version 2 counts the attributions per ad after the join (a `RunningCount` with a new
-# MAGIC uid: it starts empty) on 3 subtasks, into a table of its own. It restores the savepoint:
-# MAGIC the join's state carries on, so a click just after the cut still finds an impression
-# MAGIC shown just before it.
+# MAGIC ## 3. More rows, and a job with one more stage
+# MAGIC Version 2 is a job of two **stages** (Flink's `keyBy` between operators). The first is
+# MAGIC the join, with the same uid, keyed by `ad_id`, now on 3 subtasks; its pairs still go to
+# MAGIC the `attributed` table (the stage's own `output`). The second re-keys those pairs by
+# MAGIC `impression_id`, a column the join emits, and counts the clicks of each impression (a
+# MAGIC `RunningCount` with a new uid: it starts empty) on 2 subtasks, into a table of its own.
+# MAGIC It restores the savepoint: the join's state carries on, so a click just after the cut
+# MAGIC still finds an impression shown just before it. One checkpoint covers both stages.
 
 # COMMAND ----------
 
-from spark_ckpt import RestoreSettings, RunningCount
+from spark_ckpt import RestoreSettings, RunningCount, Stage
 
 land(first_half=False)
 v2 = p.run(
     sources=SOURCES,
-    operators=[attribution(), RunningCount("per_ad", "ad_id")],
+    operators=[
+        Stage(attribution(), name="ads", output=f"{BASE}/attributed"),
+        Stage(
+            RunningCount("per_impression", "impression_id"),
+            name="impressions",
+            parallelism=STAGE_PARALLELISM,
+        ),
+    ],
     watermark=WATERMARKS,
-    output=f"{BASE}/attributions_per_ad",
+    output=f"{BASE}/clicks_per_impression",
     parallelism=PARALLELISM[1],
     restore=RestoreSettings.savepoint(savepoint.path),
     available_now=True,
 )
 print(v2)
+# every subtask of both stages acknowledged each checkpoint: 3 of the join, 2 of the counts
+last = p.client.latest()
+print("acknowledged by", sorted((ack.task.vertex, ack.task.subtask) for ack in last.tasks))
 
 # COMMAND ----------
 
 # MAGIC %md
 # MAGIC ## 4. Checks
 # MAGIC The pairs before the savepoint are pandas' join of the first half of the inputs with
-# MAGIC the time condition; the running counts after it are, per ad, 1, 2, ... up to the pairs
-# MAGIC of the whole input that the first run did not emit.
+# MAGIC the time condition, and after the restore the `attributed` table holds the join of the
+# MAGIC whole input, each pair once. The running counts are a plain fold over the pairs the
+# MAGIC first run did not emit: per impression, 1, 2, ... up to its clicks among them.
 
 # COMMAND ----------
+
+from collections import Counter
 
 import polars as pl
 
@@ -227,21 +250,30 @@ def pairs(shown, clicked):
 
 before = pairs(shown[shown.shown_s < CUT], clicked[clicked.clicked_s < CUT])
 every = pairs(shown, clicked)
+first_run = pl.read_delta(
+    f"{BASE}/attributed", version=first_version, storage_options=STORAGE_OPTIONS
+)
+assert (
+    first_run.height == len(before)
+    and set(zip(first_run["click_id"], first_run["impression_id"], strict=True)) == before
+)
 out = pl.read_delta(f"{BASE}/attributed", storage_options=STORAGE_OPTIONS)
 assert (
-    out.height == len(before)
-    and set(zip(out["click_id"], out["impression_id"], strict=True)) == before
+    out.height == len(every)
+    and set(zip(out["click_id"], out["impression_id"], strict=True)) == every
 )
 spanning = {(c, i) for c, i in every - before if i in set(shown[shown.shown_s < CUT].impression_id)}
 assert spanning, "a click after the cut matched an impression before it"
 
-counts = pl.read_delta(f"{BASE}/attributions_per_ad", storage_options=STORAGE_OPTIONS)
-per_ad = pd.Series([i for c, i in every - before]).map(
-    dict(zip(shown.impression_id, shown.ad_id, strict=True))
-)
-expected = {ad: list(range(1, n + 1)) for ad, n in per_ad.value_counts().items()}
-got = {ad: sorted(g["count"].to_list()) for (ad,), g in counts.group_by(["ad_id"])}
-assert got == expected, (got, expected)
+# the second stage: a plain fold over the pairs v2 emitted (all but the first run's)
+after = pd.DataFrame(sorted(every - before), columns=["click_id", "impression_id"])
+clicks_so_far, expected = Counter(), Counter()
+for impression in after.impression_id:
+    clicks_so_far[impression] += 1
+    expected[(impression, clicks_so_far[impression])] += 1
+counts = pl.read_delta(f"{BASE}/clicks_per_impression", storage_options=STORAGE_OPTIONS)
+got = Counter(zip(counts["impression_id"], counts["count"], strict=True))
+assert got == expected and counts.height == len(after), (got, expected)
 print(
     len(before),
     "pairs before the savepoint,",

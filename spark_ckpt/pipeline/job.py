@@ -46,7 +46,7 @@ class JobOptions(TypedDict, total=False):
     pipelined: bool
     tracer: Tracer
     placement: Placement | str
-    transform: Callable[[Any], Any] | None
+    transform: Callable[[Any], Any] | Mapping[str, Callable[[Any], Any]] | None
     components: str | None
     watermark: WatermarkStrategy | Mapping[str, WatermarkStrategy | None] | None
     late_output: str | None
@@ -95,8 +95,9 @@ class JobSpec:
     tracer: Tracer = NOOP_TRACER
     placement: Placement = Placement.EXECUTORS
     #: Spark SQL applied to the source DataFrame before the operators (the driver builds
-    #: the query with it; see :mod:`spark_ckpt.pipeline.transform`)
-    transform: Callable[[Any], Any] | None = None
+    #: the query with it; see :mod:`spark_ckpt.pipeline.transform`); several inputs: one per
+    #: input name that has one (``transform={"clicks": f}``)
+    transform: Callable[[Any], Any] | Mapping[str, Callable[[Any], Any]] | None = None
     components: str | None = None
     watermark: WatermarkStrategy | None = None
     late_output: str | None = None
@@ -201,17 +202,7 @@ class JobSpec:
             late = normalized(late)
             if late == out:
                 raise ConfigError("late_output", late, "another table than the output")
-            if inputs:
-                raise ConfigError(
-                    "late_output", late, "no late output with several inputs (not yet supported)"
-                )
-        if inputs and options.get("transform") is not None:
-            raise ConfigError(
-                "transform",
-                options.get("transform"),
-                "no transform with several inputs (not yet supported: parse the rows in the "
-                "operator)",
-            )
+        transform = _transform(options.get("transform"), named, inputs)
         sides = _side_outputs(options.get("outputs"), every, out, late, inputs)
         stages = _stage_outputs(stages, out, late, sides, inputs)
         return JobSpec(
@@ -222,7 +213,7 @@ class JobSpec:
             options.get("pipelined", JobSpec.pipelined),
             options.get("tracer", JobSpec.tracer),
             where,
-            options.get("transform", JobSpec.transform),
+            transform,
             components,
             watermark,
             late,
@@ -231,6 +222,40 @@ class JobSpec:
             sides,
             stages,
         )
+
+
+def _transform(
+    given: object, named: Mapping[str, Source] | None, inputs: tuple[tuple[str, Source], ...]
+) -> Callable[[Any], Any] | Mapping[str, Callable[[Any], Any]] | None:
+    """The job's transform, checked: one function for one source (or a graph of one input,
+    which runs as one source); per input name, a function, for several inputs."""
+    if given is None:
+        return None
+    if not inputs:  # one source, or named inputs collapsed into one
+        if isinstance(given, Mapping):
+            names = sorted(named or {})
+            if sorted(given) != names or len(names) != 1:
+                raise ConfigError(
+                    "transform", sorted(given), "one function (the pipeline has one source)"
+                )
+            given = next(iter(given.values()))
+        if not callable(given):
+            raise ConfigError("transform", given, "a function of the source DataFrame")
+        return given  # type: ignore[no-any-return]
+    if not isinstance(given, Mapping):
+        raise ConfigError(
+            "transform",
+            given,
+            "a function per input name (transform={'clicks': f}): each input has columns of "
+            "its own",
+        )
+    names = [n for n, _ in inputs]
+    for name, function in given.items():
+        if name not in names:
+            raise ConfigError("transform", name, f"an input of sources: {', '.join(names)}")
+        if not callable(function):
+            raise ConfigError(f"transform[{name!r}]", function, "a function of a DataFrame")
+    return dict(given)
 
 
 def _stages(operators: Operators) -> tuple[Stage, ...]:

@@ -48,7 +48,7 @@ import logging
 import os
 import tempfile
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Unpack
@@ -74,7 +74,7 @@ from spark_ckpt.pipeline.job import JobOptions, JobSpec, Operators, Placement, S
 from spark_ckpt.pipeline.pipeline_run import PipelineRun, RunFunction
 from spark_ckpt.pipeline.restore_point import prepare_restore
 from spark_ckpt.pipeline.supervisor import RunResult, RunSupervisor, StopReason
-from spark_ckpt.pipeline.transform import RouteBatches, apply_transform
+from spark_ckpt.pipeline.transform import RouteBatches, apply_input_transforms, apply_transform
 from spark_ckpt.protocol.barrier import BARRIER_COLUMNS
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.runtime.aligner import AlignmentMode
@@ -82,12 +82,12 @@ from spark_ckpt.runtime.co_operator import KeyedCoOperator
 from spark_ckpt.runtime.components import Components, load_components
 from spark_ckpt.runtime.config import CheckpointConfig, CheckpointingMode
 from spark_ckpt.runtime.event_time import WatermarkStrategy
-from spark_ckpt.runtime.operator import chain_key
+from spark_ckpt.runtime.operator import KeyedOperator, chain_key
 from spark_ckpt.runtime.restore_settings import PipelineShape, RestoreSettings
-from spark_ckpt.runtime.stage import Stage, stage_output_name
+from spark_ckpt.runtime.stage import STAGE_PREFIX, Stage, stage_output_name
 from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK
 from spark_ckpt.runtime.task_time import time_needed
-from spark_ckpt.sources.inputs import INPUT_KEY, same_schemas
+from spark_ckpt.sources.inputs import INPUT_KEY, Inputs, same_schemas
 from spark_ckpt.sources.kafka_options import PINNED
 from spark_ckpt.spark.datasource.channel_sources import open_channel_source, user_schema
 from spark_ckpt.spark.datasource.source_options import (
@@ -109,7 +109,7 @@ from spark_ckpt.spark.session.query_settings import (
     query_settings,
 )
 from spark_ckpt.spark.session.quiet_stop import silence_task_kill_logs
-from spark_ckpt.spark.subtask_spec import AlignerSpec
+from spark_ckpt.spark.subtask_spec import AlignerSpec, StageRole
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -327,22 +327,6 @@ class Pipeline:
             opts[COMPONENTS] = job.components
         components = load_components(job.components)
         operators = tuple(components.operator(op, self.root) for op in job.operators)
-        if inputs is not None:
-            schemas = {
-                n: user_schema(o) for n, o in zip(inputs.names, parsed.input_options, strict=True)
-            }
-            bind = getattr(operators[0], "bind_inputs", None)
-            if bind is not None:  # the inputs' own columns, known before any row
-                bind(schemas)
-            if not isinstance(operators[0], KeyedCoOperator) and not same_schemas(
-                list(schemas.values())
-            ):
-                raise ConfigError(
-                    "sources",
-                    {n: s.names for n, s in schemas.items()},
-                    f"inputs of one schema for operator {operators[0].uid!r}, which reads their "
-                    "union (or an operator over several inputs: KeyedCoOperator)",
-                )
         if job.late_output is not None and (
             parsed.watermark is None or not parsed.watermark.column
         ):
@@ -408,6 +392,7 @@ class Pipeline:
         else:
             function = ForeachBatchFunction(spec)
         roles = spec.roles()
+        _check_stage_times(roles, parsed.watermark)
         sink = SinkSpec("delta", job.output, roles[-1].vertex)
         late = None if job.late_output is None else SinkSpec("delta", job.late_output, CHAIN_VERTEX)
         sides = tuple(
@@ -437,25 +422,61 @@ class Pipeline:
         mark_starting(self.root, run_id)  # live for requests until its coordinator beats
         self._run_ids.add(run_id)
         df = self.spark.readStream.format("ckpt-source").options(**opts).load()
-        if job.transform is not None:
-            df = apply_transform(job.transform, df, chain_key(job.operators))
-        if inputs is not None:  # each input's strategy on its own columns, before it runs
-            for (_, strategy), inner in zip(
-                job.input_watermarks, parsed.input_options, strict=True
-            ):
-                if strategy is not None:
-                    strategy.check_schema(user_schema(inner))
+        if isinstance(job.transform, Mapping) and inputs is not None:
+            keys = {spec.name: spec.key_column for spec in inputs.inputs}
+            times = {spec.name: spec.time_column for spec in inputs.inputs}
+            df = apply_input_transforms(job.transform, df, inputs, keys, times)
+        elif job.transform is not None:
+            df = apply_transform(job.transform, df, chain_key(job.operators))  # type: ignore[arg-type]
+        if inputs is not None:  # each input's columns (transformed), before it runs
+            self._check_inputs(job, inputs, operators, parsed, df)
         if parsed.watermark is not None:  # before the query starts: the rows' schema
             rows = user_schema(parsed) if job.transform is None else arrow_schema(df.schema)
             parsed.watermark.check_schema(rows)
             if job.late_output is not None:  # its commits then record every checkpoint
-                columns = [f for f in rows if f.name not in BARRIER_COLUMNS]
+                columns = pa.schema([f for f in rows if f.name not in BARRIER_COLUMNS])
+                if inputs is not None:
+                    columns = inputs.late_schema(columns)
                 target = DeltaSinkTarget(job.late_output, pipeline=self.name)
-                DeltaSinkCommitter(target).ensure_table(pa.schema(columns))
+                DeltaSinkCommitter(target).ensure_table(columns)
         if job.transform is not None and job.placement is Placement.EXECUTORS:
             df = df.mapInArrow(RouteBatches(router), ROUTED_DDL)
             settings.update(ROUTING_SETTINGS)
         return PreparedRun(run_id, df, function, RunFiles(self.root, run_id), settings)
+
+    def _check_inputs(
+        self,
+        job: JobSpec,
+        inputs: Inputs,
+        operators: tuple[KeyedOperator, ...],
+        parsed: SourceOptions,
+        df: DataFrame,
+    ) -> None:
+        """Each input's own columns, as its transform leaves them: each input's strategy
+        checked on them, the first operator bound to them (an operator over several inputs)
+        or checked to read inputs of one schema (their union). Raises :class:`ConfigError`."""
+        schemas = {}
+        for name, inner in zip(inputs.names, parsed.input_options, strict=True):
+            if isinstance(job.transform, Mapping) and name in job.transform:
+                struct = df.schema[name].dataType
+                schemas[name] = arrow_schema(struct)
+            else:
+                schemas[name] = user_schema(inner)
+        for name, strategy in job.input_watermarks:
+            if strategy is not None:
+                strategy.check_schema(schemas[name])
+        bind = getattr(operators[0], "bind_inputs", None)
+        if bind is not None:  # the inputs' own columns, known before any row
+            bind(schemas)
+        if not isinstance(operators[0], KeyedCoOperator) and not same_schemas(
+            list(schemas.values())
+        ):
+            raise ConfigError(
+                "sources",
+                {n: s.names for n, s in schemas.items()},
+                f"inputs of one schema for operator {operators[0].uid!r}, which reads their "
+                "union (or an operator over several inputs: KeyedCoOperator)",
+            )
 
     def _max_parallelism(self, job: JobSpec) -> int:
         """The first stage's max parallelism: its Stage's, or the configuration's."""
@@ -582,6 +603,7 @@ class Pipeline:
                     "key": key,
                     "time": None if strategy is None else strategy.column,
                     "options": own,
+                    "transformed": isinstance(job.transform, Mapping) and name in job.transform,
                 }
             )
             if strategy is not None:
@@ -724,6 +746,28 @@ class Pipeline:
         )
         with Interrupts(supervisor.on_interrupt) as interrupts:
             return supervisor.run(interrupts.requested)
+
+
+def _check_stage_times(roles: Sequence[StageRole], pipeline: WatermarkStrategy | None) -> None:
+    """:class:`ConfigError` for a later stage whose operators read event time from the rows
+    by default (windows without a ``time_column``) while the stage names no event-time
+    column its rows keep (``Stage(event_time=...)``; by default the pipeline's, or the one the
+    inputs name alike)."""
+    if pipeline is None or not pipeline.event_time:
+        return
+    for role in roles[1:]:
+        if role.watermark is not None and role.watermark.column is not None:
+            continue
+        for op in role.operators:
+            if hasattr(op, "time_column") and op.time_column is None:
+                name = role.vertex.removeprefix(STAGE_PREFIX)
+                raise ConfigError(
+                    f"Stage({name!r}).event_time",
+                    None,
+                    f"the event-time column of the stage's rows, which operator {op.uid!r} "
+                    "reads (the inputs name theirs differently, so no default), or the "
+                    "operator's own time_column",
+                )
 
 
 def _stage_max_parallelism(job: JobSpec) -> tuple[tuple[str, int], ...]:

@@ -50,12 +50,10 @@ def forwarded_strategy(
 ) -> WatermarkStrategy | None:
     """The watermark strategy of a later stage whose pipeline keeps time under *pipeline*:
     no bound (its channels carry their upstream watermarks, see the module docstring), the
-    pipeline's allowed lateness, event time read from *column* (None: the pipeline's column)."""
+    pipeline's allowed lateness, event time read from *column* (None: none of the rows')."""
     if pipeline is None:
         return None
-    time_column = column if column is not None else pipeline.column
-    if not pipeline.event_time:
-        time_column = None
+    time_column = column if pipeline.event_time else None
     return WatermarkStrategy(time_column, 0, None, pipeline.allowed_lateness_ms)
 
 

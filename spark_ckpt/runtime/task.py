@@ -247,7 +247,7 @@ class OperatorTask:
                 self.time,
                 ttl,
                 late_output,
-                self._write_side if self.side_sinks else None,
+                self._write_side if self.side_sinks or op.side_outputs else None,
             )
             op.open(handle)
             self.backends[op.uid] = backend
@@ -487,6 +487,8 @@ class OperatorTask:
         """Rows dropped as late (their own columns) into the open transaction of the
         late-output table, when the pipeline has one."""
         if self.late_sink is not None:
+            if self.inputs is not None:  # which input each row is of, and its own columns
+                rows = self.inputs.late_rows(rows)
             with self.tracer.span(Phase.SINK_WRITE):
                 self.late_sink.writer.write(self.late_uid, self.task_id.subtask, rows)
 

@@ -159,6 +159,10 @@ class TaskTime:
         column = self.strategy.column
         if column is None or self.valve.watermark_us is None:
             return None
+        if column not in table.column_names:
+            # a later stage whose input lacks the column (its first stage checks the schema
+            # before the run): nothing of it can be judged late
+            return None
         late = self.valve.late(table.column(column))
         n_late = pc.sum(late).as_py() or 0
         if not n_late:

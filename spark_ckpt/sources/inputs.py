@@ -57,16 +57,24 @@ def check_input_name(name: object, option: str = "sources") -> str:
     return name
 
 
+#: The late-output table's column that names each row's input (several inputs).
+LATE_INPUT: Final = "input"
+
+
 @dataclass(frozen=True)
 class InputSpec:
     """One input of a pipeline: its *name*, how many *channels* it has, the column of its rows
     that keys the operators (*key_column*; None: the pipeline has no keyed operators yet, the
-    rows carry no key), and its event-time column (*time_column*; None: none)."""
+    rows carry no key), and its event-time column (*time_column*; None: none). *transformed*:
+    the input has a transform of its own, which makes its key and event-time columns: the
+    source leaves the union form's key and event time of its rows null, and the transform
+    fills them in (:func:`~spark_ckpt.pipeline.transform.apply_input_transforms`)."""
 
     name: str
     channels: int
     key_column: str | None = None
     time_column: str | None = None
+    transformed: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,8 @@ class Inputs:
             if f.name == name:
                 children = [rows.column(c.name).combine_chunks().cast(c.type) for c in f.type]
                 columns.append(pa.StructArray.from_arrays(children, fields=list(f.type)))
+            elif f.name in (INPUT_KEY, INPUT_TIME) and spec.transformed:
+                columns.append(pa.nulls(n, f.type))  # the input's transform fills them in
             elif f.name == INPUT_KEY:
                 key = spec.key_column
                 if key is None or key not in rows.column_names:
@@ -181,6 +191,23 @@ class Inputs:
                 continue
             out[name] = _flattened(column.filter(mine))
         return out
+
+    def late_schema(self, union: pa.Schema) -> pa.Schema:
+        """The late-output table's columns for rows of the union form *union*: ``input``, the
+        name of the row's input, then each input's struct (the row's own columns in its
+        input's, the others null)."""
+        structs = [union.field(n) for n in self.names]
+        return pa.schema([pa.field(LATE_INPUT, pa.string()), *structs])
+
+    def late_rows(self, rows: pa.Table) -> pa.Table:
+        """Rows of the union form dropped as late (their own columns, no barrier columns) as
+        the late-output table holds them (:meth:`late_schema`). O(rows), vectorized."""
+        which = pa.nulls(rows.num_rows, pa.string())
+        for name in reversed(self.names):
+            which = pc.if_else(pc.is_valid(rows.column(name)), pa.scalar(name), which)
+        return pa.table(
+            [which, *(rows.column(n) for n in self.names)], names=[LATE_INPUT, *self.names]
+        )
 
     def merged(self, records: pa.Table) -> pa.Table:
         """The data rows of *records* (union form) of every input as one table of their own

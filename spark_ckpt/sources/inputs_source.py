@@ -176,7 +176,7 @@ def key_type(inputs: Inputs, schemas: Sequence[pa.Schema]) -> pa.DataType | None
     :class:`ConfigError` naming the inputs whose key columns differ, or lack the key."""
     types: dict[str, pa.DataType] = {}
     for spec, schema in zip(inputs.inputs, schemas, strict=True):
-        if spec.key_column is None:
+        if spec.key_column is None or spec.transformed:  # a transform makes its key
             continue
         index = schema.get_field_index(spec.key_column)
         if index < 0:

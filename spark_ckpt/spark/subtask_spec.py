@@ -17,7 +17,7 @@ from spark_ckpt.runtime.operator import KeyedOperator
 from spark_ckpt.runtime.stage import FIRST_STAGE_VERTEX, Stage
 from spark_ckpt.runtime.stage_output import forwarded_strategy
 from spark_ckpt.sinks.two_phase_commit import TransactionalSink
-from spark_ckpt.sources.inputs import Inputs
+from spark_ckpt.sources.inputs import Inputs, common_time
 from spark_ckpt.storage.checkpoint_store import WorkerStorage
 
 
@@ -92,12 +92,20 @@ class AlignerSpec:
             stage.max_parallelism,
             upstream.parallelism,
             self.output if last else stage.output,
-            forwarded_strategy(self.watermark, stage.event_time),
+            forwarded_strategy(self.watermark, stage.event_time or self._time_column()),
             None,
             None,
             _declared(self.side_outputs, stage.operators),
             following,
         )
+
+    def _time_column(self) -> str | None:
+        """The event-time column a later stage's rows keep by default: the pipeline's, or with
+        several inputs, the one every input names alike (their union form's own column is
+        not in any stage's output)."""
+        if self.inputs is not None:
+            return common_time(self.inputs)
+        return None if self.watermark is None else self.watermark.column
 
     def roles(self) -> tuple[StageRole, ...]:
         """Every stage's role, in order."""

@@ -115,7 +115,7 @@ def test_examples_run_as_written(
     elif document == "docs/monitoring.md":
         _check_monitoring(ns, lake)
     elif document == "docs/graphs.md":
-        _check_graphs(lake)
+        _check_graphs(ns, lake)
 
 
 def _check_readme(ns: dict[str, Any], spark: SparkSession, lake: Path) -> None:
@@ -126,6 +126,18 @@ def _check_readme(ns: dict[str, Any], spark: SparkSession, lake: Path) -> None:
     assert ns["spark"] is spark  # local_session() returned the test session
     assert ns["result"].last_checkpoint is not None
     assert _rows(lake / "totals") == 2_000  # Totals passes its input through
+    # keyed stages: a running total per user, then a running count per country (user % 5),
+    # each the fold of the generator's 2 x 1,000 rows
+    users = generated_keys(
+        GeneratorSpec.from_options({"channels": "2", "rate": "0", "backlog": "1000"}), [1000, 1000]
+    )
+    assert _rows(lake / "user_totals") == 2_000
+    per_country: Counter[int] = Counter()
+    for user, n in users.items():
+        per_country[user % 5] += n
+    assert output_rows(read_delta(lake / "country_counts"), "country") == running_count_rows(
+        per_country
+    )
     # the Kafka example: 3 partitions of 100 JSON clicks over 5 users, the one with amount 0
     # of each partition filtered out, each other counted once
     kafka_counts = output_rows(read_delta(lake / "clicks_per_user"), "user")
@@ -211,10 +223,13 @@ def _check_upgrades(ns: dict[str, Any], base: Path) -> None:
     assert {1, 2, 3} & {key for key, _ in got}  # the seeded keys are in the input
 
 
-def _check_graphs(lake: Path) -> None:
+def _check_graphs(ns: dict[str, Any], lake: Path) -> None:
     """The interval join equals pandas' join with the time condition over the two tables;
     the unpaid orders are those a plain loop finds: no payment by the deadline, and the
-    deadline behind the final watermark (the lower of the inputs' latest event times)."""
+    deadline behind the final watermark (the lower of the inputs' latest event times); the
+    keyed stages: the first stage's table is that join with each ad's campaign, the second's
+    a running count per campaign folded over it, and every subtask of both stages
+    acknowledged every checkpoint."""
     clicks = read_delta(lake / "clicks").to_pandas()
     shown = read_delta(lake / "impressions").to_pandas()
     pairs = clicks.merge(shown, on="ad_id")
@@ -229,6 +244,32 @@ def _check_graphs(lake: Path) -> None:
         == sorted(zip(pairs.click_id, pairs.impression_id, strict=True))
         == [(1, 100), (3, 103), (4, 104)]
     )
+
+    campaign_of = dict(zip(*read_delta(lake / "campaigns").to_pydict().values(), strict=True))
+    staged = read_delta(lake / "attributed_to_campaigns").to_pandas()
+    assert staged.columns.tolist() == [*out.columns, "campaign"]
+    assert sorted(zip(staged.click_id, staged.impression_id, staged.campaign, strict=True)) == [
+        (c, i, campaign_of[a])
+        for c, i, a in sorted(zip(pairs.click_id, pairs.impression_id, pairs.ad_id, strict=True))
+    ]
+    per_campaign: Counter[str] = Counter()
+    folded: Counter[tuple[str, int]] = Counter()
+    for ad in pairs.ad_id:
+        per_campaign[campaign_of[ad]] += 1
+        folded[(campaign_of[ad], per_campaign[campaign_of[ad]])] += 1
+    counted = read_delta(lake / "clicks_per_campaign")
+    assert (
+        output_rows(counted, "campaign")
+        == folded
+        == Counter({("spring", 1): 1, ("spring", 2): 1, ("spring", 3): 1})
+    )
+    checkpoints = ns["campaigns"].client.checkpoints()
+    assert checkpoints
+    for cp in checkpoints:
+        assert sorted((a.task.vertex, a.task.subtask) for a in cp.tasks) == [
+            ("chain", 0),
+            ("chain", 1),
+        ] + [("stage:campaigns", s) for s in range(3)]
 
     orders = read_delta(lake / "orders").to_pylist()
     payments = {p["order_id"]: p["paid_at"] for p in read_delta(lake / "payments").to_pylist()}

@@ -202,9 +202,14 @@ def test_sessionization_notebook(spark: Any, where: Where) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["local"], indirect=True)
 def test_attribution_notebook(spark: Any, where: Where) -> None:
-    """Two inputs, an interval join, a savepoint, a restore into a job with one more
-    operator at another parallelism (the notebook checks its tables against pandas)."""
+    """Two inputs, an interval join, a savepoint, a restore into a job with one more stage
+    (the join at another parallelism, then its pairs re-keyed by impression; the notebook
+    checks its tables against pandas and a plain fold)."""
     ns = run(NOTEBOOKS / "05_attribution.py", spark, where.params(ADS=5, MINUTES=4))
     assert ns["savepoint"].checkpoint.is_savepoint and ns["spanning"]
     assert ns["v2"].restored_from[0] is not None
-    assert where.exists(f"{where.base}/attributions_per_ad")
+    assert where.exists(f"{where.base}/clicks_per_impression")
+    assert len(ns["after"]) > 0 and sum(ns["got"].values()) == len(ns["after"])
+    # every subtask of both stages acknowledged the last checkpoint: 3 + 2
+    acks = sorted((ack.task.vertex, ack.task.subtask) for ack in ns["last"].tasks)
+    assert acks == [("chain", s) for s in range(3)] + [("stage:impressions", s) for s in range(2)]

@@ -161,3 +161,58 @@ def test_bad_named_outputs_are_refused_before_anything_runs(
             output=out,
             outputs={"big": str(tmp_path / "x"), "milestones": str(tmp_path / "x")},
         )
+
+
+@pytest.mark.parametrize("placement", ["executors", "driver"])
+def test_late_rows_of_several_inputs_go_to_one_late_table_naming_their_input(
+    spark: SparkSession, tmp_path: Path, placement: str
+) -> None:
+    """Two Delta inputs of one schema, counted as their union; the last rows of ``a`` are
+    from 1970, far behind the watermark when they arrive: they land in the late-output table,
+    each once, with ``input = 'a'`` and their own columns in ``a``'s struct; the count is the
+    fold over every other row."""
+    from datetime import UTC, datetime, timedelta
+
+    from spark_ckpt import WatermarkStrategy
+
+    start = datetime(2024, 1, 1, tzinfo=UTC)
+    rng = np.random.default_rng(21)
+
+    def rows(n: int, late: int) -> pa.Table:
+        times = [start + timedelta(milliseconds=50 * i) for i in range(n)]
+        times += [datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=i) for i in range(late)]
+        return pa.table(
+            {
+                "user_id": pa.array(rng.integers(0, 20, n + late), pa.int64()),
+                "amount": pa.array(rng.integers(0, 100, n + late), pa.int64()),
+                "event_ts": pa.array(times, pa.timestamp("us", tz="UTC")),
+            }
+        )
+
+    a, b = rows(300, 5), rows(300, 0)
+    write_deltalake(str(tmp_path / "a"), a)
+    write_deltalake(str(tmp_path / "b"), b)
+    delta = {"source": "delta", "channels": 1, "maxRowsPerTrigger": 100}
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness("event_ts", "1s")
+    p = Pipeline(spark, f"late-inputs-{placement}", root=str(tmp_path / "root"))
+    p.run(
+        sources={
+            "a": {**delta, "path": str(tmp_path / "a")},
+            "b": {**delta, "path": str(tmp_path / "b")},
+        },
+        operators=CountWithSides(),
+        watermark=strategy,
+        output=str(tmp_path / "counts"),
+        late_output=str(tmp_path / "late"),
+        placement=placement,
+        available_now=True,
+    )
+    late = read_delta(tmp_path / "late")
+    assert late["input"].to_pylist() == ["a"] * 5
+    assert sorted(r["user_id"] for r in late["a"].to_pylist()) == sorted(
+        a["user_id"].to_pylist()[300:]
+    )
+    assert late["b"].null_count == 5
+    on_time = pa.concat_tables([a.slice(0, 300), b])
+    counts, _, _ = _expected(on_time)
+    assert _pairs(tmp_path / "counts", "count") == counts

@@ -1,7 +1,7 @@
 """Crash tests of a job of two keyed stages: ``spark-ckpt demo --job stages`` (per-user running
 totals, then, re-keyed by country, per-country running counts), with both stages' state on
 the executors, under repeated SIGKILL of the driver and of executor JVMs (``local-cluster``),
-and under Spark Connect with the subtasks in the driver.
+and under Spark Connect.
 
 The oracle is a plain fold over the generator's rows (``GeneratorSpec.rows``) up to the final
 checkpoint's positions: per country, the running counts 1..n of its rows, each exactly once.
@@ -79,38 +79,31 @@ def test_two_stages_are_exactly_once_under_driver_sigkill(
 def test_two_stages_are_exactly_once_when_executor_jvms_are_killed(
     demo: DemoLauncher, tmp_path: Path
 ) -> None:
-    """On ``local-cluster[2,1,1024]``: twice, SIGKILL the executor JVM where a subtask ran
-    last and wait for a checkpoint after it; then a final run."""
+    """On ``local-cluster[2,1,1024]``: SIGKILL the executor JVM where a subtask ran last and
+    wait for a checkpoint after it; then a final run."""
     args = stage_args(cluster_args(tmp_path))
     run = demo.start(args)
     _wait(demo, run, "a first checkpoint", _completes_after(args.root, 0))
-    for _ in range(2):
-        deadline = time.monotonic() + 240
-        victims: list[int] = []
-        while not victims:
-            assert time.monotonic() < deadline and run.alive(), f"no victim\n{run.tail()}"
-            ran = newest_segment_executor(args.root)
-            victims = [p for p in executor_jvms(run) if ran in block_managers(p)]
-            time.sleep(0.2)
-        _kill(victims)
-        latest = _latest_id(args.root)
-        _wait(demo, run, "a checkpoint after a kill", _completes_after(args.root, latest + 1))
+    deadline = time.monotonic() + 240
+    victims: list[int] = []
+    while not victims:
+        assert time.monotonic() < deadline and run.alive(), f"no victim\n{run.tail()}"
+        ran = newest_segment_executor(args.root)
+        victims = [p for p in executor_jvms(run) if ran in block_managers(p)]
+        time.sleep(0.2)
+    _kill(victims)
+    latest = _latest_id(args.root)
+    _wait(demo, run, "a checkpoint after a kill", _completes_after(args.root, latest + 1))
     run.kill()
     final = finish_locally(demo, args)
     _check(args, final, run.tail())
 
 
-def test_two_stages_in_the_driver_under_spark_connect(demo: DemoLauncher, tmp_path: Path) -> None:
-    """Under Spark Connect, both stages' subtasks in the server's foreachBatch process."""
-    args = replace(stage_args(_args(tmp_path, "aligned")), remote="local[2]", placement="driver")
-    final = _finish(demo, args)
-    _check(args, final, "")
-
-
 def test_two_stages_on_the_executors_under_spark_connect(
     demo: DemoLauncher, tmp_path: Path
 ) -> None:
-    """Under Spark Connect, the stages' subtasks on the executors."""
+    """Under Spark Connect, the stages' subtasks on the executors (in the driver, the stages
+    run in the same aligner as under classic Spark: test_stages.py)."""
     args = replace(stage_args(_args(tmp_path, "aligned")), remote="local[2]")
     final = _finish(demo, args)
     _check(args, final, "")

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-ROWS = 1500
+ROWS = 1000
 
 
 def _input(path: Path, rows: int = ROWS, seed: int = 11) -> pa.Table:

@@ -84,3 +84,85 @@ def test_what_cannot_keep_the_barriers_is_refused(
     pipeline = Pipeline(spark, "transform-refused", root=str(tmp_path / "root"))
     with pytest.raises(ConfigError, match=named):
         pipeline.run(SOURCE, RunningCount(), output=str(tmp_path / "out"), transform=transform)
+
+
+@pytest.mark.parametrize("placement", ["executors", "driver"])
+def test_a_transform_per_input_makes_the_key_of_its_own_input(
+    spark: SparkSession, tmp_path: Path, placement: str
+) -> None:
+    """Two Delta inputs: ``orders`` with the user in a string column ``who`` and big amounts
+    only wanted, ``refunds`` as they are. Each input's transform makes its own ``user_id``;
+    a running count reads their union. The count is the fold over the filtered inputs."""
+    import numpy as np
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    rng = np.random.default_rng(8)
+    n = 600
+    orders = pa.table(
+        {
+            "who": pa.array([f"u{u}" for u in rng.integers(0, 30, n)]),
+            "amount": pa.array(rng.integers(0, 100, n), pa.int64()),
+        }
+    )
+    refunds = pa.table(
+        {
+            "user_id": pa.array(rng.integers(0, 30, n), pa.int64()),
+            "amount": pa.array(rng.integers(0, 100, n), pa.int64()),
+        }
+    )
+    write_deltalake(str(tmp_path / "orders"), orders)
+    write_deltalake(str(tmp_path / "refunds"), refunds)
+
+    def parse_orders(df: Any) -> Any:
+        return (
+            df.withColumn("user_id", df["who"].substr(2, 9).cast("long"))
+            .where("amount >= 50")
+            .select("user_id", "amount")
+        )
+
+    pipeline = Pipeline(
+        spark,
+        f"transform-inputs-{placement}",
+        config=CheckpointConfig(interval_ms=300),
+        root=str(tmp_path / "root"),
+    )
+    out = tmp_path / "out"
+    delta = {"source": "delta", "channels": 2, "maxRowsPerTrigger": 300}
+    result = pipeline.run(
+        sources={
+            "orders": {**delta, "path": str(tmp_path / "orders")},
+            "refunds": {**delta, "path": str(tmp_path / "refunds")},
+        },
+        operators=RunningCount("per_user", "user_id"),
+        output=str(out),
+        placement=placement,
+        available_now=True,
+        transform={"orders": parse_orders},
+    )
+    assert result.failures == () and result.checkpoints_completed >= 1
+    expected: Counter[int] = Counter(
+        int(who[1:])
+        for who, amount in zip(orders["who"].to_pylist(), orders["amount"].to_pylist(), strict=True)
+        if amount >= 50
+    )
+    expected.update(refunds["user_id"].to_pylist())
+    assert output_rows(read_delta(out)) == running_count_rows(expected)
+
+
+def test_bad_transforms_of_several_inputs_are_refused(spark: SparkSession, tmp_path: Path) -> None:
+    pipeline = Pipeline(spark, "bad-transforms", root=str(tmp_path / "root"))
+    gen = {"source": "generator", "channels": 1, "rate": 0.0, "backlog": "10"}
+    sources = {"a": gen, "b": {**gen, "seed": 3}}
+    run = {"sources": sources, "operators": RunningCount("c", "user_id")}
+    with pytest.raises(ConfigError, match="a function per input name"):
+        pipeline.run(**run, output=str(tmp_path / "o"), transform=lambda df: df)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="an input of sources"):
+        pipeline.run(**run, output=str(tmp_path / "o"), transform={"c": lambda df: df})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="key column 'user_id'"):
+        pipeline.run(
+            **run,  # type: ignore[arg-type]
+            output=str(tmp_path / "o"),
+            transform={"a": lambda df: df.select("amount")},
+            available_now=True,
+        )

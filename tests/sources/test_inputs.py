@@ -86,8 +86,12 @@ def test_bad_inputs_are_refused_before_anything_runs() -> None:
             output="/o",
             sources={**sources, "views": {"watermark.column": "event_ts"}},
         )
-    with pytest.raises(ConfigError, match="not yet supported"):
+    with pytest.raises(ConfigError, match="a function per input name"):
         JobSpec.of(None, JOIN, output="/o", sources=sources, transform=lambda df: df)
+    with pytest.raises(ConfigError, match="an input of sources"):
+        JobSpec.of(None, JOIN, output="/o", sources=sources, transform={"x": lambda df: df})
+    both = JobSpec.of(None, JOIN, output="/o", sources=sources, transform={"clicks": len})
+    assert both.transform == {"clicks": len}
     job = JobSpec.of(None, JOIN, output="/o", sources=sources, watermark=WM)
     assert job.input_names == ("clicks", "views")
     assert dict(job.input_watermarks) == {"clicks": WM, "views": WM}

@@ -364,7 +364,13 @@ def _parse_inputs(opts: dict[str, str]) -> SourceOptions:
         items = json.loads(text or "")
         specs = [
             (
-                InputSpec(str(i["name"]), int(i["channels"]), i.get("key"), i.get("time")),
+                InputSpec(
+                    str(i["name"]),
+                    int(i["channels"]),
+                    i.get("key"),
+                    i.get("time"),
+                    bool(i.get("transformed", False)),
+                ),
                 {str(k): str(v) for k, v in dict(i["options"]).items()},
             )
             for i in items
