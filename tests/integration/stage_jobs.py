@@ -13,7 +13,12 @@ def two_stages(users: int | None = 2, countries: int | None = 2, **more: object)
     """The job: users, then countries (parallelism of each; None: the job's)."""
     return [
         Stage(UserTotals(), name="users", parallelism=users, **more),  # type: ignore[arg-type]
-        Stage(RunningCount("countries", "country"), name="countries", parallelism=countries),
+        Stage(
+            RunningCount("countries", "country"),
+            name="countries",
+            parallelism=countries,
+            max_parallelism=32,  # a stage's own (the job's is the configuration's, 128)
+        ),
     ]
 
 

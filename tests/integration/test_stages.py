@@ -105,6 +105,8 @@ def test_two_stages_are_exactly_once_and_restore_each_at_another_parallelism(
         ("users", 3, ["users"]),
         ("countries", 2, ["countries"]),
     ]
+    assert reader.keyed_info("countries", "count").max_parallelism == 32
+    assert reader.keyed_info("users", "total").max_parallelism == 128
     state = reader.keyed("countries", "count")
     per_country = dict(zip(state["key"].to_pylist(), state["value"].to_pylist(), strict=True))
     assert per_country == Counter(u % COUNTRIES for u in table["user_id"].to_pylist())

@@ -38,6 +38,8 @@ USERS = pa.schema([("user_id", pa.int64()), ("amount", pa.int64())])
 SCHEMA = stream_schema(USERS)
 CHANNELS = (0, 1)
 MAX_PARALLELISM = 16
+#: the second stage's own max parallelism
+STAGE_MAX_PARALLELISM = 8
 
 
 @dataclass
@@ -63,12 +65,14 @@ class TwoStages:
     def start(self, users: int, countries: int) -> None:
         self.acks.clear()
 
-        def task(vertex: str, s: int, p: int, op: object, **more: object) -> OperatorTask:
+        def task(
+            vertex: str, s: int, p: int, op: object, mp: int = MAX_PARALLELISM, **more: object
+        ) -> OperatorTask:
             return OperatorTask(
                 TaskId(vertex, s),
                 operators=[op],  # type: ignore[list-item]
                 parallelism=p,
-                max_parallelism=MAX_PARALLELISM,
+                max_parallelism=mp,
                 store=self.store,
                 respond=self.acks.append,  # type: ignore[arg-type]
                 clock=ManualClock(0),
@@ -94,6 +98,7 @@ class TwoStages:
                 s,
                 countries,
                 RunningCount("countries", "country"),
+                STAGE_MAX_PARALLELISM,
                 channels=list(range(users)),
                 sink=self.sink,
             )
@@ -152,7 +157,7 @@ class TwoStages:
         channels = pa.concat_tables(
             [f for f in forwarded if f is not None], promote_options="default"
         )
-        parts = split_for_subtasks(channels, "country", MAX_PARALLELISM, len(self.second))
+        parts = split_for_subtasks(channels, "country", STAGE_MAX_PARALLELISM, len(self.second))
         for task, part in zip(self.second, parts, strict=True):
             if part.num_rows:
                 task.process(part)
