@@ -79,21 +79,22 @@ def test_two_stages_are_exactly_once_under_driver_sigkill(
 def test_two_stages_are_exactly_once_when_executor_jvms_are_killed(
     demo: DemoLauncher, tmp_path: Path
 ) -> None:
-    """On ``local-cluster[2,1,1024]``: SIGKILL the executor JVM where a subtask ran last and
-    wait for a checkpoint after it; then a final run."""
+    """On ``local-cluster[2,1,1024]``: twice, SIGKILL the executor JVM where a subtask ran
+    last and wait for a checkpoint after it; then a final run."""
     args = stage_args(cluster_args(tmp_path))
     run = demo.start(args)
     _wait(demo, run, "a first checkpoint", _completes_after(args.root, 0))
-    deadline = time.monotonic() + 240
-    victims: list[int] = []
-    while not victims:
-        assert time.monotonic() < deadline and run.alive(), f"no victim\n{run.tail()}"
-        ran = newest_segment_executor(args.root)
-        victims = [p for p in executor_jvms(run) if ran in block_managers(p)]
-        time.sleep(0.2)
-    _kill(victims)
-    latest = _latest_id(args.root)
-    _wait(demo, run, "a checkpoint after a kill", _completes_after(args.root, latest + 1))
+    for _ in range(2):
+        deadline = time.monotonic() + 240
+        victims: list[int] = []
+        while not victims:
+            assert time.monotonic() < deadline and run.alive(), f"no victim\n{run.tail()}"
+            ran = newest_segment_executor(args.root)
+            victims = [p for p in executor_jvms(run) if ran in block_managers(p)]
+            time.sleep(0.2)
+        _kill(victims)
+        latest = _latest_id(args.root)
+        _wait(demo, run, "a checkpoint after a kill", _completes_after(args.root, latest + 1))
     run.kill()
     final = finish_locally(demo, args)
     _check(args, final, run.tail())
