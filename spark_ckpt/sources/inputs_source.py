@@ -156,6 +156,17 @@ class InputsSource:
                 span = self.inputs.ranges[spec.name]
                 notify(checkpoint_id, list(positions[span.start : span.stop]))
 
+    def discover(self) -> list[tuple[str, int]]:
+        """The channels the inputs' sources find now that this run does not read (new Kafka
+        partitions), each named ``<input>/<topic>`` with its partition; the source runner then
+        ends the run for a restart that reads them, as for a source of its own."""
+        found: list[tuple[str, int]] = []
+        for spec, source in zip(self.inputs.inputs, self.sources, strict=True):
+            discover = getattr(source, "discover", None)
+            if discover is not None:
+                found.extend((f"{spec.name}/{topic}", p) for topic, p in discover())
+        return found
+
     def plan(self, channel: int, start: int, end: int) -> InputPlan:
         channel = check_channel(channel, self.channels, "the inputs")
         spec, local = self.inputs.local_channel(channel)

@@ -158,3 +158,34 @@ def test_the_inputs_limits_add_up() -> None:
     parsed = SourceOptions.parse({"pipeline": "p", "source": "inputs", INPUTS: json.dumps(items)})
     assert parsed.max_rows_per_trigger == 150
     assert parsed.inputs is not None and parsed.inputs.names == ("a", "b")
+
+
+class _Discovering(GeneratorSource):
+    """A generator whose subscription has grown: a Kafka source's ``discover``, faked."""
+
+    def discover(self) -> list[tuple[str, int]]:
+        return [("orders", 3)]
+
+
+def test_new_partitions_of_an_input_end_the_run_for_a_restart() -> None:
+    """The inputs' source finds what its Kafka inputs find, named by input (the source runner
+    then ends the run), and looks as often as the most eager Kafka input asks."""
+    from spark_ckpt.spark.datasource.source_options import INPUTS, SourceOptions
+
+    inputs = Inputs((InputSpec("a", 1, "user_id"), InputSpec("b", 1, "user_id")))
+    spec = GeneratorSpec.from_options({"channels": "1", "rate": "0", "backlog": "10"})
+    source = InputsSource(inputs, [generator(1, 1), _Discovering(spec, lambda: 0)])
+    assert source.discover() == [("b/orders", 3)]
+    kafka = {"source": "kafka", "kafka.bootstrap.servers": "localhost:1", "subscribe": "t"}
+    items = [
+        {"name": "a", "channels": 1, "key": "key", "options": kafka},
+        {
+            "name": "b",
+            "channels": 1,
+            "key": "key",
+            "options": {**kafka, "partitionDiscoveryIntervalMs": "500"},
+        },
+        {"name": "c", "channels": 1, "key": "key", "options": {"source": "generator"}},
+    ]
+    parsed = SourceOptions.parse({"pipeline": "p", "source": "inputs", INPUTS: json.dumps(items)})
+    assert parsed.discovery_interval_ms == 500

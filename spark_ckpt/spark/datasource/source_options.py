@@ -396,9 +396,16 @@ def _parse_inputs(opts: dict[str, str]) -> SourceOptions:
     inputs = Inputs(tuple(spec for spec, _ in specs))
     base = SourceOptions.parse({k: v for k, v in shared.items()})
     limits = [p.max_rows_per_trigger for p in parsed_inputs if p.max_rows_per_trigger]
+    # the Kafka inputs' partitions are looked for as often as the most eager of them asks
+    intervals = [
+        p.discovery_interval_ms
+        for p in parsed_inputs
+        if p.source == "kafka" and p.discovery_interval_ms > 0
+    ]
     return replace(
         base,
         source=INPUTS_KIND,
+        discovery_interval_ms=min(intervals) if intervals else 0,
         # the inputs' limits add up, shared fairly over all their channels
         max_rows_per_trigger=sum(limits) if limits else base.max_rows_per_trigger,
         raw={k: v for k, v in opts.items() if k != STORAGE_OPTION},
