@@ -9,23 +9,31 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from runbench.graph_variants import GraphStarted
+from runbench.graph_variants import GraphStarted, stages_job
 from runbench.graphbench import (
+    CHECK_ROWS_PER_CHANNEL,
     FULL,
     QUICK,
     RATIOS,
+    STAGE_LINES,
+    check_source,
+    compare_windows,
     file_sink_files,
+    generated_rows,
     join_sources,
     lines,
     output_rows,
     per_row,
     ratios_of,
+    selected,
 )
 from runbench.steady import batch_rows
+from runbench.two_stages import COUNTRIES, WINDOW_MS, UserCounts, count_users, window_sums
 
 from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.spark.datasource.source_options import INPUTS, INPUTS_KIND, SourceOptions
@@ -70,9 +78,19 @@ def test_join_inputs_split_the_micro_batch_and_differ_by_seed_only() -> None:
 
 def test_every_line_reads_the_same_rows_per_micro_batch() -> None:
     table = {line.name: line for line in lines(QUICK)}
-    assert list(table) == ["spark-ckpt/join", "spark-join", "count/today", "count/graph"]
+    assert list(table) == [
+        "spark-ckpt/join",
+        "spark-join",
+        "count/today",
+        "count/graph",
+        "stages/spark-ckpt",
+        "stages/spark",
+        "stages/spark-pandas",
+    ]
     assert table["spark-ckpt/join"].source == table["spark-join"].source
     assert table["count/today"].source == table["count/graph"].source
+    for name in STAGE_LINES:  # the two-stage job reads the count lines' input
+        assert table[name].source == table["count/today"].source
     assert table["count/today"].source["maxRowsPerTrigger"] == QUICK.batch_rows
     assert table["count/today"].source["seed"] == 7  # the clicks
     assert {pair for pair in RATIOS} <= {(a, b) for a in table for b in table}
@@ -176,3 +194,132 @@ def test_output_rows_of_a_file_sink_are_those_of_its_committed_files(tmp_path: P
     assert file_sink_files(str(out)) == [str(out / "a.parquet"), str(out / "b.parquet")]
     started = GraphStarted(FakeQuery(), lambda: None, output=str(out), output_format="parquet")
     assert output_rows(started, [{"batchId": 0, "sink": {"numOutputRows": -1}}]) == 3 + 5
+
+
+def test_the_two_stage_lines_and_their_ratios() -> None:
+    """The two-stage job against Spark's chained aggregations (target >= 1.0); the line of
+    ``applyInPandasWithState`` runs only when named."""
+    assert [line.name for line in selected(QUICK)] == [
+        line.name for line in lines(QUICK) if line.name != "stages/spark-pandas"
+    ]
+    only = replace_lines(("stages/spark-pandas", "stages/spark-ckpt"))
+    assert [line.name for line in selected(only)] == ["stages/spark-ckpt", "stages/spark-pandas"]
+    assert RATIOS[("stages/spark-ckpt", "stages/spark")] == 1.0
+    runs = [
+        run("stages/spark-ckpt", 300.0),
+        run("stages/spark", 200.0),
+        run("stages/spark", 250.0),
+        run("stages/spark-ckpt", 250.0),
+    ]
+    ratio = ratios_of(runs, ["stages/spark-ckpt", "stages/spark"])[
+        "stages/spark-ckpt : stages/spark"
+    ]
+    assert ratio["per_rep"] == pytest.approx([1.5, 1.0]) and ratio["target"] == 1.0
+    users, countries = stages_job(3)
+    assert (users.name, countries.name, countries.parallelism) == ("users", "countries", 3)
+    assert users.operators[0].key_column == "user_id"
+    assert countries.operators[0].key_column == "country"
+
+
+def replace_lines(names: tuple[str, ...]) -> Any:
+    from dataclasses import replace
+
+    return replace(QUICK, lines=names)
+
+
+def test_user_counts_emit_every_row_with_its_running_count_and_country() -> None:
+    """spark-ckpt's first stage against a fold, over two batches (the state carries over)."""
+    from spark_ckpt.state.backend import KeyedStateBackend
+    from spark_ckpt.state.context import StateContext
+    from spark_ckpt.state.keygroup import range_for_subtask
+
+    op = UserCounts()
+    backend = KeyedStateBackend(op.uid, 0, pa.int64(), range_for_subtask(128, 1, 0), 128)
+    state = StateContext(backend)
+    op.open(state)
+    seen: dict[int, int] = {}
+    for users in ([3, 53, 3, 7], [7, 3, 103]):
+        n = len(users)
+        batch = pa.table(
+            {
+                "user_id": pa.array(users, pa.int64()),
+                "amount": pa.array(range(1, n + 1), pa.int64()),
+                "event_ts": pa.array(range(n), pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+            }
+        )
+        out = op.process_batch(batch, state)
+        assert out is not None and out.schema == op.output_schema
+        expected = []
+        for u in users:
+            seen[u] = seen.get(u, 0) + 1
+            expected.append(seen[u])
+        assert out.column("count").to_pylist() == expected
+        assert out.column("country").to_pylist() == [u % COUNTRIES for u in users]
+        assert out.column("amount").to_pylist() == batch.column("amount").to_pylist()
+        assert out.column("event_ts").to_pylist() == batch.column("event_ts").to_pylist()
+
+
+class FakeGroupState:
+    def __init__(self, value: int | None) -> None:
+        self.exists = value is not None
+        self.get = (value,)
+        self.updated: tuple[int, ...] | None = None
+
+    def update(self, value: tuple[int, ...]) -> None:
+        self.updated = value
+
+
+def test_spark_first_stage_counts_on_from_its_state() -> None:
+    import pandas as pd
+
+    frames = [
+        pd.DataFrame({"user_id": [53, 53], "amount": [1, 2], "event_ts": [0, 1]}),
+        pd.DataFrame({"user_id": [53], "amount": [5], "event_ts": [2]}),
+    ]
+    state = FakeGroupState(4)
+    out = pd.concat(list(count_users((53,), iter(frames), state)), ignore_index=True)
+    assert out["count"].tolist() == [5, 6, 7]
+    assert out["country"].tolist() == [53 % COUNTRIES] * 3
+    assert out["amount"].tolist() == [1, 2, 5]
+    assert state.updated == (7,)
+
+
+def test_window_sums_and_the_check_of_a_runs_windows() -> None:
+    """The oracle folds tumbling windows aligned to the epoch; the check finds a wrong sum,
+    a window twice and a due window missing, and forgives windows not yet due."""
+    ms = [0, 4_999, 5_000, 12_000, 1_000]
+    rows = pa.table(
+        {
+            "user_id": pa.array([1, 1, 1 + COUNTRIES, 2, 2], pa.int64()),
+            "amount": pa.array([10, 20, 30, 40, 50], pa.int64()),
+            "event_ts": pa.array([m * 1000 for m in ms], pa.int64()).cast(
+                pa.timestamp("us", tz="UTC")
+            ),
+        }
+    )
+    oracle = window_sums(rows)
+    assert oracle.values.tolist() == [
+        [1, 0, WINDOW_MS, 30],
+        [2, 0, WINDOW_MS, 50],
+        [1, 5_000, 10_000, 30],
+        [2, 10_000, 15_000, 40],
+    ]
+    due = 10_000  # the last window is not due yet
+    assert compare_windows(oracle.iloc[:3], oracle, due)["ok"]
+    report = compare_windows(oracle.iloc[:2], oracle, due)
+    assert report["missing_due"] == 1 and not report["ok"]
+    twice = compare_windows(oracle.iloc[[0, 1, 2, 2]], oracle, due)
+    assert twice["duplicates"] == 1 and not twice["ok"]
+    wrong = oracle.iloc[:3].copy()
+    wrong.loc[0, "sum_amount"] = 31
+    assert compare_windows(wrong, oracle, due)["wrong_sums"] == 1
+
+
+def test_the_check_reads_a_bounded_copy_of_the_stage_lines_input() -> None:
+    source = check_source(QUICK)
+    count = next(line for line in lines(QUICK) if line.name == "stages/spark-ckpt").source
+    assert source["rate"] == 0
+    assert source["backlog"] == f"{CHECK_ROWS_PER_CHANNEL},{CHECK_ROWS_PER_CHANNEL}"
+    assert {**source, "rate": 0, "backlog": 0} == {**count, "rate": 0, "backlog": 0}
+    small = {**source, "backlog": "3,2"}
+    assert generated_rows(small).num_rows == 5

@@ -27,6 +27,32 @@
   source}``, which the pipeline runs as a pipeline of that one source (history of this
   line's figures: ``bench/README.md``, *Graphs*).
 
+**One input, two keyed stages** (issue 51; the operators and the oracle in
+:mod:`runbench.two_stages`): per-user counts, then, re-keyed by country, per-country sums over
+tumbling 5 s event-time windows:
+
+* :func:`ckpt_stages` — spark-ckpt: ``Pipeline.start(source, [Stage([UserCounts()],
+  name="users"), Stage([WindowAggregate("countries", "country", Windows.tumbling(5 s),
+  [Agg.sum("amount")], time_column="event_ts")], name="countries", parallelism=...)],
+  watermark=for_bounded_out_of_orderness("event_ts", 2 s))``: one query, one checkpoint over
+  both stages, into Delta;
+* :func:`spark_stages` — Spark chaining two stateful operators in one query, both its own JVM
+  aggregations (Spark >= 3.4, append mode): ``withWatermark("event_ts", "2000
+  milliseconds").groupBy(window("event_ts", "5000 milliseconds"), "user_id").agg(count,
+  sum("amount"))`` (per-user counts, per window: Spark has no running count that a later
+  stateful operator may follow), ``country = user_id % COUNTRIES``, then
+  ``groupBy(window(window_time("window"), "5000 milliseconds"), "country")
+  .agg(sum("amount"))``, with a ``checkpointLocation``, into
+  :data:`~runbench.time_variants.SPARK_SINKS`. The same output as spark-ckpt's job (the
+  windows align), with one row per user and window between the stages instead of one per
+  input row;
+* :func:`spark_pandas_stages` — the first stage as spark-ckpt's, per-row running counts:
+  ``groupBy("user_id").applyInPandasWithState(count_users, ..., "append", NoTimeout)``, then
+  ``withWatermark("event_ts", ...)`` on its output (defined on the source only, the watermark
+  does not pass through ``applyInPandasWithState`` and Spark refuses the windowed aggregation
+  in append mode) and the same windowed sums. Opt-in (``--lines``): a Python call per user
+  and micro-batch, some hundreds of rows/s here.
+
 **The read limit of named inputs.** With ``sources=`` the pipeline reads every input through
 one ``ckpt-source`` (``source=inputs``); the inputs' ``maxRowsPerTrigger`` add up to that
 source's read limit, which it shares fairly over all channels: with equal
@@ -44,6 +70,7 @@ from typing import Any
 
 from benchcommon import PIPELINE, stop_quietly
 
+from runbench import two_stages
 from runbench.time_variants import STATE_STORES, checkpoint_options
 from runbench.variants import PLACEMENTS, Started, VariantStart, Workload
 from spark_ckpt.pipeline.pipeline import Pipeline
@@ -51,6 +78,8 @@ from spark_ckpt.runtime.config import CheckpointConfig
 from spark_ckpt.runtime.event_time import WatermarkStrategy
 from spark_ckpt.runtime.joins import IntervalJoin
 from spark_ckpt.runtime.operator import RunningCount
+from spark_ckpt.runtime.stage import Stage
+from spark_ckpt.runtime.windows import Agg, WindowAggregate, Windows
 
 #: The join's inputs (left, right), their key and event-time columns.
 LEFT, RIGHT = "clicks", "impressions"
@@ -224,5 +253,138 @@ def today_count(placement: str) -> VariantStart:
             pipeline, dict(w.source), output=output, parallelism=w.parallelism
         )
         return GraphStarted(started.query, lambda: stop_quietly(started), pipeline, output=output)
+
+    return run
+
+
+def stages_job(parallelism: int) -> list[Stage]:
+    """The two stages of :func:`ckpt_stages`: users (the job's parallelism), then countries on
+    *parallelism* subtasks."""
+    return [
+        Stage([two_stages.UserCounts("users")], name="users"),
+        Stage(
+            [
+                WindowAggregate(
+                    "countries",
+                    "country",
+                    Windows.tumbling(two_stages.WINDOW_MS),
+                    [Agg.sum("amount")],
+                    time_column=TIME,
+                )
+            ],
+            name="countries",
+            parallelism=parallelism,
+        ),
+    ]
+
+
+def ckpt_stages(placement: str, *, available_now: bool = False) -> VariantStart:
+    """spark-ckpt's job of two keyed stages (see the module docstring) over the workload's one
+    source, its subtasks placed as *placement* says; *available_now*: read what is available,
+    then end with a final checkpoint (the bench's check of the output)."""
+
+    def run(spark: Any, root: str, w: Workload) -> Started:
+        pipeline = _pipeline(spark, root, w)
+        output = os.path.join(root, "out")
+        started = pipeline.start(
+            dict(w.source),
+            stages_job(w.parallelism),
+            output=output,
+            parallelism=w.parallelism,
+            placement=placement,
+            watermark=WatermarkStrategy.for_bounded_out_of_orderness(TIME, BOUND_MS),
+            available_now=available_now,
+        )
+        return GraphStarted(started.query, lambda: stop_quietly(started), pipeline, output=output)
+
+    return run
+
+
+def _stage_rows(spark: Any, root: str, w: Workload) -> Any:
+    """The workload's data rows (user, amount, event time) for Spark's two-stage lines, read
+    by a ``ckpt-source`` that only names its source (no checkpoints)."""
+    from pyspark.sql import functions as F
+
+    from spark_ckpt.protocol.barrier import KIND
+
+    reader = Pipeline(
+        spark,
+        f"{PIPELINE}-stages",
+        config=CheckpointConfig(interval_ms=None),
+        root=os.path.join(root, "pipeline"),
+    )
+    return reader.read(**w.source).where(F.col(KIND) == 0).select(KEY, "amount", TIME)
+
+
+def _start_sums(
+    by_window: Any, spark: Any, root: str, w: Workload, state_store: str, sink: str
+) -> Started:
+    """Spark's second stage, per-country sums of *by_window* (grouped by window and country),
+    started into *sink* with its state on *state_store*."""
+    from pyspark.sql import functions as F
+
+    from runbench.time_variants import _write
+
+    sums = by_window.agg(F.sum("amount").alias("sum_amount")).select(
+        "country",
+        F.col("window.start").alias("window_start"),
+        F.col("window.end").alias("window_end"),
+        "sum_amount",
+    )
+    conf = {
+        PROVIDER: STATE_STORES[state_store],
+        "spark.sql.shuffle.partitions": str(w.parallelism),
+    }
+    with session_conf(spark, conf):
+        query = _write(sums, root, sink)
+    out = os.path.join(root, "out") if sink == "parquet" else None  # _write's path
+    return GraphStarted(query, query.stop, output=out, output_format=sink)
+
+
+def spark_stages(state_store: str, sink: str) -> VariantStart:
+    """Spark's two chained stateful operators, both its own JVM aggregations (see the module
+    docstring), their state on the *state_store* provider (:data:`STATE_STORES`), into
+    *sink*."""
+
+    def run(spark: Any, root: str, w: Workload) -> Started:
+        from pyspark.sql import functions as F
+
+        rows = _stage_rows(spark, root, w)
+        size = f"{two_stages.WINDOW_MS} milliseconds"
+        users = (
+            rows.withWatermark(TIME, f"{BOUND_MS} milliseconds")
+            .groupBy(F.window(TIME, size), KEY)
+            .agg(F.count("*").alias("count"), F.sum("amount").alias("amount"))
+            .withColumn("country", F.col(KEY) % two_stages.COUNTRIES)
+        )
+        by_window = users.groupBy(F.window(F.window_time("window"), size), "country")
+        return _start_sums(by_window, spark, root, w, state_store, sink)
+
+    return run
+
+
+def spark_pandas_stages(state_store: str, sink: str) -> VariantStart:
+    """Spark's ``applyInPandasWithState`` (per-user running counts, one row per input row, as
+    spark-ckpt's first stage) chained with its windowed aggregation (see the module docstring),
+    their state on the *state_store* provider (:data:`STATE_STORES`), into *sink*."""
+
+    def run(spark: Any, root: str, w: Workload) -> Started:
+        from pyspark import cloudpickle
+        from pyspark.sql import functions as F
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        cloudpickle.register_pickle_by_value(two_stages)  # type: ignore[no-untyped-call]
+        rows = _stage_rows(spark, root, w)
+        users = rows.groupBy(KEY).applyInPandasWithState(
+            two_stages.count_users,
+            two_stages.USERS_DDL,
+            two_stages.STATE_DDL,
+            "append",
+            GroupStateTimeout.NoTimeout,
+        )
+        by_window = users.withWatermark(TIME, f"{BOUND_MS} milliseconds").groupBy(
+            F.window(TIME, f"{two_stages.WINDOW_MS} milliseconds"), "country"
+        )
+        return _start_sums(by_window, spark, root, w, state_store, sink)
 
     return run

@@ -14,7 +14,17 @@ spark-ckpt query (:func:`runbench.time_variants.checkpoint_options`), its subtas
   2 s on both sides, the same time-range condition), into ``spark_sink``;
 * ``count/today`` — the keyed running count over one generated source, ``Pipeline.start(
   source, RunningCount(...))``, into Delta;
-* ``count/graph`` — the same job given as a one-input graph, ``sources={"only": source}``.
+* ``count/graph`` — the same job given as a one-input graph, ``sources={"only": source}``;
+* ``stages/spark-ckpt`` — two keyed stages over the count lines' input
+  (:func:`runbench.graph_variants.ckpt_stages`): per-user running counts
+  (:class:`runbench.two_stages.UserCounts`), then, re-keyed by country, per-country sums over
+  tumbling 5 s event-time windows (``WindowAggregate``), a watermark bound of 2 s, into Delta;
+* ``stages/spark`` — Spark chaining two of its stateful operators in one query, append mode:
+  per-user counts per 5 s window, then per-country sums over ``window(window_time(window),
+  5 s)`` (:func:`runbench.graph_variants.spark_stages`), into ``spark_sink``;
+* ``stages/spark-pandas`` (opt-in: only when ``--lines`` names it) — Spark's
+  ``applyInPandasWithState`` per-user running counts, one row per input row as spark-ckpt's
+  first stage, then the windowed sums.
 
 Every input is the generator (``channels`` channels, ``keys`` uniform keys, event time
 advancing ``event_rate`` rows per second per channel, in order within each channel: the
@@ -29,8 +39,11 @@ from Spark's query progress over a steady window of ``window_s`` after ``warmup_
 batches with data and ``warmup_s`` (:func:`~runbench.steady.steady_window`). Per run also the
 output rows per input row over the whole query (:func:`output_extra`: the lines of a pair
 should agree, showing they did the same work). Ratios (:data:`RATIOS`): per repetition
-``spark-ckpt/join / spark-join`` (target >= 1.0) and ``count/graph / count/today`` (target
->= 0.97); median with a bootstrap 95% interval (:func:`~runbench.steady.paired_ratios`).
+``spark-ckpt/join / spark-join`` (target >= 1.0), ``count/graph / count/today`` (target
+>= 0.97) and ``stages/spark-ckpt / stages/spark`` (target >= 1.0); median with a bootstrap 95%
+interval (:func:`~runbench.steady.paired_ratios`). Before any timed run, the two-stage lines'
+output is checked once against a pandas fold over a bounded copy of their input
+(:func:`check_stages`); a wrong output ends the bench before it measures anything.
 """
 
 from __future__ import annotations
@@ -57,8 +70,11 @@ from runbench.graph_variants import (
     UPPER_MS,
     GraphStarted,
     ckpt_join,
+    ckpt_stages,
     graph_count,
     spark_join,
+    spark_pandas_stages,
+    spark_stages,
     today_count,
 )
 from runbench.measure import abba, measure_variant
@@ -180,6 +196,7 @@ class Line:
     name: str
     start: VariantStart
     source: dict[str, object]
+    opt_in: bool = False  # run only when --lines names it
 
 
 def lines(s: GraphSettings) -> list[Line]:
@@ -189,6 +206,23 @@ def lines(s: GraphSettings) -> list[Line]:
         Line("spark-join", spark_join(s.spark_state_store, s.spark_sink), join_sources(s)),
         Line("count/today", today_count(s.placement), count_source),
         Line("count/graph", graph_count(s.placement), count_source),
+        Line("stages/spark-ckpt", ckpt_stages(s.placement), count_source),
+        Line("stages/spark", spark_stages(s.spark_state_store, s.spark_sink), count_source),
+        Line(
+            "stages/spark-pandas",
+            spark_pandas_stages(s.spark_state_store, s.spark_sink),
+            count_source,
+            opt_in=True,
+        ),
+    ]
+
+
+def selected(s: GraphSettings) -> list[Line]:
+    """The lines a run runs: those ``s.lines`` names, else every line but the opt-in ones."""
+    return [
+        line
+        for line in lines(s)
+        if (line.name in s.lines if s.lines is not None else not line.opt_in)
     ]
 
 
@@ -196,7 +230,11 @@ def lines(s: GraphSettings) -> list[Line]:
 RATIOS = {
     ("spark-ckpt/join", "spark-join"): 1.0,
     ("count/graph", "count/today"): 0.97,
+    ("stages/spark-ckpt", "stages/spark"): 1.0,
+    ("stages/spark-ckpt", "stages/spark-pandas"): 1.0,
 }
+#: The lines of the two-stage job, whose output :func:`check_stages` checks before any run.
+STAGE_LINES = ("stages/spark-ckpt", "stages/spark", "stages/spark-pandas")
 
 
 # -- what a run did besides its rows/s ----------------------------------------------------------
@@ -259,6 +297,127 @@ def output_extra(started: Started, window: Window, batches: list[dict[str, Any]]
     }
 
 
+# -- the check of the two-stage lines' output -------------------------------------------------
+#: Rows per channel of the check's bounded input (rate 0: nothing arrives after them, their
+#: event times 1 ms apart).
+CHECK_ROWS_PER_CHANNEL = 150_000
+
+
+def check_source(s: GraphSettings) -> dict[str, object]:
+    """The two-stage lines' input with a bounded backlog and no rows arriving (``rate`` 0), so
+    that a run can read all of it and the oracle knows every row."""
+    source = generator_source(s, SEEDS[LEFT], s.batch_rows)
+    backlog = ",".join([str(CHECK_ROWS_PER_CHANNEL)] * s.channels)
+    return {**source, "rate": 0, "backlog": backlog}
+
+
+def generated_rows(source: dict[str, object]) -> Any:
+    """Every row of a bounded generator *source* (its backlog), all channels."""
+    import pyarrow as pa
+
+    from spark_ckpt.sources.generator import GeneratorSpec
+
+    spec = GeneratorSpec.from_options({k: str(v) for k, v in source.items()})
+    return pa.concat_tables(spec.rows(c, 0, n) for c, n in enumerate(spec.backlogs))
+
+
+def output_frame(started: GraphStarted) -> Any:
+    """A stopped two-stage run's output as pandas, :data:`two_stages.OUTPUT_COLUMNS`, the
+    windows' bounds in epoch ms."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from runbench.two_stages import OUTPUT_COLUMNS
+
+    assert started.output is not None
+    if started.output_format == "delta":
+        from deltalake import DeltaTable
+
+        table = DeltaTable(started.output).to_pyarrow_table()
+    else:
+        files = file_sink_files(started.output)
+        table = pa.concat_tables([pq.read_table(f) for f in files]) if files else None
+    if table is None or table.num_rows == 0:
+        import pandas as pd
+
+        return pd.DataFrame(columns=list(OUTPUT_COLUMNS))
+    columns = {}
+    for name in OUTPUT_COLUMNS:
+        column = table.column(name)
+        if pa.types.is_timestamp(column.type):  # instants: Delta's are UTC, Spark's naive UTC
+            column = column.cast(pa.timestamp("ms", tz=column.type.tz)).cast(pa.int64())
+        columns[name] = column.cast(pa.int64())
+    return pa.table(columns).to_pandas()
+
+
+def compare_windows(got: Any, oracle: Any, due_until_ms: int) -> dict[str, Any]:
+    """*got* (a run's windows) against *oracle* (:func:`two_stages.window_sums`): every window
+    once, with the oracle's sum; every oracle window ending at or before *due_until_ms* (the
+    final watermark: every window it passed) present."""
+    on = ["country", "window_start", "window_end"]
+    merged = got.merge(oracle, on=on, how="left", suffixes=("", "_expected"))
+    wrong = int((merged["sum_amount"] != merged["sum_amount_expected"]).sum())
+    due = oracle[oracle["window_end"] <= due_until_ms]
+    present = due.merge(got[on].drop_duplicates(), on=on, how="inner")
+    report = {
+        "windows": len(got),
+        "windows_due": len(due),
+        "duplicates": int(got.duplicated(on).sum()),
+        "wrong_sums": wrong,
+        "missing_due": len(due) - len(present),
+        "oracle_windows": len(oracle),
+    }
+    report["ok"] = (
+        report["windows"] > 0
+        and report["duplicates"] == 0
+        and report["wrong_sums"] == 0
+        and report["missing_due"] == 0
+    )
+    return report
+
+
+def check_stages(spark: Any, s: GraphSettings, log: Any) -> dict[str, Any]:
+    """Once, outside the timed runs: both two-stage lines over a bounded input
+    (:func:`check_source`) against a pandas fold over its rows (:func:`two_stages.window_sums`);
+    spark-ckpt reads it all (``available_now``, a final checkpoint), Spark's query processes
+    all available data, then idles long enough for its watermark to close the windows."""
+    import shutil
+    import tempfile
+
+    import pyarrow as pa
+
+    from runbench.two_stages import window_sums
+
+    source = check_source(s)
+    rows = generated_rows(source)
+    oracle = window_sums(rows)
+    last_ms = int(rows.column("event_ts").cast(pa.int64()).to_numpy().max() // 1000)
+    due_until = last_ms - BOUND_MS  # the final watermark: every window it passed is out
+    workload = Workload(source, s.parallelism, s.interval_ms)
+    out: dict[str, Any] = {"input_rows": rows.num_rows, "due_until_ms": due_until}
+    table = {line.name: line for line in lines(s)}
+    names = [line.name for line in selected(s) if line.name in STAGE_LINES]
+    for name in names:
+        root = tempfile.mkdtemp(prefix="spark-ckpt-bench-stages-check-")
+        try:
+            if name == "stages/spark-ckpt":
+                started = ckpt_stages(s.placement, available_now=True)(spark, root, workload)
+                started.query.awaitTermination(s.query_timeout_s)
+            else:
+                started = table[name].start(spark, root, workload)
+                started.query.processAllAvailable()
+                time.sleep(5.0)  # the batch without data that moves the watermark on
+                started.query.processAllAvailable()
+            started.stop()
+            assert isinstance(started, GraphStarted)
+            out[name] = compare_windows(output_frame(started), oracle, due_until)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        log(f"  check {name:<18} {out[name]}")
+    out["ok"] = all(out[n]["ok"] for n in names)
+    return out
+
+
 # -- the run ------------------------------------------------------------------------------------
 def ratios_of(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Per ratio of :data:`RATIOS` whose lines both ran: the paired per-repetition ratios
@@ -273,7 +432,7 @@ def ratios_of(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str,
 
 def run_lines(spark: Any, s: GraphSettings, log: Any) -> dict[str, Any]:
     """Every line (``s.lines``): the warm-up round, then the ABBA repetitions."""
-    table = {line.name: line for line in lines(s) if s.lines is None or line.name in s.lines}
+    table = {line.name: line for line in selected(s)}
     names = list(table)
     py_gc = PyGcTimer().install()
 
@@ -300,7 +459,7 @@ def run_lines(spark: Any, s: GraphSettings, log: Any) -> dict[str, Any]:
         for name in names:
             r = one(name, max(s.warmup_query_s, s.window_s / 3), 0.0)
             warmup.append(r)
-            log(f"  warm-up {name:<16} {r['rows_per_s']:>10,.0f} rows/s (not measured)")
+            log(f"  warm-up {name:<19} {r['rows_per_s']:>10,.0f} rows/s (not measured)")
     runs: list[dict[str, Any]] = []
     for rep in range(s.reps):
         for name in abba(names, rep):
@@ -311,9 +470,9 @@ def run_lines(spark: Any, s: GraphSettings, log: Any) -> dict[str, Any]:
             d = r["diagnostics"] or {}
             per = r.get("output_per_input_row")
             log(
-                f"  rep {rep + 1}/{s.reps} {name:<16} {r['rows_per_s']:>10,.0f} rows/s "
+                f"  rep {rep + 1}/{s.reps} {name:<19} {r['rows_per_s']:>10,.0f} rows/s "
                 f"({r['window']['batches']} batches in {r['window']['seconds']:.1f} s"
-                + (f", {per:.3f} rows out per row in" if per is not None else "")
+                + (f", {per:.4g} rows out per row in" if per is not None else "")
                 + f"; cores other {d.get('other_cores', 0):.2f}; load "
                 f"{r['loadavg_start'][0]:.1f}; query {r['query_wall_s']:.0f} s)"
             )
@@ -358,9 +517,9 @@ def render(result: dict[str, Any]) -> str:
     for n, sp in g["rows_per_s"].items():
         per = g["output_per_input_row"][n]
         out.append(
-            f"    {n:<16} median {sp['median']:>10,.0f} rows/s "
+            f"    {n:<19} median {sp['median']:>10,.0f} rows/s "
             f"(min {sp['min']:,.0f}, max {sp['max']:,.0f})"
-            + (f"; rows out per row in {per['median']:.3f}" if per["n"] else "")
+            + (f"; rows out per row in {per['median']:.4g}" if per["n"] else "")
         )
     for pair, r in g["ratios"].items():
         out.append(
@@ -382,6 +541,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spark-state-store", choices=sorted(STATE_STORES))
     parser.add_argument("--spark-sink", choices=SPARK_SINKS)
     parser.add_argument("--lines", help="comma-separated lines (default: all)")
+    parser.add_argument(
+        "--no-check", action="store_true", help="skip the check of the two-stage job's output"
+    )
     parser.add_argument(
         "--settle-timeout", type=float, help="max wait for a quiet machine before each run"
     )
@@ -431,6 +593,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "spark-ckpt-graphs", master=s.master, shuffle_partitions=s.parallelism, log_level="ERROR"
     )
     try:
+        if not args.no_check and {line.name for line in selected(s)} & set(STAGE_LINES):
+            log("check of the two-stage job's output")
+            result["stages_check"] = check_stages(spark, s, log)
+            if not result["stages_check"]["ok"]:
+                raise SystemExit("the two-stage lines' output is wrong: not measured")
         log("graphs")
         result["graphs"] = run_lines(spark, s, log)
     finally:
