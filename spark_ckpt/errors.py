@@ -87,6 +87,12 @@ class StateError(SparkCkptError):
     snapshot that does not fit the operator it is restored into."""
 
 
+class StateBackendError(StateError):
+    """The state backend's storage failed where the subtask runs: a local directory that is
+    not writable, a full disk, a damaged local store. Fails the batch (and the checkpoint in
+    progress), never committed output."""
+
+
 class RestoreError(SparkCkptError):
     """A checkpoint or savepoint cannot be restored into this pipeline as it is now: state
     of an operator uid no operator claims (without allow-non-restored-state), a changed

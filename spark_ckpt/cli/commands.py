@@ -102,6 +102,21 @@ def _cache_cells(cp: CompletedCheckpoint, task: str) -> dict[str, int]:
     }
 
 
+def _storage_cells(cp: CompletedCheckpoint, task: str) -> dict[str, Any]:
+    """A subtask's state backend and what it holds (nothing for a task without keyed
+    state, or a checkpoint of an older version)."""
+    m = cp.stats.task_storage.get(task)
+    if m is None:
+        return {}
+    rate = m.cache_hit_rate
+    return {
+        "backend": m.backend,
+        "in_memory": size(m.memory_bytes),
+        "on_disk": size(m.disk_bytes),
+        "cache_hit_rate": "" if rate is None else f"{100 * rate:.1f}%",
+    }
+
+
 def checkpoint_row(cp: CompletedCheckpoint, *, timed: bool = False) -> dict[str, Any]:
     """A retained checkpoint's table row; *timed*: with the event-time cells."""
     s = cp.stats
@@ -158,6 +173,11 @@ def checkpoints_show(args: argparse.Namespace) -> int:
                 **cp.stats.task_metrics.get(str(t.task), _NO_METRICS).to_dict(),
                 **_cache_cells(cp, str(t.task)),
                 **(
+                    {"state_backend": cp.stats.task_storage[str(t.task)].to_dict()}
+                    if str(t.task) in cp.stats.task_storage
+                    else {}
+                ),
+                **(
                     cp.stats.task_time[str(t.task)].to_dict()
                     if str(t.task) in cp.stats.task_time
                     else {}
@@ -186,6 +206,7 @@ def checkpoints_show(args: argparse.Namespace) -> int:
                 "state": size(t.state_bytes()),
                 "channel_state": size(t.channel_state_bytes()),
                 **_cache_cells(cp, str(t.task)),
+                **_storage_cells(cp, str(t.task)),
                 **_subtask_time_cells(cp, str(t.task)),
             }
         )

@@ -21,7 +21,7 @@ from spark_ckpt.coordination.live_report import InProgress
 from spark_ckpt.monitoring.root_view import RootView, RunView
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.checkpoint import CheckpointStats
-from spark_ckpt.protocol.state_handles import ChangeMetrics
+from spark_ckpt.protocol.state_handles import ChangeMetrics, StorageMetrics
 from spark_ckpt.runtime.failure import is_aborted
 from spark_ckpt.runtime.restore_settings import RESTORED_FROM
 from spark_ckpt.runtime.stage import stage_names, stage_rows
@@ -113,6 +113,13 @@ def in_progress_entry(p: InProgress, now_ms: int) -> dict[str, Any]:
     }
 
 
+def _storage_entry(m: StorageMetrics | None) -> dict[str, Any] | None:
+    """A subtask's state backend: its name, what it holds, ``rocksdb``'s cache hit rate."""
+    if m is None:
+        return None
+    return {**m.to_dict(), "cache_hit_rate": m.cache_hit_rate}
+
+
 def subtask_entries(record: CheckpointRecord) -> list[dict[str, Any]]:
     """Per subtask of a finished checkpoint: Flink's subtask statistics (``checkpoint``:
     sync and async durations; ``alignment``: duration and persisted bytes; start delay;
@@ -138,6 +145,7 @@ def subtask_entries(record: CheckpointRecord) -> list[dict[str, Any]]:
                 "keys_changed": c.keys_changed,
                 "in_flight_rows": c.in_flight_rows,
                 "cache": None if cache is None else cache.to_dict(),
+                "state_backend": _storage_entry(s.task_storage.get(task)),
                 "time": None if time is None else time.to_dict(),
             }
         )

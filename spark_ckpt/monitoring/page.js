@@ -251,6 +251,11 @@ async function renderDetails(doc) {
     cell(tr, num(s.in_flight_rows));
     cell(tr, s.cache ? `${s.cache.hits} in place, ${s.cache.rebuilds} rebuilt` : "in the driver",
       "text");
+    const b = s.state_backend;
+    cell(tr, b ? b.backend : "", "text");
+    cell(tr, b ? bytes(b.memory_bytes) : "");
+    cell(tr, b ? bytes(b.disk_bytes) : "");
+    cell(tr, b && b.cache_hit_rate !== null ? `${(100 * b.cache_hit_rate).toFixed(1)}%` : "");
   });
 }
 

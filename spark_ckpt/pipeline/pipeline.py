@@ -370,6 +370,7 @@ class Pipeline:
             stages=stages,
             stage_output=job.stages[0].output if stages else None,
             partitions=partitions,
+            state_backend=self.config.state_backend_spec,
         )
         function: RunFunction
         settings: dict[str, str] = {}

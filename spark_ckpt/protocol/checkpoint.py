@@ -21,6 +21,7 @@ from spark_ckpt.protocol.state_handles import (
     ChangeMetrics,
     CheckpointMetrics,
     SourceOffset,
+    StorageMetrics,
     TaskId,
     TaskStateHandle,
     TimeMetrics,
@@ -61,6 +62,9 @@ class CheckpointStats:
     #: each subtask's keys changed, rows in flight and bytes written (empty: written by an
     #: older version)
     task_changes: Mapping[str, ChangeMetrics] = field(default_factory=dict)
+    #: each subtask's state backend and what it holds (empty: no keyed state, or an older
+    #: version)
+    task_storage: Mapping[str, StorageMetrics] = field(default_factory=dict)
 
     @property
     def keys_changed(self) -> int:
@@ -136,6 +140,11 @@ class CheckpointStats:
                 if self.task_changes
                 else {}
             )
+            | (
+                {"task_storage": {k: v.to_dict() for k, v in sorted(self.task_storage.items())}}
+                if self.task_storage
+                else {}
+            )
         )
 
     @staticmethod
@@ -153,6 +162,9 @@ class CheckpointStats:
             task_time={k: TimeMetrics.from_dict(v) for k, v in d.get("task_time", {}).items()},
             task_changes={
                 k: ChangeMetrics.from_dict(v) for k, v in d.get("task_changes", {}).items()
+            },
+            task_storage={
+                k: StorageMetrics.from_dict(v) for k, v in d.get("task_storage", {}).items()
             },
         )
 

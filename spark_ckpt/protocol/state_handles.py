@@ -384,6 +384,59 @@ class TimeMetrics:
 
 
 @dataclass(frozen=True)
+class StorageMetrics:
+    """What a subtask's keyed state holds in its state backend when it snapshots: the
+    backend (``hashmap`` | ``rocksdb``), entries, bytes in memory and on local disk
+    (estimates), and ``rocksdb``'s block cache hits and misses since the subtask's backend
+    opened."""
+
+    backend: str
+    entries: int = 0
+    memory_bytes: int = 0
+    disk_bytes: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        """Hits over lookups of the block cache (None: no lookup, or no cache)."""
+        lookups = self.cache_hits + self.cache_misses
+        return None if lookups == 0 else self.cache_hits / lookups
+
+    def plus(self, other: StorageMetrics) -> StorageMetrics:
+        """The sum of two operators' backends of one subtask."""
+        return StorageMetrics(
+            self.backend,
+            self.entries + other.entries,
+            self.memory_bytes + other.memory_bytes,
+            self.disk_bytes + other.disk_bytes,
+            self.cache_hits + other.cache_hits,
+            self.cache_misses + other.cache_misses,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "entries": self.entries,
+            "memory_bytes": self.memory_bytes,
+            "disk_bytes": self.disk_bytes,
+            "cache_hits": self.cache_hits,
+            "cache_misses": self.cache_misses,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> StorageMetrics:
+        return StorageMetrics(
+            str(d["backend"]),
+            int(d.get("entries", 0)),
+            int(d.get("memory_bytes", 0)),
+            int(d.get("disk_bytes", 0)),
+            int(d.get("cache_hits", 0)),
+            int(d.get("cache_misses", 0)),
+        )
+
+
+@dataclass(frozen=True)
 class AcknowledgeCheckpoint:
     """Task → coordinator: *task* finished its part of checkpoint *checkpoint_id*.
 
@@ -411,6 +464,9 @@ class AcknowledgeCheckpoint:
     time: TimeMetrics | None = None
     #: keys changed, rows in flight, bytes written (None: an older version)
     changes: ChangeMetrics | None = None
+    #: a task with keyed state: what its state backend holds (None: none, or an older
+    #: version)
+    storage: StorageMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -429,6 +485,8 @@ class AcknowledgeCheckpoint:
             d["time"] = self.time.to_dict()
         if self.changes is not None:
             d["changes"] = self.changes.to_dict()
+        if self.storage is not None:
+            d["storage"] = self.storage.to_dict()
         return d
 
     @staticmethod
@@ -445,6 +503,7 @@ class AcknowledgeCheckpoint:
             sealed=None if d.get("sealed") is None else tuple(str(t) for t in d["sealed"]),
             time=None if d.get("time") is None else TimeMetrics.from_dict(d["time"]),
             changes=None if d.get("changes") is None else ChangeMetrics.from_dict(d["changes"]),
+            storage=None if d.get("storage") is None else StorageMetrics.from_dict(d["storage"]),
         )
 
 

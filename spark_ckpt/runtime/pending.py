@@ -114,6 +114,9 @@ class PendingCheckpoint:
             task_changes={
                 str(t): a.changes for t, a in sorted(self.acks.items()) if a.changes is not None
             },
+            task_storage={
+                str(t): a.storage for t, a in sorted(self.acks.items()) if a.storage is not None
+            },
         )
         return CompletedCheckpoint(
             checkpoint_id=cid,

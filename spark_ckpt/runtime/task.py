@@ -52,6 +52,7 @@ from spark_ckpt.protocol.state_handles import (
     DeclineCheckpoint,
     SourceOffset,
     StateBlob,
+    StorageMetrics,
     TaskId,
     TaskSnapshot,
     TaskStateHandle,
@@ -90,6 +91,7 @@ from spark_ckpt.sinks.two_phase_commit import (
 )
 from spark_ckpt.sources.inputs import INPUT_KEY, Inputs
 from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.backends.spec import HASHMAP, StateBackendSpec
 from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.keygroup import key_groups, range_for_subtask
 from spark_ckpt.state.state_restore import restore_backend
@@ -174,8 +176,12 @@ class OperatorTask:
         inputs: Inputs | None = None,
         side_sinks: Mapping[str, TransactionalSink] | None = None,
         forward: StageOutput | None = None,
+        state_backend: StateBackendSpec = HASHMAP,
     ) -> None:
-        """*inputs*: the pipeline reads several named inputs, whose rows arrive in their union
+        """*state_backend*: where the operators' keyed state is stored (``hashmap`` or
+        ``rocksdb``, :mod:`spark_ckpt.state.backends`), built here; :meth:`close` releases it.
+
+        *inputs*: the pipeline reads several named inputs, whose rows arrive in their union
         form (:mod:`spark_ckpt.sources.inputs`): the first operator receives them apart (an
         operator over several inputs, :class:`~spark_ckpt.runtime.co_operator.KeyedCoOperator`)
         or merged (inputs of one schema).
@@ -234,6 +240,7 @@ class OperatorTask:
                 self.key_group_range,
                 max_parallelism,
                 parallelism=parallelism,
+                storage=state_backend.storage(op.uid, task_id.subtask, op.key_type),
             )
             timers = ttl = late_output = None
             if self.time is not None:
@@ -401,6 +408,8 @@ class OperatorTask:
                 op.close()
             except Exception as e:  # a user's hook: report it, close the others
                 log.error("closing operator %r of %s failed: %s", op.uid, self.task_id, e)
+        for backend in self.backends.values():
+            backend.close()  # rocksdb: its local files
 
     def _run(self, steps: list[Step]) -> None:
         """Carry out the aligner's *steps* in order. Records with nothing but progress
@@ -620,6 +629,7 @@ class OperatorTask:
         snapshot = TaskSnapshot(self.task_id, tuple(blobs), tuple(reused), offsets)
         sync_ms = progress.sync_ms + self.clock.now_ms() - start
         cache, self.cache = self.cache, None if self.cache is None else CacheMetrics()
+        storage = self.storage_metrics()  # on the task thread: the tables are not shared
 
         def write_and_acknowledge() -> None:
             async_start = self.clock.now_ms()
@@ -650,10 +660,20 @@ class OperatorTask:
                     sealed,
                     progress.time,
                     ChangeMetrics(progress.keys_changed, in_flight, handle.bytes_written_by(cid)),
+                    storage,
                 )
             )
 
         self._run_async(AsyncPhase(cid, write_and_acknowledge))
+
+    def storage_metrics(self) -> StorageMetrics | None:
+        """What the operators' state backends hold, summed over the chain (None: no
+        operator). Task thread only; O(states)."""
+        total: StorageMetrics | None = None
+        for backend in self.backends.values():
+            m = backend.storage_stats()
+            total = m if total is None else total.plus(m)
+        return total
 
     def notify_complete(self, checkpoint_id: int, sink_committed: int | None = None) -> None:
         """Checkpoint *checkpoint_id* completed: update the incremental base, and forget the

@@ -18,6 +18,7 @@ from spark_ckpt.runtime.stage import FIRST_STAGE_VERTEX, Stage
 from spark_ckpt.runtime.stage_output import forwarded_strategy
 from spark_ckpt.sinks.two_phase_commit import TransactionalSink
 from spark_ckpt.sources.inputs import Inputs, common_time
+from spark_ckpt.state.backends.spec import HASHMAP, StateBackendSpec
 from spark_ckpt.storage.checkpoint_store import WorkerStorage
 
 
@@ -61,6 +62,8 @@ class AlignerSpec:
     stage_output: str | None = None
     #: the partitions of the subtasks' Spark stages (executors: routes between stages)
     partitions: int = 200
+    #: where the subtasks keep their keyed state (``state.backend.type``)
+    state_backend: StateBackendSpec = HASHMAP
 
     def role(self, position: int) -> StageRole:
         """What the subtasks of the stage at *position* (0: the first) are built from."""

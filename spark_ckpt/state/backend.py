@@ -1,28 +1,30 @@
 """The keyed and operator state of one operator subtask: registration, per-record and
 vectorized access.
 
-A :class:`KeyedStateBackend` holds the state of one subtask of one operator: *keyed state*
-(value, list and map state per key, for the keys of the subtask's
-:class:`~spark_ckpt.state.keygroup.KeyGroupRange`) and *operator state*
-(:class:`~spark_ckpt.state.operator_state.OperatorListState`). It lives on the task thread:
-it is not thread-safe, and every call (record processing, ``snapshot``, notifications,
-restore) comes from that thread. Only the tables a snapshot returns travel to other threads,
-and those are immutable. Operators do not see the backend: they receive a
+A :class:`KeyedStateBackend` holds the keyed state of one subtask of one operator (value, list
+and map state per key, for the keys of the subtask's
+:class:`~spark_ckpt.state.keygroup.KeyGroupRange`), and gives access to the subtask's
+operator state (:class:`~spark_ckpt.state.operator_backend.OperatorStateBackend`). It
+lives on the task thread: it is not thread-safe, and every call (record processing,
+``snapshot``, notifications, restore) comes from that thread. Only the tables a snapshot
+returns travel to other threads, and those are immutable. Operators do not see the backend:
+they receive a
 :class:`~spark_ckpt.state.context.StateContext` on it.
 
-Representation. Each keyed state (:class:`KeyedStateTable`) keeps, per key group, a Python
-``dict`` from key to the stored form of its value, which the state's value store
-(:mod:`spark_ckpt.state.value_store`) chooses: the Python object Arrow's ``to_pylist`` yields
-(lists for list state, dicts for map state), or, for value state of a nested type, a slot in
-an arena of Arrow arrays, so a list of structs is never turned into Python objects on the
-vectorized path. The per-record API is a dict access; the vectorized API
-(:meth:`KeyedStateBackend.get_values` / :meth:`~KeyedStateBackend.put_values`) hashes a whole
-Arrow key array at once (:mod:`spark_ckpt.state.keygroup`), radix-sorts it by key group and
-does one C-level ``map(dict.get)`` / ``dict.update`` per key group — no per-row Python loop
-(except for the rare null values that clear keys). Every mutation is also recorded for the
-next incremental snapshot (:class:`~spark_ckpt.state.snapshot.changes.StateChanges`): the
-vectorized API appends its Arrow input to a change log (O(1) per call), the per-record API
-records the key.
+Storage. The backend validates and routes keys (hashed, range-checked and sorted by key
+group once per batch: :class:`~spark_ckpt.state.backends.table.KeyRouting`) and hands whole
+batches to the storage of each state, a
+:class:`~spark_ckpt.state.backends.table.StateTable` made by the backend's
+:class:`~spark_ckpt.state.backends.table.StateStorage`: ``hashmap`` (Python dicts in the
+host's memory, :mod:`spark_ckpt.state.backends.heap`) or ``rocksdb`` (an embedded RocksDB on
+the executor's local disk, :mod:`spark_ckpt.state.backends.rocksdb`), chosen by
+``state.backend.type`` (:mod:`spark_ckpt.state.backends.spec`). Operators cannot tell them
+apart, and a checkpoint's format does not depend on them. Every mutation is also recorded
+for the next incremental snapshot (:class:`~spark_ckpt.state.snapshot.changes.StateChanges`):
+the vectorized API appends its Arrow input to a change log (O(1) per call), the per-record
+API records the key. Operator state lives beside, in an
+:class:`~spark_ckpt.state.operator_backend.OperatorStateBackend`
+(:attr:`KeyedStateBackend.operator`).
 
 Snapshots are the job of the backend's snapshot strategy,
 :attr:`KeyedStateBackend.snapshots` (a
@@ -44,30 +46,24 @@ is an error.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from itertools import compress, repeat
+from collections.abc import Mapping
 from typing import Any, Final
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_ckpt.errors import StateError
-from spark_ckpt.protocol.state_handles import TaskId
+from spark_ckpt.protocol.state_handles import StorageMetrics, TaskId
+from spark_ckpt.state.backends.heap import HeapStorage
+from spark_ckpt.state.backends.table import KeyRouting, StateStorage, StateTable
 from spark_ckpt.state.descriptor import (
     CONVERSION_ERRORS,
     ListStateDescriptor,
     MapStateDescriptor,
     StateDescriptor,
     ValueStateDescriptor,
-    check_arrow_type,
-    check_state_name,
-    to_column,
 )
-from spark_ckpt.state.keyed_table import KeyedStateTable
 from spark_ckpt.state.keygroup import (
     DEFAULT_MAX_PARALLELISM,
     KeyGroupRange,
@@ -76,50 +72,28 @@ from spark_ckpt.state.keygroup import (
     key_group_indices,
     range_for_subtask,
 )
+from spark_ckpt.state.operator_backend import OperatorStateBackend
 from spark_ckpt.state.operator_state import OperatorListState
-from spark_ckpt.state.schema_evolution import (
-    Migration,
-    descriptor_migration,
-    plan_migration,
-    state_label,
-)
+from spark_ckpt.state.schema_evolution import Migration, descriptor_migration, state_label
+from spark_ckpt.state.snapshot.changes import last_occurrences
 from spark_ckpt.state.snapshot.strategy import SnapshotStrategy
 from spark_ckpt.state.snapshot.tables import full_table
 from spark_ckpt.state.views import ArrayLike, ListState, MapState, ValueState
 
 
-@dataclass(frozen=True)
-class _Routing:
-    """A key array sorted by key group: the keys of ``groups[j]`` are
-    ``sorted_keys[bounds[j]:bounds[j + 1]]``; ``order[s]`` is the input position of sorted
-    position ``s``."""
-
-    source: object
-    array: pa.Array
-    key_groups: npt.NDArray[np.integer]
-    groups: list[int]
-    bounds: list[int]
-    sorted_keys: list[Any]
-    order: npt.NDArray[np.int64]
-
-    def segments(self) -> Iterator[tuple[int, int, int]]:
-        """(key group, begin, end) of each run of the sorted keys."""
-        return zip(self.groups, self.bounds[:-1], self.bounds[1:], strict=True)
-
-    def inverse(self) -> npt.NDArray[np.int64]:
-        """Per input position, its position among the sorted keys."""
-        inverse = np.empty_like(self.order)
-        inverse[self.order] = np.arange(len(self.order), dtype=np.int64)
-        return inverse
+def default_storage(operator_uid: str, subtask: int, key_type: pa.DataType) -> StateStorage:
+    """The storage of a backend built without one: ``hashmap``."""
+    return HeapStorage()
 
 
 class KeyedStateBackend:
-    """Keyed and operator state of subtask *subtask* of operator *operator_uid*, owning the
-    key groups *key_group_range* (inclusive ends) of *max_parallelism*. See the module
-    docstring for the representation and the threading contract; snapshots are taken by its
-    strategy (:attr:`snapshots`), restores made by
-    :func:`~spark_ckpt.state.state_restore.restore_backend`. Held by the task; operators get a
-    :class:`~spark_ckpt.state.context.StateContext` on it.
+    """Keyed state of subtask *subtask* of operator *operator_uid*, owning the key groups
+    *key_group_range* (inclusive ends) of *max_parallelism*, stored by *storage* (default:
+    ``hashmap``, in memory). See the module docstring for the representation and the
+    threading contract; snapshots are taken by its strategy (:attr:`snapshots`), restores
+    made by :func:`~spark_ckpt.state.state_restore.restore_backend`. Held by the task;
+    operators get a :class:`~spark_ckpt.state.context.StateContext` on it. :meth:`close`
+    releases the storage (local files of ``rocksdb``) once the task is done with it.
 
     *parallelism* (optional) is only needed to redistribute operator state on restore; when
     given, *key_group_range* must be the range Flink assigns to *subtask* at it.
@@ -134,6 +108,7 @@ class KeyedStateBackend:
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
         *,
         parallelism: int | None = None,
+        storage: StateStorage | None = None,
     ) -> None:
         check_max_parallelism(max_parallelism)
         if not isinstance(key_type, pa.DataType) or not is_supported_key_type(key_type):
@@ -157,15 +132,19 @@ class KeyedStateBackend:
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
         self.parallelism = parallelism
-        self._states: dict[str, KeyedStateTable] = {}
-        self._operator_states: dict[str, OperatorListState] = {}
-        # restored states no registration has claimed yet (see the module docstring)
+        #: where the keyed states' entries are stored (``hashmap`` or ``rocksdb``)
+        self.storage: Final[StateStorage] = (
+            default_storage(operator_uid, subtask, key_type) if storage is None else storage
+        )
+        self._states: dict[str, StateTable] = {}
+        #: the subtask's operator (non-keyed) state
+        self.operator: Final = OperatorStateBackend(operator_uid, self._keyed_kind)
+        # restored keyed states no registration has claimed yet (see the module docstring)
         self._unclaimed: set[str] = set()
-        self._unclaimed_operator: set[str] = set()
         self._current_key: Any = None
         self._current_group = -1
         self._has_current = False
-        self._route_cache: _Routing | None = None
+        self._route_cache: KeyRouting | None = None
         #: the snapshots of this backend's states (full and incremental), the checkpoint
         #: notifications and the incremental base: the task's business, not the operators'
         self.snapshots: Final = SnapshotStrategy(
@@ -174,7 +153,7 @@ class KeyedStateBackend:
             key_group_range,
             max_parallelism,
             self._states,
-            self._operator_states,
+            self.operator.states,
         )
 
     @classmethod
@@ -185,10 +164,20 @@ class KeyedStateBackend:
         parallelism: int,
         key_type: pa.DataType,
         max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        *,
+        storage: StateStorage | None = None,
     ) -> KeyedStateBackend:
         """The backend of subtask *subtask* of *parallelism*, with Flink's key group range."""
         rng = range_for_subtask(max_parallelism, parallelism, subtask)
-        return cls(operator_uid, subtask, key_type, rng, max_parallelism, parallelism=parallelism)
+        return cls(
+            operator_uid,
+            subtask,
+            key_type,
+            rng,
+            max_parallelism,
+            parallelism=parallelism,
+            storage=storage,
+        )
 
     @property
     def task_id(self) -> TaskId:
@@ -197,11 +186,25 @@ class KeyedStateBackend:
     def __repr__(self) -> str:
         return (
             f"KeyedStateBackend({self.operator_uid!r}, subtask={self.subtask}, "
-            f"key_groups={self.key_group_range}, states={sorted(self._states)})"
+            f"key_groups={self.key_group_range}, backend={self.storage.name}, "
+            f"states={sorted(self._states)})"
         )
 
+    def close(self) -> None:
+        """Release the storage (idempotent): a ``rocksdb`` backend removes its local files.
+        The backend is unusable afterwards."""
+        self.storage.close()
+
+    def storage_stats(self) -> StorageMetrics:
+        """The backend's name and what its keyed states hold in memory and on disk."""
+        return self.storage.stats(list(self._states.values()))
+
+    def _keyed_kind(self, name: str) -> str | None:
+        state = self._states.get(name)
+        return None if state is None else state.descriptor.kind.value
+
     # -- registration ----------------------------------------------------------------------
-    def register(self, descriptor: StateDescriptor) -> KeyedStateTable:
+    def register(self, descriptor: StateDescriptor) -> StateTable:
         """The storage of keyed state *descriptor*, registered on first use. A restored,
         unclaimed state of that name is claimed: migrated to *descriptor* if its stored
         descriptor differs (:mod:`~spark_ckpt.state.schema_evolution`; StateError naming
@@ -217,9 +220,9 @@ class KeyedStateBackend:
         name = descriptor.name
         state = self._states.get(name)
         if state is None:
-            if name in self._operator_states:
+            if name in self.operator.states:
                 raise StateError(f"state {name!r} is already operator state")
-            state = self._states[name] = KeyedStateTable(descriptor)
+            state = self._states[name] = self.storage.new_table(descriptor)
         elif state.descriptor != descriptor:
             if name not in self._unclaimed:
                 raise StateError(
@@ -230,7 +233,7 @@ class KeyedStateBackend:
         self._unclaimed.discard(name)
         return state
 
-    def restored_state(self, stored: StateDescriptor) -> tuple[KeyedStateTable, Migration]:
+    def restored_state(self, stored: StateDescriptor) -> tuple[StateTable, Migration]:
         """For restore: the storage that rows of keyed state written with descriptor
         *stored* go to, and the migration of their value column. A state registered before
         the restore keeps its descriptor (the stored column is migrated to it, or
@@ -240,12 +243,12 @@ class KeyedStateBackend:
         name = stored.name
         state = self._states.get(name)
         if state is None:
-            if name in self._operator_states:
+            if name in self.operator.states:
                 raise StateError(
                     f"{state_label(name, self.operator_uid)}: changed from {stored.kind.value} "
                     "state to operator list state: incompatible"
                 )
-            state = self._states[name] = KeyedStateTable(stored)
+            state = self._states[name] = self.storage.new_table(stored)
             self._unclaimed.add(name)
         elif state.descriptor != stored and name in self._unclaimed:
             try:
@@ -258,7 +261,7 @@ class KeyedStateBackend:
 
     @staticmethod
     def _migrate_loaded(
-        state: KeyedStateTable, migration: Migration, descriptor: StateDescriptor
+        state: StateTable, migration: Migration, descriptor: StateDescriptor
     ) -> None:
         """Rewrite the values *state* holds with *migration* (one Arrow column for all key
         groups) and make *descriptor* its descriptor."""
@@ -269,15 +272,12 @@ class KeyedStateBackend:
 
     def unclaimed_states(self) -> list[str]:
         """Names of restored states (keyed and operator) no registration has claimed yet."""
-        return sorted(self._unclaimed | self._unclaimed_operator)
+        return sorted(self._unclaimed | self.operator.unclaimed)
 
     def registered_states(self) -> tuple[list[str], list[str]]:
         """Names of the claimed keyed states and claimed operator states (registered by the
         operator, before or after a restore)."""
-        return (
-            sorted(set(self._states) - self._unclaimed),
-            sorted(set(self._operator_states) - self._unclaimed_operator),
-        )
+        return sorted(set(self._states) - self._unclaimed), self.operator.claimed()
 
     def value_state(self, descriptor: ValueStateDescriptor) -> ValueState:
         """The per-record view of value state *descriptor* (registered on first use)."""
@@ -299,60 +299,21 @@ class KeyedStateBackend:
         if not isinstance(descriptor, cls):
             raise StateError(f"expected a {cls.__name__}, got {descriptor!r}")
 
+    # operator state: the subtask's OperatorStateBackend (kept here for the state context)
     def operator_list_state(self, name: str, element_type: pa.DataType) -> OperatorListState:
-        """Operator list state *name* (registered on first use). A restored, unclaimed
-        operator state of that name is claimed, its elements migrated to *element_type* if
-        they were stored as another type (StateError if incompatible)."""
-        check_state_name(name)
-        check_arrow_type("element_type", element_type)
-        state = self._operator_states.get(name)
-        if state is None:
-            if name in self._states:
-                raise StateError(f"state {name!r} is already keyed state")
-            state = self._operator_states[name] = OperatorListState(name, element_type)
-        elif state.element_type != element_type:
-            if name not in self._unclaimed_operator:
-                raise StateError(
-                    f"operator state {name!r} holds {state.element_type}, not {element_type}"
-                )
-            migration = plan_migration(
-                state.element_type,
-                element_type,
-                state=name,
-                operator_uid=self.operator_uid,
-                operator_state=True,
-            )
-            migrated = migration(pa.array(state.get(), type=state.element_type))
-            state = self._operator_states[name] = OperatorListState(name, element_type)
-            state.update(migrated.to_pylist())
-        self._unclaimed_operator.discard(name)
-        return state
+        """Operator list state *name* (:meth:`OperatorStateBackend.list_state`)."""
+        return self.operator.list_state(name, element_type)
 
     def restored_operator_state(self, name: str, element_type: pa.DataType) -> OperatorListState:
-        """For restore: operator list state *name* to load elements of *element_type* into
-        (already migrated by the caller to the registered type, if any): the registered
-        state, or a new unclaimed one."""
-        state = self._operator_states.get(name)
-        if state is None:
-            if name in self._states:
-                raise StateError(
-                    f"{state_label(name, self.operator_uid)}: changed from operator list state "
-                    f"to {self._states[name].descriptor.kind.value} state: incompatible"
-                )
-            state = self._operator_states[name] = OperatorListState(name, element_type)
-            self._unclaimed_operator.add(name)
-        elif state.element_type != element_type:
-            raise StateError(
-                f"operator state {name!r} holds {state.element_type}, not {element_type}"
-            )
-        return state
+        """For restore (:meth:`OperatorStateBackend.restored_state`)."""
+        return self.operator.restored_state(name, element_type)
 
     def operator_state_types(self) -> dict[str, pa.DataType]:
         """Element type of every operator list state, by name."""
-        return {n: s.element_type for n, s in self._operator_states.items()}
+        return self.operator.element_types()
 
     @property
-    def tables(self) -> Mapping[str, KeyedStateTable]:
+    def tables(self) -> Mapping[str, StateTable]:
         """The storage of every keyed state, registered or restored, by name (live: a state
         registered later appears in it)."""
         return self._states
@@ -408,16 +369,23 @@ class KeyedStateBackend:
                 arr = arr.cast(self.key_type)
         except CONVERSION_ERRORS as e:
             raise StateError(f"keys are not {self.key_type}: {e}") from e
+        if arr.null_count:
+            raise StateError("keys must not be null")
         return arr
 
-    def _route(self, keys: ArrayLike) -> _Routing:
+    def _route(self, keys: ArrayLike) -> KeyRouting:
         """Hash, range-check and sort *keys* by key group. The last routing of an Arrow
         array is cached by identity (arrays are immutable), so ``put_values`` right after
         ``get_values`` on the same batch does not hash again."""
         cached = self._route_cache
         if cached is not None and cached.source is keys:
             return cached
-        arr = self._key_array(keys)
+        routing = self._route_array(self._key_array(keys), keys)
+        if isinstance(keys, pa.Array | pa.ChunkedArray):
+            self._route_cache = routing
+        return routing
+
+    def _route_array(self, arr: pa.Array, source: object) -> KeyRouting:
         kgs = key_group_indices(arr, self.max_parallelism)
         if not self.key_group_range.contains_all(kgs):
             outside = int(
@@ -435,13 +403,17 @@ class KeyedStateBackend:
         starts = np.flatnonzero(np.diff(sorted_kgs)) + 1 if len(order) else np.empty(0, np.int64)
         bounds = [0, *starts.tolist(), len(order)] if len(order) else [0]
         groups = sorted_kgs[bounds[:-1]].tolist() if len(order) else []
-        sorted_keys = arr.take(pa.array(order)).to_pylist()
-        routing = _Routing(keys, arr, kgs, groups, bounds, sorted_keys, order)
-        if isinstance(keys, pa.Array | pa.ChunkedArray):
-            self._route_cache = routing
-        return routing
+        return KeyRouting(source, arr, kgs, groups, bounds, order)
 
-    def _value_state(self, descriptor: ValueStateDescriptor) -> KeyedStateTable:
+    def _unique(self, routing: KeyRouting) -> tuple[KeyRouting, np.ndarray | None]:
+        """*routing* with each repeated key at its last occurrence only (in input order),
+        and the input positions kept (None: no key repeats)."""
+        if pc.count_distinct(routing.array).as_py() == len(routing.array):
+            return routing, None
+        kept = last_occurrences(routing.array)
+        return self._route_array(routing.array.take(pa.array(kept)), None), kept
+
+    def _value_state(self, descriptor: ValueStateDescriptor) -> StateTable:
         self._expect(descriptor, ValueStateDescriptor)
         return self.register(descriptor)
 
@@ -451,15 +423,7 @@ class KeyedStateBackend:
         groups."""
         state = self._value_state(descriptor)
         routing = self._route(keys)
-        out: list[Any] = []
-        for kg, begin, end in routing.segments():
-            group = state.groups.get(kg)
-            segment = routing.sorted_keys[begin:end]
-            if group:
-                out.extend(map(group.get, segment))
-            else:
-                out.extend([None] * len(segment))
-        return state.column(list(map(out.__getitem__, routing.inverse().tolist())))
+        return state.read(routing).take(pa.array(routing.inverse()))
 
     def put_values(
         self, descriptor: ValueStateDescriptor, keys: ArrayLike, values: ArrayLike
@@ -472,35 +436,9 @@ class KeyedStateBackend:
         vals = self._value_array(descriptor, values)
         if len(vals) != len(routing.array):
             raise StateError(f"{len(routing.array)} keys but {len(vals)} values")
-        stored = state.stored_many(vals, routing.order)
-        clears = vals.null_count > 0
-        if clears and pc.count_distinct(routing.array).as_py() < len(routing.array):
-            # a key repeats: an order-preserving loop keeps "last occurrence wins"
-            for kg, begin, end in routing.segments():
-                group = state.group(kg)
-                for k, v in zip(routing.sorted_keys[begin:end], stored[begin:end], strict=True):
-                    if v is None:
-                        group.pop(k, None)
-                    else:
-                        group[k] = v
-        else:
-            valid = (
-                vals.is_valid().to_numpy(zero_copy_only=False)[routing.order] if clears else None
-            )
-            keep = None if valid is None else valid.tolist()
-            drop = None if valid is None else (~valid).tolist()
-            for kg, begin, end in routing.segments():
-                segment = routing.sorted_keys[begin:end]
-                group = state.group(kg)
-                if keep is None or drop is None:
-                    group.update(zip(segment, stored[begin:end], strict=True))
-                    continue
-                mask = keep[begin:end]
-                group.update(
-                    zip(compress(segment, mask), compress(stored[begin:end], mask), strict=True)
-                )
-                gone = compress(segment, drop[begin:end])
-                deque(map(group.pop, gone, repeat(None)), maxlen=0)
+        unique, kept = self._unique(routing)
+        written = vals if kept is None else vals.take(pa.array(kept))
+        state.write(unique, written.take(pa.array(unique.order)))
         state.log(routing.key_groups, routing.array, vals)
         state.compact()
 
@@ -508,11 +446,7 @@ class KeyedStateBackend:
         """Remove the entries of *keys* from any keyed state."""
         state = self.register(descriptor)
         routing = self._route(keys)
-        for kg, begin, end in routing.segments():
-            segment = routing.sorted_keys[begin:end]
-            group = state.groups.get(kg)
-            if group:
-                deque(map(group.pop, segment, repeat(None)), maxlen=0)
+        state.delete(routing)
         state.log(
             routing.key_groups,
             routing.array,
@@ -527,13 +461,8 @@ class KeyedStateBackend:
         them. O(keys), per key in Python."""
         state = self.register(descriptor)
         routing = self._route(keys)
-        found: list[Any] = [None] * len(routing.array)
-        for kg, begin, end in routing.segments():
-            group = state.groups.get(kg)
-            if group:
-                for i in range(begin, end):
-                    found[routing.order[i]] = state.lookup(kg, routing.sorted_keys[i])
-        return found
+        found = state.read_python(routing)
+        return [found[i] for i in routing.inverse().tolist()]
 
     def put_entries(self, descriptor: StateDescriptor, keys: ArrayLike, entries: list[Any]) -> None:
         """Replace the entry of each key of any keyed state (the Python values
@@ -544,16 +473,8 @@ class KeyedStateBackend:
         if len(entries) != len(routing.array):
             raise StateError(f"{len(routing.array)} keys but {len(entries)} entries")
         kept = [e if e else None for e in entries]
-        for kg, begin, end in routing.segments():
-            group = state.group(kg)
-            for i in range(begin, end):
-                entry, key = kept[routing.order[i]], routing.sorted_keys[i]
-                if entry is None:
-                    group.pop(key, None)
-                else:
-                    group[key] = state.values.stored(entry)
-        values = pa.array(to_column(state.descriptor.kind, kept), state.descriptor.column_type)
-        state.log(routing.key_groups, routing.array, values)
+        state.write_python(routing, [kept[i] for i in routing.order.tolist()])
+        state.log(routing.key_groups, routing.array, state.column(kept))
         state.compact()
 
     def _value_array(self, descriptor: ValueStateDescriptor, values: ArrayLike) -> pa.Array:
@@ -571,7 +492,7 @@ class KeyedStateBackend:
         return arr
 
     # -- inspection ------------------------------------------------------------------------
-    def _state(self, descriptor: StateDescriptor | str) -> KeyedStateTable:
+    def _state(self, descriptor: StateDescriptor | str) -> StateTable:
         if isinstance(descriptor, str):
             state = self._states.get(descriptor)
             if state is None:
@@ -581,11 +502,8 @@ class KeyedStateBackend:
 
     def keys(self, descriptor: StateDescriptor | str) -> pa.Array:
         """Every key with an entry in the state, in key group order."""
-        state = self._state(descriptor)
-        out: list[Any] = []
-        for kg in sorted(state.groups):
-            out.extend(state.groups[kg])
-        return pa.array(out, type=self.key_type)
+        _, keys, _ = self._state(descriptor).entries()
+        return keys.cast(self.key_type)
 
     def to_table(self, descriptor: StateDescriptor | str) -> pa.Table:
         """Every (key group, key, value) of the state, in key group order, with the FULL
@@ -593,11 +511,12 @@ class KeyedStateBackend:
         return full_table(self._state(descriptor), self.key_type, self.max_parallelism)
 
     def value_count(self, descriptor: StateDescriptor | str | None = None) -> int:
-        """Number of (key, state) entries, of one state or of all keyed states."""
+        """Number of (key, state) entries, of one state or of all keyed states (an
+        estimate on ``rocksdb``)."""
         if descriptor is None:
             return sum(s.count() for s in self._states.values())
         return self._state(descriptor).count()
 
     def holds_state(self) -> bool:
         """Whether any keyed state has an entry or any operator state an element."""
-        return bool(self.value_count()) or any(op.get() for op in self._operator_states.values())
+        return any(not s.is_empty() for s in self._states.values()) or self.operator.holds_state()

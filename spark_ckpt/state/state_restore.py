@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from itertools import compress, pairwise
 from typing import Any
 
 import numpy as np
@@ -235,24 +234,13 @@ def _apply_blob(backend: KeyedStateBackend, ref: BlobRef, table: pa.Table) -> St
     order = order[np.argsort(kgs[order], kind="stable")]
     kgs = kgs[order]
     taken = table.take(pa.array(order))
-    keys = taken.column("key").to_pylist()
-    values = state.stored_many(migration(taken.column("value").combine_chunks()))
-    deleted = taken.column("deleted").to_pylist() if delta else None
-    starts = np.flatnonzero(np.diff(kgs)) + 1
-    bounds = [0, *starts.tolist(), len(kgs)]
-    for begin, end in pairwise(bounds):
-        if begin == end:
-            continue
-        group = state.group(int(kgs[begin]))
-        seg_keys, seg_values = keys[begin:end], values[begin:end]
-        if deleted is None:
-            group.update(zip(seg_keys, seg_values, strict=True))
-            continue
-        dead = deleted[begin:end]
-        live = [not d for d in dead]
-        group.update(zip(compress(seg_keys, live), compress(seg_values, live), strict=True))
-        for k in compress(seg_keys, dead):
-            group.pop(k, None)
+    deleted = taken.column("deleted").to_numpy(zero_copy_only=False) if delta else None
+    state.load(
+        kgs,
+        taken.column("key").combine_chunks(),
+        migration(taken.column("value").combine_chunks()),
+        deleted,
+    )
     return stored_desc
 
 

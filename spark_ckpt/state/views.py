@@ -21,7 +21,7 @@ from spark_ckpt.state.descriptor import (
 )
 
 if TYPE_CHECKING:
-    from spark_ckpt.state.keyed_table import KeyedStateTable
+    from spark_ckpt.state.backends.table import StateTable
 
 #: Keys or values as the vectorized API takes them: an Arrow array or a Python sequence.
 ArrayLike: TypeAlias = "pa.Array | pa.ChunkedArray | Sequence[Any]"
@@ -35,7 +35,7 @@ class _PerKeyState:
     """Base of the per-record state views of keyed state *state*: they act on the key that
     *current* returns (the backend's current key)."""
 
-    def __init__(self, current: CurrentKey, state: KeyedStateTable) -> None:
+    def __init__(self, current: CurrentKey, state: StateTable) -> None:
         self._current = current
         self._state = state
 
@@ -55,9 +55,7 @@ class _PerKeyState:
     def clear(self) -> None:
         """Remove the current key's entry."""
         kg, key = self._current()
-        g = self._state.groups.get(kg)
-        if g is not None:
-            g.pop(key, None)
+        self._state.remove(kg, key)
         self._state.touch_one(kg, key)
 
 

@@ -158,8 +158,9 @@ def check_exactly_once(p: Pipeline, output: Path) -> None:
         {"unaligned": True},
         {"unaligned": True, "aligned_checkpoint_timeout_ms": 1},
         {"mode": CheckpointingMode.AT_LEAST_ONCE},
+        {"state_backend": "rocksdb"},
     ],
-    ids=["aligned", "unaligned", "aligned-timeout", "at-least-once"],
+    ids=["aligned", "unaligned", "aligned-timeout", "at-least-once", "rocksdb"],
 )
 def test_subtasks_on_executors_are_exactly_once(
     spark: SparkSession, tmp_path: Path, config: dict[str, object]
@@ -188,6 +189,12 @@ def test_subtasks_on_executors_are_exactly_once(
         hits = sum(cache[t].hits for cache in caches)
         rebuilds = sum(cache[t].rebuilds for cache in caches)
         assert rebuilds == 1 and hits >= 1, caches
+    # each subtask reports its state backend and what it holds
+    backend = str(config.get("state_backend", "hashmap"))
+    storage = history[-1].task_storage
+    assert {m.backend for m in storage.values()} == {backend}, storage
+    spec = GeneratorSpec(SEED, len(BACKLOG), 0.0, BACKLOG, KEYS)
+    assert sum(m.entries for m in storage.values()) == len(generated_keys(spec, list(BACKLOG)))
 
 
 def _host_locks(root: str, run_id: str) -> list[Path]:
@@ -283,12 +290,18 @@ def test_a_failure_after_rows_past_the_checkpoint_restarts_exactly_once(
     check_exactly_once(p, tmp_path / "out")
 
 
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [("hashmap", "hashmap"), ("hashmap", "rocksdb"), ("rocksdb", "hashmap")],
+    ids=["hashmap", "hashmap-to-rocksdb", "rocksdb-to-hashmap"],
+)
 def test_a_savepoint_restores_on_executors_at_another_parallelism(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, before: str, after: str
 ) -> None:
     """Run on 2 subtasks until the source's rows are half read, stop with a savepoint; a new
-    pipeline restores it on 3 subtasks and finishes: the output is the fold."""
-    p = pipeline(spark, tmp_path / "root")
+    pipeline restores it on 3 subtasks and finishes: the output is the fold. A savepoint's
+    format does not depend on the state backend: it restores on the other one too."""
+    p = pipeline(spark, tmp_path / "root", state_backend=before)
     run = p.start(
         source(maxRowsPerTrigger=30),
         RunningCount("counter", "user_id"),
@@ -308,7 +321,7 @@ def test_a_savepoint_restores_on_executors_at_another_parallelism(
     assert savepoint is not None and savepoint.is_savepoint
     assert savepoint.offsets()[("source", 0)] < BACKLOG[0]  # stopped mid-input
     target = p.client.savepoint_path(savepoint)
-    again = pipeline(spark, tmp_path / "root2")
+    again = pipeline(spark, tmp_path / "root2", state_backend=after)
     again.run(
         source(maxRowsPerTrigger=600),
         RunningCount("counter", "user_id"),

@@ -62,14 +62,53 @@ def test_empty_and_foreign_options_give_defaults() -> None:
 
 
 @pytest.mark.parametrize(
-    "key", ["state.backend.type", "State.Backend.Incremental", "state.backend"]
+    ("key", "value", "expected"),
+    [
+        ("state.backend.type", "rocksdb", "rocksdb"),
+        ("State.Backend.Type", "HashMap", "hashmap"),
+        ("state.backend", "filesystem", "hashmap"),  # Flink's pre-1.13 names
+        ("state.backend", "jobmanager", "hashmap"),
+    ],
 )
-def test_state_backend_keys_are_refused_there_is_one_backend(key: str) -> None:
-    with pytest.raises(ConfigError, match="one state backend") as e:
-        CheckpointConfig.from_options({key: "rocksdb"})
+def test_the_state_backend_is_chosen_with_flink_keys(key: str, value: str, expected: str) -> None:
+    config = CheckpointConfig.from_options({key: value})
+    assert config.state_backend == expected
+    assert config.state_backend_spec.type.value == expected
+    assert CheckpointConfig.from_options(config.to_options()) == config
+
+
+def test_rocksdb_options_parse_flink_memory_sizes() -> None:
+    config = CheckpointConfig.from_options(
+        {
+            "state.backend.type": "rocksdb",
+            "state.backend.rocksdb.localdir": "/tmp/x",
+            "state.backend.rocksdb.block.cache-size": "16mb",
+            "state.backend.rocksdb.writebuffer.size": "1 GB",
+            "state.backend.rocksdb.writebuffer.count": "3",
+        }
+    )
+    options = config.state_backend_spec.rocksdb
+    assert options.local_dir == "/tmp/x"
+    assert options.block_cache_bytes == 16 << 20 and options.write_buffer_bytes == 1 << 30
+    assert options.max_write_buffers == 3
+    assert CheckpointConfig.from_options(config.to_options()) == config
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("state.backend.type", "forst", "hashmap [|] rocksdb"),
+        ("state.backend.rocksdb.block.cache-size", "lots", "memory size"),
+        ("state.backend.rocksdb.block.cache-size", "0mb", "memory size"),
+        ("State.Backend.Incremental", "true", "always incremental"),
+    ],
+)
+def test_bad_state_backend_options_are_one_clear_error(key: str, value: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as e:
+        CheckpointConfig.from_options({key: value})
     assert e.value.option == key
-    with pytest.raises(ConfigError, match="one state backend"):
-        parse_option(key, "true")
+    with pytest.raises(ConfigError, match=match):
+        parse_option(key, value)
 
 
 # ------------------------------------------------------------------ durations

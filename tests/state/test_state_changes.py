@@ -86,13 +86,13 @@ def test_the_log_says_what_a_fold_over_the_changes_says(program: list[tuple[Any,
 
 def test_a_compaction_is_paid_once(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    real = changes_module._last_occurrences
+    real = changes_module.last_occurrences
 
     def counting(keys: pa.Array) -> Any:
         calls.append(len(keys))
         return real(keys)
 
-    monkeypatch.setattr(changes_module, "_last_occurrences", counting)
+    monkeypatch.setattr(changes_module, "last_occurrences", counting)
     changes = StateChanges()
     changes.append_table(table([(1, 1), (2, 2)]), 100)
     changes.append_table(table([(1, 3)]), 100)

@@ -1,4 +1,4 @@
-"""Value state of a nested type lives in an Arrow arena (``spark_ckpt.state.value_store``):
+"""Value state of a nested type lives in an Arrow arena (``spark_ckpt.state.backends.value_store``):
 per-record and vectorized writes interleaved, overwrites and clears, compactions, snapshots
 and restores give what a plain dict of the written values gives."""
 
@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.backends.value_store import ArrowValues, PythonValues
 from spark_ckpt.state.descriptor import ValueStateDescriptor
 from spark_ckpt.state.state_restore import restore_backends
-from spark_ckpt.state.value_store import ArrowValues, PythonValues
 from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
 WINDOW = pa.struct([("start", pa.int64()), ("end", pa.int64()), ("n", pa.int64())])

@@ -29,6 +29,13 @@ from spark_ckpt.runtime.restart import (
     RestartStrategy,
     restart_strategy_from_dict,
 )
+from spark_ckpt.state.backends.rocksdb import (
+    DEFAULT_BLOCK_CACHE_BYTES,
+    DEFAULT_MAX_WRITE_BUFFERS,
+    DEFAULT_WRITE_BUFFER_BYTES,
+    RocksDBOptions,
+)
+from spark_ckpt.state.backends.spec import StateBackendSpec, StateBackendType
 from spark_ckpt.storage.history import DEFAULT_HISTORY_SIZE
 
 
@@ -73,6 +80,17 @@ class CheckpointConfig:
     savepoint_dir: str | None = None
     restart_strategy: RestartStrategy = field(default_factory=NoRestart)
     max_parallelism: int = 128
+    #: Where the subtasks keep their keyed state (Flink's ``state.backend.type``):
+    #: ``hashmap`` (in memory) or ``rocksdb`` (embedded, on the local disk). Checkpoints of
+    #: either restore on the other.
+    state_backend: str = "hashmap"
+    #: ``rocksdb``: the parent directory of its local files (None: the executor's
+    #: ``spark.local.dir``, or the temporary directory), the block cache and the write
+    #: buffers of each subtask's instance
+    rocksdb_local_dir: str | None = None
+    rocksdb_block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES
+    rocksdb_write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES
+    rocksdb_write_buffer_count: int = DEFAULT_MAX_WRITE_BUFFERS
 
     def __post_init__(self) -> None:
         if self.interval_ms is not None:
@@ -112,6 +130,15 @@ class CheckpointConfig:
                 "NoRestart, FixedDelayRestart or FailureRateRestart",
             )
         check_int("max_parallelism", self.max_parallelism, 1, MAX_MAX_PARALLELISM)
+        if self.state_backend not in {t.value for t in StateBackendType}:
+            raise ConfigError("state_backend", self.state_backend, "hashmap | rocksdb")
+        if self.rocksdb_local_dir is not None and (
+            not isinstance(self.rocksdb_local_dir, str) or not self.rocksdb_local_dir.strip()
+        ):
+            raise ConfigError("rocksdb_local_dir", self.rocksdb_local_dir, "None or a path")
+        check_int("rocksdb_block_cache_bytes", self.rocksdb_block_cache_bytes, 1, unit="bytes")
+        check_int("rocksdb_write_buffer_bytes", self.rocksdb_write_buffer_bytes, 1, unit="bytes")
+        check_int("rocksdb_write_buffer_count", self.rocksdb_write_buffer_count, 1)
         if self.unaligned and self.mode is not CheckpointingMode.EXACTLY_ONCE:
             raise ConfigError(
                 "unaligned",
@@ -127,6 +154,19 @@ class CheckpointConfig:
             )
 
     # ------------------------------------------------------------------ derived properties
+
+    @property
+    def state_backend_spec(self) -> StateBackendSpec:
+        """The state backend the subtasks are built with (picklable)."""
+        return StateBackendSpec(
+            StateBackendType(self.state_backend),
+            RocksDBOptions(
+                self.rocksdb_local_dir,
+                self.rocksdb_block_cache_bytes,
+                self.rocksdb_write_buffer_bytes,
+                self.rocksdb_write_buffer_count,
+            ),
+        )
 
     @property
     def periodic(self) -> bool:

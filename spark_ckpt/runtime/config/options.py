@@ -13,10 +13,13 @@ from spark_ckpt.runtime.config.durations import format_duration, parse_duration
 from spark_ckpt.runtime.config.modes import CheckpointingMode, ExternalizedCheckpointRetention
 from spark_ckpt.runtime.config.values import (
     enum_parser,
+    format_memory_size,
     parse_bool,
     parse_interval,
+    parse_memory_size,
     parse_path,
     parse_restart_type,
+    parse_state_backend,
 )
 
 
@@ -145,6 +148,41 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "max_parallelism",
     ),
     Option(
+        "state.backend.type",
+        ("state.backend",),
+        parse_state_backend,
+        render_str,
+        "state_backend",
+    ),
+    Option(
+        "state.backend.rocksdb.localdir",
+        ("state.backend.rocksdb.local-dir",),
+        parse_path,
+        render_str,
+        "rocksdb_local_dir",
+    ),
+    Option(
+        "state.backend.rocksdb.block.cache-size",
+        (),
+        parse_memory_size,
+        format_memory_size,
+        "rocksdb_block_cache_bytes",
+    ),
+    Option(
+        "state.backend.rocksdb.writebuffer.size",
+        (),
+        parse_memory_size,
+        format_memory_size,
+        "rocksdb_write_buffer_bytes",
+    ),
+    Option(
+        "state.backend.rocksdb.writebuffer.count",
+        (),
+        parse_int,
+        render_str,
+        "rocksdb_write_buffer_count",
+    ),
+    Option(
         "restart-strategy",
         ("restart-strategy.type",),
         parse_restart_type,
@@ -200,8 +238,8 @@ RESERVED_PREFIXES: Final = (
     "state.",
     "execution.checkpointing.",
 )
-#: Flink's state backend options (``state.backend.type``, ``state.backend.incremental``, …):
-#: refused, there is one state backend (see :func:`unknown_key`).
+#: Flink's state backend options: those in :data:`OPTIONS` are spark-ckpt's too; any other
+#: key under this prefix is refused with what spark-ckpt does instead (see :func:`unknown_key`).
 STATE_BACKEND_PREFIX: Final = "state.backend"
 
 #: Flink's defaults for the parameters of a restart strategy chosen by type only.
@@ -225,8 +263,10 @@ def unknown_key(key: str, value: object) -> ConfigError:
         return ConfigError(
             key,
             value,
-            "no state.backend option: spark-ckpt has one state backend (keyed state as Arrow "
-            "tables in each subtask, checkpoints always incremental), nothing to choose",
+            "a state backend option spark-ckpt has: state.backend.type (hashmap | rocksdb), "
+            "state.backend.rocksdb.localdir, state.backend.rocksdb.block.cache-size, "
+            "state.backend.rocksdb.writebuffer.size or state.backend.rocksdb.writebuffer.count "
+            "(checkpoints are always incremental, on both backends)",
         )
     return ConfigError(key, value, f"a known option key: {known_keys()}")
 

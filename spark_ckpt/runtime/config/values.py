@@ -68,3 +68,41 @@ def parse_restart_type(option: str, text: str) -> str:
     if kind is None:
         raise ConfigError(option, text, "none | fixed-delay | failure-rate")
     return kind
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(?:i?b|bytes?)?\s*$", re.IGNORECASE)
+_SIZE_UNITS: Final[dict[str, int]] = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_memory_size(option: str, text: str) -> int:
+    """A memory size as Flink spells it (``64mb``, ``8 MB``, ``1g``, ``4096``: bytes)."""
+    match = _SIZE.match(text)
+    if match is None or int(match.group(1)) <= 0:
+        raise ConfigError(option, text, "a positive memory size such as 64mb, 512kb or 1gb")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+
+
+def format_memory_size(value: int) -> str:
+    """The shortest exact spelling of *value* bytes (``64mb``)."""
+    for unit, factor in (("tb", 1 << 40), ("gb", 1 << 30), ("mb", 1 << 20), ("kb", 1 << 10)):
+        if value % factor == 0:
+            return f"{value // factor}{unit}"
+    return str(value)
+
+
+#: Flink's spellings of ``state.backend.type`` (its pre-1.13 names too).
+STATE_BACKEND_NAMES: Final[dict[str, str]] = {
+    "hashmap": "hashmap",
+    "heap": "hashmap",
+    "filesystem": "hashmap",
+    "jobmanager": "hashmap",
+    "memory": "hashmap",
+    "rocksdb": "rocksdb",
+}
+
+
+def parse_state_backend(option: str, text: str) -> str:
+    name = STATE_BACKEND_NAMES.get(text.strip().lower())
+    if name is None:
+        raise ConfigError(option, text, "hashmap | rocksdb")
+    return name

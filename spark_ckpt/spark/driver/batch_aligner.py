@@ -64,6 +64,7 @@ from spark_ckpt.runtime.stage_output import StageOutput, split_for_subtasks
 from spark_ckpt.runtime.task import CHAIN_VERTEX, SOURCE_TASK, OperatorTask, Response
 from spark_ckpt.sinks.two_phase_commit import TransactionalSink
 from spark_ckpt.sources.inputs import INPUT_KEY, Inputs
+from spark_ckpt.state.backends.spec import HASHMAP, StateBackendSpec
 from spark_ckpt.state.keygroup import subtasks_for_keys
 from spark_ckpt.storage.checkpoint_store import WorkerStorage
 
@@ -128,6 +129,7 @@ class BatchAligner:
         inputs: Inputs | None = None,
         side_sinks: Mapping[str, TransactionalSink] | None = None,
         later_stages: Sequence[StageSetup] = (),
+        state_backend: StateBackendSpec = HASHMAP,
     ) -> None:
         """*later_stages*: the job's stages after the first (:mod:`spark_ckpt.runtime.stage`),
         whose subtasks run here too, each micro-batch after the stage before them, on what
@@ -159,6 +161,7 @@ class BatchAligner:
         self._aborted_seen: set[int] = set()
         self.clock: Clock = clock or SystemClock()
         self.tracer = tracer
+        self.state_backend = state_backend
         self._outbox: list[AcknowledgeCheckpoint | DeclineCheckpoint] = []
         self.sink = sink
         self.worker = SnapshotWorker() if async_snapshots else None
@@ -238,6 +241,7 @@ class BatchAligner:
                 inputs=setup.inputs,
                 side_sinks=setup.side_sinks,
                 forward=StageOutput(s) if setup.forward else None,
+                state_backend=self.state_backend,
             )
             for s in range(setup.parallelism)
         ]

@@ -77,6 +77,7 @@ def _aligner(
         restore_from=restored,
         run_id=spec.run_id,
         tracer=spec.tracer,
+        state_backend=spec.state_backend,
         watermark=spec.watermark,
         inputs=spec.inputs,
         side_sinks=sides,

@@ -296,6 +296,7 @@ class SubtaskFunction:
             inputs=role.inputs,
             side_sinks=sides,
             forward=None if role.following is None else StageOutput(subtask),
+            state_backend=self.spec.state_backend,
         )
         writer: Any = None if sink is None else sink.writer
         if fence is None:

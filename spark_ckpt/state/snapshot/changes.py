@@ -4,7 +4,7 @@ O(keys changed), deduplicated with Arrow kernels — not the whole state.
 
 :class:`StateChanges` is the log; :class:`TrackedState` is what the snapshot side reads of
 one keyed state (the backend's storage,
-:class:`~spark_ckpt.state.keyed_table.KeyedStateTable`, implements it).
+:class:`~spark_ckpt.state.backends.table.StateTable`, implements it).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from spark_ckpt.state.descriptor import StateDescriptor
 LOG_COLUMNS: Final = ("key_group", "key", "value")
 
 
-def _last_occurrences(keys: pa.Array) -> npt.NDArray[np.int64]:
+def last_occurrences(keys: pa.Array) -> npt.NDArray[np.int64]:
     """Positions of the last occurrence of each distinct key of *keys*, ascending."""
     if len(keys) == 0:
         return np.empty(0, dtype=np.int64)
@@ -103,7 +103,7 @@ class StateChanges:
         if self.compact and len(self.log) == 1:
             return self.log[0]
         table = pa.concat_tables(self.log).combine_chunks() if len(self.log) > 1 else self.log[0]
-        positions = _last_occurrences(table.column("key").combine_chunks())
+        positions = last_occurrences(table.column("key").combine_chunks())
         if len(positions) != table.num_rows:
             table = table.take(pa.array(positions))
         self.log = [table]
@@ -154,18 +154,25 @@ class StateChanges:
 
 class TrackedState(Protocol):
     """What a snapshot reads of one keyed state (the backend's storage implements it): its
-    descriptor, its entries per key group, and the changes since the last snapshot, which
-    the strategy takes (replaces by a fresh :class:`StateChanges`) when it snapshots."""
+    descriptor, its entries, the current values of given keys, and the changes since the
+    last snapshot, which the strategy takes (replaces by a fresh :class:`StateChanges`) when
+    it snapshots."""
 
     @property
     def descriptor(self) -> StateDescriptor: ...
 
-    @property
-    def groups(self) -> dict[int, dict[Any, Any]]: ...
+    def entries(self) -> tuple[npt.NDArray[np.int64], pa.Array, pa.Array]:
+        """Every entry as (key groups, keys, values), sorted by key group."""
+        ...
 
-    def column(self, stored: list[Any]) -> pa.Array:
-        """The values of stored forms (the groups' dict values; None: null) as an Arrow
-        array of the descriptor's column type."""
+    def current(self, groups: list[int], keys: list[list[Any]]) -> tuple[pa.Array, list[bool]]:
+        """The values (null: none) of the keys ``keys[j]`` of each group ``groups[j]``,
+        concatenated, and whether each has an entry."""
+        ...
+
+    @property
+    def exact_count(self) -> bool:
+        """Whether :meth:`count` is exact."""
         ...
 
     changes: StateChanges

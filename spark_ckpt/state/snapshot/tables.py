@@ -21,25 +21,9 @@ def _kg_column(groups: list[int], sizes: list[int]) -> pa.Array:
 
 def full_table(state: TrackedState, key_type: pa.DataType, max_parallelism: int) -> pa.Table:
     """FULL blob of *state*: every key, sorted by key group."""
-    desc = state.descriptor
-    groups = [kg for kg in sorted(state.groups) if state.groups[kg]]
-    keys: list[Any] = []
-    values: list[Any] = []
-    sizes: list[int] = []
-    for kg in groups:
-        group = state.groups[kg]
-        keys.extend(group)
-        values.extend(group.values())
-        sizes.append(len(group))
-    schema = keyed_blob_schema(desc, key_type, max_parallelism, delta=False)
-    return pa.table(
-        [
-            _kg_column(groups, sizes),
-            pa.array(keys, type=key_type),
-            state.column(values),
-        ],
-        schema=schema,
-    )
+    kgs, keys, values = state.entries()
+    schema = keyed_blob_schema(state.descriptor, key_type, max_parallelism, delta=False)
+    return pa.table([pa.array(kgs, type=pa.int32()), keys.cast(key_type), values], schema=schema)
 
 
 def full_table_from_changes(
@@ -57,7 +41,7 @@ def full_table_from_changes(
     otherwise. When every key changed since the last checkpoint (a running count over a
     small key space) this avoids a walk over every entry in Python; the log is compacted in
     place, as :func:`delta_table` compacts it."""
-    if changes.keys or not changes.log or changes.log_rows < live:
+    if not state.exact_count or changes.keys or not changes.log or changes.log_rows < live:
         return None
     logged = changes.compacted_log()
     if logged.num_rows != live or logged.column("value").null_count:
@@ -89,23 +73,16 @@ def delta_table(
         parts.append(pa.Table.from_arrays([*logged.columns, value.is_null()], schema=schema))
     if touched:
         groups = sorted(changes.keys)
-        keys: list[Any] = []
-        values: list[Any] = []
-        sizes: list[int] = []
-        member: list[bool] = []
-        for kg in groups:
-            segment = changes.keys[kg]  # an unmodified set iterates in the same order twice
-            group = state.groups.get(kg, {})
-            keys.extend(segment)
-            values.extend(map(group.get, segment))
-            member.extend(map(group.__contains__, segment))
-            sizes.append(len(segment))
+        segments = [list(changes.keys[kg]) for kg in groups]
+        keys: list[Any] = [k for segment in segments for k in segment]
+        sizes = [len(segment) for segment in segments]
+        values, member = state.current(groups, segments)
         parts.append(
             pa.table(
                 [
                     _kg_column(groups, sizes),
                     pa.array(keys, type=key_type),
-                    state.column(values),
+                    values,
                     pa.array(np.logical_not(np.asarray(member, dtype=np.bool_))),
                 ],
                 schema=schema,

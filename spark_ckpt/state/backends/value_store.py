@@ -1,6 +1,6 @@
 """How one keyed state holds its values: as Python objects, or in Arrow arrays.
 
-A :class:`~spark_ckpt.state.keyed_table.KeyedStateTable` maps, per key group, each key to a
+A :class:`~spark_ckpt.state.backends.heap.HeapStateTable` maps, per key group, each key to a
 *stored* form of its value, which its value store turns into Python values (the per-record
 views) and into Arrow columns (the vectorized API, snapshots) and back:
 
@@ -61,6 +61,10 @@ class ValueStore(Protocol):
         the order of the positions *order* if given. O(len(column))."""
         ...
 
+    def nbytes(self) -> int:
+        """Bytes held outside the stored forms themselves (the arena's arrays)."""
+        ...
+
     def compact(self, groups: dict[int, dict[Any, Any]], live: int) -> None:
         """Reclaim what overwritten values hold, if worth it; *groups* are the table's
         entries (rewritten in place when their stored forms change), *live* their number."""
@@ -87,6 +91,9 @@ class PythonValues:
         if order is not None:
             column = column.take(pa.array(order))
         return from_column(self.kind, column)
+
+    def nbytes(self) -> int:
+        return 0
 
     def compact(self, groups: dict[int, dict[Any, Any]], live: int) -> None:
         return None
@@ -172,6 +179,9 @@ class ArrowValues:
             for i in np.flatnonzero(~valid).tolist():
                 slots[i] = None
         return slots
+
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self._chunks)
 
     def compact(self, groups: dict[int, dict[Any, Any]], live: int) -> None:
         self._flush()

@@ -1,0 +1,52 @@
+"""Run in-process tests on either state backend: :func:`use_state_backend` makes every keyed
+state backend built in this process without an explicit storage (the state package's
+tests), and every operator task's (the runtime's), use the backend named, so a test module
+runs once per backend. :func:`parametrize_backends` is the ``pytest_generate_tests`` hook of
+``tests/state`` and ``tests/runtime``: the modules it names run on both, the others on
+``hashmap`` only (``make test``'s time limit; which and why: ``docs/state-backends.md``)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import pyarrow as pa
+import pytest
+
+from spark_ckpt.state import backend as backend_module
+from spark_ckpt.state.backends.rocksdb import RocksDBOptions
+from spark_ckpt.state.backends.spec import StateBackendSpec, StateBackendType
+from spark_ckpt.state.backends.table import StateStorage
+
+#: The backends a parametrized test runs on.
+BACKENDS = ("hashmap", "rocksdb")
+#: Small memory per instance: a test builds many backends.
+_TEST_BUFFER_BYTES = 1 << 20
+
+
+def use_state_backend(monkeypatch: pytest.MonkeyPatch, name: str, local_dir: str) -> None:
+    """Make *name* the storage of every backend built from now on in this process (the
+    ``rocksdb`` instances under *local_dir*)."""
+    spec = StateBackendSpec(
+        StateBackendType(name),
+        RocksDBOptions(local_dir, _TEST_BUFFER_BYTES, _TEST_BUFFER_BYTES),
+    )
+    real = StateBackendSpec.storage
+
+    def storage(operator_uid: str, subtask: int, key_type: pa.DataType) -> StateStorage:
+        return real(spec, operator_uid, subtask, key_type)
+
+    def any_spec(_self: StateBackendSpec, uid: str, subtask: int, kt: pa.DataType) -> StateStorage:
+        return storage(uid, subtask, kt)
+
+    monkeypatch.setattr(backend_module, "default_storage", storage)
+    monkeypatch.setattr(StateBackendSpec, "storage", any_spec)
+
+
+def parametrize_backends(metafunc: pytest.Metafunc, both: Collection[str]) -> None:
+    """Parametrize the ``state_backend`` fixture: both backends for the test modules named
+    in *both*, ``hashmap`` for the others."""
+    if "state_backend" not in metafunc.fixturenames:
+        return
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    names = BACKENDS if module in both else BACKENDS[:1]
+    metafunc.parametrize("state_backend", names, indirect=True)
