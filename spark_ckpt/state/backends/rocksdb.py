@@ -163,6 +163,9 @@ class RocksDBStateTable(StateTable):
         #: exact number of keys with an entry (RocksDB only estimates it): each write
         #: batch reads which of its keys exist first, one multi_get
         self._count = 0
+        #: the last batch read and what it found, valid until the next write: a write of
+        #: the same batch (read, modify, write) needs no second multi_get for the count
+        self._last_read: tuple[KeyRouting, list[bytes], list[bytes | None]] | None = None
 
     def _batch(self) -> Any:
         from rocksdict import WriteBatch
@@ -199,6 +202,7 @@ class RocksDBStateTable(StateTable):
         return from_column(self.descriptor.kind, self._values.decode([found]))[0]
 
     def store(self, key_group: int, key: Any, value: Any) -> None:
+        self._last_read = None
         stored = self._values.encode(self.column([value]))[0]
         assert stored is not None
         k = self._keys.one(key_group, key)
@@ -209,6 +213,7 @@ class RocksDBStateTable(StateTable):
         self._count += 0 if existed else 1
 
     def remove(self, key_group: int, key: Any) -> None:
+        self._last_read = None
         k = self._keys.one(key_group, key)
         if self._get([k])[0] is None:
             return
@@ -219,15 +224,29 @@ class RocksDBStateTable(StateTable):
 
     # -- vectorized -----------------------------------------------------------------------------
     def read(self, routing: KeyRouting) -> pa.Array:
-        return self._values.decode(self._get(self._encoded(routing)))
+        keys = self._encoded(routing)
+        found = self._get(keys)
+        self._last_read = (routing, keys, found)
+        return self._values.decode(found)
 
     def write(self, routing: KeyRouting, values: pa.Array) -> None:
-        self._apply(self._encoded(routing), self._values.encode(values))
+        last = self._last_read
+        if last is not None and last[0] is routing:
+            self._apply(last[1], self._values.encode(values), last[2])
+        else:
+            self._apply(self._encoded(routing), self._values.encode(values))
 
-    def _apply(self, stored_keys: list[bytes], stored: list[bytes | None]) -> None:
+    def _apply(
+        self,
+        stored_keys: list[bytes],
+        stored: list[bytes | None],
+        before: list[bytes | None] | None = None,
+    ) -> None:
         """Put each stored value (None: delete its key) in one write batch, keeping the
-        count exact."""
-        before = self._get(stored_keys)
+        count exact (*before*: what the keys hold now, if just read)."""
+        self._last_read = None
+        if before is None:
+            before = self._get(stored_keys)
         wb = self._batch()
         put, delete = wb.put, wb.delete
         change = 0
