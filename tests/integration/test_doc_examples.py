@@ -116,6 +116,20 @@ def test_examples_run_as_written(
         _check_monitoring(ns, lake)
     elif document == "docs/graphs.md":
         _check_graphs(ns, lake)
+    elif document == "docs/state-backends.md":
+        _check_state_backends(ns, lake)
+
+
+def _check_state_backends(ns: dict[str, Any], lake: Path) -> None:
+    """The rocksdb run and the hashmap run that resumed its checkpoint: the output is the
+    running count of the generator's 2 x 30,000 rows, each row counted once."""
+    assert ns["resumed"].restored_from[0] is not None
+    spec = GeneratorSpec.from_options(
+        {"channels": "2", "rate": "0", "backlog": "30000,30000", "keys": "1000000"}
+    )
+    assert output_rows(read_delta(lake / "user_counts")) == running_count_rows(
+        generated_keys(spec, [30_000, 30_000])
+    )
 
 
 def _check_readme(ns: dict[str, Any], spark: SparkSession, lake: Path) -> None:
