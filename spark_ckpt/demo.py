@@ -74,6 +74,7 @@ def build_config(args: argparse.Namespace) -> CheckpointConfig:
     }
     if args.savepoint_dir:
         options["savepoint.dir"] = normalized(args.savepoint_dir)
+    options["state.backend.type"] = args.state_backend
     return CheckpointConfig.from_options(options)
 
 
@@ -380,6 +381,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="with --job join: a click joins its user's impressions this far either side of it",
     )
     p.add_argument("--savepoint-dir", default=None, help="default directory of savepoints")
+    p.add_argument(
+        "--state-backend",
+        choices=("hashmap", "rocksdb"),
+        default="hashmap",
+        help="where the subtasks keep their keyed state (state.backend.type)",
+    )
     restore = p.add_argument_group(
         "restore", "where the first run restores from (default: the latest checkpoint)"
     )

@@ -91,6 +91,8 @@ class DemoArgs:
     join_interval: str = "1s"
     #: ``job="stages"``: the second stage's parallelism (None: ``parallelism``)
     stage_parallelism: int | None = None
+    #: where the subtasks keep their keyed state (``--state-backend``)
+    state_backend: str = "hashmap"
     #: further command-line arguments (e.g. ``("--restore-savepoint", path)``)
     extra: tuple[str, ...] = ()
 
@@ -125,6 +127,8 @@ class DemoArgs:
             self.aligned_timeout,
         ]
         args += [
+            "--state-backend",
+            self.state_backend,
             "--restarts",
             str(self.restarts),
             "--restart-delay",

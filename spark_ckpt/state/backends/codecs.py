@@ -78,10 +78,10 @@ class KeyCodec:
     def decode(self, stored: list[bytes]) -> tuple[npt.NDArray[np.int64], pa.Array]:
         """The (key groups, keys) of stored keys."""
         if self._kind == "bytes":
-            arr = pa.array(stored, pa.binary())
-            kgs = pc.binary_slice(arr, 0, KG_BYTES).to_pylist()
-            groups = np.frombuffer(b"".join(kgs), dtype=">u2").astype(np.int64)
-            return groups, pc.binary_slice(arr, KG_BYTES).cast(self.key_type)
+            prefixes = b"".join([s[:KG_BYTES] for s in stored])
+            groups = np.frombuffer(prefixes, dtype=">u2").astype(np.int64)
+            keys = pa.array([s[KG_BYTES:] for s in stored], pa.binary())
+            return groups, keys.cast(self.key_type)
         width = 1 if self._kind == "bool" else 8
         dtype = [("kg", ">u2"), ("k", "u1" if width == 1 else ">u8")]
         rec = np.frombuffer(b"".join(stored), dtype=dtype)

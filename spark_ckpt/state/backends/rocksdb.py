@@ -21,6 +21,7 @@ completed checkpoints are untouched.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -45,6 +46,8 @@ from spark_ckpt.state.backends.table import (
     TableStats,
 )
 from spark_ckpt.state.descriptor import StateDescriptor, from_column
+
+log = logging.getLogger(__name__)
 
 #: Defaults of Flink's ``state.backend.rocksdb.block.cache-size`` and ``…writebuffer.size``.
 DEFAULT_BLOCK_CACHE_BYTES: Final = 8 << 20
@@ -143,6 +146,8 @@ def _destroy(db: Any, families: dict[str, tuple[Any, Any]], path: str) -> None:
     try:
         families.clear()
         db.close()
+    except Exception as e:  # a full disk fails the last flush: the files go anyway
+        log.warning("closing the rocksdb state backend in %s: %s", path, e)
     finally:
         shutil.rmtree(path, ignore_errors=True)
 
