@@ -41,6 +41,7 @@ from test_crash import (
     _latest_id,
 )
 
+from spark_ckpt.client.pipeline_client import PipelineClient
 from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.protocol.checkpoint import CompletedCheckpoint
 from spark_ckpt.spark.session.spark_home import spark_home
@@ -336,3 +337,58 @@ def test_a_killed_executor_jvm_with_the_root_on_s3_keeps_the_output_exactly_once
     frame = pl.read_delta(str(args.output), storage_options=on_s3.storage_options())
     actual = Counter(zip(frame["user_id"].to_list(), frame["count"].to_list(), strict=True))
     assert actual == expected, f"{_diff(actual, expected)}\n{run.tail()}"
+
+
+def _kill_subtask_executor(demo: DemoLauncher, run: DemoRun, root: Path) -> None:
+    """SIGKILL the executor JVM where the subtasks ran last, then wait for a checkpoint
+    completed after it (on the other executor, or on the one the worker starts anew)."""
+    deadline = time.monotonic() + 240
+    while True:  # the newest changelog segment names the executor; its JVM may be starting
+        ran = newest_segment_executor(root)
+        victims = [p for p in executor_jvms(run) if ran in block_managers(p)]
+        if victims:
+            break
+        assert time.monotonic() < deadline and run.alive(), f"no executor found\n{run.tail()}"
+        time.sleep(0.5)
+    latest = _latest_id(root)
+    _kill(victims)
+    _wait(demo, run, "a checkpoint after the kill", _completes_after(root, latest))
+
+
+def test_savepoints_restore_across_state_backends_through_executor_jvm_kills(
+    demo: DemoLauncher, tmp_path: Path
+) -> None:
+    """A run on ``hashmap`` loses an executor JVM, takes a savepoint, goes on past it and is
+    killed; a run on ``rocksdb`` restores that savepoint (withdrawing what the first one
+    committed after it), loses an executor JVM, takes a savepoint of its own, goes on and
+    is killed; a run back on ``hashmap`` restores the second savepoint and finishes the
+    input. Every row is in the output exactly once: a savepoint's format does not depend on
+    the backend that wrote it, in either direction."""
+    args = cluster_args(tmp_path)
+    root = Path(args.root)
+    client = PipelineClient(str(root))
+    path: str | None = None
+    for backend in ("hashmap", "rocksdb"):
+        extra = () if path is None else ("--restore-savepoint", path)
+        run = demo.start(replace(args, state_backend=backend, extra=extra))
+        _wait(demo, run, "a first checkpoint", _completes_after(root, _latest_id(root)))
+        _kill_subtask_executor(demo, run, root)
+        savepoint = client.savepoint()
+        path = client.savepoint_path(savepoint)
+        _wait(
+            demo,
+            run,
+            "a checkpoint after the savepoint",
+            _completes_after(root, savepoint.checkpoint_id),
+        )
+        run.kill()
+        assert "SubtaskStateLostError" not in run.tail(400), run.tail(400)
+    retried_tasks(0.0)  # removes the executors' logs
+    assert path is not None
+    final = finish_locally(
+        demo, replace(args, state_backend="hashmap", extra=("--restore-savepoint", path))
+    )
+    positions = _final_positions(final, LAGGING_BACKLOG)
+    expected = running_count_rows(generated_keys(args.spec(), positions))
+    actual = output_rows(read_delta(args.output))
+    assert actual == expected, _diff(actual, expected)
