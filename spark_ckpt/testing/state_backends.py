@@ -3,11 +3,14 @@ state backend built in this process without an explicit storage (the state packa
 tests), and every operator task's (the runtime's), use the backend named, so a test module
 runs once per backend. :func:`parametrize_backends` is the ``pytest_generate_tests`` hook of
 ``tests/state`` and ``tests/runtime``: the modules it names run on both, the others on
-``hashmap`` only (``make test``'s time limit; which and why: ``docs/state-backends.md``)."""
+``hashmap`` only (``make test``'s time limit; which and why: ``docs/state-backends.md``).
+The ``rocksdb`` runs are marked ``slow``: ``make test`` runs them, ``make test-fast`` does
+not."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -50,5 +53,7 @@ def parametrize_backends(metafunc: pytest.Metafunc, both: Collection[str]) -> No
     if "state_backend" not in metafunc.fixturenames:
         return
     module = metafunc.module.__name__.rsplit(".", 1)[-1]
-    names = BACKENDS if module in both else BACKENDS[:1]
+    names: list[Any] = ["hashmap"]
+    if module in both:  # the second run is the suite's, not the quick check's (make test-fast)
+        names.append(pytest.param("rocksdb", marks=pytest.mark.slow))
     metafunc.parametrize("state_backend", names, indirect=True)

@@ -42,7 +42,7 @@ RUN_TIMEOUT_S = 300.0
 def test_quickstart_under_spark_connect(demo: DemoLauncher, tmp_path: Path) -> None:
     """The quickstart's job (generator → keyed running count → Delta) under Spark Connect:
     two ``--available-now`` runs, the second resuming from the first's final checkpoint
-    after more input was produced (a larger backlog); the output is the plain running count
+    after more input was produced (a larger backlog), on the other state backend; the output is the plain running count
     of the whole input, exactly once, and the job prints no stack trace."""
     args = DemoArgs(
         root=tmp_path / "root",
@@ -64,7 +64,9 @@ def test_quickstart_under_spark_connect(demo: DemoLauncher, tmp_path: Path) -> N
     after_first = store.latest_completed()
     assert after_first is not None and STOP in after_first.properties
 
-    more = replace(args, backlog="700")  # the generator's channels grew meanwhile
+    # the generator's channels grew meanwhile; the second run keeps its state in RocksDB,
+    # restoring the first run's (hashmap) checkpoint
+    more = replace(args, backlog="700", state_backend="rocksdb")
     second = demo.start(more)
     assert second.wait(RUN_TIMEOUT_S) == 0, second.tail()
     assert f"restored from: {after_first.checkpoint_id}" in second.tail(), second.tail()
