@@ -42,8 +42,9 @@ RUN_TIMEOUT_S = 300.0
 def test_quickstart_under_spark_connect(demo: DemoLauncher, tmp_path: Path) -> None:
     """The quickstart's job (generator → keyed running count → Delta) under Spark Connect:
     two ``--available-now`` runs, the second resuming from the first's final checkpoint
-    after more input was produced (a larger backlog), on the other state backend; the output is the plain running count
-    of the whole input, exactly once, and the job prints no stack trace."""
+    after more input was produced (a larger backlog), on the other state backend; the output
+    is the plain running count of the whole input, exactly once, and the job prints no stack
+    trace."""
     args = DemoArgs(
         root=tmp_path / "root",
         output=tmp_path / "out",
