@@ -97,7 +97,7 @@ def test_files_live_under_spark_local_dirs_and_go_when_the_backend_closes(
     b = _backend(None)
     b.put_values(COUNT, [1, 2, 3], [10, 20, 30])
     [made] = list((tmp_path / "a").iterdir())
-    assert made.name.startswith(DIR_PREFIX + "op-0-")
+    assert made.name.startswith(f"{DIR_PREFIX}op-0-{os.getpid()}-")
     assert b.storage_stats().backend == "rocksdb" and b.storage_stats().entries == 3
     b.close()
     b.close()  # idempotent
@@ -144,3 +144,18 @@ def test_a_full_disk_is_one_clear_error_and_loses_no_state_written(tiny_disk: Pa
     assert b.get_values(names, [0, written - 1]).to_pylist() == ["x" * 100] * 2
     b.close()
     assert list(tiny_disk.iterdir()) == []
+
+
+def test_a_killed_process_directory_is_removed_by_the_next_instance(tmp_path: Path) -> None:
+    child = subprocess.Popen(["sleep", "0"])
+    child.wait()
+    orphan = tmp_path / f"{DIR_PREFIX}op-1-{child.pid}-0123456789ab"
+    (orphan / "sub").mkdir(parents=True)
+    live = tmp_path / f"{DIR_PREFIX}op-2-{os.getpid()}-0123456789ab"
+    live.mkdir()
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    b = _backend(str(tmp_path))
+    b.put_values(COUNT, [1], [1])
+    assert not orphan.exists() and live.exists() and other.exists()
+    b.close()

@@ -13,7 +13,8 @@ on the other.
 
 Memory is bounded by the block cache and the write buffers (:class:`RocksDBOptions`), not by
 the state: the state is bounded by the local disk. The directory is removed when the
-backend closes, and at the latest when the host process exits normally. A write the disk
+backend closes, at the latest when the host process exits normally, and (a killed host's)
+by the next instance opened in the same directory. A write the disk
 cannot take (full, not writable) raises :class:`~spark_ckpt.errors.StateBackendError`,
 which fails the batch and so the checkpoint in progress; the committed output and the
 completed checkpoints are untouched.
@@ -100,7 +101,9 @@ class _Instance:
 
         parent = options.parent_dir()
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", label)[:80]
-        self.path = os.path.join(parent, f"{DIR_PREFIX}{safe}-{uuid.uuid4().hex[:12]}")
+        name = f"{DIR_PREFIX}{safe}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.path = os.path.join(parent, name)
+        remove_orphans(parent)
         try:
             os.makedirs(self.path)
         except OSError as e:
@@ -140,6 +143,38 @@ class _Instance:
 
     def close(self) -> None:
         self._finalizer()
+
+
+_OWNER = re.compile(r"-(\d+)-[0-9a-f]{12}$")
+
+
+def remove_orphans(parent: str) -> list[str]:
+    """Remove the instance directories under *parent* whose process is gone (a killed
+    subtask host leaves its directory behind: nothing reads it again, a restart rebuilds
+    from the checkpoint or the changelog); the names removed. Directories of live
+    processes, and anything that is not an instance's, are left alone."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        owner = _OWNER.search(name) if name.startswith(DIR_PREFIX) else None
+        if owner is None or _alive(int(owner.group(1))):
+            continue
+        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
 
 
 def _destroy(db: Any, families: dict[str, tuple[Any, Any]], path: str) -> None:
