@@ -5,6 +5,7 @@ sections, one entry per backend and size, and the restored state's checked sampl
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -39,9 +40,11 @@ def check_common(result: dict[str, Any]) -> None:
         assert key in result
     assert {"cpu_count", "rocksdict", "pyarrow"} <= set(result["machine"])
 
-    for kind in BACKENDS:
-        memory = result["memory"][kind]
-        assert memory["points"], kind
+    assert set(result["memory"]) == {"direct", "pipeline"}
+    for mode, kind in itertools.product(result["memory"], BACKENDS):
+        memory = result["memory"][mode][kind]
+        assert memory["points"], (mode, kind)
+        assert memory["mode"] == mode
         assert set(memory["bytes_per_key"]) == {str(p["keys"]) for p in memory["points"]}
         for point in memory["points"]:
             for key in ("rss_bytes", "bytes_per_key", "bytes_per_key_trimmed", "storage"):
@@ -70,8 +73,10 @@ def check_common(result: dict[str, Any]) -> None:
         assert restore["s_per_gb"] > 0
 
     names = [t["name"] for t in result["targets"]]
+    assert result["memory"]["pipeline"]["rocksdb"]["points"][-1]["checkpoints"] > 0
     assert names == [
-        "rocksdb RSS flat from 10M keys to 100M",
+        "rocksdb RSS flat from 10M keys to 100M (direct)",
+        "rocksdb RSS flat from 10M keys to 100M (pipeline)",
         "hashmap restore time per GB of checkpoint",
         "rocksdb restore time per GB of checkpoint",
     ]

@@ -341,7 +341,11 @@ class RocksDBStateTable(StateTable):
         stored = self._values.encode(values)
         if deleted is not None:
             stored = [None if gone else v for v, gone in zip(stored, deleted.tolist(), strict=True)]
-        self._apply(self._keys.encode(key_groups, keys), stored)
+        stored_keys = self._keys.encode(key_groups, keys)
+        # a FULL blob into an empty table (a restore's first blob): its keys are unique and
+        # new, so nothing needs reading first
+        fresh = self._count == 0 and deleted is None and values.null_count == 0
+        self._apply(stored_keys, stored, [None] * len(stored) if fresh else None)
 
     def migrate(
         self, migration: Callable[[pa.Array], pa.Array], descriptor: StateDescriptor
