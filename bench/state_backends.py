@@ -212,7 +212,7 @@ def make_backend(kind: str, local_dir: str) -> KeyedStateBackend:
         spec = StateBackendSpec(StateBackendType.ROCKSDB, RocksDBOptions(local_dir))
         storage = spec.storage(OPERATOR, 0, key_type)
     elif kind == "hashmap":
-        storage = HeapStorage()
+        storage = HeapStorage(key_type)
     else:
         raise ValueError(f"unknown backend {kind!r}")
     backend = KeyedStateBackend.for_subtask(

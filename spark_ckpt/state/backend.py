@@ -83,7 +83,7 @@ from spark_ckpt.state.views import ArrayLike, ListState, MapState, ValueState
 
 def default_storage(operator_uid: str, subtask: int, key_type: pa.DataType) -> StateStorage:
     """The storage of a backend built without one: ``hashmap``."""
-    return HeapStorage()
+    return HeapStorage(key_type)
 
 
 class KeyedStateBackend:
@@ -229,7 +229,7 @@ class KeyedStateBackend:
                     f"state {name!r} is registered as {state.descriptor}, not {descriptor}"
                 )
             migration = descriptor_migration(state.descriptor, descriptor, self.operator_uid)
-            self._migrate_loaded(state, migration, descriptor)
+            state = self._migrate_loaded(state, migration, descriptor)
         self._unclaimed.discard(name)
         return state
 
@@ -256,19 +256,22 @@ class KeyedStateBackend:
             except StateError:
                 pass  # the other direction, below
             else:
-                self._migrate_loaded(state, forward, stored)
+                state = self._migrate_loaded(state, forward, stored)
         return state, descriptor_migration(stored, state.descriptor, self.operator_uid)
 
-    @staticmethod
     def _migrate_loaded(
-        state: StateTable, migration: Migration, descriptor: StateDescriptor
-    ) -> None:
+        self, state: StateTable, migration: Migration, descriptor: StateDescriptor
+    ) -> StateTable:
         """Rewrite the values *state* holds with *migration* (one Arrow column for all key
-        groups) and make *descriptor* its descriptor."""
+        groups) and make *descriptor* its descriptor; returns the state's table (a new one
+        if the storage keeps the new descriptor in another layout)."""
         if migration.is_identity:
             state.descriptor = descriptor
-        else:
-            state.migrate(migration, descriptor)
+            return state
+        migrated = self._states[descriptor.name] = self.storage.migrate(
+            state, migration, descriptor
+        )
+        return migrated
 
     def unclaimed_states(self) -> list[str]:
         """Names of restored states (keyed and operator) no registration has claimed yet."""

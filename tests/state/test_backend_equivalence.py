@@ -189,7 +189,7 @@ def test_both_backends_give_identical_results_and_snapshots(
     tmp_path_factory: Any, steps: list[tuple[Any, ...]]
 ) -> None:
     local = str(tmp_path_factory.mktemp("rocksdb"))
-    heap = Subject(HeapStorage)
+    heap = Subject(lambda: HeapStorage(pa.int64()))
     rocks = Subject(
         lambda: RocksDBStorage(RocksDBOptions(local, 1 << 20, 1 << 20), "op", pa.int64())
     )
@@ -204,7 +204,10 @@ def test_a_snapshot_of_one_backend_restores_on_the_other(tmp_path: Path) -> None
     def rocksdb() -> StateStorage:
         return RocksDBStorage(RocksDBOptions(str(tmp_path)), "op", pa.int64())
 
-    for source, target in ((HeapStorage, rocksdb), (rocksdb, HeapStorage)):
+    def hashmap() -> StateStorage:
+        return HeapStorage(pa.int64())
+
+    for source, target in ((hashmap, rocksdb), (rocksdb, hashmap)):
         first = Subject(source)
         for k in range(200):
             apply(first, ("put", [(k, k * 7)]))

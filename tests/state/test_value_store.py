@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.backends.columnar import ColumnarStateTable
 from spark_ckpt.state.backends.value_store import ArrowValues, PythonValues
 from spark_ckpt.state.descriptor import ValueStateDescriptor
 from spark_ckpt.state.state_restore import restore_backends
@@ -35,12 +36,19 @@ snapshot = st.tuples(st.just("snapshot"), st.booleans())
 step = st.one_of(put, one, snapshot)
 
 
-def test_nested_value_state_is_held_in_arrow_and_the_rest_in_python() -> None:
+def test_each_state_is_held_in_the_layout_of_its_types() -> None:
+    """Nested values in Arrow, other values of a string key in Python objects, primitive
+    values of an integer key in the compact columns."""
     b = KeyedStateBackend.for_subtask("op", 0, 1, pa.int64(), 128)
     b.get_values(WINDOWS, [1])
     b.get_values(ValueStateDescriptor("count", pa.int64()), [1])
+    b.get_values(ValueStateDescriptor("name", pa.string()), [1])
     assert isinstance(b.tables["windows"].values, ArrowValues)
-    assert isinstance(b.tables["count"].values, PythonValues)
+    assert isinstance(b.tables["name"].values, PythonValues)
+    assert isinstance(b.tables["count"], ColumnarStateTable)
+    by_name = KeyedStateBackend.for_subtask("op", 0, 1, pa.string(), 128)
+    by_name.get_values(ValueStateDescriptor("count", pa.int64()), ["a"])
+    assert isinstance(by_name.tables["count"].values, PythonValues)
 
 
 def write(model: dict[int, Any], key: int, value: Any) -> None:

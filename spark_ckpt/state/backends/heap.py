@@ -7,6 +7,10 @@ nested type. The per-record API is a dict access; the vectorized one does one C-
 ``map(dict.get)`` / ``dict.update`` per key group of a batch (no per-row Python loop, except
 for the rare null values that clear keys). Flink's ``HashMapStateBackend``: fastest while
 the state fits the host's memory, bounded by it.
+
+Value state of a primitive type under integer keys does not live here but in the compact
+columns of :mod:`~spark_ckpt.state.backends.columnar`; :class:`HeapStorage` chooses the
+layout per state, and moves a state between them when a schema change asks for it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from spark_ckpt.protocol.state_handles import StorageMetrics
+from spark_ckpt.state.backends import columnar
 from spark_ckpt.state.backends.table import (
     KeyRouting,
     StateStorage,
@@ -193,12 +198,38 @@ class HeapStateTable(StateTable):
 
 
 class HeapStorage(StateStorage):
-    """The ``hashmap`` backend: every table in the host's memory."""
+    """The ``hashmap`` backend: every table in the host's memory, value state of a primitive
+    type under integer keys (of *key_type*) in the compact columnar layout
+    (:class:`~spark_ckpt.state.backends.columnar.ColumnarStateTable`), the rest in dicts."""
 
     name = "hashmap"
 
+    def __init__(self, key_type: pa.DataType) -> None:
+        self.key_type = key_type
+
     def new_table(self, descriptor: StateDescriptor) -> StateTable:
+        if columnar.holds(descriptor, self.key_type):
+            return columnar.ColumnarStateTable(descriptor, self.key_type)
         return HeapStateTable(descriptor)
+
+    def migrate(
+        self,
+        table: StateTable,
+        migration: Callable[[pa.Array], pa.Array],
+        descriptor: StateDescriptor,
+    ) -> StateTable:
+        """The columnar layout holds the migrated values if it holds both descriptors;
+        otherwise the entries move into a new table of the other layout. O(entries)."""
+        if isinstance(table, columnar.ColumnarStateTable) == columnar.holds(
+            descriptor, self.key_type
+        ):
+            table.migrate(migration, descriptor)
+            return table
+        kgs, keys, values = table.entries()
+        moved = self.new_table(descriptor)
+        moved.load(kgs, keys, migration(values), None)
+        moved.changes, moved.segment = table.changes, table.segment
+        return moved
 
     def stats(self, tables: list[StateTable]) -> StorageMetrics:
         parts = [t.stats() for t in tables]

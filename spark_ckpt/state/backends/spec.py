@@ -42,7 +42,7 @@ class StateBackendSpec:
         where the subtask runs (``rocksdb``: its instance opens on the first state)."""
         if self.type is StateBackendType.ROCKSDB:
             return RocksDBStorage(self.rocksdb, f"{operator_uid}-{subtask}", key_type)
-        return HeapStorage()
+        return HeapStorage(key_type)
 
 
 #: The default: every keyed state in the host's memory.

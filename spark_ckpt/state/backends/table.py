@@ -238,6 +238,18 @@ class StateStorage(ABC):
     def stats(self, tables: list[StateTable]) -> StorageMetrics:
         """What *tables* (this storage's) hold; cheap."""
 
+    def migrate(
+        self,
+        table: StateTable,
+        migration: Callable[[pa.Array], pa.Array],
+        descriptor: StateDescriptor,
+    ) -> StateTable:
+        """*table* (this storage's) with every value rewritten by *migration* and
+        *descriptor* as its descriptor: *table* itself (:meth:`StateTable.migrate`), or a new
+        table where the storage keeps the new descriptor in another layout. O(entries)."""
+        table.migrate(migration, descriptor)
+        return table
+
     def close(self) -> None:
         """Release the storage's resources (idempotent)."""
         return None

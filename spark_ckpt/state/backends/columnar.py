@@ -1,0 +1,367 @@
+"""The compact layout of the ``hashmap`` backend: value state of a primitive type under an
+integer key, held in numpy columns with a hash index instead of a Python object per key.
+
+:class:`HashIndex` is an open-addressing hash table over int64 keys (linear probing;
+Fibonacci hashing, its top bits mapped onto the capacity by a multiply-shift) whose probes
+run vectorized: a batch of keys advances one probe step per numpy pass, so a lookup or insert
+of *n* keys is O(n) work in C (plus one pass per step of the longest probe, which the load
+factor keeps short). Slots are *empty*, *full* or *deleted* (a tombstone, so later probes go
+on past it); the table is rebuilt once full and deleted slots reach :data:`_MAX_LOAD` of the
+capacity, sized so the live keys fill :data:`_REBUILT_LOAD` of it.
+
+:class:`ColumnarStateTable` keeps, per slot of its index, the key group (int16) and the
+value (its fixed-width bytes): 19 bytes per slot for an int64 value, so 27 to 42 per key by
+the load factor, where a ``dict`` entry with its key and value objects costs about 120. The
+per-record API probes in Python (a few numpy element reads); the vectorized one never loops
+per key in Python. It holds value state only, of the types :func:`holds` accepts; every other
+state of a ``hashmap`` backend is a :class:`~spark_ckpt.state.backends.heap.HeapStateTable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_ckpt.state.backends.table import KeyRouting, StateTable, TableStats
+from spark_ckpt.state.descriptor import StateDescriptor, StateKind
+from spark_ckpt.state.snapshot.changes import last_occurrences
+
+_EMPTY: Final = 0
+_FULL: Final = 1
+_DELETED: Final = 2
+#: Full and deleted slots past this share of the capacity rebuild the index.
+_MAX_LOAD: Final = 0.7
+#: A rebuilt index's live keys fill this share of its capacity.
+_REBUILT_LOAD: Final = 0.45
+_MIN_CAPACITY: Final = 1024
+#: 2**64 / golden ratio, odd: Fibonacci hashing's multiplier.
+_GOLDEN: Final = np.uint64(0x9E3779B97F4A7C15)
+_MASK64: Final = (1 << 64) - 1
+
+Slots = npt.NDArray[np.int64]
+
+
+def _signed(key: int) -> int:
+    """*key* as the int64 whose bits it has (uint64 keys past 2**63 wrap)."""
+    return key - (1 << 64) if key >= 1 << 63 else key
+
+
+def _integer_key(key_type: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(key_type))
+
+
+def _fixed_value(value_type: pa.DataType) -> bool:
+    if pa.types.is_floating(value_type):  # not float16, which Python values do not convert to
+        return bool(value_type.bit_width in (32, 64))
+    return bool(
+        pa.types.is_integer(value_type)
+        or (pa.types.is_temporal(value_type) and not pa.types.is_interval(value_type))
+    ) and value_type.bit_width in (8, 16, 32, 64)
+
+
+def holds(descriptor: StateDescriptor, key_type: pa.DataType) -> bool:
+    """Whether a :class:`ColumnarStateTable` stores *descriptor* under keys of *key_type*:
+    value state of a fixed-width integer, float32/64 or temporal type, integer keys."""
+    return (
+        descriptor.kind is StateKind.VALUE
+        and _integer_key(key_type)
+        and _fixed_value(descriptor.column_type)
+    )
+
+
+class HashIndex:
+    """The slots of int64 keys (see the module docstring). Payload columns registered with
+    :meth:`payload` move with their slots when the index is rebuilt."""
+
+    def __init__(self, capacity: int = _MIN_CAPACITY) -> None:
+        self._alloc(capacity)
+        self._payload: list[npt.NDArray[Any]] = []
+        #: live keys
+        self.size = 0
+
+    def _alloc(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._scale = np.uint64(capacity)
+        self.keys = np.zeros(capacity, dtype=np.int64)
+        self.state = np.zeros(capacity, dtype=np.uint8)
+        self.used = 0  # full and deleted slots
+
+    def payload(self, dtype: npt.DTypeLike) -> int:
+        """Register a payload column of *dtype*; returns its index in :attr:`columns`."""
+        self._payload.append(np.zeros(self.capacity, dtype=dtype))
+        return len(self._payload) - 1
+
+    @property
+    def columns(self) -> list[npt.NDArray[Any]]:
+        return self._payload
+
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.state.nbytes + sum(c.nbytes for c in self._payload))
+
+    def _home(self, keys: npt.NDArray[np.int64]) -> Slots:
+        top = (keys.view(np.uint64) * _GOLDEN) >> np.uint64(32)
+        return ((top * self._scale) >> np.uint64(32)).astype(np.int64)
+
+    def _home_one(self, key: int) -> int:
+        return ((((key * 0x9E3779B97F4A7C15) & _MASK64) >> 32) * self.capacity) >> 32
+
+    def _next(self, slots: Slots) -> Slots:
+        slots += 1
+        slots[slots == self.capacity] = 0
+        return slots
+
+    # -- vectorized ---------------------------------------------------------------------------
+    def find(self, keys: npt.NDArray[np.int64]) -> Slots:
+        """The slot of each key (-1: absent). O(len(keys)) amortized."""
+        found = np.full(len(keys), -1, dtype=np.int64)
+        pending = np.arange(len(keys), dtype=np.int64)
+        slot = self._home(keys)
+        wanted = keys
+        while len(pending):
+            st = self.state[slot]
+            hit = (st == _FULL) & (self.keys[slot] == wanted)
+            found[pending[hit]] = slot[hit]
+            go_on = ~hit & (st != _EMPTY)
+            pending, slot, wanted = pending[go_on], self._next(slot[go_on]), wanted[go_on]
+        return found
+
+    def insert(self, keys: npt.NDArray[np.int64]) -> Slots:
+        """Slots for *keys*, which must be distinct and absent (the caller checked with
+        :meth:`find`); the index grows first if they would overfill it."""
+        if (self.used + len(keys)) > _MAX_LOAD * self.capacity:
+            self._rebuild(self.size + len(keys))
+        placed = np.empty(len(keys), dtype=np.int64)
+        pending = np.arange(len(keys), dtype=np.int64)
+        slot = self._home(keys)
+        while len(pending):
+            # of the keys probing the same free slot, one takes it: each writes its position
+            # into the slot's (unused) key, and the one whose position stayed there wins
+            cand = np.flatnonzero(self.state[slot] != _FULL)
+            self.keys[slot[cand]] = cand
+            won = cand[self.keys[slot[cand]] == cand]
+            taken = slot[won]
+            self.used += int(np.count_nonzero(self.state[taken] == _EMPTY))
+            self.state[taken] = _FULL
+            self.keys[taken] = keys[pending[won]]
+            placed[pending[won]] = taken
+            rest = np.ones(len(pending), dtype=bool)
+            rest[won] = False
+            pending, slot = pending[rest], self._next(slot[rest])
+        self.size += len(keys)
+        return placed
+
+    def remove(self, slots: Slots) -> None:
+        """Free *slots* (full, distinct), leaving tombstones."""
+        self.state[slots] = _DELETED
+        self.size -= len(slots)
+
+    def full(self) -> Slots:
+        """Every full slot, ascending."""
+        return np.flatnonzero(self.state == _FULL).astype(np.int64)
+
+    def _rebuild(self, live: int) -> None:
+        old = self.full()
+        keys, columns = self.keys[old], [c[old] for c in self._payload]
+        self._alloc(max(_MIN_CAPACITY, int(live / _REBUILT_LOAD)))
+        self._payload = [np.zeros(self.capacity, dtype=c.dtype) for c in columns]
+        self.size = 0
+        new = self.insert(keys) if len(keys) else old
+        for column, moved in zip(self._payload, columns, strict=True):
+            column[new] = moved
+
+    # -- one key ------------------------------------------------------------------------------
+    def find_one(self, key: int) -> int:
+        """The slot of *key* (-1: absent). O(1) expected, probing in Python."""
+        slot = self._home_one(key & _MASK64)
+        state, keys, capacity = self.state, self.keys, self.capacity
+        while True:
+            st = state[slot]
+            if st == _EMPTY:
+                return -1
+            if st == _FULL and keys[slot] == key:
+                return slot
+            slot = slot + 1 if slot + 1 < capacity else 0
+
+
+def _value_dtype(value_type: pa.DataType) -> tuple[np.dtype[Any], bool]:
+    """The numpy dtype of a value column's bytes, and whether numpy's ``item()`` gives the
+    Python value Arrow's ``as_py`` would (integers and floats; not temporal types)."""
+    width = value_type.bit_width // 8
+    if pa.types.is_floating(value_type):
+        return np.dtype(f"f{width}"), True
+    if pa.types.is_unsigned_integer(value_type):
+        return np.dtype(f"u{width}"), True
+    return np.dtype(f"i{width}"), bool(pa.types.is_integer(value_type))
+
+
+class ColumnarStateTable(StateTable):
+    """Value state in numpy columns under a :class:`HashIndex` (see the module docstring)."""
+
+    def __init__(self, descriptor: StateDescriptor, key_type: pa.DataType) -> None:
+        super().__init__(descriptor)
+        self.key_type = key_type
+        self.index = HashIndex()
+        self._dtype, self._plain = _value_dtype(descriptor.column_type)
+        self._kg = self.index.payload(np.int16)
+        self._value = self.index.payload(self._dtype)
+
+    # -- conversions ----------------------------------------------------------------------------
+    def _keys(self, keys: pa.Array) -> npt.NDArray[np.int64]:
+        arr: npt.NDArray[Any] = keys.to_numpy(zero_copy_only=False)
+        if arr.dtype == np.uint64:
+            return arr.view(np.int64)
+        return arr.astype(np.int64, copy=False)
+
+    def _key_column(self, keys: npt.NDArray[np.int64]) -> pa.Array:
+        if pa.types.is_uint64(self.key_type):
+            return pa.array(keys.view(np.uint64), type=self.key_type)
+        return pa.array(keys).cast(self.key_type)
+
+    def _values(self, values: pa.Array) -> npt.NDArray[Any]:
+        buffer = values.buffers()[1]
+        arr = np.frombuffer(buffer, dtype=self._dtype, count=len(values) + values.offset)
+        return arr[values.offset :]
+
+    def _column(self, slots: Slots) -> pa.Array:
+        """The values of *slots* (-1: null) as a column."""
+        present = slots >= 0
+        values = self.index.columns[self._value][np.where(present, slots, 0)]
+        if present.all():
+            return pa.Array.from_buffers(
+                self.descriptor.column_type, len(values), [None, pa.py_buffer(values)]
+            )
+        validity = pa.array(present).buffers()[1]
+        return pa.Array.from_buffers(
+            self.descriptor.column_type,
+            len(values),
+            [validity, pa.py_buffer(values)],
+            null_count=int(len(present) - np.count_nonzero(present)),
+        )
+
+    def _one(self, slot: int) -> Any:
+        if self._plain:
+            return self.index.columns[self._value][slot].item()
+        value = self.index.columns[self._value][slot : slot + 1]
+        return pa.Array.from_buffers(self.descriptor.column_type, 1, [None, pa.py_buffer(value)])[
+            0
+        ].as_py()
+
+    # -- per record ---------------------------------------------------------------------------
+    def lookup(self, key_group: int, key: Any) -> Any:
+        slot = self.index.find_one(_signed(int(key)))
+        return None if slot < 0 else self._one(slot)
+
+    def store(self, key_group: int, key: Any, value: Any) -> None:
+        self._upsert(
+            np.array([_signed(int(key))], dtype=np.int64),
+            np.array([key_group], dtype=np.int16),
+            self._values(pa.array([value], type=self.descriptor.column_type)),
+        )
+
+    def remove(self, key_group: int, key: Any) -> None:
+        slot = self.index.find_one(_signed(int(key)))
+        if slot >= 0:
+            self.index.remove(np.array([slot], dtype=np.int64))
+
+    # -- vectorized -----------------------------------------------------------------------------
+    def _upsert(
+        self, keys: npt.NDArray[np.int64], kgs: npt.NDArray[np.int16], values: npt.NDArray[Any]
+    ) -> None:
+        slots = self.index.find(keys)
+        new = slots < 0
+        if new.any():
+            slots[new] = self.index.insert(keys[new])
+            self.index.columns[self._kg][slots[new]] = kgs[new]
+        self.index.columns[self._value][slots] = values
+
+    def _drop(self, keys: npt.NDArray[np.int64]) -> None:
+        slots = self.index.find(keys)
+        self.index.remove(np.unique(slots[slots >= 0]))
+
+    def read(self, routing: KeyRouting) -> pa.Array:
+        return self._column(self.index.find(self._keys(routing.sorted_array)))
+
+    def write(self, routing: KeyRouting, values: pa.Array) -> None:
+        keys = self._keys(routing.sorted_array)
+        kgs = routing.sorted_groups.astype(np.int16)
+        if values.null_count:
+            valid = values.is_valid().to_numpy(zero_copy_only=False)
+            self._drop(keys[~valid])
+            keys, kgs, values = keys[valid], kgs[valid], values.filter(pa.array(valid))
+        self._upsert(keys, kgs, self._values(values))
+
+    def delete(self, routing: KeyRouting) -> None:
+        self._drop(self._keys(routing.sorted_array))
+
+    def read_python(self, routing: KeyRouting) -> list[Any]:
+        found: list[Any] = self.read(routing).to_pylist()
+        return found
+
+    def write_python(self, routing: KeyRouting, entries: list[Any]) -> None:
+        self.write(routing, self.column(entries))
+
+    # -- snapshots and restores -----------------------------------------------------------------
+    def entries(self) -> tuple[npt.NDArray[np.int64], pa.Array, pa.Array]:
+        slots = self.index.full()
+        kgs = self.index.columns[self._kg][slots]
+        order = np.argsort(kgs, kind="stable")
+        slots = slots[order]
+        keys = self._key_column(self.index.keys[slots])
+        return kgs[order].astype(np.int64), keys, self._column(slots)
+
+    def current(self, groups: list[int], keys: list[list[Any]]) -> tuple[pa.Array, list[bool]]:
+        flat = [k for segment in keys for k in segment]
+        slots = self.index.find(self._keys(pa.array(flat, type=self.key_type)))
+        member: list[bool] = (slots >= 0).tolist()
+        return self._column(slots), member
+
+    def load(
+        self,
+        key_groups: npt.NDArray[np.int64],
+        keys: pa.Array,
+        values: pa.Array,
+        deleted: npt.NDArray[np.bool_] | None,
+    ) -> None:
+        if len(keys) and pc.count_distinct(keys).as_py() != len(keys):
+            kept = last_occurrences(keys)  # a blob's keys are unique; last wins regardless
+            key_groups, keys, values = key_groups[kept], keys.take(kept), values.take(kept)
+            deleted = None if deleted is None else deleted[kept]
+        k = self._keys(keys)
+        live = values.is_valid().to_numpy(zero_copy_only=False)
+        if deleted is not None:
+            self._drop(k[deleted])
+            live &= ~deleted
+        if not live.all():
+            k, key_groups, values = k[live], key_groups[live], values.filter(pa.array(live))
+        self._upsert(k, key_groups.astype(np.int16), self._values(values))
+
+    def migrate(
+        self, migration: Callable[[pa.Array], pa.Array], descriptor: StateDescriptor
+    ) -> None:
+        """Rewrite the values with *migration*; *descriptor* must be one :func:`holds`
+        (the storage rebuilds the table in the other layout otherwise)."""
+        slots = self.index.full()
+        migrated = migration(self._column(slots))
+        if migrated.null_count:
+            self.index.remove(slots[~migrated.is_valid().to_numpy(zero_copy_only=False)])
+        self.descriptor = descriptor
+        self._dtype, self._plain = _value_dtype(descriptor.column_type)
+        self.index.columns[self._value] = np.zeros(self.index.capacity, dtype=self._dtype)
+        valid = migrated.is_valid().to_numpy(zero_copy_only=False)
+        self.index.columns[self._value][slots[valid]] = self._values(
+            migrated.filter(pa.array(valid))
+        )
+
+    def count(self) -> int:
+        return self.index.size
+
+    def is_empty(self) -> bool:
+        return self.index.size == 0
+
+    def stats(self) -> TableStats:
+        return TableStats(self.index.size, self.index.nbytes(), 0)
