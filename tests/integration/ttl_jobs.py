@@ -93,8 +93,10 @@ def watch_expiry(
     root: str, out: Path, ttl_ms: int, placement: str, spark: SparkSession
 ) -> list[tuple[int, int]]:
     """Run the dedup over 60 rows per channel (a pipeline at *root* on *spark*, into
-    *out*); once every user was emitted, request a checkpoint every second until one holds
-    no key; stop. Returns each requested checkpoint's (processing time, keys held)."""
+    *out*); once every user was emitted, watch the checkpoint that committed the last of
+    them (its barrier followed the emissions within one interval, so it holds every key
+    however long it took to complete), then request a checkpoint every second until one
+    holds no key; stop. Returns each watched checkpoint's (processing time, keys held)."""
     config = CheckpointConfig.from_options({"checkpoint.interval": "300ms"})
     p = Pipeline(spark, "dedup", config=config, root=root)
     run = p.start(
@@ -113,13 +115,14 @@ def watch_expiry(
             if (out / "_delta_log").exists() and pl.read_delta(str(out)).height >= users:
                 break
             time.sleep(0.2)
-        while time.monotonic() < deadline:
-            cp = p.client.checkpoint()
+        cp = p.client.latest()
+        while cp is not None and time.monotonic() < deadline:
             [now] = {m.processing_ms for m in cp.stats.task_time.values()}
             held.append((now, keys_held(StateReader.open(p.root, cp.checkpoint_id))))
             if held[-1][1] == 0:
                 break
             time.sleep(1)
+            cp = p.client.checkpoint()
         run.stop(timeout_s=120)
     finally:
         if run.query.isActive:
