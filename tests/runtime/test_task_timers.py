@@ -23,6 +23,7 @@ from spark_ckpt.runtime.operator import KeyedOperator, RecordOperator
 from spark_ckpt.sinks.memory_sink import MemorySink
 from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.descriptor import ValueStateDescriptor
+from spark_ckpt.testing.state_backends import examples
 
 OUT = pa.schema([("k", pa.int64()), ("timestamp", pa.int64()), ("domain", pa.string())])
 BOUND_MS = 3000
@@ -117,20 +118,23 @@ CATCH_UP = (
 )
 
 
-@settings(max_examples=120)
-@given(STREAMS, st.sampled_from([None, "image", "changelog", "workers"]))
-@example(CATCH_UP, "workers")
-def test_timers_fire_once_through_crashes_and_rescales(
-    case: tuple[list[Batch], int | None, int, int], rebuild: str | None
-) -> None:
+def test_timers_fire_once_through_crashes_and_rescales(state_backend: str) -> None:
     """A crash after batch *crash* (rows processed past the last checkpoint), then a restore
     of the last completed checkpoint at another parallelism and a replay: the committed
     output holds every timer the oracle fires, once — subtasks kept alive, or rebuilt every
-    micro-batch from their images as on the executors."""
-    batches, crash, parallelism, new_parallelism = case
-    job = Job(Silence, STRATEGY, parallelism, rebuild=rebuild)
-    run(job, batches, crash, new_parallelism)
-    assert job.output() == oracle(batches)
+    micro-batch from their images as on the executors. (Fewer examples on ``rocksdb``:
+    :func:`~spark_ckpt.testing.state_backends.examples`.)"""
+
+    @settings(max_examples=examples(120, state_backend))
+    @given(STREAMS, st.sampled_from([None, "image", "changelog", "workers"]))
+    @example(CATCH_UP, "workers")
+    def check(case: tuple[list[Batch], int | None, int, int], rebuild: str | None) -> None:
+        batches, crash, parallelism, new_parallelism = case
+        job = Job(Silence, STRATEGY, parallelism, rebuild=rebuild)
+        run(job, batches, crash, new_parallelism)
+        assert job.output() == oracle(batches)
+
+    check()
 
 
 class Reminder(RecordOperator):
