@@ -143,6 +143,25 @@ def test_columnar_state_is_the_dict_fold_of_its_writes(
         assert b.value_state(desc).value() == model[k]
 
 
+def test_a_write_of_old_and_new_keys_that_rebuilds_the_index_keeps_every_value() -> None:
+    """The rebuild a batch's new keys cause moves the slots of its old keys too: growing
+    (the index fills up) and shrinking (deletes left it mostly tombstones)."""
+    count = ValueStateDescriptor("v", pa.int64())
+    b = backend(pa.int64())
+    b.put_values(count, list(range(700)), pa.array(range(700)))
+    b.put_values(count, list(range(800)), pa.array([k + 10_000 for k in range(800)]))
+    assert b.get_values(count, list(range(800))).to_pylist() == [k + 10_000 for k in range(800)]
+    b = backend(pa.int64())
+    b.put_values(count, np.arange(3000), pa.array(np.arange(3000)))
+    b.clear_values(count, np.arange(50, 3000))
+    b.put_values(count, np.arange(1750), pa.array(np.arange(1750) + 7))
+    assert b.get_values(count, np.arange(3000)).to_pylist() == [
+        *(k + 7 for k in range(1750)),
+        *([None] * 1250),
+    ]
+    assert b.value_count(count) == 1750
+
+
 def test_a_columnar_snapshot_restores_at_another_parallelism_and_on_the_dict_layout() -> None:
     store = InMemoryCheckpointStore()
     count = ValueStateDescriptor("count", pa.int64())

@@ -25,11 +25,9 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from spark_ckpt.state.backends.table import KeyRouting, StateTable, TableStats
 from spark_ckpt.state.descriptor import StateDescriptor, StateKind
-from spark_ckpt.state.snapshot.changes import last_occurrences
 
 _EMPTY: Final = 0
 _FULL: Final = 1
@@ -119,6 +117,8 @@ class HashIndex:
     def find(self, keys: npt.NDArray[np.int64]) -> Slots:
         """The slot of each key (-1: absent). O(len(keys)) amortized."""
         found = np.full(len(keys), -1, dtype=np.int64)
+        if self.size == 0:
+            return found
         pending = np.arange(len(keys), dtype=np.int64)
         slot = self._home(keys)
         wanted = keys
@@ -130,29 +130,84 @@ class HashIndex:
             pending, slot, wanted = pending[go_on], self._next(slot[go_on]), wanted[go_on]
         return found
 
+    def reserve(self, n: int) -> bool:
+        """Rebuild the index now if *n* more keys would overfill it; whether it did (every
+        slot found before then is stale)."""
+        if self.used + n > _MAX_LOAD * self.capacity:
+            self._rebuild(self.size + n)
+            return True
+        return False
+
     def insert(self, keys: npt.NDArray[np.int64]) -> Slots:
-        """Slots for *keys*, which must be distinct and absent (the caller checked with
-        :meth:`find`); the index grows first if they would overfill it."""
-        if (self.used + len(keys)) > _MAX_LOAD * self.capacity:
-            self._rebuild(self.size + len(keys))
+        """Slots for *keys*, none of which the index holds (the caller checked with
+        :meth:`find`); a key repeated in *keys* gets one slot. The index is rebuilt first
+        if they would overfill it, which moves every slot: call :meth:`reserve` before
+        keeping slots across this call. Into an empty index (a restore, a rebuild) the keys
+        are placed in the order of their home slots, sequentially."""
+        self.reserve(len(keys))
+        if self.used == 0 and len(keys):
+            return self._place_in_empty(keys)
         placed = np.empty(len(keys), dtype=np.int64)
-        pending = np.arange(len(keys), dtype=np.int64)
-        slot = self._home(keys)
+        self._probe_in(keys, np.arange(len(keys), dtype=np.int64), self._home(keys), placed)
+        return placed
+
+    def _probe_in(
+        self, keys: npt.NDArray[np.int64], pending: Slots, slot: Slots, placed: Slots
+    ) -> None:
+        """Place ``keys[pending]``, probing from *slot*, into *placed*: a round per probe
+        step. Of the keys probing one free slot, one takes it: each writes its position into
+        the slot's (unused) key, and the one whose position stayed there wins; the others
+        look at the same slot again, where a key equal to theirs is their twin's."""
         while len(pending):
-            # of the keys probing the same free slot, one takes it: each writes its position
-            # into the slot's (unused) key, and the one whose position stayed there wins
-            cand = np.flatnonzero(self.state[slot] != _FULL)
+            wanted = keys[pending]
+            full = self.state[slot] == _FULL
+            twin = full & (self.keys[slot] == wanted)
+            placed[pending[twin]] = slot[twin]
+            cand = np.flatnonzero(~full)
             self.keys[slot[cand]] = cand
             won = cand[self.keys[slot[cand]] == cand]
             taken = slot[won]
             self.used += int(np.count_nonzero(self.state[taken] == _EMPTY))
             self.state[taken] = _FULL
-            self.keys[taken] = keys[pending[won]]
+            self.keys[taken] = wanted[won]
             placed[pending[won]] = taken
-            rest = np.ones(len(pending), dtype=bool)
-            rest[won] = False
-            pending, slot = pending[rest], self._next(slot[rest])
-        self.size += len(keys)
+            self.size += len(won)
+            advance = full & ~twin
+            stay = ~full
+            stay[won] = False
+            slot = np.where(advance, self._next(slot.copy()), slot)
+            pending, slot = pending[advance | stay], slot[advance | stay]
+
+    def _place_in_empty(self, keys: npt.NDArray[np.int64]) -> Slots:
+        """Linear probing's placement of *keys* into an empty index, in hash order: each
+        key takes the first slot from its home on past the previous key's (a running
+        maximum), so the writes are sequential. The hash is a bijection of the key, so
+        repeated keys are neighbours in hash order and share one slot; keys that run past
+        the last slot go the general way."""
+        hashed = keys.view(np.uint64) * _GOLDEN
+        order = np.argsort(hashed)
+        ordered = hashed[order]
+        first = np.ones(len(keys), dtype=bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        unique = order[first]
+        home = (((ordered[first] >> np.uint64(32)) * self._scale) >> np.uint64(32)).astype(
+            np.int64
+        )
+        step = np.arange(len(unique), dtype=np.int64)
+        pos = np.maximum.accumulate(home - step) + step
+        fits = pos < self.capacity
+        at = pos[fits]
+        self.state[at] = _FULL
+        self.keys[at] = keys[unique[fits]]
+        self.used += len(at)
+        self.size += len(at)
+        placed = np.empty(len(keys), dtype=np.int64)
+        placed[unique[fits]] = at
+        past = unique[~fits]
+        if len(past):
+            self._probe_in(keys, past, np.zeros(len(past), dtype=np.int64), placed)
+        if len(unique) < len(keys):  # each repeat takes its first occurrence's slot
+            placed[order] = placed[unique][np.cumsum(first) - 1]
         return placed
 
     def remove(self, slots: Slots) -> None:
@@ -275,6 +330,8 @@ class ColumnarStateTable(StateTable):
         slots = self.index.find(keys)
         new = slots < 0
         if new.any():
+            if self.index.reserve(int(np.count_nonzero(new))):
+                slots = self.index.find(keys)  # the rebuild moved them; *new* still holds
             slots[new] = self.index.insert(keys[new])
             self.index.columns[self._kg][slots[new]] = kgs[new]
         self.index.columns[self._value][slots] = values
@@ -327,10 +384,8 @@ class ColumnarStateTable(StateTable):
         values: pa.Array,
         deleted: npt.NDArray[np.bool_] | None,
     ) -> None:
-        if len(keys) and pc.count_distinct(keys).as_py() != len(keys):
-            kept = last_occurrences(keys)  # a blob's keys are unique; last wins regardless
-            key_groups, keys, values = key_groups[kept], keys.take(kept), values.take(kept)
-            deleted = None if deleted is None else deleted[kept]
+        """As :meth:`StateTable.load`; a blob's keys are unique (every writer makes them
+        so), and a key repeated in one call would keep one of its rows, not a chosen one."""
         k = self._keys(keys)
         live = values.is_valid().to_numpy(zero_copy_only=False)
         if deleted is not None:

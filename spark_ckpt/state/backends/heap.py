@@ -42,8 +42,10 @@ _ENTRY_BYTES = 120
 class HeapStateTable(StateTable):
     """Storage of one keyed state in memory (see the module docstring)."""
 
-    def __init__(self, descriptor: StateDescriptor) -> None:
+    def __init__(self, descriptor: StateDescriptor, key_type: pa.DataType | None = None) -> None:
         super().__init__(descriptor)
+        #: the type of the keys (None: as Arrow infers it from the Python keys)
+        self.key_type = key_type
         self.groups: dict[int, dict[Any, Any]] = {}
         self.values: ValueStore = value_store(descriptor)
 
@@ -139,7 +141,7 @@ class HeapStateTable(StateTable):
             values.extend(group.values())
             sizes.append(len(group))
         kgs = np.repeat(np.asarray(groups, dtype=np.int64), sizes)
-        return kgs, pa.array(keys), self.values.column(values)
+        return kgs, pa.array(keys, type=self.key_type), self.values.column(values)
 
     def current(self, groups: list[int], keys: list[list[Any]]) -> tuple[pa.Array, list[bool]]:
         values: list[Any] = []
@@ -210,7 +212,7 @@ class HeapStorage(StateStorage):
     def new_table(self, descriptor: StateDescriptor) -> StateTable:
         if columnar.holds(descriptor, self.key_type):
             return columnar.ColumnarStateTable(descriptor, self.key_type)
-        return HeapStateTable(descriptor)
+        return HeapStateTable(descriptor, self.key_type)
 
     def migrate(
         self,
