@@ -186,14 +186,16 @@ def late_oracle(batches: list[Batch]) -> list[tuple[int, int]]:
     return sorted(late)
 
 
-@settings(max_examples=100)
-@given(STREAMS, st.sampled_from([None, "image", "workers"]))
-def test_late_rows_reach_the_late_output_exactly_once(
-    case: tuple[list[Batch], int | None, int, int], rebuild: str | None
-) -> None:
+def test_late_rows_reach_the_late_output_exactly_once(state_backend: str) -> None:
     """The rows dropped as late go to their own two-phase-commit sink: through crashes,
     restores at another parallelism and subtasks rebuilt from images, it holds exactly the
     late rows of the loop, once each, with their own columns only."""
+    settings(max_examples=examples(100, state_backend))(
+        given(STREAMS, st.sampled_from([None, "image", "workers"]))(_check_late_rows)
+    )()
+
+
+def _check_late_rows(case: tuple[list[Batch], int | None, int, int], rebuild: str | None) -> None:
     batches, crash, parallelism, new_parallelism = case
     job = Job(Silence, STRATEGY, parallelism, rebuild=rebuild, late=MemorySink("late"))
     run(job, batches, crash, new_parallelism)

@@ -255,11 +255,16 @@ def run_relaxed(name: str, case: tuple[list[Batch], int | None, int, int]) -> No
     assert emitted(job) == oracle(batches, name, allowed)[0]
 
 
-@settings(max_examples=100)
-@given(STREAMS, st.sampled_from(sorted(ASSIGNERS)))
 def test_a_larger_allowed_lateness_at_a_restore_holds_the_open_windows_longer(
-    case: tuple[list[Batch], int | None, int, int], name: str
+    state_backend: str,
 ) -> None:
+    """Restored with 1 s more allowed lateness (:func:`_check_relaxed`)."""
+    settings(max_examples=examples(100, state_backend))(
+        given(STREAMS, st.sampled_from(sorted(ASSIGNERS)))(_check_relaxed)
+    )()
+
+
+def _check_relaxed(case: tuple[list[Batch], int | None, int, int], name: str) -> None:
     """Restored with 1 s more allowed lateness: windows emitted before the checkpoint stay
     emitted; those open in it fire at the new time (their timers were set for the old
     one), as do the windows opened after the restore."""
@@ -440,9 +445,16 @@ def _pandas_sessions(
     return sorted(windows), sorted(dropped)
 
 
-@settings(max_examples=120)
-@given(STREAMS, st.sampled_from(sorted(ASSIGNERS)), st.sampled_from([0, 1000]))
-def test_late_rows_count_in_their_open_windows_as_pandas_says(
+def test_late_rows_count_in_their_open_windows_as_pandas_says(state_backend: str) -> None:
+    """Late rows against pandas (:func:`_check_late_rows`)."""
+    settings(max_examples=examples(120, state_backend))(
+        given(STREAMS, st.sampled_from(sorted(ASSIGNERS)), st.sampled_from([0, 1000]))(
+            _check_late_rows
+        )
+    )()
+
+
+def _check_late_rows(
     case: tuple[list[Batch], int | None, int, int], name: str, lateness: int
 ) -> None:
     """Rows up to 4 s out of order against a 2 s bound, through a crash and a restore at
