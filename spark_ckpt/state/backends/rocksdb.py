@@ -86,6 +86,9 @@ def _translate(e: BaseException, what: str) -> StateBackendError:
     return StateBackendError(f"rocksdb state backend: {what} failed: {message}")
 
 
+#: Rows of a restored blob stored per write batch (bounds a restore's transient memory).
+_LOAD_SLICE = 500_000
+
 class _Instance:
     """One open RocksDB and its directory, closed and removed once (explicitly, or when
     the storage is collected or the process exits)."""
@@ -338,14 +341,18 @@ class RocksDBStateTable(StateTable):
         values: pa.Array,
         deleted: npt.NDArray[np.bool_] | None,
     ) -> None:
-        stored = self._values.encode(values)
-        if deleted is not None:
-            stored = [None if gone else v for v, gone in zip(stored, deleted.tolist(), strict=True)]
-        stored_keys = self._keys.encode(key_groups, keys)
         # a FULL blob into an empty table (a restore's first blob): its keys are unique and
         # new, so nothing needs reading first
         fresh = self._count == 0 and deleted is None and values.null_count == 0
-        self._apply(stored_keys, stored, [None] * len(stored) if fresh else None)
+        # in slices, so the stored forms (Python bytes) of one slice at a time are alive
+        for start in range(0, len(keys), _LOAD_SLICE):
+            end = min(start + _LOAD_SLICE, len(keys))
+            stored = self._values.encode(values.slice(start, end - start))
+            if deleted is not None:
+                gone = deleted[start:end].tolist()
+                stored = [None if g else v for v, g in zip(stored, gone, strict=True)]
+            stored_keys = self._keys.encode(key_groups[start:end], keys.slice(start, end - start))
+            self._apply(stored_keys, stored, [None] * len(stored) if fresh else None)
 
     def migrate(
         self, migration: Callable[[pa.Array], pa.Array], descriptor: StateDescriptor
