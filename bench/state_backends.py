@@ -287,6 +287,7 @@ class PipelineCuts:
         self.last_blobs: list[dict[str, Any]] = []
 
     def __call__(self) -> None:
+        from spark_ckpt.state.backends.memory import release_free_memory
         from spark_ckpt.state.snapshot.changes import start_segment
         from spark_ckpt.storage.memory_store import InMemoryCheckpointStore
 
@@ -299,6 +300,7 @@ class PipelineCuts:
         snap = self.backend.snapshots.snapshot(self.checkpoints)
         handle = InMemoryCheckpointStore().write_task_state(self.checkpoints, snap)
         self.backend.snapshots.notify_checkpoint_complete(self.checkpoints, handle)
+        release_free_memory()  # as the task does after a completion
         self.checkpoint_s += perf_counter() - t0
         self.last_blobs = [
             {"kind": b.kind.value, "seq": b.seq, "rows": b.rows} for b in handle.blobs

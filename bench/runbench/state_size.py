@@ -42,7 +42,7 @@ from typing import Any
 
 from benchcommon import PIPELINE, git_info, spark_machine_info
 
-from runbench.procstat import descendants, rss_mb
+from runbench.procstat import cmdline, descendants, rss_mb
 from spark_ckpt.protocol.barrier import SnapshotType
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results" / "state_size.json"
@@ -62,6 +62,7 @@ class StateSizeSettings:
     checkpoints: int  # measured checkpoints per cell
     reps: int
     timeout_s: float
+    state_backend: str = "hashmap"  # state.backend.type of the pipeline
 
     def __post_init__(self) -> None:
         if self.hot_keys > min(self.states):
@@ -122,10 +123,13 @@ class Rss:
 
     def now(self) -> dict[str, float]:
         workers = [] if self.jvm_pid is None else descendants(self.jvm_pid)[1:]  # not the JVM
+        hosts = [p for p in workers if "subtask_host" in cmdline(p)]
         return {
             "driver": rss_mb(os.getpid()) or 0.0,
             "jvm": 0.0 if self.jvm_pid is None else rss_mb(self.jvm_pid) or 0.0,
             "python_workers": sum(rss_mb(p) or 0.0 for p in workers),
+            # the processes that hold the keyed state (spark_ckpt.spark.executors.subtask_host)
+            "subtask_hosts": sum(rss_mb(p) or 0.0 for p in hosts),
         }
 
 
@@ -152,7 +156,9 @@ def run_cell(s: StateSizeSettings, keys: int, log: Any) -> dict[str, Any]:
     pipeline = Pipeline(
         spark,
         PIPELINE,
-        config=CheckpointConfig(interval_ms=s.interval_ms, retained_checkpoints=2),
+        config=CheckpointConfig(
+            interval_ms=s.interval_ms, retained_checkpoints=2, state_backend=s.state_backend
+        ),
         root=os.path.join(root, "pipeline"),
     )
     source = hot_set_source(s.channels, s.rate, s.hot_keys)
@@ -234,7 +240,8 @@ def run_cell(s: StateSizeSettings, keys: int, log: Any) -> dict[str, Any]:
         f"{statistics.median(durations):,.0f} ms, mean {statistics.fmean(durations):,.0f} ms; "
         f"written p50 {statistics.median(written):,.0f} B, mean {statistics.fmean(written):,.0f} B"
         f"; driver RSS {start_rss['driver']:,.0f} -> peak {peak['driver']:,.0f} MB, JVM "
-        f"{peak['jvm']:,.0f} MB, Python workers {peak['python_workers']:,.0f} MB"
+        f"{peak['jvm']:,.0f} MB, Python workers {peak['python_workers']:,.0f} MB, of which subtask "
+        f"hosts {peak['subtask_hosts']:,.0f} MB"
     )
     return {
         "keys": keys,
@@ -290,6 +297,9 @@ def summarize(s: StateSizeSettings, cells: list[dict[str, Any]]) -> dict[str, An
             "python_workers_rss_mb_peak": max(
                 c["rss_mb_window_peak"]["python_workers"] for c in by[k]
             ),
+            "subtask_hosts_rss_mb_peak": max(
+                c["rss_mb_window_peak"].get("subtask_hosts", 0.0) for c in by[k]
+            ),
             "failed_checkpoints": sum(len(c["failed_checkpoints"]) for c in by[k]),
         }
         for k in s.states
@@ -305,9 +315,22 @@ def summarize(s: StateSizeSettings, cells: list[dict[str, Any]]) -> dict[str, An
             "bytes_written_mean",
         )
     }
+    workers = {k: sizes[f"{k:,} keys"]["subtask_hosts_rss_mb_peak"] for k in s.states if by[k]}
     return {
+        "state_backend": s.state_backend,
         "sizes": sizes,
         f"{large:,} / {small:,} keys": ratios,
+        # the subtask hosts' memory per key: the difference of their peak RSS over the
+        # difference of the keys, between each size and the smallest
+        "subtask_hosts_bytes_per_key": {
+            f"{k:,} keys": (workers[k] - workers[small]) * 1e6 / (k - small)
+            for k in workers
+            if k != small
+        },
+        "subtask_hosts_rss_ratio": {
+            f"{k:,} / {b:,} keys": workers[k] / workers[b]
+            for b, k in zip(sorted(workers)[1:], sorted(workers)[2:], strict=False)
+        },
         "driver_rss_mb_difference": sizes[f"{large:,} keys"]["driver_rss_mb_peak"]
         - sizes[f"{small:,} keys"]["driver_rss_mb_peak"],
         "jvm_rss_mb_difference": sizes[f"{large:,} keys"]["jvm_rss_mb_peak"]
@@ -330,6 +353,10 @@ def render(result: dict[str, Any]) -> str:
             for metric, r in ratios.items():
                 lines.append(f"{label} {metric}: {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})")
     lines.append(f"driver RSS difference: {summary['driver_rss_mb_difference']:+,.0f} MB")
+    for label, b in summary.get("subtask_hosts_bytes_per_key", {}).items():
+        lines.append(
+            f"subtask hosts' memory per key ({summary['state_backend']}), {label}: {b:.0f} B"
+        )
     return "\n".join(lines)
 
 
@@ -339,6 +366,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--checkpoints", type=int, default=None)
+    parser.add_argument(
+        "--state-backend", default=None, help="state.backend.type: hashmap (default) or rocksdb"
+    )
+    parser.add_argument("--states", default=None, help="comma-separated state sizes (keys)")
     parser.add_argument("--cell", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--keys", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
@@ -351,6 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         s = replace(s, reps=args.reps)
     if args.checkpoints is not None:
         s = replace(s, checkpoints=args.checkpoints)
+    if args.state_backend is not None:
+        s = replace(s, state_backend=args.state_backend)
+    if args.states is not None:
+        s = replace(s, states=tuple(int(k) for k in args.states.split(",")))
     out = args.out or (DEFAULT_OUT if not args.quick else Path("/tmp/state_size_quick.json"))
 
     def log(msg: str) -> None:

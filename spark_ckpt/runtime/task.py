@@ -91,6 +91,7 @@ from spark_ckpt.sinks.two_phase_commit import (
 )
 from spark_ckpt.sources.inputs import INPUT_KEY, Inputs
 from spark_ckpt.state.backend import KeyedStateBackend
+from spark_ckpt.state.backends.memory import release_free_memory
 from spark_ckpt.state.backends.spec import HASHMAP, StateBackendSpec
 from spark_ckpt.state.context import StateContext
 from spark_ckpt.state.keygroup import key_groups, range_for_subtask
@@ -695,6 +696,7 @@ class OperatorTask:
                 backend.snapshots.notify_checkpoint_complete(
                     checkpoint_id, TaskStateHandle(backend.task_id, mine)
                 )
+            release_free_memory()  # what the snapshot and the forgotten changes held
 
     def acknowledged_checkpoints(self) -> list[int]:
         """Checkpoints whose snapshot this task acknowledged and whose completion it was not

@@ -90,6 +90,7 @@ from spark_ckpt.spark.executors.snapshot_threads import SNAPSHOTS, WRITER, decli
 from spark_ckpt.spark.executors.subtask_errors import SubtaskStateLostError
 from spark_ckpt.spark.executors.subtask_host import SUBTASK_HOSTS, BatchDone, MicroBatch
 from spark_ckpt.spark.subtask_spec import AlignerSpec, StageRole
+from spark_ckpt.state.backends.memory import release_free_memory
 
 # pyspark's own applyInPandasWithState concatenates a group's output with empty (all-NA)
 # padding frames and trips pandas' FutureWarning on concatenation of empty entries, twice per
@@ -226,6 +227,8 @@ class SubtaskFunction:
         )
         fenced = Fence(self.spec.run_id, batch_id, token, batch.executor)
         reattach(task, writer, image)
+        if segment is None or segment.length >= MAX_CHAIN:
+            release_free_memory()  # what a whole or folded image's tables held
         LIVE_SUBTASKS.keep(
             self._key(subtask), LiveSubtask(task, writer, batch_id, token, published)
         )

@@ -118,6 +118,10 @@ class _Instance:
         self.options.enable_statistics()
         table = BlockBasedOptions()
         table.set_block_cache(Cache(options.block_cache_bytes))
+        # index and filter blocks count against the cache, as under Flink's managed memory:
+        # held outside it, they grow with the data on disk, and the host's memory with them
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         self.options.set_block_based_table_factory(table)
         self.options.set_write_buffer_size(options.write_buffer_bytes)
         self.options.set_max_write_buffer_number(options.max_write_buffers)
