@@ -162,6 +162,21 @@ def test_a_write_of_old_and_new_keys_that_rebuilds_the_index_keeps_every_value()
     assert b.value_count(count) == 1750
 
 
+def test_per_record_updates_of_new_keys_rebuild_the_index_and_keep_every_value() -> None:
+    count = ValueStateDescriptor("v", pa.int64())
+    b = backend(pa.int64())
+    view = b.value_state(count)
+    for k in range(3000):  # past two rebuilds of the index, one key at a time
+        b.set_current_key(k * 7919)
+        view.update(k)
+    for k in range(0, 3000, 2):
+        b.set_current_key(k * 7919)
+        view.clear()
+    keys = [k * 7919 for k in range(3000)]
+    assert b.get_values(count, keys).to_pylist() == [k if k % 2 else None for k in range(3000)]
+    assert b.value_count(count) == 1500
+
+
 def test_a_columnar_snapshot_restores_at_another_parallelism_and_on_the_dict_layout() -> None:
     store = InMemoryCheckpointStore()
     count = ValueStateDescriptor("count", pa.int64())

@@ -78,7 +78,8 @@ class HashIndex:
 
     def __init__(self, capacity: int = _MIN_CAPACITY) -> None:
         self._alloc(capacity)
-        self._payload: list[npt.NDArray[Any]] = []
+        #: the payload columns, one value per slot (:meth:`payload`)
+        self.columns: list[npt.NDArray[Any]] = []
         #: live keys
         self.size = 0
 
@@ -91,15 +92,11 @@ class HashIndex:
 
     def payload(self, dtype: npt.DTypeLike) -> int:
         """Register a payload column of *dtype*; returns its index in :attr:`columns`."""
-        self._payload.append(np.zeros(self.capacity, dtype=dtype))
-        return len(self._payload) - 1
-
-    @property
-    def columns(self) -> list[npt.NDArray[Any]]:
-        return self._payload
+        self.columns.append(np.zeros(self.capacity, dtype=dtype))
+        return len(self.columns) - 1
 
     def nbytes(self) -> int:
-        return int(self.keys.nbytes + self.state.nbytes + sum(c.nbytes for c in self._payload))
+        return int(self.keys.nbytes + self.state.nbytes + sum(c.nbytes for c in self.columns))
 
     def _home(self, keys: npt.NDArray[np.int64]) -> Slots:
         top = (keys.view(np.uint64) * _GOLDEN) >> np.uint64(32)
@@ -190,9 +187,7 @@ class HashIndex:
         first = np.ones(len(keys), dtype=bool)
         first[1:] = ordered[1:] != ordered[:-1]
         unique = order[first]
-        home = (((ordered[first] >> np.uint64(32)) * self._scale) >> np.uint64(32)).astype(
-            np.int64
-        )
+        home = (((ordered[first] >> np.uint64(32)) * self._scale) >> np.uint64(32)).astype(np.int64)
         step = np.arange(len(unique), dtype=np.int64)
         pos = np.maximum.accumulate(home - step) + step
         fits = pos < self.capacity
@@ -221,15 +216,31 @@ class HashIndex:
 
     def _rebuild(self, live: int) -> None:
         old = self.full()
-        keys, columns = self.keys[old], [c[old] for c in self._payload]
+        keys, columns = self.keys[old], [c[old] for c in self.columns]
         self._alloc(max(_MIN_CAPACITY, int(live / _REBUILT_LOAD)))
-        self._payload = [np.zeros(self.capacity, dtype=c.dtype) for c in columns]
+        self.columns = [np.zeros(self.capacity, dtype=c.dtype) for c in columns]
         self.size = 0
-        new = self.insert(keys) if len(keys) else old
-        for column, moved in zip(self._payload, columns, strict=True):
+        new = self.insert(keys)
+        for column, moved in zip(self.columns, columns, strict=True):
             column[new] = moved
 
     # -- one key ------------------------------------------------------------------------------
+    def insert_one(self, key: int) -> int:
+        """The slot for *key*, which the index does not hold (the caller checked with
+        :meth:`find_one`); as :meth:`insert`, it may rebuild the index first. O(1)
+        expected, probing in Python."""
+        self.reserve(1)
+        slot = self._home_one(key & _MASK64)
+        state, capacity = self.state, self.capacity
+        while state[slot] == _FULL:
+            slot = slot + 1 if slot + 1 < capacity else 0
+        if state[slot] == _EMPTY:
+            self.used += 1
+        state[slot] = _FULL
+        self.keys[slot] = key
+        self.size += 1
+        return slot
+
     def find_one(self, key: int) -> int:
         """The slot of *key* (-1: absent). O(1) expected, probing in Python."""
         slot = self._home_one(key & _MASK64)
@@ -312,11 +323,16 @@ class ColumnarStateTable(StateTable):
         return None if slot < 0 else self._one(slot)
 
     def store(self, key_group: int, key: Any, value: Any) -> None:
-        self._upsert(
-            np.array([_signed(int(key))], dtype=np.int64),
-            np.array([key_group], dtype=np.int16),
-            self._values(pa.array([value], type=self.descriptor.column_type)),
-        )
+        signed = _signed(int(key))
+        slot = self.index.find_one(signed)
+        if slot < 0:
+            slot = self.index.insert_one(signed)
+            self.index.columns[self._kg][slot] = key_group
+        if self._plain:  # numpy converts the (checked) Python number itself
+            self.index.columns[self._value][slot] = value
+        else:
+            raw = self._values(pa.array([value], type=self.descriptor.column_type))
+            self.index.columns[self._value][slot] = raw[0]
 
     def remove(self, key_group: int, key: Any) -> None:
         slot = self.index.find_one(_signed(int(key)))
