@@ -227,7 +227,7 @@ class SubtaskFunction:
         )
         fenced = Fence(self.spec.run_id, batch_id, token, batch.executor)
         reattach(task, writer, image)
-        if segment is None or segment.length >= MAX_CHAIN:
+        if not _changes_only(segment):
             release_free_memory()  # what a whole or folded image's tables held
         LIVE_SUBTASKS.keep(
             self._key(subtask), LiveSubtask(task, writer, batch_id, token, published)
@@ -396,6 +396,12 @@ def _resume(
     return live.task, live.writer, CAUGHT_UP, segment
 
 
+def _changes_only(segment: Segment | None) -> bool:
+    """Whether a micro-batch at *segment* publishes only what it changed (not a fold, not
+    the whole state)."""
+    return segment is not None and segment.length < MAX_CHAIN
+
+
 def _segment_image(
     task: OperatorTask,
     writer: Any,
@@ -408,7 +414,7 @@ def _segment_image(
     state); the whole state when there is no chain yet, or when the task cannot fold (it was
     rebuilt since the full segment, or half its keys changed)."""
     if segment is not None:
-        if segment.length < MAX_CHAIN:
+        if _changes_only(segment):
             return export_image(task, writer, changes=True), False
         folded = export_folded_image(task, writer)
         if folded is not None:

@@ -2,9 +2,8 @@
 
 A completed checkpoint frees what its snapshot held (the blobs' Arrow buffers) and the change
 logs it made obsolete. Arrow's memory pool (mimalloc or jemalloc) and glibc's ``malloc``
-keep such freed memory for reuse, so the host's RSS stayed far above what its state holds:
-for the ``hashmap`` backend's columns, more than twice. :func:`release_free_memory` asks
-both to return it.
+keep such freed memory for reuse, so the host's RSS stays above what its state holds;
+:func:`release_free_memory` asks both to return it.
 """
 
 from __future__ import annotations
