@@ -11,9 +11,10 @@ capacity, sized so the live keys fill :data:`_REBUILT_LOAD` of it.
 
 :class:`ColumnarStateTable` keeps, per slot of its index, the key group (int16) and the
 value (its fixed-width bytes): 19 bytes per slot for an int64 value, so 27 to 42 per key by
-the load factor, with no Python object per key. The per-record API probes in Python (a
-few numpy element reads); the vectorized one never loops per key in Python. It holds value state only, of the types :func:`holds` accepts; every other
-state of a ``hashmap`` backend is a :class:`~spark_ckpt.state.backends.heap.HeapStateTable`.
+the load factor, with no Python object per key. The per-record API probes in Python (a few
+numpy element reads); the vectorized one never loops per key in Python. It holds value
+state only, of the types :func:`holds` accepts; every other state of a ``hashmap`` backend
+is a :class:`~spark_ckpt.state.backends.heap.HeapStateTable`.
 """
 
 from __future__ import annotations
