@@ -32,7 +32,12 @@ from spark_ckpt.spark.executors.subtask_host import (
     host_address,
     host_directory,
 )
-from spark_ckpt.spark.session.environment import TOKIO_WORKER_THREADS
+from spark_ckpt.spark.session.environment import (
+    ARROW_MIMALLOC_PURGE_DELAY,
+    DELTA_JEMALLOC_CONF,
+    HOST_JEMALLOC_CONF,
+    TOKIO_WORKER_THREADS,
+)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -140,6 +145,26 @@ def test_a_host_runs_delta_rs_on_one_worker_unless_the_user_chose(
     environ = Path(f"/proc/{host_pid(done)}/environ").read_bytes().split(b"\0")
     assert f"{TOKIO_WORKER_THREADS}={chosen or '1'}".encode() in environ
     assert os.environ.get(TOKIO_WORKER_THREADS) == chosen  # the worker's own is untouched
+    os.kill(host_pid(done), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("chosen", [None, "dirty_decay_ms:5000"])
+def test_a_host_hands_freed_memory_back_unless_the_user_chose(
+    key: CacheKey, chosen: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host starts with delta-rs's jemalloc purging freed pages after 1 s and Arrow's
+    mimalloc at once (``docs/state-backends.md``), unless the worker's environment sets
+    jemalloc's options; the worker's own environment is untouched."""
+    if chosen is None:
+        monkeypatch.delenv(DELTA_JEMALLOC_CONF, raising=False)
+    else:
+        monkeypatch.setenv(DELTA_JEMALLOC_CONF, chosen)
+    monkeypatch.delenv(ARROW_MIMALLOC_PURGE_DELAY, raising=False)
+    done = SubtaskHosts(idle_s=30).run(key, Counter(), batch(1), [])
+    environ = Path(f"/proc/{host_pid(done)}/environ").read_bytes().split(b"\0")
+    assert f"{DELTA_JEMALLOC_CONF}={chosen or HOST_JEMALLOC_CONF}".encode() in environ
+    assert f"{ARROW_MIMALLOC_PURGE_DELAY}=0".encode() in environ
+    assert os.environ.get(DELTA_JEMALLOC_CONF) == chosen
     os.kill(host_pid(done), signal.SIGKILL)
 
 

@@ -11,6 +11,13 @@
   thread per core; the small commits and reads of checkpointing then cost more CPU in
   thread hand-offs than with one worker (figures: ``docs/architecture.md``). A user's
   setting is left alone.
+* The subtask hosts, which keep the keyed state on the executors, start with allocators that
+  hand freed memory back within about a second (:func:`host_allocator_environment`), unless
+  the user set them. delta-rs allocates with its own jemalloc, whose default keeps freed
+  pages for 10 s and returns them only while it allocates again: the Arrow buffers of a
+  full snapshot or a restore, written or read through delta-rs, stayed resident as more
+  than 100 bytes per key of state for tens of seconds after they were freed (figures:
+  ``docs/state-backends.md``). Arrow's mimalloc purges its freed pages at once, too.
 * Spark 4 needs Java 17 or newer: :func:`ensure_java` finds it (``JAVA_HOME`` first, then
   ``java`` on ``PATH``) and raises :class:`EnvironmentSetupError` saying what to install.
 """
@@ -43,6 +50,25 @@ def ensure_small_delta_runtime() -> None:
     Takes effect only if delta-rs has not built its runtime yet in this process (it does on
     its first call), so call it before the first Delta read or write."""
     os.environ.setdefault(TOKIO_WORKER_THREADS, "1")
+
+
+#: The environment variable delta-rs's bundled jemalloc reads its options from.
+DELTA_JEMALLOC_CONF = "_RJEM_MALLOC_CONF"
+#: jemalloc options of a subtask host: freed dirty pages purged after 1 s (default 10 s),
+#: and no lazily purged (``muzzy``) stage after that.
+HOST_JEMALLOC_CONF = "dirty_decay_ms:1000,muzzy_decay_ms:0"
+#: The environment variable of Arrow's mimalloc for the delay before freed pages are purged.
+ARROW_MIMALLOC_PURGE_DELAY = "MIMALLOC_PURGE_DELAY"
+
+
+def host_allocator_environment(env: dict[str, str]) -> dict[str, str]:
+    """*env* with the allocator options of a subtask host (see the module docstring) where it
+    sets none. Takes effect in a process started with it: both allocators read their options
+    once, when the library is loaded."""
+    out = dict(env)
+    out.setdefault(DELTA_JEMALLOC_CONF, HOST_JEMALLOC_CONF)
+    out.setdefault(ARROW_MIMALLOC_PURGE_DELAY, "0")
+    return out
 
 
 def java_binary() -> str | None:
