@@ -60,10 +60,7 @@ from spark_ckpt.runtime.stage import FIRST_STAGE_VERTEX
 from spark_ckpt.spark.executors import subtask_errors
 from spark_ckpt.spark.executors.executor_cache import CacheKey, Fence
 from spark_ckpt.spark.executors.subtask_errors import SubtaskHostError, SubtaskHostLostError
-from spark_ckpt.spark.session.environment import (
-    TOKIO_WORKER_THREADS,
-    host_allocator_environment,
-)
+from spark_ckpt.spark.session.environment import host_environment
 
 #: Seconds a host waits for its next micro-batch before it ends.
 IDLE_S: Final = 120.0
@@ -326,9 +323,9 @@ class SubtaskHosts:
         )
 
     def _start(self, address: Path) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        env.setdefault(TOKIO_WORKER_THREADS, "1")  # see spark_ckpt.spark.session.environment
-        env = host_allocator_environment(env)
+        env = host_environment(
+            {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        )
         with open(address.with_suffix(".log"), "ab") as log:
             return subprocess.Popen(
                 [

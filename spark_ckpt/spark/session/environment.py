@@ -6,18 +6,18 @@
   Spark starts; a user's explicit setting is left alone.
 * ``TOKIO_WORKER_THREADS`` defaults to 1 in the processes spark-ckpt owns — the source
   runner (:func:`ensure_small_delta_runtime`, called when the stream reader is built there)
-  and the subtask hosts (set in the environment they start with) — and nowhere else (not in
+  and the subtask hosts (:func:`host_environment`) — and nowhere else (not in
   the user's driver). delta-rs runs every call on a tokio runtime with, by default, a worker
   thread per core; the small commits and reads of checkpointing then cost more CPU in
   thread hand-offs than with one worker (figures: ``docs/architecture.md``). A user's
   setting is left alone.
 * The subtask hosts, which keep the keyed state on the executors, start with allocators that
-  hand freed memory back within about a second (:func:`host_allocator_environment`), unless
-  the user set them. delta-rs allocates with its own jemalloc, whose default keeps freed
-  pages for 10 s and returns them only while it allocates again: the Arrow buffers of a
-  full snapshot or a restore, written or read through delta-rs, stayed resident as more
-  than 100 bytes per key of state for tens of seconds after they were freed (figures:
-  ``docs/state-backends.md``). Arrow's mimalloc purges its freed pages at once, too.
+  hand freed memory back within about a second (:func:`host_environment`), unless the user
+  set them. delta-rs allocates with its own jemalloc, whose default keeps freed pages for
+  10 s and returns them only while it allocates again, so the buffers of a full snapshot or
+  a restore, written or read through delta-rs, would stay resident long after they were
+  freed (figures: ``docs/state-backends.md``). Arrow's mimalloc purges its freed pages at
+  once, too.
 * Spark 4 needs Java 17 or newer: :func:`ensure_java` finds it (``JAVA_HOME`` first, then
   ``java`` on ``PATH``) and raises :class:`EnvironmentSetupError` saying what to install.
 """
@@ -29,6 +29,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from spark_ckpt.errors import EnvironmentSetupError
 
@@ -61,11 +62,13 @@ HOST_JEMALLOC_CONF = "dirty_decay_ms:1000,muzzy_decay_ms:0"
 ARROW_MIMALLOC_PURGE_DELAY = "MIMALLOC_PURGE_DELAY"
 
 
-def host_allocator_environment(env: dict[str, str]) -> dict[str, str]:
-    """*env* with the allocator options of a subtask host (see the module docstring) where it
-    sets none. Takes effect in a process started with it: both allocators read their options
-    once, when the library is loaded."""
+def host_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a subtask host starts with: *env* with one tokio worker for delta-rs
+    and the hosts' allocator options (see the module docstring), each only where *env* sets
+    none. Takes effect in a process started with it: tokio and both allocators read their
+    options once, when the library is loaded."""
     out = dict(env)
+    out.setdefault(TOKIO_WORKER_THREADS, "1")
     out.setdefault(DELTA_JEMALLOC_CONF, HOST_JEMALLOC_CONF)
     out.setdefault(ARROW_MIMALLOC_PURGE_DELAY, "0")
     return out
