@@ -230,10 +230,14 @@ def _apply_blob(backend: KeyedStateBackend, ref: BlobRef, table: pa.Table) -> St
             "holds keys outside the key groups it records"
         )
     own = backend.key_group_range
-    order = np.flatnonzero((kgs >= own.start) & (kgs <= own.end))
-    order = order[np.argsort(kgs[order], kind="stable")]
-    kgs = kgs[order]
-    taken = table.take(pa.array(order))
+    inside = (kgs >= own.start) & (kgs <= own.end)
+    if inside.all() and bool(np.all(kgs[1:] >= kgs[:-1])):  # all of it, in order already
+        taken = table
+    else:
+        order = np.flatnonzero(inside)
+        order = order[np.argsort(kgs[order], kind="stable")]
+        kgs = kgs[order]
+        taken = table.take(pa.array(order))
     deleted = taken.column("deleted").to_numpy(zero_copy_only=False) if delta else None
     state.load(
         kgs,

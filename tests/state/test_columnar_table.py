@@ -71,6 +71,47 @@ def test_the_hash_index_finds_what_was_inserted_and_not_what_was_removed(
         ]
 
 
+_INVERSE = pow(0x9E3779B97F4A7C15, -1, 1 << 64)  # of the index's hash multiplier
+
+
+def _signed(k: int) -> int:
+    return k - (1 << 64) if k >= 1 << 63 else k
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 2**32 - 1) | st.integers(0, 5))
+        | st.tuples(st.just(-1), st.integers(-(2**63), 2**63 - 1)),
+        max_size=400,
+    ),
+    st.booleans(),
+)
+def test_keys_placed_into_an_empty_index_are_found_and_a_repeat_keeps_its_last_row(
+    drawn: list[tuple[int, int]], sort_first: bool
+) -> None:
+    """Keys whose hashes share their top half (the placement sorts by it, then by the
+    whole hash), repeats, and input already in hash order (the timsort path)."""
+    keys_list = [
+        v if top < 0 else _signed((((top << 32) | v) * _INVERSE) % (1 << 64)) for top, v in drawn
+    ]
+    if sort_first:  # in hash order, as a snapshot of this layout gives them
+        keys_list.sort(key=lambda k: (k * 0x9E3779B97F4A7C15) % (1 << 64))
+    keys = np.array(keys_list, dtype=np.int64)
+    rows = np.arange(len(keys), dtype=np.int64)
+    index = HashIndex()
+    value = index.payload(np.int64)
+    taken, slots = index.place(keys)
+    index.columns[value][slots] = rows[taken]
+    last = {k: i for i, k in enumerate(keys_list)}
+    assert index.size == len(last) == len(taken) == len(set(slots.tolist()))
+    found = index.find(np.array(list(last), dtype=np.int64))
+    assert index.columns[value][found].tolist() == list(last.values())
+    again = HashIndex()
+    assert (again.insert(keys) == again.find(keys)).all()
+    assert again.size == len(last)
+
+
 KEY_TYPES = {"int64": pa.int64(), "uint64": pa.uint64(), "int16": pa.int16()}
 VALUE_TYPES = {
     "int64": (pa.int64(), st.integers(-(2**63), 2**63 - 1)),

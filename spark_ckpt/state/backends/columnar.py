@@ -42,6 +42,8 @@ _GOLDEN: Final = np.uint64(0x9E3779B97F4A7C15)
 _MASK64: Final = (1 << 64) - 1
 
 Slots = npt.NDArray[np.int64]
+_TOP: Final = np.uint64(0xFFFFFFFF00000000)
+_LOW: Final = np.uint64(0xFFFFFFFF)
 
 
 def _signed(key: int) -> int:
@@ -70,6 +72,46 @@ def holds(descriptor: StateDescriptor, key_type: pa.DataType) -> bool:
         and _integer_key(key_type)
         and _fixed_value(descriptor.column_type)
     )
+
+
+def _hash_order(
+    keys: npt.NDArray[np.int64],
+) -> tuple[Slots, npt.NDArray[np.uint64], npt.NDArray[np.bool_] | None]:
+    """``(order, top, distinct)``: the positions of *keys* in the order of their Fibonacci
+    hashes (a bijection of the key, so equal keys end up next to each other), the top 32
+    bits of each hash in that order (what a home slot is computed from), and a mask of
+    the last of each run of equal keys (None: the keys are distinct); equal keys keep
+    their order. The hash's top half
+    and the position are sorted as one uint64 (only ties of the top half are sorted again
+    by the whole hash); timsort when the keys come in long runs of hash order, which
+    costs about O(n), else a quicksort."""
+    hashed = keys.view(np.uint64) * _GOLDEN
+    n = len(keys)
+    if n >= 1 << 32:  # positions do not fit beside the top half
+        order = np.argsort(hashed, kind="stable")
+        ordered = hashed[order]
+        top = ordered >> np.uint64(32)
+        same = ordered[1:] == ordered[:-1]
+    else:
+        packed = hashed & _TOP
+        packed |= np.arange(n, dtype=np.uint64)
+        descents = int(np.count_nonzero(packed[1:] < packed[:-1]))
+        packed.sort(kind="stable" if descents < n // 64 else "quicksort")
+        order = (packed & _LOW).view(np.int64)
+        top = packed >> np.uint64(32)
+        tie = top[1:] == top[:-1]
+        same = np.zeros(max(n - 1, 0), dtype=np.bool_)
+        if tie.any():  # keys of one top half: by the whole hash, so equal keys are adjacent
+            members = np.flatnonzero(np.r_[tie, False] | np.r_[False, tie])
+            sub = order[members]
+            order[members] = sub[np.argsort(hashed[sub], kind="stable")]
+            ties = np.flatnonzero(tie)
+            same[ties] = hashed[order[ties + 1]] == hashed[order[ties]]
+    if not same.any():
+        return order, top, None
+    distinct = np.ones(n, dtype=np.bool_)
+    distinct[:-1] = ~same
+    return order, top, distinct
 
 
 class HashIndex:
@@ -140,13 +182,50 @@ class HashIndex:
         :meth:`find`); a key repeated in *keys* gets one slot. The index is rebuilt first
         if they would overfill it, which moves every slot: call :meth:`reserve` before
         keeping slots across this call. Into an empty index (a restore, a rebuild) the keys
-        are placed in the order of their home slots, sequentially."""
+        are placed in the order of their home slots, sequentially (:meth:`place`)."""
         self.reserve(len(keys))
-        if self.used == 0 and len(keys):
-            return self._place_in_empty(keys)
         placed = np.empty(len(keys), dtype=np.int64)
+        if self.used == 0 and len(keys):
+            taken, slots = self.place(keys)
+            if len(taken) < len(keys):  # repeats: each takes its twin's slot
+                return self.find(keys)
+            placed[taken] = slots
+            return placed
         self._probe_in(keys, np.arange(len(keys), dtype=np.int64), self._home(keys), placed)
         return placed
+
+    def place(self, keys: npt.NDArray[np.int64]) -> tuple[Slots, Slots]:
+        """Put *keys* into this index, which must be empty (nothing ever placed since it was
+        allocated): ``(taken, slots)``, the positions in *keys* of its distinct keys (a
+        repeated key's last occurrence, as a vectorized write keeps) and their slots, so
+        that a payload is stored as ``column[slots] = payload[taken]``. Linear probing's
+        placement in hash order: each key takes the first slot from its home on past the
+        previous key's (a running maximum), so the index is written sequentially; keys that
+        run past the last slot go the general way. O(n log n) in C, about O(n) for keys
+        already in runs of hash order (a snapshot of this layout, by key group)."""
+        assert self.used == 0, "place needs an empty index"
+        self.reserve(len(keys))
+        order, top, distinct = _hash_order(keys)
+        if distinct is not None:
+            order, top = order[distinct], top[distinct]
+        home = ((top * self._scale) >> np.uint64(32)).view(np.int64)
+        step = np.arange(len(order), dtype=np.int64)
+        home -= step
+        np.maximum.accumulate(home, out=home)
+        home += step  # each key's slot: max(its home, the previous key's slot + 1)
+        fits = int(np.searchsorted(home, self.capacity))  # slots ascend
+        taken, slots = order[:fits], home[:fits]
+        self.state[slots] = _FULL
+        self.keys[slots] = keys[taken]
+        self.used += fits
+        self.size += fits
+        if fits < len(order):
+            past = order[fits:]
+            more = np.empty(len(past), dtype=np.int64)
+            sub = keys[past]
+            self._probe_in(sub, np.arange(len(sub)), np.zeros(len(sub), np.int64), more)
+            taken, slots = np.concatenate([taken, past]), np.concatenate([slots, more])
+        return taken, slots
 
     def _probe_in(
         self, keys: npt.NDArray[np.int64], pending: Slots, slot: Slots, placed: Slots
@@ -175,36 +254,6 @@ class HashIndex:
             slot = np.where(advance, self._next(slot.copy()), slot)
             pending, slot = pending[advance | stay], slot[advance | stay]
 
-    def _place_in_empty(self, keys: npt.NDArray[np.int64]) -> Slots:
-        """Linear probing's placement of *keys* into an empty index, in hash order: each
-        key takes the first slot from its home on past the previous key's (a running
-        maximum), so the writes are sequential. The hash is a bijection of the key, so
-        repeated keys are neighbours in hash order and share one slot; keys that run past
-        the last slot go the general way."""
-        hashed = keys.view(np.uint64) * _GOLDEN
-        order = np.argsort(hashed)
-        ordered = hashed[order]
-        first = np.ones(len(keys), dtype=bool)
-        first[1:] = ordered[1:] != ordered[:-1]
-        unique = order[first]
-        home = (((ordered[first] >> np.uint64(32)) * self._scale) >> np.uint64(32)).astype(np.int64)
-        step = np.arange(len(unique), dtype=np.int64)
-        pos = np.maximum.accumulate(home - step) + step
-        fits = pos < self.capacity
-        at = pos[fits]
-        self.state[at] = _FULL
-        self.keys[at] = keys[unique[fits]]
-        self.used += len(at)
-        self.size += len(at)
-        placed = np.empty(len(keys), dtype=np.int64)
-        placed[unique[fits]] = at
-        past = unique[~fits]
-        if len(past):
-            self._probe_in(keys, past, np.zeros(len(past), dtype=np.int64), placed)
-        if len(unique) < len(keys):  # each repeat takes its first occurrence's slot
-            placed[order] = placed[unique][np.cumsum(first) - 1]
-        return placed
-
     def remove(self, slots: Slots) -> None:
         """Free *slots* (full, distinct), leaving tombstones."""
         self.state[slots] = _DELETED
@@ -220,9 +269,9 @@ class HashIndex:
         self._alloc(max(_MIN_CAPACITY, int(live / _REBUILT_LOAD)))
         self.columns = [np.zeros(self.capacity, dtype=c.dtype) for c in columns]
         self.size = 0
-        new = self.insert(keys)
+        taken, slots = self.place(keys)
         for column, moved in zip(self.columns, columns, strict=True):
-            column[new] = moved
+            column[slots] = moved[taken]
 
     # -- one key ------------------------------------------------------------------------------
     def insert_one(self, key: int) -> int:
@@ -343,6 +392,11 @@ class ColumnarStateTable(StateTable):
     def _upsert(
         self, keys: npt.NDArray[np.int64], kgs: npt.NDArray[np.int16], values: npt.NDArray[Any]
     ) -> None:
+        if self.index.used == 0:  # into an empty index (a restore): payloads gathered
+            taken, at = self.index.place(keys)
+            self.index.columns[self._kg][at] = kgs[taken]
+            self.index.columns[self._value][at] = values[taken]
+            return
         slots = self.index.find(keys)
         new = slots < 0
         if new.any():
