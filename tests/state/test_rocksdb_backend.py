@@ -15,11 +15,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from spark_ckpt.errors import StateBackendError, StateError
 from spark_ckpt.state.backend import KeyedStateBackend
 from spark_ckpt.state.backends.codecs import KeyCodec, ValueCodec
-from spark_ckpt.state.backends.rocksdb import DIR_PREFIX, RocksDBOptions
+from spark_ckpt.state.backends.rocksdb import DIR_PREFIX, RocksDBOptions, RocksDBStorage
 from spark_ckpt.state.backends.spec import StateBackendSpec, StateBackendType
 from spark_ckpt.state.descriptor import ValueStateDescriptor
 
@@ -159,3 +161,51 @@ def test_a_killed_process_directory_is_removed_by_the_next_instance(tmp_path: Pa
     b.put_values(COUNT, [1], [1])
     assert not orphan.exists() and live.exists() and other.exists()
     b.close()
+
+
+_LOAD_KEYS = {
+    "int64": (pa.int64(), st.integers(-(2**63), 2**63 - 1)),
+    "string": (pa.string(), st.text(max_size=4)),
+    "bool": (pa.bool_(), st.booleans()),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_LOAD_KEYS))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_restored_blobs_hold_what_a_fold_over_them_holds(
+    kind: str, data: st.DataObject, tmp_path: Path
+) -> None:
+    """Blobs loaded into a table (ingested as sorted files while their key groups are new,
+    written key by key otherwise, deletions included) hold what a dict folded over their
+    rows holds; a key repeated in one blob keeps its last row."""
+    key_type, key_strategy = _LOAD_KEYS[kind]
+    row = st.tuples(st.integers(0, 5), key_strategy, st.integers(-9, 9), st.booleans())
+    blobs = data.draw(st.lists(st.lists(row, max_size=12), min_size=1, max_size=4))
+    storage = RocksDBStorage(RocksDBOptions(str(tmp_path), 1 << 20, 1 << 20), "op", key_type)
+    table = storage.new_table(COUNT)
+    model: dict[tuple[int, object], int] = {}
+    try:
+        for i, rows in enumerate(blobs):
+            rows = sorted(rows, key=lambda r: r[0])  # a blob arrives by key group
+            full = i == 0 or data.draw(st.booleans())
+            for g, k, v, gone in rows:
+                if full or not gone:
+                    model[(g, k)] = v
+                else:
+                    model.pop((g, k), None)
+            table.load(
+                np.asarray([r[0] for r in rows], dtype=np.int64),
+                pa.array([r[1] for r in rows], key_type),
+                pa.array([r[2] for r in rows], pa.int64()),
+                None if full else np.asarray([r[3] for r in rows], dtype=np.bool_),
+            )
+        groups, keys, values = table.entries()
+        pairs = zip(groups.tolist(), keys.to_pylist(), strict=True)
+        held = dict(zip(pairs, values.to_pylist(), strict=True))
+        assert held == model
+        assert table.count() == len(model)
+    finally:
+        storage.close()

@@ -57,23 +57,57 @@ class KeyCodec:
         """The stored key of each (key group, key). O(keys) in C."""
         n = len(keys)
         if self._kind == "bytes":
-            prefix = np.asarray(key_groups, dtype=">u2").view(f"V{KG_BYTES}").tolist()
-            joined = pc.binary_join_element_wise(
-                pa.array(prefix, pa.binary()), keys.cast(pa.binary()), b""
-            )
-            return joined.to_pylist()  # type: ignore[no-any-return]
-        if self._kind == "bool":
-            rec = np.empty(n, dtype=[("kg", ">u2"), ("k", "u1")])
-            rec["k"] = keys.to_numpy(zero_copy_only=False)
-        else:
-            rec = np.empty(n, dtype=[("kg", ">u2"), ("k", ">u8")])
-            if self._kind == "signed":
-                raw = keys.cast(pa.int64()).to_numpy().view(np.uint64) ^ _SIGN
-            else:
-                raw = keys.cast(pa.uint64()).to_numpy()
-            rec["k"] = raw
+            return self._joined(key_groups, keys).to_pylist()  # type: ignore[no-any-return]
+        width = "u1" if self._kind == "bool" else ">u8"
+        rec = np.empty(n, dtype=[("kg", ">u2"), ("k", width)])
+        rec["k"] = self._raw(keys)
         rec["kg"] = key_groups
-        return rec.view(f"V{rec.dtype.itemsize}").tolist()  # type: ignore[no-any-return]
+        stored: list[bytes] = rec.view(f"V{rec.dtype.itemsize}").tolist()
+        return stored
+
+    def _joined(self, key_groups: npt.NDArray[np.integer], keys: pa.Array) -> pa.Array:
+        """String and binary keys' stored forms, as one Arrow binary array."""
+        prefix = np.asarray(key_groups, dtype=">u2").view(f"V{KG_BYTES}").tolist()
+        return pc.binary_join_element_wise(
+            pa.array(prefix, pa.binary()), keys.cast(pa.binary()), b""
+        )
+
+    def _raw(self, keys: pa.Array) -> npt.NDArray[np.unsignedinteger[Any]]:
+        """Integer and boolean keys as the unsigned integers whose big-endian bytes they
+        are stored as (numeric order is byte order)."""
+        if self._kind == "bool":
+            return np.asarray(keys.to_numpy(zero_copy_only=False), dtype=np.uint8)
+        if self._kind == "signed":
+            return (
+                np.asarray(keys.cast(pa.int64()).to_numpy(), dtype=np.int64).view(np.uint64) ^ _SIGN
+            )
+        return np.asarray(keys.cast(pa.uint64()).to_numpy(), dtype=np.uint64)
+
+    def ascending(self, key_groups: npt.NDArray[np.int64], keys: pa.Array) -> npt.NDArray[np.int64]:
+        """The positions of the distinct (key group, key) pairs, *key_groups* ascending, in
+        the byte order of their stored keys (RocksDB's order, as an SST file needs them); a
+        repeated pair keeps its last occurrence, as a write batch would. O(n log n) in C,
+        one sort per key group for integer and boolean keys."""
+        n = len(keys)
+        if self._kind == "bytes":
+            stored = self._joined(key_groups, keys)
+            order = np.asarray(pc.sort_indices(stored), dtype=np.int64)  # a stable sort
+            ordered = stored.take(pa.array(order))
+            same = (
+                pc.equal(ordered.slice(1), ordered.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+                if n > 1
+                else np.zeros(0, np.bool_)
+            )
+        else:
+            raw = self._raw(keys)
+            order = _sorted_in_groups(key_groups, raw, "quicksort")
+            ordered_raw = raw[order]
+            same = (ordered_raw[1:] == ordered_raw[:-1]) & (key_groups[1:] == key_groups[:-1])
+            if same.any():  # repeats: which one is last needs a stable order
+                order = _sorted_in_groups(key_groups, raw, "stable")
+        if same.any():
+            order = order[np.append(~same, True)]  # the last of each run of equal keys
+        return order
 
     def decode(self, stored: list[bytes]) -> tuple[npt.NDArray[np.int64], pa.Array]:
         """The (key groups, keys) of stored keys."""
@@ -103,6 +137,20 @@ class KeyCodec:
         if self._kind == "bool":
             return prefix + (b"\x01" if key else b"\x00")
         return prefix + (key.encode() if isinstance(key, str) else bytes(key))
+
+
+def _sorted_in_groups(
+    key_groups: npt.NDArray[np.int64], raw: npt.NDArray[Any], kind: Any
+) -> npt.NDArray[np.int64]:
+    """The permutation sorting *raw* within each run of equal (ascending) *key_groups*:
+    one sort per key group, each small enough to stay in cache."""
+    n = len(raw)
+    order = np.empty(n, np.int64)
+    bounds = (np.flatnonzero(np.diff(key_groups)) + 1).tolist()
+    for lo, hi in zip([0, *bounds], [*bounds, n], strict=True):
+        order[lo:hi] = np.argsort(raw[lo:hi], kind=kind)
+        order[lo:hi] += lo
+    return order
 
 
 def _fixed_width(column_type: pa.DataType) -> int | None:
