@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -216,9 +217,25 @@ def normalize_state_table(
         keep = pc.and_(keep, pa.array(nonempty, pa.bool_()))
     if not pc.all(keep).as_py():
         out = out.filter(keep)
-    if out.num_rows and pc.count_distinct(out.column("key")).as_py() != out.num_rows:
+    if _has_repeats(out.column("key")):
         raise StateError(f"{what}: keys are not unique")
     return out
+
+
+def _has_repeats(keys: pa.ChunkedArray) -> bool:
+    """Whether a key appears twice in *keys*. Integer and bool keys: one sorted numpy copy
+    (O(n log n), n key widths of memory); other keys: Arrow's hash count."""
+    if len(keys) < 2:
+        return False
+    if pa.types.is_integer(keys.type) or pa.types.is_boolean(keys.type):
+        ordered = np.sort(keys.to_numpy())
+        return bool(np.any(ordered[1:] == ordered[:-1]))
+    return bool(pc.count_distinct(keys).as_py() != len(keys))
+
+
+#: The size a FULL blob written by :func:`full_blobs` aims at: a subtask's share of a state
+#: larger than this is cut into slices of whole key groups, one blob each.
+FULL_BLOB_TARGET_BYTES = 64 << 20
 
 
 def full_blobs(
@@ -228,38 +245,76 @@ def full_blobs(
     key_type: pa.DataType,
     max_parallelism: int,
     parallelism: int,
+    *,
+    target_bytes: int | None = None,
 ) -> list[StateBlob]:
-    """FULL blobs (one per subtask with keys) of state *table* (normalized, see
-    :func:`normalize_state_table`) of operator *uid* at *parallelism*, with key groups of
-    *max_parallelism* computed by the project's key-group hash. Rows are sorted by key group
-    (then key), as snapshots write them."""
+    """FULL blobs of state *table* (normalized, see :func:`normalize_state_table`) of
+    operator *uid* at *parallelism*, with key groups of *max_parallelism* computed by the
+    project's key-group hash. Each subtask with keys gets one blob per slice of consecutive
+    key groups holding about *target_bytes* (default :data:`FULL_BLOB_TARGET_BYTES`; at least
+    one key group per slice; each slice is a chain of its own, which a restore at any
+    parallelism reads like a subtask's). Rows are sorted by key group, then key, as snapshots
+    write them. Memory: the table once more, in slices, plus a position and a key group per
+    row."""
     check_parallelism(max_parallelism, parallelism)
+    if target_bytes is None:
+        target_bytes = FULL_BLOB_TARGET_BYTES
+    if target_bytes < 1:
+        raise StateError(f"target_bytes must be positive, got {target_bytes}")
     kgs = key_group_indices(table.column("key"), max_parallelism)
-    keyed = pa.table(
-        [pa.array(kgs, type=pa.int32()), table.column("key"), table.column("value")],
-        names=["key_group", "key", "value"],
-    )
-    keyed = sort_by_key_group(keyed)
-    sorted_kgs = keyed.column("key_group").to_numpy()
+    order = np.argsort(kgs, kind="stable")
+    counts = np.bincount(kgs, minlength=max_parallelism)
+    ends = np.cumsum(counts)  # rows of key groups 0..g, in *order*
+    row_bytes = max(1.0, table.nbytes / max(1, table.num_rows))
+    rows_per_blob = max(1, int(target_bytes / row_bytes))
     schema = keyed_blob_schema(descriptor, key_type, max_parallelism, delta=False)
     blobs: list[StateBlob] = []
     for subtask in range(parallelism):
         rng = range_for_subtask(max_parallelism, parallelism, subtask)
-        begin = int(np.searchsorted(sorted_kgs, rng.start, side="left"))
-        end = int(np.searchsorted(sorted_kgs, rng.end, side="right"))
-        if begin == end:
-            continue
-        part = keyed.slice(begin, end - begin).combine_chunks()
-        blobs.append(
-            StateBlob(
-                operator_uid=uid,
-                subtask=subtask,
-                kind=BlobKind.KEYED_FULL,
-                state_name=descriptor.name,
-                table=pa.Table.from_arrays(part.columns, schema=schema),
-                key_group_start=rng.start,
-                key_group_end=rng.end,
-                seq=0,
-            )
-        )
+        start = rng.start
+        while start <= rng.end:
+            first = int(ends[start - 1]) if start else 0
+            # the last key group of the slice: as many whole groups as fit, at least one
+            end = int(np.searchsorted(ends, first + rows_per_blob, side="right")) - 1
+            end = min(max(end, start), rng.end)
+            last = int(ends[end])
+            if last > first:
+                positions = order[first:last]
+                blobs.append(
+                    _full_blob(
+                        uid, subtask, table, kgs, positions, schema, descriptor.name, (start, end)
+                    )
+                )
+            start = end + 1
     return blobs
+
+
+def _full_blob(
+    uid: str,
+    subtask: int,
+    table: pa.Table,
+    kgs: npt.NDArray[np.int32],
+    positions: npt.NDArray[np.intp],
+    schema: pa.Schema,
+    state_name: str,
+    key_groups: tuple[int, int],
+) -> StateBlob:
+    """The FULL blob of state *state_name* of subtask *subtask*: the rows of *table* at
+    *positions* (their key groups, *kgs* at them, lie in *key_groups*), sorted by key group,
+    then key."""
+    part = table.take(pa.array(positions))
+    keyed = pa.table(
+        [pa.array(kgs[positions], type=pa.int32()), part.column("key"), part.column("value")],
+        names=["key_group", "key", "value"],
+    )
+    keyed = sort_by_key_group(keyed).combine_chunks()
+    return StateBlob(
+        operator_uid=uid,
+        subtask=subtask,
+        kind=BlobKind.KEYED_FULL,
+        state_name=state_name,
+        table=pa.Table.from_arrays(keyed.columns, schema=schema),
+        key_group_start=key_groups[0],
+        key_group_end=key_groups[1],
+        seq=0,
+    )

@@ -4,8 +4,9 @@ A *savepoint directory* is itself a store root (the four Delta tables of
 :mod:`spark_ckpt.delta.store_layout`) holding exactly one completed checkpoint, of
 :attr:`~spark_ckpt.protocol.barrier.SnapshotType.SAVEPOINT` type, whose blobs are all written
 by that checkpoint (every ``BlobRef.checkpoint_id`` is its id) and hold no deltas: keyed state
-is one FULL blob per state per subtask. It is self-contained: it can be copied, moved, read
-(:class:`~spark_ckpt.offline.StateReader`) and restored from without its origin.
+is one FULL blob per state per subtask, or per slice of disjoint key groups of a subtask
+(each a chain of its own, read like a subtask's). It is self-contained: it can be copied,
+moved, read (:class:`~spark_ckpt.offline.StateReader`) and restored from without its origin.
 
 Its properties (string to string) carry at least :data:`PIPELINE` (the pipeline's name),
 :data:`MAX_PARALLELISM` (the number of key groups of its keyed state) and :data:`FORMAT`

@@ -21,8 +21,10 @@ from spark_ckpt.offline import SavepointWriter
 The operations change the writer (and return it, for chaining); nothing is read from or
 written to the source until :meth:`SavepointWriter.write`, which writes a new savepoint
 directory (:mod:`spark_ckpt.offline.savepoint_format`) and never modifies the source. Keyed
-state is written as one FULL blob per state per subtask, its key groups computed with the
-project's key-group hash (:mod:`spark_ckpt.state.keygroup`) for the writer's max parallelism;
+state is written as FULL blobs, one per state per subtask, or per slice of whole key groups
+where a subtask's share is large (:func:`~spark_ckpt.offline.chains.full_blobs`), its key
+groups computed with the project's key-group hash (:mod:`spark_ckpt.state.keygroup`) for the
+writer's max parallelism;
 operator list state and channel state are carried over as they are; source positions are
 kept unless replaced (:meth:`SavepointWriter.with_source_offsets`; none: every source starts
 from its beginning).

@@ -5,6 +5,8 @@ compared with plain-dict oracles."""
 
 from __future__ import annotations
 
+import itertools
+import random
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +18,12 @@ from state_builders import OPS, Oracle, as_dict, restored, run_incremental
 
 from spark_ckpt.delta.delta_store import DeltaCheckpointStore
 from spark_ckpt.errors import ConfigError, StateError, StoreError
-from spark_ckpt.offline import SavepointWriter, StateReader, write_savepoint
+from spark_ckpt.offline import SavepointWriter, StateReader, chains, write_savepoint
 from spark_ckpt.protocol.barrier import SnapshotType
 from spark_ckpt.protocol.state_handles import BlobKind, StateBlob, TaskId, TaskSnapshot
 from spark_ckpt.state.descriptor import StateKind, ValueStateDescriptor
+from spark_ckpt.state.keygroup import range_for_subtask
+from spark_ckpt.testing.state_backends import BACKENDS, use_state_backend
 
 INT64 = pa.int64()
 KINDS = {"count": StateKind.VALUE, "events": StateKind.LIST, "attrs": StateKind.MAP}
@@ -117,6 +121,38 @@ def test_bootstrap_from_tables(tmp_path: Path) -> None:
     assert reader.key_type("counter") == pa.string()
     assert reader.source_offsets().num_rows == 0  # bootstrap: sources start at the beginning
     assert_state(reader, "counter", {"count": count, "events": events, "attrs": attrs})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_large_state_is_written_in_key_group_slices_that_restore_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """A subtask's share above the blob target is cut into FULL blobs of whole, disjoint key
+    groups; read back, and restored at parallelism 1 and 3 on either backend, they hold the
+    table."""
+    use_state_backend(monkeypatch, backend, str(tmp_path / "rocksdb"))
+    monkeypatch.setattr(chains, "FULL_BLOB_TARGET_BYTES", 2_000)
+    rng = random.Random(7)
+    count = {rng.randrange(-(10**12), 10**12): rng.randrange(10**6) for _ in range(3_000)}
+    events = {f"k{i}": [f"e{j}" for j in range(i % 3 + 1)] for i in range(0, 900, 2)}
+    path = str(tmp_path / "sp")
+    SavepointWriter.new("p", max_parallelism=32, parallelism=2).with_keyed_state(
+        "ints", "count", pa.table({"key": list(count), "value": list(count.values())})
+    ).with_keyed_state(
+        "strs", "events", pa.table({"key": list(events), "value": list(events.values())}), "list"
+    ).write(path)
+    reader = check_savepoint_format(path)
+    for uid in ("ints", "strs"):
+        refs = [r for r in reader.checkpoint.blobs() if r.operator_uid == uid]
+        assert len(refs) > 2 * 2  # more than one slice per subtask
+        ranges = sorted((r.key_group_start, r.key_group_end) for r in refs)
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))
+        for r in refs:
+            owner = range_for_subtask(32, 2, r.subtask)
+            assert owner.start <= r.key_group_start <= r.key_group_end <= owner.end
+        assert reader.parallelism(uid) == 2
+    assert_state(reader, "ints", {"count": count})
+    assert_state(reader, "strs", {"events": events})
 
 
 def test_bootstrap_takes_pandas_and_drops_rows_without_state(tmp_path: Path) -> None:
