@@ -46,7 +46,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import (
+    ColumnProperties,
+    CommitProperties,
+    DeltaTable,
+    Transaction,
+    WriterProperties,
+    write_deltalake,
+)
 from deltalake.exceptions import CommitFailedError
 
 from spark_ckpt.delta.boundary import store_boundary
@@ -84,6 +91,35 @@ def blob_id(ref: BlobRef) -> str:
 
 #: The app transaction of the coordinators' appends to ``source_offsets``.
 OFFSETS_APP_ID = f"spark-ckpt/{StoreTable.SOURCE_OFFSETS.value}/completion"
+
+
+#: Blob rows are written one per Parquet row group, so that a read of some blobs decodes their
+#: row groups only (pruned by the statistics of the integer columns :meth:`read_blobs` pushes
+#: into the scan), never every payload of the file.
+#: The payload column has no statistics (a chunk's min and max would be whole payloads, held in
+#: the file's footer, which every read parses) and no dictionary.
+_ONE_BLOB_PER_ROW_GROUP = WriterProperties(
+    max_row_group_size=1,
+    compression="SNAPPY",
+    column_properties={
+        "payload": ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
+    },
+)
+#: What the other rows (source offsets) are written with: delta-rs's defaults.
+_PLAIN_ROWS = WriterProperties(compression="SNAPPY")
+
+
+def _narrowing(refs: Sequence[BlobRef]) -> ds.Expression:
+    """A predicate on integer columns that every row of *refs* satisfies (and few others):
+    pushed into a scan, it skips the row groups of other blobs by their statistics."""
+    subtasks = sorted({r.subtask for r in refs})
+    starts = sorted({r.key_group_start for r in refs})
+    seqs = sorted({r.seq for r in refs})
+    return (
+        pc.field("subtask").isin(subtasks)
+        & pc.field("key_group_start").isin(starts)
+        & pc.field("seq").isin(seqs)
+    )
 
 
 def _app_id(table: StoreTable, task: TaskId) -> str:
@@ -153,7 +189,12 @@ class DeltaBlobStore(StateStorage):
             return self._blob_rows(missing) if missing else None
 
         self._append_once(
-            table, _app_id(table, task), checkpoint_id, missing_rows, f"writing {table.value}"
+            table,
+            _app_id(table, task),
+            checkpoint_id,
+            missing_rows,
+            f"writing {table.value}",
+            properties=_ONE_BLOB_PER_ROW_GROUP,
         )
         return {bid: existing.get(bid, r) for bid, (r, _) in wanted.items()}
 
@@ -164,6 +205,8 @@ class DeltaBlobStore(StateStorage):
         checkpoint_id: int,
         rows: Callable[[DeltaTable, int | None], pa.Table | None],
         what: str,
+        *,
+        properties: WriterProperties = _PLAIN_ROWS,
     ) -> None:
         """Append *rows* to *table* at most once per *checkpoint_id* and writer *app_id*: one
         commit that sets the writer's app transaction to the newest checkpoint id it wrote.
@@ -185,6 +228,7 @@ class DeltaBlobStore(StateStorage):
                     dt,
                     todo,
                     mode="append",
+                    writer_properties=properties,
                     commit_properties=CommitProperties(
                         app_transactions=[Transaction(app_id, newest)]
                     ),
@@ -384,6 +428,7 @@ class DeltaBlobStore(StateStorage):
                     ids={r.checkpoint_id for r in mine},
                     row_filter=pc.field("blob_id").isin(sorted(ids)),
                     filter_columns=("blob_id",),
+                    pushed=_narrowing(mine),
                 )
                 for bid, digest, payload in zip(
                     t["blob_id"].to_pylist(),

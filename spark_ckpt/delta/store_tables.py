@@ -120,22 +120,26 @@ class StoreTables:
         ids: Iterable[int] | None = None,
         row_filter: ds.Expression | None = None,
         filter_columns: Sequence[str] = (),
+        pushed: ds.Expression | None = None,
     ) -> pa.Table:
         """Read *columns* of *dt*; *ids* prunes files by ``checkpoint_id`` statistics before
         any data file is opened, *row_filter* selects rows (over *columns* plus
-        *filter_columns*).
+        *filter_columns*), *pushed* (over integer columns only) is pushed into the scan
+        with the ``checkpoint_id`` predicate: row groups whose statistics fail them are not
+        decoded, and rows that fail them are dropped batch by batch, never materialized.
 
-        Only the integer ``checkpoint_id`` predicate is pushed into the scan: files that
-        delta-rs rewrote (DELETE during retention) carry ``string_view`` in their Arrow schema,
-        and pyarrow cannot compare those statistics with string literals."""
-        scan_filter: ds.Expression | None = None
+        Predicates on string columns are not pushed into the scan: files that delta-rs
+        rewrote (DELETE during retention) carry ``string_view`` in their Arrow schema, and
+        pyarrow cannot compare those statistics with string literals."""
+        scan_filter: ds.Expression | None = pushed
         pruning: list[tuple[str, str, Any]] | None = None
         if ids is not None:
             id_list = sorted(set(ids))
             if not id_list:
                 return empty_table(columns)
             pruning = [("checkpoint_id", "in", id_list)]
-            scan_filter = pc.field("checkpoint_id").isin(id_list)
+            by_id = pc.field("checkpoint_id").isin(id_list)
+            scan_filter = by_id if scan_filter is None else by_id & scan_filter
         dataset = dt.to_pyarrow_dataset(
             filesystem=self.arrow_fs(dt), file_pruning_predicate=pruning
         )

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -757,6 +758,33 @@ def test_read_blobs_reads_many_key_groups_in_one_scan(root: Path, monkeypatch) -
     assert [g.equals(tables[r.key_group_start]) for g, r in zip(got, refs, strict=True)] == [
         True
     ] * 128
+
+
+def test_a_blob_is_read_from_its_own_row_group(root: Path) -> None:
+    """Each blob row is a Parquet row group of its own and the payloads carry no statistics
+    (which would put whole payloads into the footer): a read decodes the row groups of the
+    blobs it asks for, so a damaged neighbour in the same file does not stop it, while the
+    damaged blob itself is corrupt."""
+    store = DeltaCheckpointStore(str(root))
+    lease = store.acquire()
+    rng = np.random.default_rng(5)
+    tables = [pa.table({"k": rng.integers(0, 1 << 62, 20_000)}) for _ in range(3)]
+    cp = commit_one(store, lease, lease.first_id, *(keyed(i, t) for i, t in enumerate(tables)))
+    [path] = files_of_checkpoint(root, cp.checkpoint_id)
+    meta = pq.ParquetFile(path).metadata
+    assert meta.num_row_groups == 3
+    payload = meta.schema.names.index("payload")
+    assert all(meta.row_group(g).column(payload).statistics is None for g in range(3))
+    assert meta.serialized_size < 64 << 10  # no payload in the footer
+    in_group = pq.ParquetFile(path).read(columns=["blob_id"]).column("blob_id").to_pylist()
+    refs = {blob_id(r): r for r in cp.blobs()}
+    damaged = refs[in_group[1]]
+    flip_byte_in_file(path, sum(column_chunk_span(path, "payload", row_group=1)) // 2)
+    for g in (0, 2):
+        ref = refs[in_group[g]]
+        assert store.read_blob(ref).equals(tables[ref.key_group_start])
+    with pytest.raises(CorruptCheckpointError):
+        store.read_blob(damaged)
 
 
 # ------------------------------------------------------------------ crashes
