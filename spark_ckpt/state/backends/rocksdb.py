@@ -32,6 +32,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Final
 
 import numpy as np
@@ -328,16 +329,31 @@ class RocksDBStateTable(StateTable):
 
     # -- snapshots and restores -----------------------------------------------------------------
     def entries(self) -> tuple[npt.NDArray[np.int64], pa.Array, pa.Array]:
-        keys: list[bytes] = []
-        values: list[bytes | None] = []
+        """Every entry, in stored order. Scanned and decoded in slices of
+        :data:`_LOAD_SLICE` rows, so that the stored forms (Python bytes) of one slice at a
+        time are alive beside the columns."""
+        groups: list[npt.NDArray[np.int64]] = []
+        key_parts: list[pa.Array] = []
+        value_parts: list[pa.Array] = []
         try:
-            for k, v in self._view().items():
-                keys.append(k)
-                values.append(v)
+            rows = iter(self._view().items())
+            while chunk := list(islice(rows, _LOAD_SLICE)):
+                kgs, keys = self._keys.decode([k for k, _ in chunk])
+                values = self._values.decode([v for _, v in chunk])
+                del chunk
+                groups.append(kgs)
+                key_parts.append(keys)
+                value_parts.append(values)
         except Exception as e:
             raise _translate(e, f"scanning state {self.descriptor.name!r}") from e
-        kgs, key_array = self._keys.decode(keys)
-        return kgs, key_array, self._values.decode(values)
+        if not groups:
+            kgs, keys = self._keys.decode([])
+            return kgs, keys, self._values.decode([])
+        return (
+            np.concatenate(groups),
+            pa.concat_arrays(key_parts),
+            pa.concat_arrays(value_parts),
+        )
 
     def current(self, groups: list[int], keys: list[list[Any]]) -> tuple[pa.Array, list[bool]]:
         stored_keys = [
