@@ -103,6 +103,16 @@ def write_state(path: str, keys: int, parallelism: int) -> float:
     return time.perf_counter() - started
 
 
+def write_state_apart(path: str, keys: int, parallelism: int) -> float:
+    """:func:`write_state` in a process of its own, so that its memory is not this cell's
+    driver's. Returns the seconds the writing took."""
+    cmd = [sys.executable, str(ENTRY), "--write-savepoint", path, "--keys", str(keys)]
+    done = subprocess.run(
+        [*cmd, "--parallelism", str(parallelism)], check=True, capture_output=True, text=True
+    )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def hot_set_source(channels: int, rate: int, hot_keys: int) -> dict[str, object]:
     """The generator's ``ckpt-source`` options: *rate* rows/s over *channels*, keys
     ``0 .. hot_keys - 1``."""
@@ -144,7 +154,7 @@ def run_cell(s: StateSizeSettings, keys: int, log: Any) -> dict[str, Any]:
 
     root = tempfile.mkdtemp(prefix=f"state-size-{keys}-")
     savepoint = os.path.join(root, "savepoint")
-    write_s = write_state(savepoint, keys, s.parallelism)
+    write_s = write_state_apart(savepoint, keys, s.parallelism)
     log(f"  [{keys:,} keys] savepoint written in {write_s:.1f} s")
     spark = local_session(
         "spark-ckpt-state-size",
@@ -374,7 +384,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     parser.add_argument("--cell-out", help=argparse.SUPPRESS)
+    parser.add_argument("--write-savepoint", help=argparse.SUPPRESS)
+    parser.add_argument("--parallelism", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.write_savepoint:
+        print(write_state(args.write_savepoint, args.keys, args.parallelism))
+        return 0
     if args.cell:
         return cell_main(args)
     s = QUICK if args.quick else FULL
