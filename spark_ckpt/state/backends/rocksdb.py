@@ -335,17 +335,20 @@ class RocksDBStateTable(StateTable):
         groups: list[npt.NDArray[np.int64]] = []
         key_parts: list[pa.Array] = []
         value_parts: list[pa.Array] = []
-        try:
-            rows = iter(self._view().items())
-            while chunk := list(islice(rows, _LOAD_SLICE)):
-                kgs, keys = self._keys.decode([k for k, _ in chunk])
-                values = self._values.decode([v for _, v in chunk])
-                del chunk
-                groups.append(kgs)
-                key_parts.append(keys)
-                value_parts.append(values)
-        except Exception as e:
-            raise _translate(e, f"scanning state {self.descriptor.name!r}") from e
+        rows = iter(self._view().items())
+        while True:
+            try:  # the scan's errors are the backend's; a value that does not decode is damage
+                chunk = list(islice(rows, _LOAD_SLICE))
+            except Exception as e:
+                raise _translate(e, f"scanning state {self.descriptor.name!r}") from e
+            if not chunk:
+                break
+            kgs, keys = self._keys.decode([k for k, _ in chunk])
+            values = self._values.decode([v for _, v in chunk])
+            del chunk
+            groups.append(kgs)
+            key_parts.append(keys)
+            value_parts.append(values)
         if not groups:
             kgs, keys = self._keys.decode([])
             return kgs, keys, self._values.decode([])
